@@ -1,0 +1,67 @@
+//! The shared model of backstop: what every layer crate must agree on.
+//!
+//! `backstop-core` holds the pieces that the deadline, retry and circuit breaker layers have in
+//! common, so that they speak about a request and its result in one vocabulary:
+//!
+//! - [`grpc`]: gRPC status [`Code`]s, the header names backstop reads and writes, and detection
+//!   of gRPC traffic ([`is_grpc`]) by its `content-type`.
+//! - [`reject`]: [`Rejection`], the failures backstop itself decides (a deadline that has passed,
+//!   a malformed `grpc-timeout`), and how each becomes a response a client understands: a
+//!   trailers-only gRPC response, or an HTTP status with a short text body.
+//! - [`ResponseBody`]: the body of a response that is either the inner service's or one of
+//!   our local rejections, so server-side layers keep `Error = S::Error` and fit
+//!   `axum::Router::layer` and `tonic::transport::Server::layer` without `HandleErrorLayer`.
+//! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault.
+//!
+//! # Example
+//!
+//! ```
+//! use backstop_core::{grpc::Code, is_grpc, Rejection};
+//! use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue};
+//!
+//! let mut headers = HeaderMap::new();
+//! headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc+proto"));
+//! assert!(is_grpc(&headers));
+//!
+//! // The same rejection, answered the way each kind of client expects.
+//! let grpc = Rejection::DeadlineExceeded.into_response::<String>(true);
+//! assert_eq!(grpc.status(), 200);
+//! assert_eq!(grpc.headers()["grpc-status"], "4");
+//!
+//! let http = Rejection::DeadlineExceeded.into_response::<String>(false);
+//! assert_eq!(http.status(), 504);
+//! assert_eq!(Code::from_i32(4), Code::DeadlineExceeded);
+//! ```
+//!
+//! # Semantics
+//!
+//! A request is gRPC when its `content-type` starts with `application/grpc` (ASCII case
+//! insensitive): `application/grpc`, `application/grpc+proto`, `application/grpc-web` and so
+//! on. A trailers-only response (status in the headers, empty body) is valid for all of them.
+//!
+//! Local rejections map as follows:
+//!
+//! | rejection                   | gRPC (HTTP 200, trailers-only)            | HTTP |
+//! |-----------------------------|-------------------------------------------|------|
+//! | [`Rejection::DeadlineExceeded`] | `grpc-status: 4` DEADLINE_EXCEEDED    | 504  |
+//! | [`Rejection::MalformedTimeout`] | `grpc-status: 13` INTERNAL "malformed grpc-timeout" | 400 |
+//!
+//! Every local response carries its [`Rejection`] in its extensions, so a layer further out can
+//! tell our own answer from one the dependency gave.
+//!
+//! # Feature flags
+//!
+//! None: this crate is small and always needed.
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+#![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
+mod body;
+mod error;
+pub mod grpc;
+pub mod reject;
+
+pub use body::ResponseBody;
+pub use error::{BoxError, ConfigError};
+pub use grpc::{Code, is_grpc};
+pub use reject::Rejection;
