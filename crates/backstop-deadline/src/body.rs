@@ -1,0 +1,104 @@
+use crate::{Deadline, DeadlineExceeded};
+use backstop_core::{BoxError, ResponseBody, grpc};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll, ready},
+};
+use tokio::time::{Sleep, sleep_until};
+
+pin_project! {
+    /// A response body bounded by the request's deadline.
+    ///
+    /// While the deadline holds, frames pass through untouched. When it passes in the middle of
+    /// a streamed body, a gRPC body ends with trailers `grpc-status: 4` (DEADLINE_EXCEEDED), so a
+    /// gRPC client sees the right status; any other body ends with a [`DeadlineExceeded`] error,
+    /// which makes hyper reset the stream. The timer is only armed if the body is ever not
+    /// ready, so a body that is complete at once (a unary response) costs no timer.
+    #[derive(Debug)]
+    pub struct DeadlineBody<B> {
+        #[pin]
+        body: ResponseBody<B>,
+        #[pin]
+        sleep: Option<Sleep>,
+        grpc: bool,
+        expired: bool,
+    }
+}
+
+impl<B> DeadlineBody<B> {
+    pub(crate) fn new(body: ResponseBody<B>, deadline: Option<Deadline>, grpc: bool) -> Self {
+        Self {
+            body,
+            sleep: deadline.map(|d| sleep_until(d.instant())),
+            grpc,
+            expired: false,
+        }
+    }
+
+    /// Whether the deadline cut this body short.
+    pub fn is_expired(&self) -> bool {
+        self.expired
+    }
+}
+
+fn deadline_trailers() -> HeaderMap {
+    let mut trailers = HeaderMap::with_capacity(2);
+    trailers.insert(
+        grpc::GRPC_STATUS,
+        backstop_core::Code::DeadlineExceeded.header_value(),
+    );
+    trailers.insert(
+        grpc::GRPC_MESSAGE,
+        HeaderValue::from_static("deadline exceeded"),
+    );
+    trailers
+}
+
+impl<B> Body for DeadlineBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if *this.expired {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(frame) = this.body.poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let Some(sleep) = this.sleep.as_pin_mut() else {
+            return Poll::Pending;
+        };
+        ready!(sleep.poll(cx));
+        *this.expired = true;
+        if *this.grpc {
+            Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))
+        } else {
+            Poll::Ready(Some(Err(DeadlineExceeded::new().into())))
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.expired || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.expired {
+            SizeHint::with_exact(0)
+        } else {
+            self.body.size_hint()
+        }
+    }
+}

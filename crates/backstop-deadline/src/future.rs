@@ -1,0 +1,225 @@
+use crate::{Deadline, DeadlineBody, DeadlineExceeded, deadline::with_current};
+use backstop_core::{BoxError, Rejection, ResponseBody};
+use http::Response;
+use pin_project_lite::pin_project;
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll, ready},
+};
+use tokio::time::{Instant, Sleep, sleep_until};
+
+fn local<B>(rejection: Rejection, grpc: bool) -> Response<DeadlineBody<B>> {
+    rejection
+        .into_response(grpc)
+        .map(|body| DeadlineBody::new(body, None, grpc))
+}
+
+pin_project! {
+    /// The response future of [`DeadlineService`](crate::DeadlineService).
+    #[derive(Debug)]
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: Inbound<F>,
+    }
+}
+
+pin_project! {
+    #[project = InboundProj]
+    #[project_replace = InboundReplace]
+    #[derive(Debug)]
+    enum Inbound<F> {
+        Running {
+            #[pin]
+            future: F,
+            #[pin]
+            sleep: Option<Sleep>,
+            deadline: Option<Deadline>,
+            grpc: bool,
+        },
+        Rejected { rejection: Rejection, grpc: bool },
+        Done,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn running(future: F, deadline: Option<Deadline>, grpc: bool) -> Self {
+        Self {
+            state: Inbound::Running {
+                future,
+                sleep: deadline.map(|d| sleep_until(d.instant())),
+                deadline,
+                grpc,
+            },
+        }
+    }
+
+    pub(crate) fn rejected(rejection: Rejection, grpc: bool) -> Self {
+        Self {
+            state: Inbound::Rejected { rejection, grpc },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<DeadlineBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        let (rejection, grpc) = match state.as_mut().project() {
+            InboundProj::Running {
+                future,
+                sleep,
+                deadline,
+                grpc,
+            } => {
+                let polled = match *deadline {
+                    Some(d) => with_current(d, || future.poll(cx)),
+                    None => future.poll(cx),
+                };
+                if let Poll::Ready(result) = polled {
+                    let (deadline, grpc) = (*deadline, *grpc);
+                    state.set(Inbound::Done);
+                    return Poll::Ready(result.map(|response| {
+                        response.map(|b| DeadlineBody::new(ResponseBody::new(b), deadline, grpc))
+                    }));
+                }
+                let Some(sleep) = sleep.as_pin_mut() else {
+                    return Poll::Pending;
+                };
+                ready!(sleep.poll(cx));
+                (Rejection::DeadlineExceeded, *grpc)
+            }
+            InboundProj::Rejected { rejection, grpc } => (*rejection, *grpc),
+            InboundProj::Done => panic!("ResponseFuture polled after completion"),
+        };
+        // Dropping the handler's future here is what cancels its work.
+        state.project_replace(Inbound::Done);
+        Poll::Ready(Ok(local(rejection, grpc)))
+    }
+}
+
+pin_project! {
+    /// The response future of [`PropagateDeadline`](crate::PropagateDeadline).
+    #[derive(Debug)]
+    #[must_use = "futures do nothing unless polled"]
+    pub struct PropagateFuture<F> {
+        #[pin]
+        state: Outbound<F>,
+    }
+}
+
+pin_project! {
+    #[project = OutboundProj]
+    #[project_replace = OutboundReplace]
+    #[derive(Debug)]
+    enum Outbound<F> {
+        Unbounded { #[pin] future: F },
+        Bounded {
+            #[pin]
+            future: F,
+            #[pin]
+            sleep: Sleep,
+            deadline: Deadline,
+            wire_deadline: Deadline,
+            grpc: bool,
+        },
+        Expired { grpc: bool },
+        Done,
+    }
+}
+
+impl<F> PropagateFuture<F> {
+    pub(crate) fn unbounded(future: F) -> Self {
+        Self {
+            state: Outbound::Unbounded { future },
+        }
+    }
+
+    pub(crate) fn bounded(
+        future: F,
+        deadline: Deadline,
+        wire_deadline: Deadline,
+        grpc: bool,
+    ) -> Self {
+        Self {
+            state: Outbound::Bounded {
+                future,
+                sleep: sleep_until(deadline.instant()),
+                deadline,
+                wire_deadline,
+                grpc,
+            },
+        }
+    }
+
+    pub(crate) fn expired(grpc: bool) -> Self {
+        Self {
+            state: Outbound::Expired { grpc },
+        }
+    }
+}
+
+impl<F, B, E> Future for PropagateFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<DeadlineBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        let grpc = match state.as_mut().project() {
+            OutboundProj::Unbounded { future } => {
+                let result = ready!(future.poll(cx));
+                state.set(Outbound::Done);
+                return Poll::Ready(match result {
+                    Ok(response) => {
+                        Ok(response.map(|b| DeadlineBody::new(ResponseBody::new(b), None, false)))
+                    }
+                    Err(e) => Err(e.into()),
+                });
+            }
+            OutboundProj::Bounded {
+                future,
+                sleep,
+                deadline,
+                wire_deadline,
+                grpc,
+            } => {
+                match future.poll(cx) {
+                    Poll::Ready(Ok(response)) => {
+                        let (deadline, grpc) = (*deadline, *grpc);
+                        state.set(Outbound::Done);
+                        return Poll::Ready(Ok(response.map(|b| {
+                            DeadlineBody::new(ResponseBody::new(b), Some(deadline), grpc)
+                        })));
+                    }
+                    // A failure after the time the server was given is the deadline's.
+                    Poll::Ready(Err(_)) if Instant::now() >= wire_deadline.instant() => *grpc,
+                    Poll::Ready(Err(e)) => {
+                        state.set(Outbound::Done);
+                        return Poll::Ready(Err(e.into()));
+                    }
+                    Poll::Pending => {
+                        ready!(sleep.poll(cx));
+                        *grpc
+                    }
+                }
+            }
+            OutboundProj::Expired { grpc } => *grpc,
+            OutboundProj::Done => panic!("PropagateFuture polled after completion"),
+        };
+        // Drops the call's future: the request is cancelled, not left running.
+        state.project_replace(Outbound::Done);
+        Poll::Ready(if grpc {
+            Ok(local(Rejection::DeadlineExceeded, true))
+        } else {
+            Err(DeadlineExceeded::new().into())
+        })
+    }
+}

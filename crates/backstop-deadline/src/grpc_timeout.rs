@@ -1,0 +1,355 @@
+//! The `grpc-timeout` wire format: `TimeoutValue TimeoutUnit`, 1–8 ASCII digits followed by one
+//! of `H` (hours), `M` (minutes), `S` (seconds), `m` (milliseconds), `u` (microseconds) or `n`
+//! (nanoseconds), as the gRPC over HTTP/2 specification defines it.
+//!
+//! [`decode`] is strict: anything but that grammar is [`MalformedTimeout`]; leading zeros are
+//! fine (`00000001S` is one second) and `0n` means the caller's deadline has already passed.
+//! No input panics or overflows: the largest value, `99999999H`, is about 11 400 years and fits
+//! a [`Duration`].
+//!
+//! [`encode`] writes a duration in the finest unit whose value fits in 8 digits, rounding
+//! **down**, so a receiver's deadline is never later than the sender's. It never writes zero:
+//! a caller with nothing left must fail locally instead of asking a server to start work that
+//! cannot finish. Durations of 99 999 999 seconds (about 3.17 years) and more are all written as
+//! `99999999S`: switching to minutes there would send *less* time for a longer duration
+//! (10⁸ s is not a whole number of minutes), and an encoding that is not monotone would let a
+//! longer budget look shorter than a shorter one on the wire.
+//!
+//! ```
+//! use backstop_deadline::grpc_timeout::{decode, encode};
+//! use std::time::Duration;
+//!
+//! assert_eq!(decode(b"250m"), Ok(Duration::from_millis(250)));
+//! assert!(decode(b"250").is_err());
+//! assert!(decode(b"123456789n").is_err()); // nine digits
+//!
+//! let encoded = encode(Duration::from_millis(1500)).unwrap();
+//! assert_eq!(encoded.as_str(), "1500000u");
+//! assert_eq!(encoded.duration(), Duration::from_millis(1500));
+//! assert!(encode(Duration::ZERO).is_none());
+//! ```
+
+use http::HeaderValue;
+use std::{fmt, time::Duration};
+
+/// The largest value the grammar allows: 8 digits.
+const MAX_VALUE: u64 = 99_999_999;
+
+/// The `grpc-timeout` header (or another timeout header) does not follow its grammar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MalformedTimeout(());
+
+impl fmt::Display for MalformedTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("malformed grpc-timeout")
+    }
+}
+
+impl std::error::Error for MalformedTimeout {}
+
+impl MalformedTimeout {
+    pub(crate) fn new() -> Self {
+        Self(())
+    }
+}
+
+/// Decodes a `grpc-timeout` value.
+///
+/// # Errors
+///
+/// [`MalformedTimeout`] unless the input is 1–8 ASCII digits followed by exactly one of
+/// `H M S m u n`. Signs, spaces, decimal points and empty input are all malformed.
+pub fn decode(value: &[u8]) -> Result<Duration, MalformedTimeout> {
+    let (unit, digits) = match value.split_last() {
+        Some((unit, digits)) if (1..=8).contains(&digits.len()) => (*unit, digits),
+        _ => return Err(MalformedTimeout::new()),
+    };
+    let mut n: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return Err(MalformedTimeout::new());
+        }
+        n = n * 10 + u64::from(d - b'0');
+    }
+    // n <= 99_999_999, so n * 3600 <= 3.6e11 seconds: no unit can overflow.
+    Ok(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return Err(MalformedTimeout::new()),
+    })
+}
+
+/// Decodes a `grpc-timeout` header value; see [`decode`].
+///
+/// # Errors
+///
+/// As [`decode`].
+pub fn decode_header(value: &HeaderValue) -> Result<Duration, MalformedTimeout> {
+    decode(value.as_bytes())
+}
+
+/// A `grpc-timeout` value ready to be sent: at most 8 digits and a unit, never zero.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Encoded {
+    buf: [u8; 9],
+    len: u8,
+    duration: Duration,
+}
+
+impl Encoded {
+    /// The value as text, e.g. `"250000u"`.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits and a unit letter are ever written.
+        std::str::from_utf8(&self.buf[..usize::from(self.len)]).unwrap_or_default()
+    }
+
+    /// The duration a receiver will decode: at most the encoded duration, and less than one
+    /// unit below it (up to 99 999 999 seconds; see the [module docs](self)).
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// The value as a header value.
+    pub fn to_header_value(&self) -> HeaderValue {
+        HeaderValue::from_str(self.as_str()).unwrap_or_else(|_| HeaderValue::from_static("1n"))
+    }
+}
+
+impl fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Encoded").field(&self.as_str()).finish()
+    }
+}
+
+impl fmt::Display for Encoded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Encodes `timeout` for the `grpc-timeout` header: the finest unit that fits in 8 digits,
+/// rounding down. Returns `None` when `timeout` is zero, which must never be sent.
+pub fn encode(timeout: Duration) -> Option<Encoded> {
+    let nanos = timeout.as_nanos();
+    if nanos == 0 {
+        return None;
+    }
+    let secs = timeout.as_secs();
+    let max = u128::from(MAX_VALUE);
+    let (value, unit, duration) = if nanos <= max {
+        let v = nanos as u64;
+        (v, b'n', Duration::from_nanos(v))
+    } else if nanos / 1_000 <= max {
+        let v = (nanos / 1_000) as u64;
+        (v, b'u', Duration::from_micros(v))
+    } else if nanos / 1_000_000 <= max {
+        let v = (nanos / 1_000_000) as u64;
+        (v, b'm', Duration::from_millis(v))
+    } else {
+        let v = secs.min(MAX_VALUE);
+        (v, b'S', Duration::from_secs(v))
+    };
+    let mut buf = [0u8; 9];
+    let mut digits = [0u8; 8];
+    let mut n = value;
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[i] = digits[len - 1 - i];
+    }
+    buf[len] = unit;
+    Some(Encoded {
+        buf,
+        len: (len + 1) as u8,
+        duration,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NS: u64 = 1;
+    const US: u64 = 1_000;
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn encode_vectors() {
+        // grpc-go's TestEncodeTimeout vectors where its round-up and our round-down agree
+        // (exact multiples), then our own for the rounding direction and the ceiling.
+        let cases: &[(Duration, &str)] = &[
+            (Duration::from_nanos(1), "1n"),
+            (Duration::from_nanos(10), "10n"),
+            (Duration::from_nanos(100), "100n"),
+            (Duration::from_nanos(1_000), "1000n"),
+            (Duration::from_nanos(10_000), "10000n"),
+            (Duration::from_nanos(100_000), "100000n"),
+            (Duration::from_nanos(1_000_000), "1000000n"),
+            (Duration::from_nanos(10_000_000), "10000000n"),
+            (Duration::from_nanos(100_000_000), "100000u"),
+            (Duration::from_nanos(1_000_000_000), "1000000u"),
+            (Duration::from_nanos(10_000_000_000), "10000000u"),
+            (Duration::from_nanos(100_000_000_000), "100000m"),
+            (Duration::from_nanos(1_000_000_000_000), "1000000m"),
+            (Duration::from_nanos(10_000_000_000_000), "10000000m"),
+            (Duration::from_nanos(100_000_000_000_000), "100000S"),
+            (Duration::from_nanos(1_000_000_000_000_000), "1000000S"),
+            (Duration::from_nanos(10_000_000_000_000_000), "10000000S"),
+            (Duration::from_secs(2), "2000000u"),
+            (Duration::from_secs(100), "100000m"),
+            (Duration::from_secs(3600), "3600000m"),
+            (Duration::from_secs(3601), "3601000m"),
+            (Duration::from_secs(40 * 3600), "144000S"),
+            // Round down, never up.
+            (Duration::from_nanos(99_999_999), "99999999n"),
+            (Duration::from_nanos(100_000_999), "100000u"),
+            (Duration::from_nanos(123_456_789_123), "123456m"),
+            (Duration::from_millis(99_999_999) + Duration::from_nanos(999_999), "99999999m"),
+            (Duration::from_secs(MAX_VALUE), "99999999S"),
+            // Past 99 999 999 s everything saturates (monotone; see the module docs).
+            (Duration::from_secs(MAX_VALUE + 1), "99999999S"),
+            (Duration::MAX, "99999999S"),
+        ];
+        for &(d, want) in cases {
+            let got = encode(d).unwrap();
+            assert_eq!(got.as_str(), want, "{d:?}");
+            assert_eq!(decode(want.as_bytes()).unwrap(), got.duration(), "{d:?}");
+            assert_eq!(got.to_header_value(), want);
+        }
+    }
+
+    #[test]
+    fn zero_is_never_encoded() {
+        assert_eq!(encode(Duration::ZERO), None);
+    }
+
+    #[test]
+    fn decode_vectors() {
+        let ok: &[(&str, Duration)] = &[
+            ("1H", Duration::from_secs(3600)),
+            ("1M", Duration::from_secs(60)),
+            ("1S", Duration::from_secs(1)),
+            ("1m", Duration::from_millis(1)),
+            ("1u", Duration::from_micros(1)),
+            ("1n", Duration::from_nanos(1)),
+            ("45S", Duration::from_secs(45)),
+            ("1234S", Duration::from_secs(1234)),
+            ("0n", Duration::ZERO),
+            ("0S", Duration::ZERO),
+            ("00000001S", Duration::from_secs(1)),
+            ("00000000H", Duration::ZERO),
+            ("99999999S", Duration::from_secs(99_999_999)),
+            ("99999999H", Duration::from_secs(99_999_999 * 3600)),
+            ("99999999n", Duration::from_nanos(99_999_999)),
+        ];
+        for &(s, want) in ok {
+            assert_eq!(decode(s.as_bytes()), Ok(want), "{s}");
+        }
+        let malformed: &[&[u8]] = &[
+            b"",
+            b"H",
+            b"1",
+            b"12",
+            b"123456789n",
+            b"000000001S",
+            b"1234567890123",
+            b"#####",
+            b"1x",
+            b"10X",
+            b"abS",
+            b"12xS",
+            b"9a1S",
+            b"-1S",
+            b"+1S",
+            b" 1S",
+            b"1S ",
+            b"1.5S",
+            b"1s",
+            b"1h",
+            b"1SS",
+            b"\xff1S",
+            b"1\x00",
+        ];
+        for &s in malformed {
+            assert_eq!(decode(s), Err(MalformedTimeout::new()), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_display() {
+        assert_eq!(MalformedTimeout::new().to_string(), "malformed grpc-timeout");
+    }
+
+    fn unit_of(e: &Encoded) -> Duration {
+        match e.as_str().as_bytes().last() {
+            Some(b'n') => Duration::from_nanos(NS),
+            Some(b'u') => Duration::from_nanos(US),
+            Some(b'm') => Duration::from_nanos(MS),
+            Some(b'S') => Duration::from_nanos(S),
+            other => panic!("unexpected unit {other:?}"),
+        }
+    }
+
+    fn any_duration() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            (1u64..=u64::MAX).prop_map(Duration::from_nanos),
+            (1u64..=10 * S).prop_map(Duration::from_nanos),
+            (0u64..=u64::MAX, 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip_never_exceeds_and_loses_less_than_one_unit(d in any_duration()) {
+            let e = encode(d).unwrap();
+            let back = decode(e.as_str().as_bytes()).unwrap();
+            prop_assert_eq!(back, e.duration());
+            prop_assert!(back <= d);
+            prop_assert!(!back.is_zero());
+            if d < Duration::from_secs(MAX_VALUE + 1) {
+                prop_assert!(d - back < unit_of(&e), "{:?} -> {} loses too much", d, e);
+            }
+        }
+
+        #[test]
+        fn at_most_eight_digits(d in any_duration()) {
+            let e = encode(d).unwrap();
+            let s = e.as_str();
+            prop_assert!(s.len() >= 2 && s.len() <= 9);
+            prop_assert!(s[..s.len() - 1].bytes().all(|b| b.is_ascii_digit()));
+        }
+
+        #[test]
+        fn monotone(a in any_duration(), b in any_duration()) {
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            prop_assert!(encode(lo).unwrap().duration() <= encode(hi).unwrap().duration());
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn decode_accepts_exactly_the_grammar(
+            digits in "[0-9]{1,8}",
+            unit in prop::sample::select(vec!['H', 'M', 'S', 'm', 'u', 'n']),
+        ) {
+            let s = format!("{digits}{unit}");
+            prop_assert!(decode(s.as_bytes()).is_ok());
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Deadlines for tower services: set once at the edge, carried in `grpc-timeout`, visible to
+//! handlers, and propagated to every outbound call as the *remaining* time.
+//!
+//! A timeout says "this call may take 2 s". A deadline says "this *request* must be answered by
+//! 12:00:02.000", and every call made on its behalf, on every hop, gets what is left of it and
+//! never more. When it passes, the work is dropped, not left running for nobody.
+//!
+//! - [`DeadlineLayer`] (servers) reads the caller's `grpc-timeout`, enforces it, and hands the
+//!   [`Deadline`] to the handler (request extensions and [`current()`]).
+//! - [`PropagateDeadlineLayer`] (clients) finds the current deadline, writes what remains of it
+//!   in `grpc-timeout`, and bounds the call by it.
+//!
+//! # Example
+//!
+//! A server whose handler calls another service: the outbound call inherits the deadline
+//! without anything being passed by hand.
+//!
+//! ```
+//! use backstop_core::BoxError;
+//! use backstop_deadline::{current, Deadline, DeadlineLayer, PropagateDeadlineLayer};
+//! use http::{Request, Response};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! // The dependency: answers with the grpc-timeout it was given.
+//! let dependency = service_fn(|req: Request<String>| async move {
+//!     let timeout = req.headers()["grpc-timeout"].clone();
+//!     Ok::<_, BoxError>(Response::builder().header("seen", timeout).body(String::new())?)
+//! });
+//! // Our client to it: each call may use half of what is left.
+//! let client = ServiceBuilder::new()
+//!     .layer(PropagateDeadlineLayer::builder().fraction(0.5).build()?)
+//!     .service(dependency);
+//!
+//! // Our server: the handler sees the deadline, and its call inherits it.
+//! let server = ServiceBuilder::new()
+//!     .layer(DeadlineLayer::new())
+//!     .service(service_fn(move |req: Request<String>| {
+//!         let client = client.clone();
+//!         async move {
+//!             let deadline: Deadline = *req.extensions().get().unwrap();
+//!             assert_eq!(current(), Some(deadline));
+//!             let answer = client.oneshot(Request::new(String::new())).await?;
+//!             let seen = answer.headers()["seen"].clone();
+//!             Ok::<_, BoxError>(Response::builder().header("seen", seen).body(String::new())?)
+//!         }
+//!     }));
+//!
+//! let request = Request::builder().header("grpc-timeout", "800m").body(String::new())?;
+//! let response = server.oneshot(request).await?;
+//! // 800 ms less the 1 ms lead is 799 ms; half of it goes to the dependency.
+//! assert_eq!(response.headers()["seen"], "399500u");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! **Wire format.** See [`grpc_timeout`]: 1–8 digits and a unit, decoded strictly, encoded in
+//! the finest unit that fits, rounding down, never zero.
+//!
+//! ## Inbound: `DeadlineLayer`
+//!
+//! For each request:
+//! 1. The requested timeout is the shortest `grpc-timeout` value (and the
+//!    [milliseconds header](DeadlineLayerBuilder::millis_header), if configured). A malformed
+//!    value is answered at once with gRPC INTERNAL "malformed grpc-timeout" or HTTP 400, unless
+//!    [`ignore_malformed`](DeadlineLayerBuilder::ignore_malformed) is set.
+//! 2. A requested timeout is reduced by the [`lead`](DeadlineLayerBuilder::lead) (1 ms); with
+//!    none, the [`default_timeout`](DeadlineLayerBuilder::default_timeout) applies; with neither,
+//!    the request has no deadline and passes through untouched. The result is clamped to
+//!    [`max`](DeadlineLayerBuilder::max).
+//! 3. A timeout of zero, or shorter than
+//!    [`min_remaining`](DeadlineLayerBuilder::min_remaining), is answered at once with
+//!    DEADLINE_EXCEEDED (4) or HTTP 504; the service is not called.
+//! 4. Otherwise the [`Deadline`] is put in the request's extensions, the service is called, and
+//!    its future is polled inside a task-local scope, so [`current()`] returns the deadline in
+//!    the handler and in everything it awaits.
+//! 5. If the deadline passes first, the handler's future is **dropped** (its work is cancelled)
+//!    and the answer is DEADLINE_EXCEEDED (4) as a trailers-only gRPC response, or 504 with a
+//!    short text body. A streamed response body is bounded too: past the deadline a gRPC body
+//!    ends with trailers `grpc-status: 4`, any other body with an error.
+//!
+//! Local answers are responses, not errors: the service's error type passes through unchanged,
+//! so the layer fits `axum::Router::layer` and `tonic::transport::Server::builder().layer`
+//! without `HandleErrorLayer`.
+//!
+//! **Under tonic.** tonic's server also reads `grpc-timeout` and answers CANCELLED (1) when its
+//! own timer fires. Its timer is armed just before this layer sees the request; the `lead`
+//! makes this layer's deadline earlier than tonic's, and tonic polls the service before its
+//! timer, so the client sees DEADLINE_EXCEEDED every time. Do not also set tonic's
+//! `Server::timeout` shorter than your deadlines: use [`max`](DeadlineLayerBuilder::max).
+//!
+//! ## Outbound: `PropagateDeadlineLayer`
+//!
+//! For each request:
+//! 1. The effective deadline is the earliest of: [`current()`], a [`Deadline`] in the request's
+//!    extensions, a `grpc-timeout` header already on the request (such as tonic's
+//!    `Request::set_timeout`), `now +` [`fraction`](PropagateDeadlineLayerBuilder::fraction)
+//!    `×` what remains of those, and `now +` [`timeout`](PropagateDeadlineLayerBuilder::timeout).
+//!    With none of them the request passes through untouched.
+//! 2. If less than [`min_remaining`](PropagateDeadlineLayerBuilder::min_remaining) is left, or
+//!    nothing is left once the [`offset`](PropagateDeadlineLayerBuilder::offset) is taken off,
+//!    the call fails at once without being sent.
+//! 3. Otherwise `grpc-timeout` is set to the remaining time minus the offset, the [`Deadline`] is
+//!    put in the request's extensions (for layers further in), and the call is bounded by the
+//!    deadline: its future, and then its response body.
+//! 4. A call that fails after the time written in `grpc-timeout` has passed failed because of
+//!    the deadline (a transport timer armed from that header, such as tonic's channel, fires
+//!    there), and is reported as such.
+//!
+//! A local failure is reported the way the caller can read it: for a gRPC request, as a
+//! trailers-only DEADLINE_EXCEEDED response (so a tonic client gets
+//! `Status::deadline_exceeded`, as grpc-go and grpc-java clients do locally) carrying
+//! [`Rejection::DeadlineExceeded`](backstop_core::Rejection) in its extensions; for any other
+//! request, as the error [`DeadlineExceeded`] (find it with [`is_deadline_exceeded`]).
+//!
+//! ## Tasks
+//!
+//! [`current()`] is task-local. A task spawned from a handler starts without it: wrap its future
+//! in [`with_current_deadline`](DeadlineFutureExt::with_current_deadline), or in
+//! [`Deadline::scope`] to give it a deadline of its own. Scopes only ever shorten: an inner
+//! scope with a later deadline keeps the outer one.
+//!
+//! # Ordering
+//!
+//! On a server, `DeadlineLayer` goes outermost (first in `ServiceBuilder`), so the deadline
+//! covers everything inside: retries' pushback, concurrency limits, the handler. On a client,
+//! `PropagateDeadlineLayer` goes outermost, around retries, the circuit breaker and any
+//! per-attempt timeout, so that all attempts together fit in the one deadline:
+//!
+//! ```text
+//! server:  DeadlineLayer → (PushbackLayer) → your service
+//! client:  PropagateDeadlineLayer → (RetryLayer → BreakerLayer → attempt timeout) → transport
+//! ```
+//!
+//! # Feature flags
+//!
+//! None. The crate depends on `http`, `http-body`, `tokio` (`time`, `rt`) and `tower-layer` /
+//! `tower-service` only.
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+#![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
+mod body;
+mod deadline;
+mod error;
+mod future;
+pub mod grpc_timeout;
+mod layer;
+mod service;
+
+pub use body::DeadlineBody;
+pub use deadline::{Deadline, DeadlineFutureExt, Scoped, current};
+pub use error::{DeadlineExceeded, is_deadline_exceeded};
+pub use future::{PropagateFuture, ResponseFuture};
+pub use grpc_timeout::MalformedTimeout;
+pub use layer::{
+    DeadlineLayer, DeadlineLayerBuilder, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder,
+};
+pub use service::{DeadlineService, PropagateDeadline};

@@ -1,0 +1,253 @@
+use crate::{
+    Deadline,
+    deadline::{current, scale},
+    future::{PropagateFuture, ResponseFuture},
+    grpc_timeout::{self, MalformedTimeout},
+    layer::{InboundConfig, OutboundConfig},
+};
+use backstop_core::{BoxError, Rejection, grpc::GRPC_TIMEOUT, is_grpc};
+use http::{HeaderMap, HeaderValue, Request, Response};
+use std::{
+    task::{Context, Poll},
+    time::Duration,
+};
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// The service built by [`DeadlineLayer`](crate::DeadlineLayer): enforces the caller's deadline
+/// on a server and exposes it to the handler.
+#[derive(Debug, Clone)]
+pub struct DeadlineService<S> {
+    inner: S,
+    config: InboundConfig,
+}
+
+impl<S> DeadlineService<S> {
+    /// Wraps `inner` with the default configuration of [`DeadlineLayer::new`](crate::DeadlineLayer::new).
+    pub fn new(inner: S) -> Self {
+        Self::from_config(inner, crate::DeadlineLayer::new().config)
+    }
+
+    pub(crate) fn from_config(inner: S, config: InboundConfig) -> Self {
+        Self { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// The shorter of two optional durations.
+fn min_opt(a: Option<Duration>, b: Duration) -> Duration {
+    a.map_or(b, |a| a.min(b))
+}
+
+/// A timeout in decimal milliseconds: 1–19 ASCII digits.
+fn parse_millis(value: &HeaderValue) -> Result<Duration, MalformedTimeout> {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
+        return Err(MalformedTimeout::new());
+    }
+    let n = bytes
+        .iter()
+        .fold(0u64, |n, &b| n.saturating_mul(10).saturating_add(u64::from(b - b'0')));
+    Ok(Duration::from_millis(n))
+}
+
+impl InboundConfig {
+    /// The timeout the request asks for: the shortest of every `grpc-timeout` value and the
+    /// milliseconds header. `Err` when one is malformed and malformed input is rejected.
+    fn requested(&self, headers: &HeaderMap) -> Result<Option<Duration>, Rejection> {
+        let mut timeout = None;
+        let mut malformed = false;
+        for value in headers.get_all(GRPC_TIMEOUT) {
+            match grpc_timeout::decode_header(value) {
+                Ok(t) => timeout = Some(min_opt(timeout, t)),
+                Err(_) => malformed = true,
+            }
+        }
+        if let Some(name) = &self.millis_header {
+            for value in headers.get_all(name) {
+                match parse_millis(value) {
+                    Ok(t) => timeout = Some(min_opt(timeout, t)),
+                    Err(_) => malformed = true,
+                }
+            }
+        }
+        if malformed && self.reject_malformed {
+            return Err(Rejection::MalformedTimeout);
+        }
+        Ok(timeout)
+    }
+
+    /// The request's deadline as this server grants it, or the rejection to answer at once.
+    fn deadline(&self, now: Instant, headers: &HeaderMap) -> Result<Option<Deadline>, Rejection> {
+        let timeout = match self.requested(headers)? {
+            Some(t) => Some(t.saturating_sub(self.lead)),
+            None => self.default,
+        };
+        let Some(timeout) = timeout.map(|t| self.max.map_or(t, |max| t.min(max))) else {
+            return Ok(None);
+        };
+        if timeout.is_zero() || timeout < self.min_remaining {
+            return Err(Rejection::DeadlineExceeded);
+        }
+        Ok(Some(Deadline::after_from(now, timeout)))
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for DeadlineService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Response = Response<crate::DeadlineBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let grpc = is_grpc(req.headers());
+        match self.config.deadline(Instant::now(), req.headers()) {
+            Err(rejection) => ResponseFuture::rejected(rejection, grpc),
+            Ok(None) => ResponseFuture::running(self.inner.call(req), None, grpc),
+            Ok(Some(deadline)) => {
+                req.extensions_mut().insert(deadline);
+                ResponseFuture::running(self.inner.call(req), Some(deadline), grpc)
+            }
+        }
+    }
+}
+
+/// The service built by [`PropagateDeadlineLayer`](crate::PropagateDeadlineLayer): sends the
+/// remaining time in `grpc-timeout` and bounds the call by it.
+#[derive(Debug, Clone)]
+pub struct PropagateDeadline<S> {
+    inner: S,
+    config: OutboundConfig,
+}
+
+impl<S> PropagateDeadline<S> {
+    /// Wraps `inner` with the default configuration of
+    /// [`PropagateDeadlineLayer::new`](crate::PropagateDeadlineLayer::new).
+    pub fn new(inner: S) -> Self {
+        Self::from_config(inner, crate::PropagateDeadlineLayer::new().config)
+    }
+
+    pub(crate) fn from_config(inner: S, config: OutboundConfig) -> Self {
+        Self { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+fn min_deadline(a: Option<Deadline>, b: Deadline) -> Deadline {
+    a.map_or(b, |a| a.min(b))
+}
+
+impl OutboundConfig {
+    /// The call's effective deadline: the earliest of the task-local deadline, the request's
+    /// extension, a `grpc-timeout` the caller already set, `now + fraction × remaining` and
+    /// `now + timeout`.
+    fn deadline<B>(&self, now: Instant, req: &Request<B>) -> Option<Deadline> {
+        let mut inherited = current();
+        if let Some(&d) = req.extensions().get::<Deadline>() {
+            inherited = Some(min_deadline(inherited, d));
+        }
+        for value in req.headers().get_all(GRPC_TIMEOUT) {
+            if let Ok(t) = grpc_timeout::decode_header(value) {
+                inherited = Some(min_deadline(inherited, Deadline::after_from(now, t)));
+            }
+        }
+        let mut deadline = inherited;
+        if let (Some(fraction), Some(d)) = (self.fraction, inherited) {
+            let share = scale(d.remaining_at(now), fraction);
+            deadline = Some(d.min(Deadline::after_from(now, share)));
+        }
+        if let Some(timeout) = self.timeout {
+            deadline = Some(min_deadline(deadline, Deadline::after_from(now, timeout)));
+        }
+        deadline
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for PropagateDeadline<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<crate::DeadlineBody<ResBody>>;
+    type Error = BoxError;
+    type Future = PropagateFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let now = Instant::now();
+        let grpc = is_grpc(req.headers());
+        let Some(deadline) = self.config.deadline(now, &req) else {
+            return PropagateFuture::unbounded(self.inner.call(req));
+        };
+        let remaining = deadline.remaining_at(now);
+        let encoded = grpc_timeout::encode(remaining.saturating_sub(self.config.offset));
+        let encoded = match encoded {
+            Some(e) if remaining >= self.config.min_remaining => e,
+            _ => return PropagateFuture::expired(grpc),
+        };
+        req.headers_mut()
+            .insert(GRPC_TIMEOUT, encoded.to_header_value());
+        req.extensions_mut().insert(deadline);
+        // What the server was told: once this instant has passed, every failure of the call is
+        // the deadline's (a transport timer armed from our header, or the server giving up).
+        let wire_deadline = Deadline::after_from(now, encoded.duration());
+        PropagateFuture::bounded(self.inner.call(req), deadline, wire_deadline, grpc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_header_grammar() {
+        let ok = |s: &'static str| parse_millis(&HeaderValue::from_static(s));
+        assert_eq!(ok("0"), Ok(Duration::ZERO));
+        assert_eq!(ok("250"), Ok(Duration::from_millis(250)));
+        assert_eq!(ok("0000250"), Ok(Duration::from_millis(250)));
+        assert_eq!(
+            ok("9999999999999999999"),
+            Ok(Duration::from_millis(9_999_999_999_999_999_999))
+        );
+        for bad in ["", "-1", "1.5", "1s", " 1", "99999999999999999999"] {
+            assert!(ok(bad).is_err(), "{bad:?}");
+        }
+    }
+}
