@@ -52,7 +52,12 @@
 //! # Feature flags
 //!
 //! None: this crate is small and always needed.
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
 #![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 

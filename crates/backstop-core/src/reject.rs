@@ -67,8 +67,9 @@ impl Rejection {
             );
             response
         } else {
-            let mut response =
-                Response::new(ResponseBody::full(Bytes::from_static(self.message().as_bytes())));
+            let mut response = Response::new(ResponseBody::full(Bytes::from_static(
+                self.message().as_bytes(),
+            )));
             *response.status_mut() = self.http_status();
             response.headers_mut().insert(
                 CONTENT_TYPE,

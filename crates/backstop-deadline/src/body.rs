@@ -17,14 +17,15 @@ pin_project! {
     /// While the deadline holds, frames pass through untouched. When it passes in the middle of
     /// a streamed body, a gRPC body ends with trailers `grpc-status: 4` (DEADLINE_EXCEEDED), so a
     /// gRPC client sees the right status; any other body ends with a [`DeadlineExceeded`] error,
-    /// which makes hyper reset the stream. The timer is only armed if the body is ever not
-    /// ready, so a body that is complete at once (a unary response) costs no timer.
+    /// which makes hyper reset the stream. The timer is only created the first time the body
+    /// is not ready, so a body that is complete at once (a unary response) costs no timer and
+    /// no allocation; the body is `Unpin` whenever the inner body is.
     #[derive(Debug)]
     pub struct DeadlineBody<B> {
         #[pin]
         body: ResponseBody<B>,
-        #[pin]
-        sleep: Option<Sleep>,
+        deadline: Option<Deadline>,
+        sleep: Option<Pin<Box<Sleep>>>,
         grpc: bool,
         expired: bool,
     }
@@ -34,7 +35,8 @@ impl<B> DeadlineBody<B> {
     pub(crate) fn new(body: ResponseBody<B>, deadline: Option<Deadline>, grpc: bool) -> Self {
         Self {
             body,
-            sleep: deadline.map(|d| sleep_until(d.instant())),
+            deadline,
+            sleep: None,
             grpc,
             expired: false,
         }
@@ -78,10 +80,13 @@ where
         if let Poll::Ready(frame) = this.body.poll_frame(cx) {
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        let Some(sleep) = this.sleep.as_pin_mut() else {
+        let Some(deadline) = *this.deadline else {
             return Poll::Pending;
         };
-        ready!(sleep.poll(cx));
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(sleep_until(deadline.instant())));
+        ready!(sleep.as_mut().poll(cx));
         *this.expired = true;
         if *this.grpc {
             Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))

@@ -217,7 +217,10 @@ mod tests {
             (Duration::from_nanos(99_999_999), "99999999n"),
             (Duration::from_nanos(100_000_999), "100000u"),
             (Duration::from_nanos(123_456_789_123), "123456m"),
-            (Duration::from_millis(99_999_999) + Duration::from_nanos(999_999), "99999999m"),
+            (
+                Duration::from_millis(99_999_999) + Duration::from_nanos(999_999),
+                "99999999m",
+            ),
             (Duration::from_secs(MAX_VALUE), "99999999S"),
             // Past 99 999 999 s everything saturates (monotone; see the module docs).
             (Duration::from_secs(MAX_VALUE + 1), "99999999S"),
@@ -290,7 +293,10 @@ mod tests {
 
     #[test]
     fn malformed_display() {
-        assert_eq!(MalformedTimeout::new().to_string(), "malformed grpc-timeout");
+        assert_eq!(
+            MalformedTimeout::new().to_string(),
+            "malformed grpc-timeout"
+        );
     }
 
     fn unit_of(e: &Encoded) -> Duration {

@@ -199,7 +199,10 @@ impl DeadlineLayerBuilder {
         }
         if let Some(name) = self.millis_header {
             let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                ConfigError::new("millis_header", format!("{name:?} is not a valid header name"))
+                ConfigError::new(
+                    "millis_header",
+                    format!("{name:?} is not a valid header name"),
+                )
             })?;
             if header == backstop_core::grpc::GRPC_TIMEOUT {
                 return Err(ConfigError::new(

@@ -59,9 +59,9 @@ fn parse_millis(value: &HeaderValue) -> Result<Duration, MalformedTimeout> {
     if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
         return Err(MalformedTimeout::new());
     }
-    let n = bytes
-        .iter()
-        .fold(0u64, |n, &b| n.saturating_mul(10).saturating_add(u64::from(b - b'0')));
+    let n = bytes.iter().fold(0u64, |n, &b| {
+        n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+    });
     Ok(Duration::from_millis(n))
 }
 
