@@ -1,0 +1,113 @@
+//! An axum app behind [`DeadlineLayer`] whose handler calls another service through
+//! [`PropagateDeadlineLayer`] (a hyper-util client): the outbound call inherits the request's
+//! deadline without anything being passed by hand.
+//!
+//! Routes:
+//! - `GET /deadline`: `deadline N ms` (what the handler has left) or `no deadline`.
+//! - `GET /sleep/{ms}`: sleeps, then answers `slept`; a deadline cuts it with a 504.
+//! - `GET /chain`: calls `{upstream}/deadline` and answers `deadline N ms; upstream: REPLY`.
+//!
+//! A request's deadline comes from its `grpc-timeout` header or `x-timeout-ms` (decimal
+//! milliseconds); requests without one get 5 s, and no request gets more than 30 s.
+
+use axum::{
+    Router,
+    extract::{Path, State},
+    http::StatusCode,
+    routing::get,
+};
+use backstop_deadline::{DeadlineLayer, PropagateDeadline, PropagateDeadlineLayer, current};
+use bytes::Bytes;
+use http::{Request, Uri};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use std::time::Duration;
+use tower::{ServiceBuilder, ServiceExt};
+
+/// The outbound client: a hyper-util client under [`PropagateDeadline`].
+pub type HttpClient = PropagateDeadline<Client<HttpConnector, Empty<Bytes>>>;
+
+#[derive(Debug, Clone)]
+struct AppState {
+    client: HttpClient,
+    upstream: Uri,
+}
+
+/// The app, calling `upstream` from `/chain`.
+///
+/// # Panics
+///
+/// Never: the layer configurations are fixed and valid (and checked by the tests).
+pub fn app(upstream: Uri) -> Router {
+    let client = ServiceBuilder::new()
+        // Keep 10 % of what is left for ourselves, and tell the upstream 2 ms less than
+        // that to cover the network.
+        .layer(
+            PropagateDeadlineLayer::builder()
+                .fraction(0.9)
+                .offset(Duration::from_millis(2))
+                .build()
+                .expect("valid outbound configuration"),
+        )
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let inbound = DeadlineLayer::builder()
+        .default_timeout(Duration::from_secs(5))
+        .max(Duration::from_secs(30))
+        .millis_header("x-timeout-ms")
+        .build()
+        .expect("valid inbound configuration");
+    Router::new()
+        .route("/deadline", get(deadline))
+        .route("/sleep/{ms}", get(sleep))
+        .route("/chain", get(chain))
+        .with_state(AppState { client, upstream })
+        // No HandleErrorLayer: DeadlineLayer answers 504 itself and keeps `Error = Infallible`.
+        .layer(inbound)
+}
+
+fn describe() -> String {
+    match current() {
+        Some(d) => format!("deadline {} ms", d.remaining().as_millis()),
+        None => "no deadline".to_owned(),
+    }
+}
+
+async fn deadline() -> String {
+    describe()
+}
+
+async fn sleep(Path(ms): Path<u64>) -> &'static str {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    "slept"
+}
+
+async fn chain(State(state): State<AppState>) -> Result<String, (StatusCode, String)> {
+    let own = describe();
+    let uri = format!("{}deadline", state.upstream);
+    let request = Request::get(uri)
+        .body(Empty::new())
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let response = state
+        .client
+        .oneshot(request)
+        .await
+        .map_err(|e| (StatusCode::BAD_GATEWAY, format!("upstream failed: {e}")))?;
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| {
+            (
+                StatusCode::BAD_GATEWAY,
+                format!("upstream body failed: {e}"),
+            )
+        })?
+        .to_bytes();
+    Ok(format!(
+        "{own}; upstream: {}",
+        String::from_utf8_lossy(&body)
+    ))
+}
