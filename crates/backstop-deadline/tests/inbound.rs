@@ -219,11 +219,7 @@ async fn expiry_drops_the_handler_and_answers_deadline_exceeded() {
     for grpc in [true, false] {
         let hang = Hang::default();
         let service = DeadlineLayer::new().layer(hang.clone());
-        let req = if grpc {
-            grpc_request(Some("100m"))
-        } else {
-            http_request(Some("100m"))
-        };
+        let req = request(grpc, Some("100m"));
         let mut call = tokio_test::task::spawn(service.oneshot(req));
         assert_pending!(call.poll());
         assert_eq!(hang.calls.load(Ordering::SeqCst), 1);
@@ -282,30 +278,10 @@ async fn inner_errors_pass_through() {
     assert_eq!(err.to_string(), "boom");
 }
 
-fn streaming_service(
-    body: http_body_util::channel::Channel<Bytes>,
-    grpc: bool,
-) -> impl tower::Service<
-    Request<String>,
-    Response = Response<http_body_util::channel::Channel<Bytes>>,
-    Error = Infallible,
-> {
-    let mut body = Some(body);
-    service_fn(move |_req: Request<String>| {
-        let mut response = Response::new(body.take().unwrap());
-        if grpc {
-            response
-                .headers_mut()
-                .insert("content-type", "application/grpc".parse().unwrap());
-        }
-        std::future::ready(Ok::<_, Infallible>(response))
-    })
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_streamed_grpc_body_ends_with_deadline_exceeded_trailers() {
     let (mut tx, body) = streamed();
-    let service = DeadlineLayer::new().layer(streaming_service(body, true));
+    let service = DeadlineLayer::new().layer(streaming(body, true));
     let response = service.oneshot(grpc_request(Some("100m"))).await.unwrap();
     let mut body = response.into_body();
     tx.send_data(Bytes::from_static(b"first")).await.unwrap();
@@ -330,7 +306,7 @@ async fn a_streamed_grpc_body_ends_with_deadline_exceeded_trailers() {
 #[tokio::test(start_paused = true)]
 async fn a_streamed_http_body_fails_at_the_deadline() {
     let (_tx, body) = streamed();
-    let service = DeadlineLayer::new().layer(streaming_service(body, false));
+    let service = DeadlineLayer::new().layer(streaming(body, false));
     let response = service.oneshot(http_request(Some("100m"))).await.unwrap();
     let mut body = response.into_body();
     let mut next = tokio_test::task::spawn(body.frame());
@@ -343,7 +319,7 @@ async fn a_streamed_http_body_fails_at_the_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_body_without_deadline_is_never_cut() {
     let (mut tx, body) = streamed();
-    let service = DeadlineLayer::new().layer(streaming_service(body, false));
+    let service = DeadlineLayer::new().layer(streaming(body, false));
     let response = service.oneshot(http_request(None)).await.unwrap();
     let mut body = response.into_body();
     let mut next = tokio_test::task::spawn(body.frame());

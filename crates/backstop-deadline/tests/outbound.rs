@@ -140,11 +140,7 @@ async fn too_little_left_fails_at_once_without_sending() {
         let (service, mut handle) =
             mock::spawn_layer::<Request<String>, Response<String>, _>(layer.clone());
         let mut service = service.into_inner();
-        let req = if grpc {
-            grpc_request(None)
-        } else {
-            http_request(None)
-        };
+        let req = request(grpc, None);
         let result = Deadline::after(left)
             .scope((&mut service).oneshot(req))
             .await;
@@ -187,11 +183,7 @@ async fn expiry_drops_the_call() {
             .build()
             .unwrap()
             .layer(hang.clone());
-        let req = if grpc {
-            grpc_request(None)
-        } else {
-            http_request(None)
-        };
+        let req = request(grpc, None);
         let mut call = tokio_test::task::spawn(service.oneshot(req));
         assert_pending!(call.poll());
         advance(99 * MS).await;
@@ -230,11 +222,7 @@ async fn a_failure_before_the_wire_deadline_passes_through_and_after_it_is_the_d
     for grpc in [false, true] {
         let (service, mut handle) =
             mock::spawn_layer::<Request<String>, Response<String>, _>(layer.clone());
-        let req = if grpc {
-            grpc_request(None)
-        } else {
-            http_request(None)
-        };
+        let req = request(grpc, None);
         let mut call = tokio_test::task::spawn(service.into_inner().oneshot(req));
         assert_pending!(call.poll());
         let (_, send) = handle.next_request().await.unwrap();
@@ -270,26 +258,6 @@ async fn a_response_in_time_passes_through() {
     assert_eq!(response.status(), 503);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"busy");
-}
-
-fn streaming(
-    body: http_body_util::channel::Channel<Bytes>,
-    grpc: bool,
-) -> impl tower::Service<
-    Request<String>,
-    Response = Response<http_body_util::channel::Channel<Bytes>>,
-    Error = Infallible,
-> {
-    let mut body = Some(body);
-    service_fn(move |_req: Request<String>| {
-        let mut response = Response::new(body.take().unwrap());
-        if grpc {
-            response
-                .headers_mut()
-                .insert("content-type", "application/grpc".parse().unwrap());
-        }
-        std::future::ready(Ok::<_, Infallible>(response))
-    })
 }
 
 async fn next_frame_at_deadline(

@@ -14,7 +14,7 @@ use std::{
     },
     task::{Context, Poll},
 };
-use tower::Service;
+use tower::{Service, service_fn};
 
 /// Sets a flag when dropped: proves a future was cancelled.
 #[derive(Debug)]
@@ -76,4 +76,31 @@ pub fn http_request(timeout: Option<&str>) -> Request<String> {
         builder = builder.header("grpc-timeout", t);
     }
     builder.body(String::new()).unwrap()
+}
+
+/// A gRPC or plain HTTP request, with a `grpc-timeout` if given.
+pub fn request(grpc: bool, timeout: Option<&str>) -> Request<String> {
+    if grpc {
+        grpc_request(timeout)
+    } else {
+        http_request(timeout)
+    }
+}
+
+/// A service that answers its first call at once with `body` streamed as the response body
+/// (marked as gRPC when `grpc`).
+pub fn streaming(
+    body: Channel<Bytes>,
+    grpc: bool,
+) -> impl Service<Request<String>, Response = Response<Channel<Bytes>>, Error = Infallible> {
+    let mut body = Some(body);
+    service_fn(move |_req: Request<String>| {
+        let mut response = Response::new(body.take().expect("one call"));
+        if grpc {
+            response
+                .headers_mut()
+                .insert("content-type", "application/grpc".parse().unwrap());
+        }
+        std::future::ready(Ok::<_, Infallible>(response))
+    })
 }
