@@ -1,4 +1,4 @@
-use std::fmt;
+use std::{error::Error, fmt};
 
 /// A type-erased error, as tower and hyper use it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -42,9 +42,103 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// The request's deadline passed before it was answered, or too little of it was left to start.
+///
+/// Returned (boxed, as a [`BoxError`]) by `backstop_deadline::PropagateDeadline` for HTTP
+/// requests (gRPC requests get a DEADLINE_EXCEEDED response instead). A local rejection:
+/// classifiers report it as [`Outcome::Rejected`](crate::Outcome::Rejected). Use
+/// [`is_deadline_exceeded`] to find it anywhere in an error's source chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeadlineExceeded(());
+
+impl DeadlineExceeded {
+    /// A new `DeadlineExceeded` error.
+    pub fn new() -> Self {
+        Self(())
+    }
+}
+
+impl fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("deadline exceeded")
+    }
+}
+
+impl Error for DeadlineExceeded {}
+
+/// Whether `err`, or any error in its source chain, is a [`DeadlineExceeded`].
+///
+/// ```
+/// use backstop_core::{is_deadline_exceeded, DeadlineExceeded};
+///
+/// let err: backstop_core::BoxError = Box::new(DeadlineExceeded::new());
+/// assert!(is_deadline_exceeded(err.as_ref()));
+/// assert!(!is_deadline_exceeded(&std::fmt::Error));
+/// ```
+pub fn is_deadline_exceeded(err: &(dyn Error + 'static)) -> bool {
+    find::<DeadlineExceeded>(err).is_some()
+}
+
+/// An attempt took longer than its own timeout (the retry layer's `attempt_timeout`).
+///
+/// Unlike [`DeadlineExceeded`], this is a failure of the dependency, not a local rejection:
+/// the request may be retried within what is left of its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AttemptTimedOut(());
+
+impl AttemptTimedOut {
+    /// A new `AttemptTimedOut` error.
+    pub fn new() -> Self {
+        Self(())
+    }
+}
+
+impl fmt::Display for AttemptTimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("attempt timed out")
+    }
+}
+
+impl Error for AttemptTimedOut {}
+
+/// The first error of type `T` in `err`'s source chain, `err` itself included.
+pub fn find<'a, T: Error + 'static>(err: &'a (dyn Error + 'static)) -> Option<&'a T> {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(found) = err.downcast_ref::<T>() {
+            return Some(found);
+        }
+        next = err.source();
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug)]
+    struct Wrapper(DeadlineExceeded);
+
+    impl fmt::Display for Wrapper {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("call failed")
+        }
+    }
+
+    impl Error for Wrapper {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn found_through_the_source_chain() {
+        assert!(is_deadline_exceeded(&Wrapper(DeadlineExceeded::new())));
+        assert!(find::<AttemptTimedOut>(&Wrapper(DeadlineExceeded::new())).is_none());
+        assert_eq!(DeadlineExceeded::new().to_string(), "deadline exceeded");
+        assert_eq!(AttemptTimedOut::new().to_string(), "attempt timed out");
+    }
 
     #[test]
     fn display_names_the_knob() {

@@ -11,7 +11,11 @@
 //! - [`ResponseBody`]: the body of a response that is either the inner service's or one of
 //!   our local rejections, so server-side layers keep `Error = S::Error` and fit
 //!   `axum::Router::layer` and `tonic::transport::Server::layer` without `HandleErrorLayer`.
-//! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault.
+//! - [`classify`]: [`Outcome`], [`Classify`] and the [`HttpClassifier`] / [`GrpcClassifier`]
+//!   presets, so the retry layer and the breaker agree on what a result means.
+//! - [`hint`]: [`ServerHint`], parsing `Retry-After` and `grpc-retry-pushback-ms`.
+//! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault;
+//!   [`DeadlineExceeded`] and [`AttemptTimedOut`], the errors our layers add.
 //!
 //! # Example
 //!
@@ -62,11 +66,17 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod body;
+pub mod classify;
 mod error;
 pub mod grpc;
+pub mod hint;
 pub mod reject;
 
 pub use body::ResponseBody;
-pub use error::{BoxError, ConfigError};
+pub use classify::{Classify, GrpcClassifier, HttpClassifier, Outcome, Retryable};
+pub use error::{
+    AttemptTimedOut, BoxError, ConfigError, DeadlineExceeded, find, is_deadline_exceeded,
+};
 pub use grpc::{Code, is_grpc};
+pub use hint::ServerHint;
 pub use reject::Rejection;

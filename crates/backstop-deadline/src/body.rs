@@ -1,4 +1,5 @@
-use crate::{Deadline, DeadlineExceeded};
+use crate::Deadline;
+use backstop_core::DeadlineExceeded;
 use backstop_core::{BoxError, ResponseBody, grpc};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};

@@ -1,4 +1,5 @@
-use crate::{Deadline, DeadlineBody, DeadlineExceeded, deadline::with_current};
+use crate::{Deadline, DeadlineBody, deadline::with_current};
+use backstop_core::DeadlineExceeded;
 use backstop_core::{BoxError, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;

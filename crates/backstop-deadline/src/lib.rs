@@ -150,15 +150,14 @@
 
 mod body;
 mod deadline;
-mod error;
 mod future;
 pub mod grpc_timeout;
 mod layer;
 mod service;
 
+pub use backstop_core::{DeadlineExceeded, is_deadline_exceeded};
 pub use body::DeadlineBody;
 pub use deadline::{Deadline, DeadlineFutureExt, Scoped, current};
-pub use error::{DeadlineExceeded, is_deadline_exceeded};
 pub use future::{PropagateFuture, ResponseFuture};
 pub use grpc_timeout::MalformedTimeout;
 pub use layer::{

@@ -1,0 +1,542 @@
+//! Classification: what a result means, decided once for the retry layer and the breaker.
+//!
+//! A [`Classify`] maps the result of a call — the response headers (gRPC trailers come later,
+//! through [`Classify::classify_trailers`]) or the error — to an [`Outcome`]:
+//!
+//! | outcome | breaker | retry |
+//! |---|---|---|
+//! | [`Outcome::Success`] | counts a success | returns it |
+//! | [`Outcome::Failure`] | counts a failure | may retry, per [`Retryable`] and the hint |
+//! | [`Outcome::Rejected`] (our own: deadline spent, breaker open) | ignores it | never retries |
+//! | [`Outcome::Ignored`] (caller errors, cancellations) | ignores it | never retries |
+//!
+//! Errors are seen as `&(dyn Error + 'static)`, so one classifier serves any service whose
+//! error converts into a [`BoxError`](crate::BoxError). Transport errors are recognised
+//! through their source chain (see [`classify_error`]).
+
+use crate::{
+    AttemptTimedOut, DeadlineExceeded, Rejection, ServerHint,
+    grpc::{Code, GRPC_STATUS},
+    is_grpc,
+};
+use http::{HeaderMap, Response, StatusCode};
+use std::{error::Error, io, time::SystemTime};
+
+/// Whether a failed request may be sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Retryable {
+    /// Never: the failure is final (e.g. HTTP 500, gRPC INTERNAL).
+    Never,
+    /// Only if the request is idempotent: the server may have processed it.
+    IfIdempotent,
+    /// Always: the request provably was not processed (connection refused, HTTP/2
+    /// REFUSED_STREAM, 429, or a code the service owner declared safe such as UNAVAILABLE).
+    Always,
+}
+
+/// What the result of a call means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The dependency did its job.
+    Success,
+    /// The dependency failed.
+    Failure {
+        /// Whether a retry is safe.
+        retryable: Retryable,
+        /// What the server asked for, if anything.
+        hint: Option<ServerHint>,
+    },
+    /// We refused the call ourselves (a deadline already spent, an open breaker).
+    Rejected,
+    /// Neither success nor failure of the dependency: a caller error or a cancellation.
+    Ignored,
+}
+
+impl Outcome {
+    /// A failure with no hint.
+    pub fn failure(retryable: Retryable) -> Self {
+        Outcome::Failure {
+            retryable,
+            hint: None,
+        }
+    }
+
+    /// Whether this is a failure of the dependency.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Outcome::Failure { .. })
+    }
+}
+
+/// Maps the result of a call to an [`Outcome`].
+pub trait Classify<Res> {
+    /// Classifies a response (its headers) or an error.
+    fn classify(&self, result: Result<&Res, &(dyn Error + 'static)>) -> Outcome;
+
+    /// Classifies trailers that arrive at the end of a streamed body, for protocols that put
+    /// the final status there (gRPC). `None`: the trailers change nothing.
+    fn classify_trailers(&self, trailers: &HeaderMap) -> Option<Outcome> {
+        let _ = trailers;
+        None
+    }
+}
+
+/// Classifies an error by its source chain:
+///
+/// - our own [`DeadlineExceeded`] → [`Outcome::Rejected`];
+/// - [`AttemptTimedOut`] → failure, [`Retryable::IfIdempotent`];
+/// - `std::io` `ConnectionRefused` / `AddrNotAvailable` (nothing was sent) → failure,
+///   [`Retryable::Always`];
+/// - any other error (reset, broken pipe, end of stream, timeouts, unknown) → failure,
+///   [`Retryable::IfIdempotent`]: the request may have been processed.
+pub fn classify_error(err: &(dyn Error + 'static)) -> Outcome {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if err.is::<DeadlineExceeded>() {
+            return Outcome::Rejected;
+        }
+        if err.is::<AttemptTimedOut>() {
+            return Outcome::failure(Retryable::IfIdempotent);
+        }
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            return match io.kind() {
+                io::ErrorKind::ConnectionRefused | io::ErrorKind::AddrNotAvailable => {
+                    Outcome::failure(Retryable::Always)
+                }
+                _ => Outcome::failure(Retryable::IfIdempotent),
+            };
+        }
+        next = err.source();
+    }
+    Outcome::failure(Retryable::IfIdempotent)
+}
+
+fn hint_in(headers: &HeaderMap) -> Option<ServerHint> {
+    ServerHint::from_headers(headers, SystemTime::now())
+}
+
+/// The classifier for plain HTTP.
+///
+/// Defaults: 1xx–3xx success; 429 a failure that is [`Retryable::Always`] with its
+/// `Retry-After`; 502, 503 and 504 failures [`Retryable::IfIdempotent`] (with any hint); other
+/// 5xx failures that are never retried; other 4xx ignored (the caller's fault). Errors as
+/// [`classify_error`]. A response carrying a [`Rejection`] is [`Outcome::Rejected`].
+#[derive(Debug, Clone)]
+pub struct HttpClassifier {
+    retry_if_idempotent: Vec<StatusCode>,
+    retry_always: Vec<StatusCode>,
+}
+
+impl Default for HttpClassifier {
+    fn default() -> Self {
+        Self {
+            retry_if_idempotent: vec![
+                StatusCode::BAD_GATEWAY,
+                StatusCode::SERVICE_UNAVAILABLE,
+                StatusCode::GATEWAY_TIMEOUT,
+            ],
+            retry_always: vec![StatusCode::TOO_MANY_REQUESTS],
+        }
+    }
+}
+
+impl HttpClassifier {
+    /// The default classifier.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces the statuses that are failures retryable if the request is idempotent
+    /// (default 502, 503, 504). Any 4xx listed here counts as a failure, not as ignored.
+    #[must_use]
+    pub fn retry_if_idempotent(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.retry_if_idempotent = statuses.into_iter().collect();
+        self
+    }
+
+    /// Replaces the statuses that are failures always retryable (default 429).
+    #[must_use]
+    pub fn retry_always(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.retry_always = statuses.into_iter().collect();
+        self
+    }
+
+    /// Classifies a status and its headers.
+    pub fn classify_status(&self, status: StatusCode, headers: &HeaderMap) -> Outcome {
+        let retryable = if self.retry_always.contains(&status) {
+            Retryable::Always
+        } else if self.retry_if_idempotent.contains(&status) {
+            Retryable::IfIdempotent
+        } else if status.is_server_error() {
+            Retryable::Never
+        } else if status.is_client_error() {
+            return Outcome::Ignored;
+        } else {
+            return Outcome::Success;
+        };
+        Outcome::Failure {
+            retryable,
+            hint: hint_in(headers),
+        }
+    }
+}
+
+impl<B> Classify<Response<B>> for HttpClassifier {
+    fn classify(&self, result: Result<&Response<B>, &(dyn Error + 'static)>) -> Outcome {
+        match result {
+            Ok(r) if r.extensions().get::<Rejection>().is_some() => Outcome::Rejected,
+            Ok(r) => self.classify_status(r.status(), r.headers()),
+            Err(e) => classify_error(e),
+        }
+    }
+}
+
+/// The classifier for gRPC.
+///
+/// The status comes from `grpc-status` in a trailers-only response, or from the trailers
+/// ([`Classify::classify_trailers`]); a response whose headers carry no status is a success
+/// so far. Defaults (gRPC A6 leaves retryable codes to the service owner):
+/// - OK → success;
+/// - UNAVAILABLE → failure, [`Retryable::Always`], with any `grpc-retry-pushback-ms`;
+/// - RESOURCE_EXHAUSTED → failure, retryable only when the server sent a pushback delay;
+/// - CANCELLED, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
+///   FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE, UNIMPLEMENTED, UNAUTHENTICATED → ignored;
+/// - DEADLINE_EXCEEDED, UNKNOWN, INTERNAL, DATA_LOSS → failure, never retried.
+///
+/// A non-200 HTTP status without `grpc-status` maps as the gRPC specification says (429, 502,
+/// 503, 504 → UNAVAILABLE; 401 → UNAUTHENTICATED; 403 → PERMISSION_DENIED; 404 →
+/// UNIMPLEMENTED; others → UNKNOWN). Errors as [`classify_error`].
+#[derive(Debug, Clone)]
+pub struct GrpcClassifier {
+    retryable: Vec<Code>,
+}
+
+impl Default for GrpcClassifier {
+    fn default() -> Self {
+        Self {
+            retryable: vec![Code::Unavailable],
+        }
+    }
+}
+
+impl GrpcClassifier {
+    /// The default classifier.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces the codes that are failures always retryable (default UNAVAILABLE).
+    #[must_use]
+    pub fn retryable_codes(mut self, codes: impl IntoIterator<Item = Code>) -> Self {
+        self.retryable = codes.into_iter().collect();
+        self
+    }
+
+    /// Classifies a status code, with the headers or trailers that carried it.
+    pub fn classify_code(&self, code: Code, headers: &HeaderMap) -> Outcome {
+        let hint = hint_in(headers);
+        if code == Code::Ok {
+            return Outcome::Success;
+        }
+        if self.retryable.contains(&code) {
+            return Outcome::Failure {
+                retryable: Retryable::Always,
+                hint,
+            };
+        }
+        match code {
+            Code::ResourceExhausted => Outcome::Failure {
+                retryable: match hint {
+                    Some(ServerHint::RetryAfter(_)) => Retryable::Always,
+                    _ => Retryable::Never,
+                },
+                hint,
+            },
+            Code::Cancelled
+            | Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::FailedPrecondition
+            | Code::Aborted
+            | Code::OutOfRange
+            | Code::Unimplemented
+            | Code::Unauthenticated => Outcome::Ignored,
+            _ => Outcome::Failure {
+                retryable: Retryable::Never,
+                hint,
+            },
+        }
+    }
+
+    fn code_for_http(status: StatusCode) -> Code {
+        match status.as_u16() {
+            401 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
+            404 => Code::Unimplemented,
+            429 | 502 | 503 | 504 => Code::Unavailable,
+            _ => Code::Unknown,
+        }
+    }
+}
+
+impl<B> Classify<Response<B>> for GrpcClassifier {
+    fn classify(&self, result: Result<&Response<B>, &(dyn Error + 'static)>) -> Outcome {
+        let response = match result {
+            Ok(r) => r,
+            Err(e) => return classify_error(e),
+        };
+        if response.extensions().get::<Rejection>().is_some() {
+            return Outcome::Rejected;
+        }
+        if let Some(code) = response.headers().get(GRPC_STATUS).map(Code::from_header) {
+            return self.classify_code(code.unwrap_or(Code::Unknown), response.headers());
+        }
+        if response.status() != StatusCode::OK {
+            let code = Self::code_for_http(response.status());
+            return self.classify_code(code, response.headers());
+        }
+        if !is_grpc(response.headers()) && !response.headers().is_empty() {
+            // A 200 that is not gRPC at all: the peer is not a gRPC server.
+            return self.classify_code(Code::Unknown, response.headers());
+        }
+        Outcome::Success
+    }
+
+    fn classify_trailers(&self, trailers: &HeaderMap) -> Option<Outcome> {
+        let code = trailers.get(GRPC_STATUS)?;
+        Some(self.classify_code(Code::from_header(code).unwrap_or(Code::Unknown), trailers))
+    }
+}
+
+/// Whether a response is a gRPC *trailers-only* response: its status is already in the
+/// headers, so the call is over when the headers arrive.
+pub fn is_trailers_only<B>(response: &Response<B>) -> bool {
+    response.headers().contains_key(GRPC_STATUS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn response(status: u16, headers: &[(&'static str, &'static str)]) -> Response<()> {
+        let mut r = Response::new(());
+        *r.status_mut() = StatusCode::from_u16(status).unwrap();
+        for (k, v) in headers {
+            r.headers_mut().insert(*k, HeaderValue::from_static(v));
+        }
+        r
+    }
+
+    fn http(r: &Response<()>) -> Outcome {
+        HttpClassifier::new().classify(Ok(r))
+    }
+
+    fn grpc(r: &Response<()>) -> Outcome {
+        GrpcClassifier::new().classify(Ok(r))
+    }
+
+    #[test]
+    fn http_defaults() {
+        use Retryable::*;
+        assert_eq!(http(&response(200, &[])), Outcome::Success);
+        assert_eq!(http(&response(304, &[])), Outcome::Success);
+        assert_eq!(http(&response(404, &[])), Outcome::Ignored);
+        assert_eq!(http(&response(400, &[])), Outcome::Ignored);
+        assert_eq!(http(&response(500, &[])), Outcome::failure(Never));
+        assert_eq!(http(&response(501, &[])), Outcome::failure(Never));
+        for s in [502, 503, 504] {
+            assert_eq!(
+                http(&response(s, &[])),
+                Outcome::failure(IfIdempotent),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            http(&response(429, &[("retry-after", "7")])),
+            Outcome::Failure {
+                retryable: Always,
+                hint: Some(ServerHint::RetryAfter(std::time::Duration::from_secs(7)))
+            }
+        );
+        assert_eq!(
+            http(&response(503, &[("grpc-retry-pushback-ms", "-1")])),
+            Outcome::Failure {
+                retryable: IfIdempotent,
+                hint: Some(ServerHint::DoNotRetry)
+            }
+        );
+    }
+
+    #[test]
+    fn http_sets_are_configurable() {
+        let c = HttpClassifier::new()
+            .retry_if_idempotent([
+                StatusCode::INTERNAL_SERVER_ERROR,
+                StatusCode::REQUEST_TIMEOUT,
+            ])
+            .retry_always([]);
+        assert_eq!(
+            c.classify(Ok(&response(500, &[]))),
+            Outcome::failure(Retryable::IfIdempotent)
+        );
+        assert_eq!(
+            c.classify(Ok(&response(408, &[]))),
+            Outcome::failure(Retryable::IfIdempotent)
+        );
+        assert_eq!(c.classify(Ok(&response(429, &[]))), Outcome::Ignored);
+        assert_eq!(
+            c.classify(Ok(&response(503, &[]))),
+            Outcome::failure(Retryable::Never)
+        );
+    }
+
+    #[test]
+    fn local_rejections_are_rejected() {
+        let r = Rejection::DeadlineExceeded
+            .into_response::<()>(true)
+            .map(|_| ());
+        assert_eq!(grpc(&r), Outcome::Rejected);
+        let r = Rejection::DeadlineExceeded
+            .into_response::<()>(false)
+            .map(|_| ());
+        assert_eq!(http(&r), Outcome::Rejected);
+        let err = DeadlineExceeded::new();
+        assert_eq!(
+            HttpClassifier::new().classify(Err::<&Response<()>, _>(&err)),
+            Outcome::Rejected
+        );
+    }
+
+    #[test]
+    fn grpc_trailers_only_codes() {
+        use Retryable::*;
+        let ct = ("content-type", "application/grpc");
+        assert_eq!(
+            grpc(&response(200, &[ct, ("grpc-status", "0")])),
+            Outcome::Success
+        );
+        assert_eq!(
+            grpc(&response(200, &[ct, ("grpc-status", "14")])),
+            Outcome::failure(Always)
+        );
+        assert_eq!(
+            grpc(&response(
+                200,
+                &[ct, ("grpc-status", "14"), ("grpc-retry-pushback-ms", "-1")]
+            )),
+            Outcome::Failure {
+                retryable: Always,
+                hint: Some(ServerHint::DoNotRetry)
+            }
+        );
+        assert_eq!(
+            grpc(&response(200, &[ct, ("grpc-status", "8")])),
+            Outcome::failure(Never)
+        );
+        assert_eq!(
+            grpc(&response(
+                200,
+                &[ct, ("grpc-status", "8"), ("grpc-retry-pushback-ms", "100")]
+            )),
+            Outcome::Failure {
+                retryable: Always,
+                hint: Some(ServerHint::RetryAfter(std::time::Duration::from_millis(
+                    100
+                )))
+            }
+        );
+        for code in ["4", "2", "13", "15", "99", "x"] {
+            assert_eq!(
+                grpc(&response(200, &[ct, ("grpc-status", code)])),
+                Outcome::failure(Never),
+                "{code}"
+            );
+        }
+        for code in ["1", "3", "5", "6", "7", "9", "10", "11", "12", "16"] {
+            assert_eq!(
+                grpc(&response(200, &[ct, ("grpc-status", code)])),
+                Outcome::Ignored,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn grpc_status_from_trailers_and_http() {
+        let c = GrpcClassifier::new();
+        let c: &dyn Classify<Response<()>> = &c;
+        let ct = ("content-type", "application/grpc");
+        // Headers without a status: success so far; the trailers decide.
+        assert_eq!(grpc(&response(200, &[ct])), Outcome::Success);
+        let mut trailers = HeaderMap::new();
+        assert_eq!(c.classify_trailers(&trailers), None);
+        trailers.insert(GRPC_STATUS, HeaderValue::from_static("14"));
+        assert_eq!(
+            c.classify_trailers(&trailers),
+            Some(Outcome::failure(Retryable::Always))
+        );
+        assert_eq!(
+            grpc(&response(503, &[])),
+            Outcome::failure(Retryable::Always)
+        );
+        assert_eq!(grpc(&response(404, &[])), Outcome::Ignored);
+        assert_eq!(
+            grpc(&response(500, &[])),
+            Outcome::failure(Retryable::Never)
+        );
+        assert_eq!(
+            grpc(&response(200, &[("content-type", "text/html")])),
+            Outcome::failure(Retryable::Never)
+        );
+        let custom = GrpcClassifier::new().retryable_codes([Code::Unavailable, Code::Aborted]);
+        assert_eq!(
+            custom.classify_code(Code::Aborted, &HeaderMap::new()),
+            Outcome::failure(Retryable::Always)
+        );
+        assert!(is_trailers_only(&response(200, &[("grpc-status", "0")])));
+        assert!(!is_trailers_only(&response(200, &[ct])));
+    }
+
+    #[derive(Debug)]
+    struct Wrap(io::Error);
+
+    impl std::fmt::Display for Wrap {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("client error")
+        }
+    }
+
+    impl Error for Wrap {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn transport_errors_through_the_source_chain() {
+        use Retryable::*;
+        let cases = [
+            (io::ErrorKind::ConnectionRefused, Always),
+            (io::ErrorKind::AddrNotAvailable, Always),
+            (io::ErrorKind::ConnectionReset, IfIdempotent),
+            (io::ErrorKind::BrokenPipe, IfIdempotent),
+            (io::ErrorKind::UnexpectedEof, IfIdempotent),
+            (io::ErrorKind::TimedOut, IfIdempotent),
+        ];
+        for (kind, want) in cases {
+            let err = Wrap(io::Error::from(kind));
+            assert_eq!(classify_error(&err), Outcome::failure(want), "{kind:?}");
+        }
+        assert_eq!(
+            classify_error(&AttemptTimedOut::new()),
+            Outcome::failure(IfIdempotent)
+        );
+        assert_eq!(
+            classify_error(&std::fmt::Error),
+            Outcome::failure(IfIdempotent)
+        );
+        assert!(Outcome::failure(Never).is_failure());
+        assert!(!Outcome::Rejected.is_failure());
+    }
+}
