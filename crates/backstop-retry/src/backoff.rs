@@ -1,0 +1,383 @@
+//! How long to wait before each retry.
+//!
+//! Every strategy draws from a random number generator that the retry layer seeds per request
+//! (from an injectable seed, so tests are exact), so two requests failing together do not
+//! retry together. The distributions, for retry number `n ≥ 1` with the previous delay `prev`
+//! (`base` for the first retry):
+//!
+//! | strategy | delay |
+//! |---|---|
+//! | [`decorrelated(base, cap)`](decorrelated) (default) | uniform in `[base, min(cap, 3·prev)]`: the cap bounds the envelope *before* sampling, so there is no pile-up at the cap |
+//! | [`exponential(base, cap)`](exponential) + [`Jitter::None`] | `min(cap, base·2ⁿ⁻¹)` |
+//! | … + [`Jitter::Full`] | uniform in `[0, min(cap, base·2ⁿ⁻¹)]` |
+//! | … + [`Jitter::Equal`] | `e/2 +` uniform in `[0, e/2]`, with `e = min(cap, base·2ⁿ⁻¹)` |
+//! | … + [`Jitter::Proportional(f)`](Jitter::Proportional) | `e·(1 − f) +` uniform in `[0, 2·f·e]`, clamped to `cap` |
+//! | [`decorrelated_v2(median, cap)`](decorrelated_v2) | Polly's smooth decorrelated jitter: the median of the `n`th delay grows as `median·2ⁿ⁻¹`, with no spikes and no pile-up; clamped to `cap` |
+//! | [`constant(d)`](constant) | `d` |
+
+use backstop_core::ConfigError;
+use std::{fmt, time::Duration};
+
+/// A source of randomness for one request: a seeded, fast, non-cryptographic generator.
+pub type Rng = fastrand::Rng;
+
+/// Per-request backoff state, kept by the retry layer between retries.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BackoffState {
+    /// The number of the retry being scheduled: 1 for the first retry.
+    pub retry: u32,
+    /// The previous delay (zero before the first retry).
+    pub prev: Duration,
+    /// Strategy-specific memory (used by [`decorrelated_v2`]).
+    pub aux: f64,
+}
+
+/// A backoff strategy: the delay before the next retry.
+pub trait Backoff: fmt::Debug + Send + Sync {
+    /// The delay before retry `state.retry`; implementations update `state` as they need.
+    fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration;
+}
+
+fn check(knob: &'static str, base: Duration, cap: Duration) -> Result<(), ConfigError> {
+    if base.is_zero() {
+        return Err(ConfigError::new(knob, "must be greater than zero"));
+    }
+    if cap < base {
+        return Err(ConfigError::new(
+            "cap",
+            format!("{cap:?} is shorter than `{knob}` ({base:?})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Uniform in `[lo, hi]`.
+fn uniform(rng: &mut Rng, lo: Duration, hi: Duration) -> Duration {
+    if hi <= lo {
+        return lo;
+    }
+    let span = (hi - lo).as_nanos().min(u128::from(u64::MAX)) as u64;
+    lo + Duration::from_nanos(rng.u64(0..=span))
+}
+
+/// Decorrelated jitter; see [`decorrelated`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decorrelated {
+    base: Duration,
+    cap: Duration,
+}
+
+/// Decorrelated jitter (the default): each delay is uniform in `[base, min(cap, 3·prev)]`.
+///
+/// # Errors
+///
+/// When `base` is zero or `cap < base`.
+pub fn decorrelated(base: Duration, cap: Duration) -> Result<Decorrelated, ConfigError> {
+    check("base", base, cap)?;
+    Ok(Decorrelated { base, cap })
+}
+
+impl Backoff for Decorrelated {
+    fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
+        let prev = if state.prev.is_zero() {
+            self.base
+        } else {
+            state.prev
+        };
+        let hi = prev.saturating_mul(3).min(self.cap);
+        let d = uniform(rng, self.base, hi);
+        state.prev = d;
+        d
+    }
+}
+
+/// How [`exponential`] backoff is randomised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Jitter {
+    /// No randomness: every client retries at the same instants.
+    None,
+    /// Uniform in `[0, e]`.
+    Full,
+    /// `e/2` plus uniform in `[0, e/2]`.
+    Equal,
+    /// Within `±f·e` of `e`, `f` in (0, 1].
+    Proportional(f64),
+}
+
+/// Exponential backoff; see [`exponential`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Exponential {
+    base: Duration,
+    cap: Duration,
+    jitter: Jitter,
+}
+
+/// Exponential backoff: the envelope `e = min(cap, base·2ⁿ⁻¹)`, with [`Jitter::Full`]; change it
+/// with [`Exponential::jitter`].
+///
+/// # Errors
+///
+/// When `base` is zero or `cap < base`.
+pub fn exponential(base: Duration, cap: Duration) -> Result<Exponential, ConfigError> {
+    check("base", base, cap)?;
+    Ok(Exponential {
+        base,
+        cap,
+        jitter: Jitter::Full,
+    })
+}
+
+impl Exponential {
+    /// Sets the jitter.
+    ///
+    /// # Errors
+    ///
+    /// When a [`Jitter::Proportional`] factor is not in (0, 1].
+    pub fn jitter(mut self, jitter: Jitter) -> Result<Self, ConfigError> {
+        if let Jitter::Proportional(f) = jitter
+            && !(f > 0.0 && f <= 1.0)
+        {
+            return Err(ConfigError::new(
+                "jitter",
+                format!("proportional factor must be in (0, 1], got {f}"),
+            ));
+        }
+        self.jitter = jitter;
+        Ok(self)
+    }
+}
+
+impl Backoff for Exponential {
+    fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
+        let shift = state.retry.saturating_sub(1).min(62);
+        let e = self
+            .base
+            .saturating_mul(1u32 << shift.min(31))
+            .min(self.cap);
+        let e = if shift > 31 { self.cap } else { e };
+        let d = match self.jitter {
+            Jitter::None => e,
+            Jitter::Full => uniform(rng, Duration::ZERO, e),
+            Jitter::Equal => uniform(rng, e / 2, e),
+            Jitter::Proportional(f) => {
+                let lo = e.mul_f64(1.0 - f);
+                uniform(rng, lo, e.saturating_add(e.mul_f64(f))).min(self.cap)
+            }
+        };
+        state.prev = d;
+        d
+    }
+}
+
+/// Smooth decorrelated jitter; see [`decorrelated_v2`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecorrelatedV2 {
+    median: Duration,
+    cap: Duration,
+}
+
+/// Polly's "decorrelated jitter V2": delays whose median for retry `n` is about
+/// `median·2ⁿ⁻¹`, smooth (no spikes), never piling up at the cap (they are clamped to it).
+///
+/// # Errors
+///
+/// When `median` is zero or `cap < median`.
+pub fn decorrelated_v2(median: Duration, cap: Duration) -> Result<DecorrelatedV2, ConfigError> {
+    check("median", median, cap)?;
+    Ok(DecorrelatedV2 { median, cap })
+}
+
+impl Backoff for DecorrelatedV2 {
+    fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
+        // The formula of Polly's DecorrelatedJitterBackoffV2: with t = n + U(0, 1),
+        // f(t) = 2^t · tanh(√(p·t)); the delay is (f(t) − f(t_prev)) / rp · median.
+        const P: f64 = 4.0;
+        const RP_SCALING: f64 = 1.0 / 1.4;
+        let t = f64::from(state.retry.min(60)) + rng.f64();
+        let next = t.exp2() * (P * t).sqrt().tanh();
+        let delta = (next - state.aux).max(0.0);
+        state.aux = next;
+        let secs = delta * RP_SCALING * self.median.as_secs_f64();
+        let d = Duration::try_from_secs_f64(secs)
+            .unwrap_or(self.cap)
+            .min(self.cap);
+        state.prev = d;
+        d
+    }
+}
+
+/// A constant delay; see [`constant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Constant(Duration);
+
+/// The same delay before every retry (no jitter: prefer [`decorrelated`]).
+pub fn constant(delay: Duration) -> Constant {
+    Constant(delay)
+}
+
+impl Backoff for Constant {
+    fn next_delay(&self, state: &mut BackoffState, _: &mut Rng) -> Duration {
+        state.prev = self.0;
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Rng, *};
+    use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn run(b: &dyn Backoff, seed: u64, n: u32) -> Vec<Duration> {
+        let mut rng = Rng::with_seed(seed);
+        let mut state = BackoffState::default();
+        (1..=n)
+            .map(|retry| {
+                state.retry = retry;
+                b.next_delay(&mut state, &mut rng)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_fixed_seed_gives_an_exact_sequence() {
+        let b = decorrelated(10 * MS, 1000 * MS).unwrap();
+        assert_eq!(run(&b, 7, 6), run(&b, 7, 6));
+        assert_ne!(run(&b, 7, 6), run(&b, 8, 6));
+    }
+
+    #[test]
+    fn exponential_without_jitter_doubles_to_the_cap() {
+        let b = exponential(10 * MS, 100 * MS)
+            .unwrap()
+            .jitter(Jitter::None)
+            .unwrap();
+        assert_eq!(
+            run(&b, 1, 6),
+            [10, 20, 40, 80, 100, 100].map(|m| m * MS).to_vec()
+        );
+        // Far retries neither overflow nor panic.
+        let mut state = BackoffState {
+            retry: u32::MAX,
+            ..Default::default()
+        };
+        assert_eq!(b.next_delay(&mut state, &mut Rng::with_seed(1)), 100 * MS);
+    }
+
+    #[test]
+    fn constant_is_constant() {
+        assert_eq!(run(&constant(5 * MS), 1, 3), vec![5 * MS; 3]);
+    }
+
+    #[test]
+    fn configuration_is_validated() {
+        assert_eq!(decorrelated(Duration::ZERO, MS).unwrap_err().knob(), "base");
+        assert_eq!(decorrelated(2 * MS, MS).unwrap_err().knob(), "cap");
+        assert_eq!(exponential(Duration::ZERO, MS).unwrap_err().knob(), "base");
+        assert_eq!(
+            decorrelated_v2(Duration::ZERO, MS).unwrap_err().knob(),
+            "median"
+        );
+        for f in [0.0, 1.5, f64::NAN] {
+            let err = exponential(MS, MS).unwrap().jitter(Jitter::Proportional(f));
+            assert_eq!(err.unwrap_err().knob(), "jitter");
+        }
+    }
+
+    /// Share of samples equal to the cap: a point mass shows up as a large share.
+    fn share_at_cap(b: &dyn Backoff, cap: Duration, retries: u32) -> f64 {
+        let mut at_cap = 0;
+        let mut total = 0;
+        for seed in 0..2000 {
+            for d in run(b, seed, retries) {
+                total += 1;
+                if d == cap {
+                    at_cap += 1;
+                }
+            }
+        }
+        f64::from(at_cap) / f64::from(total)
+    }
+
+    #[test]
+    fn no_point_mass_at_the_cap() {
+        let cap = 200 * MS;
+        assert!(share_at_cap(&decorrelated(10 * MS, cap).unwrap(), cap, 10) < 0.01);
+        assert!(share_at_cap(&exponential(10 * MS, cap).unwrap(), cap, 10) < 0.01);
+        assert!(
+            share_at_cap(
+                &exponential(10 * MS, cap)
+                    .unwrap()
+                    .jitter(Jitter::Equal)
+                    .unwrap(),
+                cap,
+                10
+            ) < 0.01
+        );
+        // Without jitter every late retry sits on the cap: the failure mode the others avoid.
+        let none = exponential(10 * MS, cap)
+            .unwrap()
+            .jitter(Jitter::None)
+            .unwrap();
+        assert!(share_at_cap(&none, cap, 10) >= 0.5);
+    }
+
+    #[test]
+    fn decorrelated_quantiles_follow_the_uniform_envelope() {
+        // First retry: uniform in [base, 3·base] = [10, 30] ms; median ≈ 20 ms.
+        let b = decorrelated(10 * MS, 1000 * MS).unwrap();
+        let mut firsts: Vec<Duration> = (0..4000).map(|s| run(&b, s, 1)[0]).collect();
+        firsts.sort();
+        let q = |p: f64| firsts[((firsts.len() as f64) * p) as usize].as_secs_f64() * 1000.0;
+        assert!((q(0.25) - 15.0).abs() < 1.0, "{}", q(0.25));
+        assert!((q(0.5) - 20.0).abs() < 1.0, "{}", q(0.5));
+        assert!((q(0.75) - 25.0).abs() < 1.0, "{}", q(0.75));
+    }
+
+    #[test]
+    fn decorrelated_v2_median_grows_about_twofold() {
+        let b = decorrelated_v2(100 * MS, Duration::from_secs(3600)).unwrap();
+        let median_of = |retry: usize| {
+            let mut v: Vec<f64> = (0..2000)
+                .map(|s| run(&b, s, 6)[retry].as_secs_f64())
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let ratio = median_of(4) / median_of(3);
+        assert!(ratio > 1.6 && ratio < 2.4, "{ratio}");
+    }
+
+    proptest! {
+        #[test]
+        fn every_strategy_stays_within_its_bounds(
+            seed in any::<u64>(),
+            base_ms in 1u64..1000,
+            extra_ms in 0u64..100_000,
+            f in 0.01f64..=1.0,
+        ) {
+            let base = Duration::from_millis(base_ms);
+            let cap = base + Duration::from_millis(extra_ms);
+            for d in run(&decorrelated(base, cap).unwrap(), seed, 12) {
+                prop_assert!(d >= base && d <= cap);
+            }
+            for jitter in [Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Proportional(f)] {
+                let b = exponential(base, cap).unwrap().jitter(jitter).unwrap();
+                for (i, d) in run(&b, seed, 12).into_iter().enumerate() {
+                    let e = base.saturating_mul(1 << i).min(cap);
+                    prop_assert!(d <= cap);
+                    match jitter {
+                        Jitter::None => prop_assert_eq!(d, e),
+                        Jitter::Equal => prop_assert!(d >= e / 2 && d <= e),
+                        Jitter::Full => prop_assert!(d <= e),
+                        Jitter::Proportional(f) => prop_assert!(d >= e.mul_f64(1.0 - f) - MS / 1000),
+                    }
+                }
+            }
+            for d in run(&decorrelated_v2(base, cap).unwrap(), seed, 12) {
+                prop_assert!(d <= cap);
+            }
+        }
+    }
+}

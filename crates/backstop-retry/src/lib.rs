@@ -1,0 +1,117 @@
+//! Retries for tower services that cannot turn a blip into an outage: a shared budget,
+//! jittered backoff, server hints, idempotency rules, the deadline, and request bodies replayed
+//! without being `Clone`.
+//!
+//! # Example
+//!
+//! ```
+//! use backstop_retry::{RetryPolicy, ReplayBody};
+//! use http::{Request, Response, StatusCode};
+//! use std::sync::{atomic::{AtomicUsize, Ordering}, Arc};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), backstop_core::BoxError> {
+//! // A dependency that fails its first call with 503.
+//! let calls = Arc::new(AtomicUsize::new(0));
+//! let counter = calls.clone();
+//! let dependency = service_fn(move |_req: Request<ReplayBody<String>>| {
+//!     let n = counter.fetch_add(1, Ordering::SeqCst);
+//!     async move {
+//!         let status = if n == 0 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+//!         Ok::<_, std::convert::Infallible>(
+//!             Response::builder().status(status).body(String::new()).unwrap(),
+//!         )
+//!     }
+//! });
+//!
+//! let retry = RetryPolicy::http().max_attempts(3).seed(7).build()?;
+//! let client = ServiceBuilder::new().layer(retry.clone()).service(dependency);
+//!
+//! let response = client.oneshot(Request::get("/").body(String::new())?).await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(calls.load(Ordering::SeqCst), 2);
+//! assert_eq!(retry.stats().retries, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! Each attempt's result is classified once ([`Classify`](backstop_core::Classify); presets
+//! [`RetryPolicy::http`] and [`RetryPolicy::grpc`]). Then, in this order, and only if every
+//! step allows it, the request is sent again; otherwise the last result is returned unchanged,
+//! at once ([`GiveUp`] names the step, in [`RetryStats`] and in a `tracing` event):
+//!
+//! 1. the outcome is a [failure](backstop_core::Outcome::Failure) that is not
+//!    [`Never`](backstop_core::Retryable::Never) retryable (successes, ignored caller errors and
+//!    our own rejections are returned);
+//! 2. fewer than `max_attempts` attempts were made (default 3, the first included, at most 10);
+//! 3. the failure proves the request was not processed, or the request is idempotent
+//!    ([`Idempotency`]: by default GET, HEAD, OPTIONS, TRACE, PUT, DELETE, or an
+//!    `Idempotency-Key` header);
+//! 4. the server did not say "do not retry" (`grpc-retry-pushback-ms` negative or malformed);
+//! 5. the body can be replayed (at most `max_replay_bytes` read, default 64 KiB);
+//! 6. the wait — the server's `Retry-After` / pushback (clamped by `max_hint`, 30 s) or the
+//!    [backoff](backoff), whichever is longer — plus `min_attempt_time` fits in what is left
+//!    of the deadline (request extension or [`backstop_deadline::current`]);
+//! 7. the [budget](budget) grants a token.
+//!
+//! Each attempt is bounded by `min(attempt_timeout, deadline)` and its `grpc-timeout` header
+//! says so (an outer `PropagateDeadline`'s offset is kept). gRPC retries carry
+//! `grpc-previous-rpc-attempts`. A gRPC call is committed once response headers without a
+//! status arrive (gRPC A6): only trailers-only failures are retried. With `max_attempts(1)`,
+//! or a body whose size hint already exceeds `max_replay_bytes`, the request passes through:
+//! no buffering and no copy of the request.
+//!
+//! The inner service receives `Request<ReplayBody<B>>`. hyper-util's client takes it as is
+//! (`Client<_, ReplayBody<B>>`); for a tonic `Channel`, map the body back with
+//! `tonic::body::Body::new` (`ServiceBuilder::map_request`).
+//!
+//! **Across hops.** When a retry layer gives up on a retryable failure (attempts, budget,
+//! deadline, a downstream "do not retry") or meets our own rejection, it marks the request it
+//! serves; a [`PushbackLayer`] on that server then stamps `grpc-retry-pushback-ms: -1` on the
+//! failed response, so callers do not retry it again: the failing dependency sees at most
+//! `max_attempts` attempts per user request, not `max_attempts` to the power of the hops.
+//!
+//! # Ordering
+//!
+//! ```text
+//! client:  PropagateDeadlineLayer → RetryLayer → BreakerLayer → attempt timeout → transport
+//! server:  DeadlineLayer → PushbackLayer → your service
+//! ```
+//!
+//! The deadline goes outside the retries so every attempt shares one deadline; the breaker
+//! goes inside so each attempt asks it (an open breaker is a local rejection, never retried).
+//!
+//! # Feature flags
+//!
+//! None.
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+#![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
+pub mod backoff;
+pub mod budget;
+mod future;
+mod layer;
+mod policy;
+mod pushback;
+mod replay;
+mod service;
+mod stats;
+
+pub use backoff::Backoff;
+pub use budget::{Budget, GrpcThrottle, RatioBudget, RatioBudgetBuilder};
+pub use future::ResponseFuture;
+pub use layer::RetryLayer;
+pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryPolicy};
+pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};
+pub use replay::ReplayBody;
+pub use service::Retry;
+pub use stats::{GiveUp, RetryStats};

@@ -1,0 +1,267 @@
+use crate::{
+    RetryLayer,
+    backoff::{self, Backoff},
+    budget::{Budget, RatioBudget},
+};
+use backstop_core::{ConfigError, GrpcClassifier, HttpClassifier};
+use http::{HeaderMap, Method};
+use std::{sync::Arc, time::Duration};
+
+/// The most attempts a policy may allow (the first one included).
+pub const MAX_ATTEMPTS_LIMIT: u32 = 10;
+
+/// Which requests may be retried after a failure that *may* have been processed
+/// ([`Retryable::IfIdempotent`](backstop_core::Retryable::IfIdempotent)).
+///
+/// Failures that prove the request was not processed ([`Retryable::Always`](
+/// backstop_core::Retryable::Always): connection refused, 429, a declared-safe gRPC code) are
+/// retried for every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Idempotency {
+    /// GET, HEAD, OPTIONS, TRACE, PUT and DELETE (RFC 9110 §9.2.2), and any request carrying an
+    /// `Idempotency-Key` header.
+    #[default]
+    Standard,
+    /// Every request: the service owner knows all its methods are idempotent.
+    All,
+    /// No request.
+    None,
+}
+
+impl Idempotency {
+    /// Whether a request with this method and headers is idempotent under the rule.
+    pub fn allows(self, method: &Method, headers: &HeaderMap) -> bool {
+        match self {
+            Idempotency::All => true,
+            Idempotency::None => false,
+            Idempotency::Standard => {
+                matches!(
+                    *method,
+                    Method::GET
+                        | Method::HEAD
+                        | Method::OPTIONS
+                        | Method::TRACE
+                        | Method::PUT
+                        | Method::DELETE
+                ) || headers.contains_key("idempotency-key")
+            }
+        }
+    }
+}
+
+/// What a [`RetryLayer`] does: presets [`RetryPolicy::http`] and [`RetryPolicy::grpc`], tuned
+/// with the knob methods and validated by [`build`](RetryPolicy::build).
+///
+/// Defaults of both presets: 3 attempts (the first included), [`backoff::decorrelated`]
+/// from 25 ms to 1 s, a [`RatioBudget`] with its defaults (10 %, 10 s, 10/s reserve), no
+/// per-attempt timeout, `min_attempt_time` 1 ms, `max_replay_bytes` 64 KiB,
+/// [`Idempotency::Standard`], server hints honoured up to 30 s.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy<C> {
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Arc<dyn Backoff>,
+    pub(crate) budget: Option<Arc<dyn Budget>>,
+    pub(crate) classifier: C,
+    pub(crate) attempt_timeout: Option<Duration>,
+    pub(crate) min_attempt_time: Duration,
+    pub(crate) max_replay_bytes: usize,
+    pub(crate) idempotency: Idempotency,
+    pub(crate) max_hint: Duration,
+    pub(crate) seed: Option<u64>,
+}
+
+impl RetryPolicy<HttpClassifier> {
+    /// The preset for HTTP clients: [`HttpClassifier`] and the defaults above.
+    pub fn http() -> Self {
+        Self::with_classifier(HttpClassifier::new())
+    }
+}
+
+impl RetryPolicy<GrpcClassifier> {
+    /// The preset for gRPC clients: [`GrpcClassifier`] (UNAVAILABLE retried, trailers-only
+    /// failures only) and the defaults above.
+    pub fn grpc() -> Self {
+        Self::with_classifier(GrpcClassifier::new())
+    }
+}
+
+impl<C> RetryPolicy<C> {
+    /// The defaults above with a classifier of your own.
+    pub fn with_classifier(classifier: C) -> Self {
+        Self {
+            max_attempts: 3,
+            backoff: Arc::new(
+                backoff::decorrelated(Duration::from_millis(25), Duration::from_secs(1))
+                    .expect("valid default backoff"),
+            ),
+            budget: Some(Arc::new(RatioBudget::new())),
+            classifier,
+            attempt_timeout: None,
+            min_attempt_time: Duration::from_millis(1),
+            max_replay_bytes: 64 * 1024,
+            idempotency: Idempotency::Standard,
+            max_hint: Duration::from_secs(30),
+            seed: None,
+        }
+    }
+
+    /// Attempts per request, the first one included (default 3, at most 10; 1 turns retries
+    /// off: no buffering, no request copy).
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// The backoff strategy (default decorrelated jitter, 25 ms to 1 s).
+    #[must_use]
+    pub fn backoff(mut self, backoff: impl Backoff + 'static) -> Self {
+        self.backoff = Arc::new(backoff);
+        self
+    }
+
+    /// The retry budget, shared with whoever else holds the `Arc` (default: a new
+    /// [`RatioBudget`], shared by all clones of this layer).
+    #[must_use]
+    pub fn budget(mut self, budget: Arc<dyn Budget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// No budget: only `max_attempts` bounds retries. Storms are back; see the
+    /// [budget docs](crate::budget).
+    #[must_use]
+    pub fn no_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// Replaces the classifier.
+    #[must_use]
+    pub fn classifier<D>(self, classifier: D) -> RetryPolicy<D> {
+        RetryPolicy {
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            budget: self.budget,
+            classifier,
+            attempt_timeout: self.attempt_timeout,
+            min_attempt_time: self.min_attempt_time,
+            max_replay_bytes: self.max_replay_bytes,
+            idempotency: self.idempotency,
+            max_hint: self.max_hint,
+            seed: self.seed,
+        }
+    }
+
+    /// Bounds each attempt by `min(timeout, remaining deadline)`; an attempt that runs out is a
+    /// retryable failure ([`AttemptTimedOut`](backstop_core::AttemptTimedOut)), and its
+    /// `grpc-timeout` says so.
+    #[must_use]
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// A retry is only started if at least this much of the deadline is left once the wait is
+    /// over (default 1 ms).
+    #[must_use]
+    pub fn min_attempt_time(mut self, min: Duration) -> Self {
+        self.min_attempt_time = min;
+        self
+    }
+
+    /// The most request-body bytes kept for replay (default 64 KiB); a longer body is sent once.
+    #[must_use]
+    pub fn max_replay_bytes(mut self, bytes: usize) -> Self {
+        self.max_replay_bytes = bytes;
+        self
+    }
+
+    /// Which requests count as idempotent (default [`Idempotency::Standard`]).
+    #[must_use]
+    pub fn idempotency(mut self, idempotency: Idempotency) -> Self {
+        self.idempotency = idempotency;
+        self
+    }
+
+    /// The longest server-requested wait honoured; a longer `Retry-After` or pushback is
+    /// clamped to it (default 30 s). The remaining deadline bounds it further.
+    #[must_use]
+    pub fn max_hint(mut self, max: Duration) -> Self {
+        self.max_hint = max;
+        self
+    }
+
+    /// Seeds the per-request random generators from `seed` (request `n` gets a generator
+    /// derived from `seed` and `n`), so backoff sequences are exact in tests. Default: random.
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Validates the policy and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the knob when `max_attempts` is 0 or more than 10, or
+    /// `attempt_timeout` is zero.
+    pub fn build(self) -> Result<RetryLayer<C>, ConfigError> {
+        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_LIMIT {
+            return Err(ConfigError::new(
+                "max_attempts",
+                format!(
+                    "must be in 1..={MAX_ATTEMPTS_LIMIT} (the first attempt included), got {}",
+                    self.max_attempts
+                ),
+            ));
+        }
+        if self.attempt_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ConfigError::new(
+                "attempt_timeout",
+                "must be greater than zero",
+            ));
+        }
+        Ok(RetryLayer::from_policy(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_rules() {
+        let none = HeaderMap::new();
+        let mut keyed = HeaderMap::new();
+        keyed.insert("idempotency-key", "k1".parse().unwrap());
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::PUT,
+            Method::DELETE,
+            Method::OPTIONS,
+        ] {
+            assert!(Idempotency::Standard.allows(&m, &none), "{m}");
+        }
+        assert!(!Idempotency::Standard.allows(&Method::POST, &none));
+        assert!(!Idempotency::Standard.allows(&Method::PATCH, &none));
+        assert!(Idempotency::Standard.allows(&Method::POST, &keyed));
+        assert!(Idempotency::All.allows(&Method::POST, &none));
+        assert!(!Idempotency::None.allows(&Method::GET, &keyed));
+    }
+
+    #[test]
+    fn configuration_is_validated() {
+        for n in [0, 11] {
+            let err = RetryPolicy::http().max_attempts(n).build().unwrap_err();
+            assert_eq!(err.knob(), "max_attempts");
+        }
+        assert!(RetryPolicy::grpc().max_attempts(10).build().is_ok());
+        let err = RetryPolicy::http()
+            .attempt_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.knob(), "attempt_timeout");
+    }
+}

@@ -1,0 +1,130 @@
+use std::{
+    fmt,
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+};
+
+/// Why a retry layer returned a failure instead of retrying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GiveUp {
+    /// The classifier says the failure is final.
+    NotRetryable,
+    /// `max_attempts` reached.
+    Attempts,
+    /// The request is not idempotent and may have been processed.
+    NotIdempotent,
+    /// The server asked for no retry (`grpc-retry-pushback-ms` negative or malformed).
+    Hint,
+    /// The wait plus `min_attempt_time` does not fit in the remaining deadline.
+    Deadline,
+    /// The budget has no token.
+    Budget,
+    /// The request body is longer than `max_replay_bytes`, or failed.
+    NotReplayable,
+    /// The response was committed (gRPC headers received without a status).
+    Committed,
+}
+
+impl GiveUp {
+    pub(crate) const ALL: [GiveUp; 8] = [
+        GiveUp::NotRetryable,
+        GiveUp::Attempts,
+        GiveUp::NotIdempotent,
+        GiveUp::Hint,
+        GiveUp::Deadline,
+        GiveUp::Budget,
+        GiveUp::NotReplayable,
+        GiveUp::Committed,
+    ];
+
+    /// A short name, as in tracing events: `attempts`, `budget`, `deadline` …
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GiveUp::NotRetryable => "not retryable",
+            GiveUp::Attempts => "attempts",
+            GiveUp::NotIdempotent => "not idempotent",
+            GiveUp::Hint => "hint",
+            GiveUp::Deadline => "deadline",
+            GiveUp::Budget => "budget",
+            GiveUp::NotReplayable => "not replayable",
+            GiveUp::Committed => "committed",
+        }
+    }
+
+    /// Whether giving up for this reason leaves a failure that could have been retried: the
+    /// callers upstream are told not to retry it either (see [`PushbackLayer`](crate::PushbackLayer)).
+    pub fn exhausts_retries(self) -> bool {
+        matches!(
+            self,
+            GiveUp::Attempts | GiveUp::Hint | GiveUp::Deadline | GiveUp::Budget
+        )
+    }
+}
+
+impl fmt::Display for GiveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    gave_up: [AtomicU64; 8],
+}
+
+impl Stats {
+    /// Counts a request and returns its number (from 0).
+    pub(crate) fn request(&self) -> u64 {
+        self.requests.fetch_add(1, Relaxed)
+    }
+
+    pub(crate) fn retry(&self) {
+        self.retries.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn give_up(&self, why: GiveUp) {
+        self.gave_up[why as usize].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> RetryStats {
+        let mut gave_up = [(GiveUp::Attempts, 0); 8];
+        for (slot, why) in gave_up.iter_mut().zip(GiveUp::ALL) {
+            *slot = (why, self.gave_up[why as usize].load(Relaxed));
+        }
+        RetryStats {
+            requests: self.requests.load(Relaxed),
+            retries: self.retries.load(Relaxed),
+            gave_up,
+        }
+    }
+}
+
+/// A snapshot of a retry layer's counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryStats {
+    /// Logical requests seen.
+    pub requests: u64,
+    /// Retries sent (attempts after the first).
+    pub retries: u64,
+    /// Failures returned without a retry, by reason.
+    pub gave_up: [(GiveUp, u64); 8],
+}
+
+impl RetryStats {
+    /// Failures returned without a retry for this reason.
+    pub fn gave_up(&self, why: GiveUp) -> u64 {
+        self.gave_up
+            .iter()
+            .find(|(w, _)| *w == why)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Downstream attempts per logical request.
+    pub fn amplification(&self) -> f64 {
+        if self.requests == 0 {
+            return 0.0;
+        }
+        (self.requests + self.retries) as f64 / self.requests as f64
+    }
+}
