@@ -237,7 +237,7 @@ where
         match &self.inner {
             Inner::Passthrough(body) => body.size_hint(),
             Inner::Empty => SizeHint::with_exact(0),
-            Inner::Shared { state, .. } => lock(state).hint.clone(),
+            Inner::Shared { state, .. } => lock(state).hint,
         }
     }
 }
