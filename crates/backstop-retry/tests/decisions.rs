@@ -1,0 +1,492 @@
+//! Every branch of the retry decision order, with mock services under paused time.
+
+use backstop_core::{BoxError, Rejection};
+use backstop_deadline::Deadline;
+use backstop_retry::{
+    Budget, GiveUp, Idempotency, RatioBudget, ReplayBody, RetryLayer, RetryPolicy, backoff,
+};
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use std::{sync::Arc, time::Duration};
+use tokio::time::{Instant, advance};
+use tokio_test::{assert_pending, assert_ready};
+use tower::{Layer, ServiceExt};
+use tower_test::mock;
+
+type Req = Request<ReplayBody<String>>;
+type Mock = mock::Mock<Req, Response<String>>;
+type Handle = mock::Handle<Req, Response<String>>;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn reply(status: u16) -> Response<String> {
+    Response::builder()
+        .status(status)
+        .body(String::new())
+        .unwrap()
+}
+
+fn get() -> Request<String> {
+    Request::get("http://svc/x")
+        .body("payload".to_owned())
+        .unwrap()
+}
+
+fn post() -> Request<String> {
+    Request::post("http://svc/x")
+        .body("payload".to_owned())
+        .unwrap()
+}
+
+fn grpc() -> Request<String> {
+    Request::post("http://svc/pkg.Svc/Call")
+        .header("content-type", "application/grpc")
+        .body("msg".to_owned())
+        .unwrap()
+}
+
+/// A deterministic policy: fixed 10 ms backoff, no budget unless given.
+fn policy() -> RetryPolicy<backstop_core::HttpClassifier> {
+    RetryPolicy::http()
+        .backoff(backoff::constant(10 * MS))
+        .no_budget()
+        .seed(1)
+}
+
+struct Harness {
+    layer: RetryLayer<backstop_core::HttpClassifier>,
+    handle: Handle,
+    result: Option<Result<Response<String>, BoxError>>,
+    call: tokio_test::task::Spawn<
+        tower::util::Oneshot<
+            backstop_retry::Retry<Mock, backstop_core::HttpClassifier>,
+            Request<String>,
+        >,
+    >,
+}
+
+fn start(layer: RetryLayer<backstop_core::HttpClassifier>, req: Request<String>) -> Harness {
+    let (mock, handle) = mock::pair();
+    let service = layer.layer(mock);
+    let mut call = tokio_test::task::spawn(service.oneshot(req));
+    assert_pending!(call.poll());
+    Harness {
+        layer,
+        handle,
+        result: None,
+        call,
+    }
+}
+
+impl Harness {
+    /// Answers the next attempt and lets the retry layer see the answer.
+    async fn answer(&mut self, status: u16) -> Req {
+        let (req, send) = self.handle.next_request().await.expect("an attempt");
+        send.send_response(reply(status));
+        self.poll();
+        req
+    }
+
+    fn poll(&mut self) {
+        if self.result.is_none()
+            && let std::task::Poll::Ready(result) = self.call.poll()
+        {
+            self.result = Some(result);
+        }
+    }
+
+    /// Advances virtual time and lets the retry layer run.
+    async fn advance(&mut self, by: Duration) {
+        advance(by).await;
+        self.poll();
+    }
+
+    fn no_more_attempts(&mut self) {
+        assert!(!matches!(
+            self.handle.poll_request(),
+            std::task::Poll::Ready(Some(_))
+        ));
+    }
+
+    fn done(&mut self) -> Result<Response<String>, BoxError> {
+        self.poll();
+        self.result.take().expect("the call is done")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn success_is_returned_and_deposits_in_the_budget() {
+    let budget = Arc::new(RatioBudget::builder().min_per_sec(0).build().unwrap());
+    let mut h = start(policy().budget(budget.clone()).build().unwrap(), get());
+    h.answer(200).await;
+    assert_eq!(h.done().unwrap().status(), 200);
+    assert!((budget.balance() - 0.1).abs() < 1e-9);
+    assert_eq!(h.layer.stats().retries, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_get_is_retried_after_the_backoff_with_the_same_request() {
+    let mut h = start(policy().build().unwrap(), get());
+    let first = h.answer(503).await;
+    assert_pending!(h.call.poll());
+    h.no_more_attempts();
+    advance(9 * MS).await;
+    assert_pending!(h.call.poll());
+    h.no_more_attempts();
+    advance(MS).await;
+    assert_pending!(h.call.poll());
+    let second = h.answer(200).await;
+    assert_eq!(h.done().unwrap().status(), 200);
+    assert_eq!(first.uri(), second.uri());
+    assert_eq!(first.method(), second.method());
+    let body = second.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"payload");
+    assert_eq!(h.layer.stats().retries, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn final_failures_and_caller_errors_are_not_retried() {
+    for (status, why) in [(500, Some(GiveUp::NotRetryable)), (404, None), (400, None)] {
+        let mut h = start(policy().build().unwrap(), get());
+        h.answer(status).await;
+        assert_eq!(h.done().unwrap().status(), status);
+        h.no_more_attempts();
+        if let Some(why) = why {
+            assert_eq!(h.layer.stats().gave_up(why), 1);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempts_are_capped_at_max_attempts() {
+    let mut h = start(policy().max_attempts(3).build().unwrap(), get());
+    for _ in 0..3 {
+        h.answer(503).await;
+        h.advance(10 * MS).await;
+    }
+    assert_eq!(h.done().unwrap().status(), 503);
+    h.no_more_attempts();
+    let stats = h.layer.stats();
+    assert_eq!(stats.retries, 2);
+    assert_eq!(stats.gave_up(GiveUp::Attempts), 1);
+    assert!((stats.amplification() - 3.0).abs() < 1e-9);
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_idempotent_requests_are_retried_only_when_not_processed() {
+    // POST + 503: may have been processed.
+    let mut h = start(policy().build().unwrap(), post());
+    h.answer(503).await;
+    assert_eq!(h.done().unwrap().status(), 503);
+    assert_eq!(h.layer.stats().gave_up(GiveUp::NotIdempotent), 1);
+
+    // POST + 429: provably not processed.
+    let mut h = start(policy().build().unwrap(), post());
+    h.answer(429).await;
+    h.advance(10 * MS).await;
+    h.answer(200).await;
+    assert_eq!(h.done().unwrap().status(), 200);
+
+    // POST + connection refused: not processed either.
+    let mut h = start(policy().build().unwrap(), post());
+    let (_, send) = h.handle.next_request().await.unwrap();
+    send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+    h.poll();
+    h.advance(10 * MS).await;
+    h.answer(200).await;
+    assert_eq!(h.done().unwrap().status(), 200);
+
+    // POST + Idempotency-Key, or a policy that trusts every method.
+    let mut keyed = post();
+    keyed
+        .headers_mut()
+        .insert("idempotency-key", "k-1".parse().unwrap());
+    for (layer, req) in [
+        (policy().build().unwrap(), keyed),
+        (
+            policy().idempotency(Idempotency::All).build().unwrap(),
+            post(),
+        ),
+    ] {
+        let mut h = start(layer, req);
+        h.answer(503).await;
+        h.advance(10 * MS).await;
+        h.answer(200).await;
+        assert_eq!(h.done().unwrap().status(), 200);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_do_not_retry_hint_is_honoured() {
+    let mut h = start(policy().build().unwrap(), get());
+    let (_, send) = h.handle.next_request().await.unwrap();
+    send.send_response(
+        Response::builder()
+            .status(503)
+            .header("grpc-retry-pushback-ms", "-1")
+            .body(String::new())
+            .unwrap(),
+    );
+    assert_eq!(h.done().unwrap().status(), 503);
+    assert_eq!(h.layer.stats().gave_up(GiveUp::Hint), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_sets_the_wait() {
+    let mut h = start(policy().build().unwrap(), get());
+    let (_, send) = h.handle.next_request().await.unwrap();
+    send.send_response(
+        Response::builder()
+            .status(429)
+            .header("retry-after", "2")
+            .body(String::new())
+            .unwrap(),
+    );
+    assert_pending!(h.call.poll());
+    advance(Duration::from_millis(1999)).await;
+    assert_pending!(h.call.poll());
+    h.no_more_attempts();
+    advance(MS).await;
+    assert_pending!(h.call.poll());
+    h.answer(200).await;
+    assert_eq!(h.done().unwrap().status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hostile_retry_after_never_outlives_the_deadline() {
+    let mut req = get();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(5)));
+    let start_at = Instant::now();
+    let mut h = start(policy().build().unwrap(), req);
+    let (_, send) = h.handle.next_request().await.unwrap();
+    send.send_response(
+        Response::builder()
+            .status(503)
+            .header("retry-after", "99999999999")
+            .body(String::new())
+            .unwrap(),
+    );
+    // Returned at once, not after 30 s (max_hint) nor 3000 years.
+    assert_eq!(h.done().unwrap().status(), 503);
+    assert_eq!(Instant::now(), start_at);
+    assert_eq!(h.layer.stats().gave_up(GiveUp::Deadline), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_retry_is_started_that_cannot_finish_before_the_deadline() {
+    let layer = policy().min_attempt_time(5 * MS).build().unwrap();
+    // 14 ms left: 10 ms of backoff + 5 ms of attempt do not fit.
+    let mut req = get();
+    req.extensions_mut().insert(Deadline::after(14 * MS));
+    let mut h = start(layer.clone(), req);
+    h.answer(503).await;
+    assert_eq!(h.done().unwrap().status(), 503);
+    assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 1);
+    // 15 ms left: they do.
+    let mut req = get();
+    req.extensions_mut().insert(Deadline::after(15 * MS));
+    let mut h = start(layer, req);
+    h.answer(503).await;
+    h.advance(10 * MS).await;
+    let retry = h.answer(200).await;
+    // The retry's grpc-timeout is what is left: 5 ms.
+    assert_eq!(retry.headers()["grpc-timeout"], "5000000n");
+    assert_eq!(h.done().unwrap().status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_task_local_deadline_counts_too() {
+    let layer = policy().build().unwrap();
+    let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+    let service = layer.layer(mock);
+    let call = Deadline::after(5 * MS).scope(service.oneshot(get()));
+    let mut call = tokio_test::task::spawn(call);
+    assert_pending!(call.poll());
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.headers()["grpc-timeout"], "5000000n");
+    send.send_response(reply(503));
+    assert_eq!(assert_ready!(call.poll()).unwrap().status(), 503);
+    assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_budget_stops_retries() {
+    let budget: Arc<dyn Budget> = Arc::new(RatioBudget::builder().min_per_sec(0).build().unwrap());
+    let mut h = start(policy().budget(budget).build().unwrap(), get());
+    h.answer(503).await;
+    assert_eq!(h.done().unwrap().status(), 503);
+    assert_eq!(h.layer.stats().gave_up(GiveUp::Budget), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_longer_than_the_replay_cap_is_sent_once() {
+    let layer = policy().max_replay_bytes(4).build().unwrap();
+    // Known up front (size hint): passed through.
+    let mut h = start(layer.clone(), get());
+    let req = h.answer(503).await;
+    assert_eq!(h.done().unwrap().status(), 503);
+    assert!(!req.body().is_replayable());
+
+    // Discovered while streaming: read past the cap, then not replayable.
+    let (mut tx, body) =
+        http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(4);
+    let (mock, mut handle) = mock::pair::<Request<ReplayBody<_>>, Response<String>>();
+    let service = layer.layer(mock);
+    let req = Request::get("http://svc/").body(body).unwrap();
+    let mut call = tokio_test::task::spawn(service.oneshot(req));
+    assert_pending!(call.poll());
+    let (req, send) = handle.next_request().await.unwrap();
+    tx.send_data(Bytes::from_static(b"0123456789"))
+        .await
+        .unwrap();
+    drop(tx);
+    let sent = req.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&sent[..], b"0123456789");
+    send.send_response(reply(503));
+    assert_eq!(assert_ready!(call.poll()).unwrap().status(), 503);
+    assert_eq!(layer.stats().gave_up(GiveUp::NotReplayable), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempt_timeouts_are_retried_and_written_on_the_wire() {
+    let layer = policy()
+        .attempt_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let mut req = get();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(1)));
+    let mut h = start(layer, req);
+    let (first, _hanging) = h.handle.next_request().await.unwrap();
+    assert_eq!(first.headers()["grpc-timeout"], "100000u");
+    advance(100 * MS).await;
+    assert_pending!(h.call.poll());
+    advance(10 * MS).await;
+    assert_pending!(h.call.poll());
+    let second = h.answer(200).await;
+    assert_eq!(second.headers()["grpc-timeout"], "100000u");
+    assert_eq!(h.done().unwrap().status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outer_wire_offset_is_kept_on_retries() {
+    let mut req = get();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_millis(500)));
+    // What an outer PropagateDeadline with a 20 ms offset would have written.
+    req.headers_mut()
+        .insert("grpc-timeout", "480m".parse().unwrap());
+    let mut h = start(policy().build().unwrap(), req);
+    let first = h.answer(503).await;
+    assert_eq!(first.headers()["grpc-timeout"], "480000u");
+    h.advance(10 * MS).await;
+    let second = h.answer(200).await;
+    assert_eq!(second.headers()["grpc-timeout"], "470000u");
+}
+
+#[tokio::test(start_paused = true)]
+async fn our_own_rejections_are_never_retried() {
+    let mut h = start(policy().build().unwrap(), get());
+    let (_, send) = h.handle.next_request().await.unwrap();
+    send.send_response(
+        Rejection::DeadlineExceeded
+            .into_response::<()>(false)
+            .map(|_| String::new()),
+    );
+    assert_eq!(h.done().unwrap().status(), 504);
+    h.no_more_attempts();
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_attempts_one_passes_the_request_through() {
+    let mut h = start(policy().max_attempts(1).build().unwrap(), get());
+    let req = h.answer(503).await;
+    assert!(!req.body().is_replayable());
+    assert!(req.headers().get("grpc-timeout").is_none());
+    assert_eq!(h.done().unwrap().status(), 503);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_seed_gives_the_same_retry_instants() {
+    async fn second_attempt_at(seed: u64) -> Duration {
+        let layer = RetryPolicy::http().no_budget().seed(seed).build().unwrap();
+        let t0 = Instant::now();
+        let mut h = start(layer, get());
+        h.answer(503).await;
+        loop {
+            advance(MS).await;
+            let _ = h.call.poll();
+            if let std::task::Poll::Ready(Some((_, send))) = h.handle.poll_request() {
+                send.send_response(reply(200));
+                return Instant::now() - t0;
+            }
+        }
+    }
+    let a = second_attempt_at(42).await;
+    assert_eq!(a, second_attempt_at(42).await);
+    // decorrelated(25 ms, 1 s): the first wait is in [25, 75] ms.
+    assert!(a >= 25 * MS && a <= 76 * MS, "{a:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_trailers_only_failures_are_retried_with_the_attempt_count() {
+    let layer = RetryPolicy::grpc()
+        .backoff(backoff::constant(10 * MS))
+        .no_budget()
+        .build()
+        .unwrap();
+    let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+    let mut call = tokio_test::task::spawn(layer.layer(mock).oneshot(grpc()));
+    assert_pending!(call.poll());
+    let unavailable = || {
+        Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "14")
+            .body(String::new())
+            .unwrap()
+    };
+    let (first, send) = handle.next_request().await.unwrap();
+    assert!(first.headers().get("grpc-previous-rpc-attempts").is_none());
+    send.send_response(unavailable());
+    assert_pending!(call.poll());
+    advance(10 * MS).await;
+    assert_pending!(call.poll());
+    let (second, send) = handle.next_request().await.unwrap();
+    assert_eq!(second.headers()["grpc-previous-rpc-attempts"], "1");
+    // Headers without a status: committed, returned even if the trailers later fail.
+    send.send_response(
+        Response::builder()
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap(),
+    );
+    let response = assert_ready!(call.poll()).unwrap();
+    assert!(response.headers().get("grpc-status").is_none());
+    assert!(!matches!(
+        handle.poll_request(),
+        std::task::Poll::Ready(Some(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_is_never_sent_twice_for_grpc_without_a_safe_code() {
+    let layer = RetryPolicy::grpc().no_budget().build().unwrap();
+    let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+    let mut call = tokio_test::task::spawn(layer.layer(mock).oneshot(grpc()));
+    assert_pending!(call.poll());
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_response(
+        Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "13")
+            .body(String::new())
+            .unwrap(),
+    );
+    assert_ready!(call.poll()).unwrap();
+    assert!(!matches!(
+        handle.poll_request(),
+        std::task::Poll::Ready(Some(_))
+    ));
+}
