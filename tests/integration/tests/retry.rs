@@ -1,0 +1,211 @@
+//! Retries across real tonic and hyper servers over 127.0.0.1.
+
+use backstop_core::GrpcClassifier;
+use backstop_deadline::DeadlineLayer;
+use backstop_integration::listener;
+use backstop_retry::{PushbackLayer, ReplayBody, Retry, RetryPolicy, backoff};
+use bytes::Bytes;
+use example_proto::helloworld::{
+    HelloReply, HelloRequest,
+    greeter_client::GreeterClient,
+    greeter_server::{Greeter, GreeterServer},
+};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+use tonic::{
+    Code, Status,
+    body::Body,
+    transport::{Channel, Endpoint, Server, server::TcpIncoming},
+};
+use tower::{ServiceBuilder, ServiceExt, util::MapRequest};
+
+type Retried = GreeterClient<
+    Retry<MapRequest<Channel, fn(Request<ReplayBody<Body>>) -> Request<Body>>, GrpcClassifier>,
+>;
+
+/// A tonic client whose calls are retried (3 attempts, 5 ms apart, no budget).
+fn retried_client(url: &str) -> Retried {
+    let channel = Endpoint::from_shared(url.to_owned())
+        .unwrap()
+        .connect_lazy();
+    let to_body: fn(Request<ReplayBody<Body>>) -> Request<Body> = |req| req.map(Body::new);
+    let stack = ServiceBuilder::new()
+        .layer(
+            RetryPolicy::grpc()
+                .backoff(backoff::constant(Duration::from_millis(5)))
+                .no_budget()
+                .build()
+                .unwrap(),
+        )
+        .map_request(to_body)
+        .service(channel);
+    GreeterClient::new(stack)
+}
+
+/// Fails the first `fail_first` calls with UNAVAILABLE (all of them with `u64::MAX`); with an
+/// upstream, forwards successful calls there.
+#[derive(Clone)]
+struct Flaky {
+    calls: Arc<AtomicU64>,
+    fail_first: u64,
+    upstream: Option<Retried>,
+}
+
+#[tonic::async_trait]
+impl Greeter for Flaky {
+    async fn say_hello(
+        &self,
+        request: tonic::Request<HelloRequest>,
+    ) -> Result<tonic::Response<HelloReply>, Status> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if n < self.fail_first {
+            return Err(Status::unavailable("warming up"));
+        }
+        let name = request.into_inner().name;
+        let message = match &self.upstream {
+            Some(upstream) => {
+                let reply = upstream
+                    .clone()
+                    .say_hello(HelloRequest { name: name.clone() })
+                    .await?;
+                reply.into_inner().message
+            }
+            None => format!("hello {name}"),
+        };
+        Ok(tonic::Response::new(HelloReply { message }))
+    }
+}
+
+async fn serve(flaky: Flaky) -> String {
+    let (listener, addr) = listener().await;
+    tokio::spawn(
+        Server::builder()
+            .layer(
+                ServiceBuilder::new()
+                    .layer(DeadlineLayer::new())
+                    .layer(PushbackLayer::new()),
+            )
+            .add_service(GreeterServer::new(flaky))
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_tonic_client_is_retried_past_unavailable() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let url = serve(Flaky {
+        calls: calls.clone(),
+        fail_first: 2,
+        upstream: None,
+    })
+    .await;
+    let reply = retried_client(&url)
+        .say_hello(HelloRequest {
+            name: "again".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner().message, "hello again");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn three_hops_cost_the_failing_one_max_attempts_not_its_square() {
+    let c_calls = Arc::new(AtomicU64::new(0));
+    let c = serve(Flaky {
+        calls: c_calls.clone(),
+        fail_first: u64::MAX,
+        upstream: None,
+    })
+    .await;
+    let b = serve(Flaky {
+        calls: Arc::new(AtomicU64::new(0)),
+        fail_first: 0,
+        upstream: Some(retried_client(&c)),
+    })
+    .await;
+    let status = retried_client(&b)
+        .say_hello(HelloRequest {
+            name: "chain".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        status
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .map(|v| v.to_str().unwrap()),
+        Some("-1")
+    );
+    // B gave up after 3 attempts on C and said so; A did not retry B.
+    assert_eq!(c_calls.load(Ordering::SeqCst), 3);
+}
+
+/// A hyper server that counts requests and answers 503 with a checksum of the body it read.
+async fn counting_http_server(hits: Arc<AtomicU64>) -> String {
+    let (listener, addr) = listener().await;
+    let app = axum::Router::new().fallback(move |body: Bytes| {
+        let hits = hits.clone();
+        async move {
+            hits.fetch_add(1, Ordering::SeqCst);
+            let sum: u64 = body.iter().map(|&b| u64::from(b)).sum();
+            Response::builder()
+                .status(503)
+                .header("x-sum", sum)
+                .header("x-len", body.len())
+                .body(axum::body::Body::empty())
+                .unwrap()
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/")
+}
+
+#[tokio::test]
+async fn over_hyper_post_is_sent_once_and_put_bodies_replay_byte_identical() {
+    let hits = Arc::new(AtomicU64::new(0));
+    let url = counting_http_server(hits.clone()).await;
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryPolicy::http()
+                .backoff(backoff::constant(Duration::from_millis(5)))
+                .no_budget()
+                .build()
+                .unwrap(),
+        )
+        .service(Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Full<Bytes>>>());
+
+    // POST + 503: the server may have acted on it; it must see it exactly once.
+    let post = Request::post(&url)
+        .body(Full::new(Bytes::from_static(b"charge card")))
+        .unwrap();
+    let response = client.clone().oneshot(post).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(hits.swap(0, Ordering::SeqCst), 1);
+
+    // PUT + 503: idempotent, retried; every attempt carries the same bytes.
+    let payload: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let want: u64 = payload.iter().map(|&b| u64::from(b)).sum();
+    let put = Request::put(&url)
+        .body(Full::new(Bytes::from(payload.clone())))
+        .unwrap();
+    let response = client.oneshot(put).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["x-sum"], want.to_string().as_str());
+    assert_eq!(
+        response.headers()["x-len"],
+        payload.len().to_string().as_str()
+    );
+    let _ = response.into_body().collect().await;
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+}
