@@ -135,7 +135,7 @@ impl fmt::Debug for Ring {
 #[derive(Debug)]
 pub struct RatioBudget {
     start: Instant,
-    slot: Duration,
+    slot_nanos: u64,
     ratio: f64,
     reserve: f64,
     deposits: Ring,
@@ -167,7 +167,10 @@ impl RatioBudget {
 
     fn epoch(&self) -> u64 {
         let elapsed = Instant::now().saturating_duration_since(self.start);
-        (elapsed.as_nanos() / self.slot.as_nanos()) as u64
+        // u64 nanoseconds cover 584 years of uptime; u128 division would cost more than the
+        // rest of the deposit.
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        nanos / self.slot_nanos
     }
 }
 
@@ -219,7 +222,7 @@ impl RatioBudgetBuilder {
         }
         Ok(RatioBudget {
             start: Instant::now(),
-            slot: self.ttl / SLOTS as u32,
+            slot_nanos: (self.ttl / SLOTS as u32).as_nanos() as u64,
             ratio: self.ratio,
             reserve: f64::from(self.min_per_sec) * self.ttl.as_secs_f64(),
             deposits: Ring::new(SLOTS as usize),

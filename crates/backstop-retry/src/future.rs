@@ -61,9 +61,11 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
+            // Created the first time the attempt is not ready, so a call answered at once
+            // never touches the timer.
             #[pin]
             timer: Option<Sleep>,
-            timer_is_deadline: bool,
+            end: Option<(Instant, bool)>,
         },
         Expired,
         Waiting { #[pin] sleep: Sleep },
@@ -94,7 +96,7 @@ where
             state: State::Calling {
                 future,
                 timer: None,
-                timer_is_deadline: false,
+                end: None,
             },
         }
     }
@@ -137,8 +139,8 @@ where
 fn calling<F>(future: F, end: Option<(Instant, bool)>) -> State<F> {
     State::Calling {
         future,
-        timer: end.map(|(at, _)| sleep_until(at)),
-        timer_is_deadline: end.is_some_and(|(_, d)| d),
+        timer: None,
+        end,
     }
 }
 
@@ -277,17 +279,21 @@ where
             match this.state.as_mut().project() {
                 StateProj::Calling {
                     future,
-                    timer,
-                    timer_is_deadline,
+                    mut timer,
+                    end,
                 } => {
                     let result: Result<Response<R>, BoxError> = match future.poll(cx) {
                         Poll::Ready(result) => result.map_err(Into::into),
                         Poll::Pending => {
-                            let Some(timer) = timer.as_pin_mut() else {
+                            let Some((at, is_deadline)) = *end else {
                                 return Poll::Pending;
                             };
+                            if timer.is_none() {
+                                timer.set(Some(sleep_until(at)));
+                            }
+                            let timer = timer.as_pin_mut().expect("armed above");
                             ready!(timer.poll(cx));
-                            Err(if *timer_is_deadline {
+                            Err(if is_deadline {
                                 DeadlineExceeded::new().into()
                             } else {
                                 AttemptTimedOut::new().into()
@@ -328,7 +334,7 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(Err("request body no longer replayable".into()));
                     };
-                    match retry.bounds.arm(&mut req) {
+                    match retry.bounds.arm(&mut req, false) {
                         Ok(end) => {
                             let future = retry.service.call(req);
                             this.state.set(calling(future, end));

@@ -98,7 +98,14 @@ impl Bounds {
     /// Writes the attempt's `grpc-timeout` and deadline into `req` and returns when the attempt
     /// must end (and whether that end is the request's deadline rather than the attempt's own
     /// timeout), or `Err` when nothing is left to send.
-    pub(crate) fn arm<B>(&self, req: &mut Request<B>) -> Result<Option<(Instant, bool)>, ()> {
+    ///
+    /// On the first attempt, a request that already carries its deadline and `grpc-timeout`
+    /// (written by an outer `PropagateDeadline`) and has no attempt timeout is left as it is.
+    pub(crate) fn arm<B>(
+        &self,
+        req: &mut Request<B>,
+        first: bool,
+    ) -> Result<Option<(Instant, bool)>, ()> {
         let now = Instant::now();
         let own = self.attempt_timeout.and_then(|t| now.checked_add(t));
         let end = match (self.deadline.map(|d| d.instant()), own) {
@@ -110,6 +117,9 @@ impl Bounds {
         let Some((end, is_deadline)) = end else {
             return Ok(None);
         };
+        if first && is_deadline && self.wire.is_some() {
+            return Ok(Some((end, is_deadline)));
+        }
         let wire = self.wire.map_or(end, |w| w.min(end));
         let encoded = grpc_timeout::encode(wire.saturating_duration_since(now)).ok_or(())?;
         req.headers_mut()
@@ -144,7 +154,6 @@ where
             return ResponseFuture::once(self.inner.call(req));
         }
 
-        let now = Instant::now();
         let deadline = match (req.extensions().get::<Deadline>().copied(), current()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -153,7 +162,7 @@ where
             .headers()
             .get(GRPC_TIMEOUT)
             .and_then(|v| grpc_timeout::decode_header(v).ok())
-            .and_then(|t| now.checked_add(t));
+            .and_then(|t| Instant::now().checked_add(t));
         let bounds = Bounds {
             deadline,
             wire,
@@ -162,14 +171,21 @@ where
         let grpc = is_grpc(req.headers());
         let idempotent = policy.idempotency.allows(req.method(), req.headers());
         let template = Template::new(&req);
-        let body = ReplayBody::new(req.into_body(), policy.max_replay_bytes);
+        let (parts, body) = req.into_parts();
+        // An empty body (most GETs) needs no buffer at all.
+        let body = if body.is_end_stream() {
+            ReplayBody::empty()
+        } else {
+            ReplayBody::new(body, policy.max_replay_bytes)
+        };
         let first = body.replay().unwrap_or_else(ReplayBody::empty);
-        let mut req = template.request(first);
+        // The first attempt sends the original request; only retries are rebuilt.
+        let mut req = Request::from_parts(parts, first);
 
         // The ready service makes this call; a clone waits for the retries.
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
-        let attempt = match bounds.arm(&mut req) {
+        let attempt = match bounds.arm(&mut req, true) {
             Ok(end) => Attempt::Sent(service.call(req), end),
             Err(()) => Attempt::Expired,
         };
