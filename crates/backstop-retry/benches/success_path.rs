@@ -75,7 +75,7 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("bare", |b| {
         b.to_async(&rt)
-            .iter(|| async { black_box(bare.clone().oneshot(request()).await.unwrap()) })
+            .iter(|| async { black_box(bare.oneshot(request()).await.unwrap()) })
     });
 
     let tower_stack = ServiceBuilder::new()
@@ -84,7 +84,7 @@ fn bench(c: &mut Criterion) {
             retries: 2,
         })
         .timeout(Duration::from_secs(1))
-        .service(bare.clone());
+        .service(bare);
     group.bench_function("tower retry + TpsBudget + timeout", |b| {
         b.to_async(&rt)
             .iter(|| async { black_box(tower_stack.clone().oneshot(request()).await.unwrap()) })
@@ -101,7 +101,7 @@ fn bench(c: &mut Criterion) {
                 .unwrap(),
         )
         .layer(RetryPolicy::http().build().unwrap())
-        .service(inner.clone());
+        .service(inner);
     group.bench_function("backstop deadline + retry + ratio budget", |b| {
         b.to_async(&rt)
             .iter(|| async { black_box(backstop_stack.clone().oneshot(request()).await.unwrap()) })
