@@ -55,7 +55,8 @@
 //!
 //! # Feature flags
 //!
-//! None: this crate is small and always needed.
+//! - `h2` (off by default): recognise HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` errors
+//!   from the `h2` crate (under hyper and tonic) in [`classify::classify_error`].
 #![warn(
     missing_docs,
     missing_debug_implementations,

@@ -53,9 +53,9 @@
 //! 4. the server did not say "do not retry" (`grpc-retry-pushback-ms` negative or malformed);
 //! 5. the body can be replayed (at most `max_replay_bytes` read, default 64 KiB);
 //! 6. the wait — the server's `Retry-After` / pushback (clamped by `max_hint`, 30 s) or the
-//!    [backoff](backoff), whichever is longer — plus `min_attempt_time` fits in what is left
+//!    [backoff], whichever is longer — plus `min_attempt_time` fits in what is left
 //!    of the deadline (request extension or [`backstop_deadline::current`]);
-//! 7. the [budget](budget) grants a token.
+//! 7. the [budget] grants a token.
 //!
 //! Each attempt is bounded by `min(attempt_timeout, deadline)` and its `grpc-timeout` header
 //! says so (an outer `PropagateDeadline`'s offset is kept). gRPC retries carry
@@ -86,7 +86,9 @@
 //!
 //! # Feature flags
 //!
-//! None.
+//! - `h2` (off by default): HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` count as "not
+//!   processed", so they are retried for every method (see
+//!   [`classify_error`](backstop_core::classify::classify_error)).
 #![warn(
     missing_docs,
     missing_debug_implementations,
