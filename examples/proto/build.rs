@@ -6,6 +6,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     tonic_prost_build::configure()
         .build_transport(false)
-        .compile_with_config(config, &["proto/helloworld.proto"], &["proto"])?;
+        .compile_with_config(
+            config,
+            &["proto/helloworld.proto", "proto/collect.proto"],
+            &["proto"],
+        )?;
     Ok(())
 }

@@ -5,6 +5,11 @@ use backstop_deadline::DeadlineLayer;
 use backstop_integration::listener;
 use backstop_retry::{PushbackLayer, ReplayBody, Retry, RetryPolicy, backoff};
 use bytes::Bytes;
+use example_proto::collect::{
+    Chunk, Summary,
+    collector_client::CollectorClient,
+    collector_server::{Collector, CollectorServer},
+};
 use example_proto::helloworld::{
     HelloReply, HelloRequest,
     greeter_client::GreeterClient,
@@ -27,17 +32,22 @@ use tonic::{
 };
 use tower::{ServiceBuilder, ServiceExt, util::MapRequest};
 
-type Retried = GreeterClient<
-    Retry<MapRequest<Channel, fn(Request<ReplayBody<Body>>) -> Request<Body>>, GrpcClassifier>,
->;
+type RetriedChannel =
+    Retry<MapRequest<Channel, fn(Request<ReplayBody<Body>>) -> Request<Body>>, GrpcClassifier>;
+type Retried = GreeterClient<RetriedChannel>;
 
 /// A tonic client whose calls are retried (3 attempts, 5 ms apart, no budget).
 fn retried_client(url: &str) -> Retried {
+    GreeterClient::new(retried_channel(url))
+}
+
+/// A tonic channel under a retry layer, with the replayed body mapped back to tonic's.
+fn retried_channel(url: &str) -> RetriedChannel {
     let channel = Endpoint::from_shared(url.to_owned())
         .unwrap()
         .connect_lazy();
     let to_body: fn(Request<ReplayBody<Body>>) -> Request<Body> = |req| req.map(Body::new);
-    let stack = ServiceBuilder::new()
+    ServiceBuilder::new()
         .layer(
             RetryPolicy::grpc()
                 .backoff(backoff::constant(Duration::from_millis(5)))
@@ -46,8 +56,7 @@ fn retried_client(url: &str) -> Retried {
                 .unwrap(),
         )
         .map_request(to_body)
-        .service(channel);
-    GreeterClient::new(stack)
+        .service(channel)
 }
 
 /// Fails the first `fail_first` calls with UNAVAILABLE (all of them with `u64::MAX`); with an
@@ -208,4 +217,68 @@ async fn over_hyper_post_is_sent_once_and_put_bodies_replay_byte_identical() {
     );
     let _ = response.into_body().collect().await;
     assert_eq!(hits.load(Ordering::SeqCst), 3);
+}
+
+/// Reads the whole request stream, and fails the first call with UNAVAILABLE after reading it.
+#[derive(Clone, Default)]
+struct Collecting {
+    calls: Arc<AtomicU64>,
+    seen: Arc<std::sync::Mutex<Vec<Summary>>>,
+}
+
+#[tonic::async_trait]
+impl Collector for Collecting {
+    async fn collect(
+        &self,
+        request: tonic::Request<tonic::Streaming<Chunk>>,
+    ) -> Result<tonic::Response<Summary>, Status> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut stream = request.into_inner();
+        let mut summary = Summary::default();
+        while let Some(chunk) = stream.message().await? {
+            summary.chunks += 1;
+            summary.bytes += chunk.data.len() as u64;
+            summary.sum += chunk.data.iter().map(|&b| u64::from(b)).sum::<u64>();
+        }
+        self.seen.lock().unwrap().push(summary);
+        if n == 0 {
+            return Err(Status::unavailable("read it all, then failed"));
+        }
+        Ok(tonic::Response::new(summary))
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_tonic_request_is_replayed_byte_for_byte() {
+    let collecting = Collecting::default();
+    let (listener, addr) = listener().await;
+    tokio::spawn(
+        Server::builder()
+            .add_service(CollectorServer::new(collecting.clone()))
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    let mut client = CollectorClient::new(retried_channel(&format!("http://{addr}")));
+    let chunks: Vec<Chunk> = (0..50u32)
+        .map(|i| Chunk {
+            data: (0..(i * 37 % 700)).map(|j| ((i + j) % 251) as u8).collect(),
+        })
+        .collect();
+    let want = Summary {
+        chunks: 50,
+        bytes: chunks.iter().map(|c| c.data.len() as u64).sum(),
+        sum: chunks
+            .iter()
+            .flat_map(|c| c.data.iter())
+            .map(|&b| u64::from(b))
+            .sum(),
+    };
+    let reply = client
+        .collect(tonic::codegen::tokio_stream::iter(chunks))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply, want);
+    // Both attempts carried the same stream.
+    assert_eq!(collecting.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(*collecting.seen.lock().unwrap(), vec![want, want]);
 }
