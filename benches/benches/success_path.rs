@@ -1,5 +1,5 @@
 //! The success path of a retry stack, next to tower's own in the same run:
-//! `cargo bench -p backstop-retry --bench success_path`.
+//! `cargo bench -p backstop-benches --bench success_path`.
 //!
 //! Every call succeeds at once (a ready inner service, a current-thread runtime), so what is
 //! measured is what each stack adds to a call that needs no retry.

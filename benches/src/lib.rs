@@ -1,0 +1,2 @@
+//! Criterion benchmarks of backstop's layers next to tower's, in one run:
+//! `cargo bench -p backstop-benches`. The crate has no library code; see `benches/`.
