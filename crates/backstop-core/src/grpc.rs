@@ -1,19 +1,20 @@
 //! gRPC status codes, header names, and detection of gRPC traffic.
 
-use http::{HeaderMap, HeaderValue, header::CONTENT_TYPE};
+use http::{HeaderMap, HeaderName, HeaderValue, header::CONTENT_TYPE};
 use std::fmt;
 
 /// `grpc-status`: the status code of a gRPC call, in trailers or a trailers-only response.
-pub const GRPC_STATUS: &str = "grpc-status";
+pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// `grpc-message`: the human-readable status message (percent-encoded on the wire).
-pub const GRPC_MESSAGE: &str = "grpc-message";
+pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-timeout`: the time the caller is still willing to wait, e.g. `250m`.
-pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 /// `grpc-retry-pushback-ms`: how long the server asks the client to wait before a retry;
 /// negative means "do not retry".
-pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 /// `grpc-previous-rpc-attempts`: how many attempts preceded this one (gRPC A6).
-pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
 
 /// A gRPC status code, as defined by the gRPC specification (`doc/statuscodes.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -8,7 +8,7 @@ use crate::{
 };
 use backstop_core::{
     AttemptTimedOut, BoxError, Classify, DeadlineExceeded, Outcome, Retryable, ServerHint,
-    grpc::GRPC_PREVIOUS_RPC_ATTEMPTS,
+    grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
 };
 use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
@@ -50,8 +50,6 @@ pub(crate) struct RetryState<S, B, C> {
     attempts: u32,
     backoff: BackoffState,
     rng: Option<Rng>,
-    grpc: bool,
-    idempotent: bool,
     number: u64,
 }
 
@@ -109,8 +107,6 @@ where
         body: ReplayBody<B>,
         bounds: Bounds,
         attempt: Attempt<S::Future>,
-        grpc: bool,
-        idempotent: bool,
         number: u64,
     ) -> Self {
         let state = match attempt {
@@ -127,8 +123,6 @@ where
                 attempts: 1,
                 backoff: BackoffState::default(),
                 rng: None,
-                grpc,
-                idempotent,
                 number,
             }),
             state,
@@ -217,7 +211,11 @@ impl<S, B, C> RetryState<S, B, C> {
         if self.attempts >= policy.max_attempts {
             return Err(GiveUp::Attempts);
         }
-        if retryable == Retryable::IfIdempotent && !self.idempotent {
+        if retryable == Retryable::IfIdempotent
+            && !policy
+                .idempotency
+                .allows(&self.template.method, &self.template.headers)
+        {
             return Err(GiveUp::NotIdempotent);
         }
         if hint == Some(ServerHint::DoNotRetry) {
@@ -255,7 +253,7 @@ impl<S, B, C> RetryState<S, B, C> {
     fn next_request(&self) -> Option<Request<ReplayBody<B>>> {
         let body = self.body.replay()?;
         let mut req = self.template.request(body);
-        if self.grpc {
+        if is_grpc(&self.template.headers) {
             req.headers_mut().insert(
                 GRPC_PREVIOUS_RPC_ATTEMPTS,
                 HeaderValue::from(self.attempts - 1),

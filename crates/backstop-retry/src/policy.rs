@@ -4,7 +4,10 @@ use crate::{
     budget::{Budget, RatioBudget},
 };
 use backstop_core::{ConfigError, GrpcClassifier, HttpClassifier};
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderName, Method};
+
+/// `Idempotency-Key`: marks a request the server de-duplicates, so it is safe to retry.
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 use std::{sync::Arc, time::Duration};
 
 /// The most attempts a policy may allow (the first one included).
@@ -43,7 +46,7 @@ impl Idempotency {
                         | Method::TRACE
                         | Method::PUT
                         | Method::DELETE
-                ) || headers.contains_key("idempotency-key")
+                ) || headers.contains_key(IDEMPOTENCY_KEY)
             }
         }
     }

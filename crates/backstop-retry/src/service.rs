@@ -3,7 +3,7 @@ use crate::{
     future::{Attempt, ResponseFuture},
     layer::Shared,
 };
-use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT, is_grpc};
+use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT};
 use backstop_deadline::{Deadline, current, grpc_timeout};
 use http::{Extensions, HeaderMap, Method, Request, Response, Uri, Version};
 use http_body::Body;
@@ -55,10 +55,10 @@ impl<S, C> Retry<S, C> {
 /// What is needed to build the request again for a retry.
 #[derive(Debug)]
 pub(crate) struct Template {
-    method: Method,
+    pub(crate) method: Method,
     uri: Uri,
     version: Version,
-    headers: HeaderMap,
+    pub(crate) headers: HeaderMap,
     extensions: Extensions,
 }
 
@@ -161,18 +161,20 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let wire = req
-            .headers()
-            .get(GRPC_TIMEOUT)
-            .and_then(|v| grpc_timeout::decode_header(v).ok())
-            .and_then(|t| Instant::now().checked_add(t));
+        // What an outer layer already told the server; only needed when an attempt is bounded.
+        let wire = if deadline.is_some() || policy.attempt_timeout.is_some() {
+            req.headers()
+                .get(GRPC_TIMEOUT)
+                .and_then(|v| grpc_timeout::decode_header(v).ok())
+                .and_then(|t| Instant::now().checked_add(t))
+        } else {
+            None
+        };
         let bounds = Bounds {
             deadline,
             wire,
             attempt_timeout: policy.attempt_timeout,
         };
-        let grpc = is_grpc(req.headers());
-        let idempotent = policy.idempotency.allows(req.method(), req.headers());
         let template = Template::new(&req);
         let (parts, body) = req.into_parts();
         // An empty body (most GETs) needs no buffer at all.
@@ -199,8 +201,6 @@ where
             body,
             bounds,
             attempt,
-            grpc,
-            idempotent,
             number,
         )
     }
