@@ -34,6 +34,7 @@ pin_project! {
         Running {
             #[pin]
             future: F,
+            // Created the first time the handler is not ready.
             #[pin]
             sleep: Option<Sleep>,
             deadline: Option<Deadline>,
@@ -49,7 +50,7 @@ impl<F> ResponseFuture<F> {
         Self {
             state: Inbound::Running {
                 future,
-                sleep: deadline.map(|d| sleep_until(d.instant())),
+                sleep: None,
                 deadline,
                 grpc,
             },
@@ -74,7 +75,7 @@ where
         let (rejection, grpc) = match state.as_mut().project() {
             InboundProj::Running {
                 future,
-                sleep,
+                mut sleep,
                 deadline,
                 grpc,
             } => {
@@ -89,10 +90,13 @@ where
                         response.map(|b| DeadlineBody::new(ResponseBody::new(b), deadline, grpc))
                     }));
                 }
-                let Some(sleep) = sleep.as_pin_mut() else {
+                let Some(d) = *deadline else {
                     return Poll::Pending;
                 };
-                ready!(sleep.poll(cx));
+                if sleep.is_none() {
+                    sleep.set(Some(sleep_until(d.instant())));
+                }
+                ready!(sleep.as_pin_mut().expect("armed above").poll(cx));
                 (Rejection::DeadlineExceeded, *grpc)
             }
             InboundProj::Rejected { rejection, grpc } => (*rejection, *grpc),
@@ -123,8 +127,10 @@ pin_project! {
         Bounded {
             #[pin]
             future: F,
+            // Created the first time the call is not ready: a call answered at once never
+            // touches the timer.
             #[pin]
-            sleep: Sleep,
+            sleep: Option<Sleep>,
             deadline: Deadline,
             wire_deadline: Deadline,
             grpc: bool,
@@ -150,7 +156,7 @@ impl<F> PropagateFuture<F> {
         Self {
             state: Outbound::Bounded {
                 future,
-                sleep: sleep_until(deadline.instant()),
+                sleep: None,
                 deadline,
                 wire_deadline,
                 grpc,
@@ -187,12 +193,13 @@ where
             }
             OutboundProj::Bounded {
                 future,
-                sleep,
+                mut sleep,
                 deadline,
                 wire_deadline,
                 grpc,
             } => {
-                match future.poll(cx) {
+                let deadline_now = *deadline;
+                match with_current(deadline_now, || future.poll(cx)) {
                     Poll::Ready(Ok(response)) => {
                         let (deadline, grpc) = (*deadline, *grpc);
                         state.set(Outbound::Done);
@@ -207,7 +214,10 @@ where
                         return Poll::Ready(Err(e.into()));
                     }
                     Poll::Pending => {
-                        ready!(sleep.poll(cx));
+                        if sleep.is_none() {
+                            sleep.set(Some(sleep_until(deadline.instant())));
+                        }
+                        ready!(sleep.as_pin_mut().expect("armed above").poll(cx));
                         *grpc
                     }
                 }

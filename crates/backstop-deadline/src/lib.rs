@@ -103,9 +103,10 @@
 //! 2. If less than [`min_remaining`](PropagateDeadlineLayerBuilder::min_remaining) is left, or
 //!    nothing is left once the [`offset`](PropagateDeadlineLayerBuilder::offset) is taken off,
 //!    the call fails at once without being sent.
-//! 3. Otherwise `grpc-timeout` is set to the remaining time minus the offset, the [`Deadline`] is
-//!    put in the request's extensions (for layers further in), and the call is bounded by the
-//!    deadline: its future, and then its response body.
+//! 3. Otherwise `grpc-timeout` is set to the remaining time minus the offset, the inner
+//!    service is called and its future polled with the call's deadline as [`current()`] (so
+//!    layers further in, such as retries, see it), and the call is bounded by the deadline:
+//!    its future, and then its response body.
 //! 4. A call that fails after the time written in `grpc-timeout` has passed failed because of
 //!    the deadline (a transport timer armed from that header, such as tonic's channel, fires
 //!    there), and is reported as such.

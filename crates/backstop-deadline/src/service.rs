@@ -1,6 +1,6 @@
 use crate::{
     Deadline,
-    deadline::{current, scale},
+    deadline::{current, scale, with_current},
     future::{PropagateFuture, ResponseFuture},
     grpc_timeout::{self, MalformedTimeout},
     layer::{InboundConfig, OutboundConfig},
@@ -224,11 +224,14 @@ where
         };
         req.headers_mut()
             .insert(GRPC_TIMEOUT, encoded.to_header_value());
-        req.extensions_mut().insert(deadline);
         // What the server was told: once this instant has passed, every failure of the call is
         // the deadline's (a transport timer armed from our header, or the server giving up).
         let wire_deadline = Deadline::after_from(now, encoded.duration());
-        PropagateFuture::bounded(self.inner.call(req), deadline, wire_deadline, grpc)
+        // Layers further in (retries, breakers) see the call's deadline as `current()`, in
+        // `call` and in every poll of their future: cheaper than a request extension, which
+        // would cost two allocations here and more in every copy of the request.
+        let future = with_current(deadline, || self.inner.call(req));
+        PropagateFuture::bounded(future, deadline, wire_deadline, grpc)
     }
 }
 

@@ -9,7 +9,11 @@ use backstop_deadline::{
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use std::{convert::Infallible, sync::atomic::Ordering, time::Duration};
+use std::{
+    convert::Infallible,
+    sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
+};
 use support::*;
 use tokio::time::advance;
 use tokio_test::{assert_pending, assert_ready};
@@ -50,7 +54,33 @@ async fn the_task_local_deadline_is_sent_as_the_remaining_time() {
         .scope(sent(PropagateDeadlineLayer::new(), grpc_request(None)))
         .await;
     assert_eq!(timeout_of(&req), Some("500000u"));
-    assert_eq!(req.extensions().get::<Deadline>(), Some(&deadline));
+    let seen = deadline
+        .scope(seen_inside(
+            PropagateDeadlineLayer::new(),
+            http_request(None),
+        ))
+        .await;
+    assert_eq!(seen, (Some(deadline), Some(deadline)));
+}
+
+/// The deadline the inner service sees as `current()`: in `call`, and in its future.
+async fn seen_inside(
+    layer: PropagateDeadlineLayer,
+    req: Request<String>,
+) -> (Option<Deadline>, Option<Deadline>) {
+    let seen = Arc::new(Mutex::new((None, None)));
+    let record = seen.clone();
+    let service = layer.layer(service_fn(move |_req: Request<String>| {
+        let at_call = current();
+        let record = record.clone();
+        async move {
+            tokio::task::yield_now().await;
+            *record.lock().unwrap() = (at_call, current());
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    }));
+    service.oneshot(req).await.unwrap();
+    *seen.lock().unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -110,8 +140,10 @@ async fn fraction_takes_a_share_of_what_is_left() {
         .scope(sent(layer.clone(), http_request(None)))
         .await;
     assert_eq!(timeout_of(&req), Some("250000u"));
-    let child = req.extensions().get::<Deadline>().unwrap();
-    assert!(*child < deadline);
+    let (child, _) = deadline
+        .scope(seen_inside(layer.clone(), http_request(None)))
+        .await;
+    assert!(child.unwrap() < deadline);
     // With nothing inherited there is nothing to take a share of.
     let req = sent(layer, http_request(None)).await;
     assert_eq!(timeout_of(&req), None);
@@ -124,9 +156,13 @@ async fn offset_is_taken_off_the_wire_value_only() {
         .build()
         .unwrap();
     let deadline = Deadline::after(Duration::from_millis(500));
-    let req = deadline.scope(sent(layer, http_request(None))).await;
+    let req = deadline
+        .scope(sent(layer.clone(), http_request(None)))
+        .await;
     assert_eq!(timeout_of(&req), Some("480000u"));
-    assert_eq!(req.extensions().get::<Deadline>(), Some(&deadline));
+    // Inner layers see the full deadline; only the wire value is reduced.
+    let seen = deadline.scope(seen_inside(layer, http_request(None))).await;
+    assert_eq!(seen, (Some(deadline), Some(deadline)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -241,9 +277,8 @@ async fn a_failure_before_the_wire_deadline_passes_through_and_after_it_is_the_d
 async fn a_response_in_time_passes_through() {
     let deadline = Deadline::after(Duration::from_secs(1));
     let service =
-        PropagateDeadlineLayer::new().layer(service_fn(|req: Request<String>| async move {
-            // The call itself does not run inside a scope of its own.
-            assert!(req.extensions().get::<Deadline>().is_some());
+        PropagateDeadlineLayer::new().layer(service_fn(|_req: Request<String>| async move {
+            assert!(current().is_some());
             Ok::<_, Infallible>(
                 Response::builder()
                     .status(503)
