@@ -8,67 +8,15 @@
 //! done
 //! ```
 //!
-//! (Instructions per call) = (refs(stack) − refs(stack with N = 0)) / N.
+//! (Instructions per call) = (refs(stack, N) − refs(stack, 0)) / N.
 
-use backstop_deadline::PropagateDeadlineLayer;
-use backstop_retry::{ReplayBody, RetryPolicy};
-use http::{Request, Response};
-use std::{convert::Infallible, future::Ready, hint::black_box, sync::Arc, time::Duration};
-use tower::{
-    Service, ServiceBuilder, ServiceExt,
-    retry::{
-        Policy,
-        budget::{Budget, TpsBudget},
-    },
-    service_fn,
-};
-
-fn request() -> Request<String> {
-    Request::get("http://svc/x")
-        .header("x-request-id", "1")
-        .body(String::new())
-        .unwrap()
-}
-
-#[derive(Clone)]
-struct TowerPolicy {
-    budget: Arc<TpsBudget>,
-    retries: usize,
-}
-
-impl<E> Policy<Request<String>, Response<String>, E> for TowerPolicy {
-    type Future = Ready<()>;
-
-    fn retry(
-        &mut self,
-        _req: &mut Request<String>,
-        result: &mut Result<Response<String>, E>,
-    ) -> Option<Self::Future> {
-        match result {
-            Ok(r) if !r.status().is_server_error() => {
-                self.budget.deposit();
-                None
-            }
-            _ if self.retries > 0 && self.budget.withdraw() => {
-                self.retries -= 1;
-                Some(std::future::ready(()))
-            }
-            _ => None,
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<String>) -> Option<Request<String>> {
-        let mut clone = Request::new(req.body().clone());
-        *clone.method_mut() = req.method().clone();
-        *clone.uri_mut() = req.uri().clone();
-        *clone.headers_mut() = req.headers().clone();
-        Some(clone)
-    }
-}
+use backstop_benches::{backstop_full, backstop_retry, bare, request, tower_stack};
+use std::hint::black_box;
+use tower::{Service, ServiceExt};
 
 async fn drive<S>(service: S, n: u64)
 where
-    S: Service<Request<String>> + Clone,
+    S: Service<http::Request<String>> + Clone,
     S::Error: std::fmt::Debug,
 {
     for _ in 0..n {
@@ -84,43 +32,12 @@ fn main() {
         .enable_time()
         .build()
         .unwrap();
-    let bare = service_fn(|_req: Request<String>| async {
-        Ok::<_, Infallible>(Response::new(String::new()))
-    });
-    let inner = service_fn(|_req: Request<ReplayBody<String>>| async {
-        Ok::<_, Infallible>(Response::new(String::new()))
-    });
     rt.block_on(async {
         match which.as_str() {
-            "bare" => drive(bare, n).await,
-            "tower" => {
-                let stack = ServiceBuilder::new()
-                    .retry(TowerPolicy {
-                        budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.1)),
-                        retries: 2,
-                    })
-                    .timeout(Duration::from_secs(1))
-                    .service(bare);
-                drive(stack, n).await
-            }
-            "backstop-retry" => {
-                let stack = ServiceBuilder::new()
-                    .layer(RetryPolicy::http().build().unwrap())
-                    .service(inner);
-                drive(stack, n).await
-            }
-            "backstop-full" => {
-                let stack = ServiceBuilder::new()
-                    .layer(
-                        PropagateDeadlineLayer::builder()
-                            .timeout(Duration::from_secs(1))
-                            .build()
-                            .unwrap(),
-                    )
-                    .layer(RetryPolicy::http().build().unwrap())
-                    .service(inner);
-                drive(stack, n).await
-            }
+            "bare" => drive(bare(), n).await,
+            "tower" => drive(tower_stack(), n).await,
+            "backstop-retry" => drive(backstop_retry(), n).await,
+            "backstop-full" => drive(backstop_full(), n).await,
             other => panic!("unknown stack {other}"),
         }
     });
