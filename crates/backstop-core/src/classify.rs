@@ -15,7 +15,7 @@
 //! through their source chain (see [`classify_error`]).
 
 use crate::{
-    AttemptTimedOut, DeadlineExceeded, Rejection, ServerHint,
+    AttemptTimedOut, BreakerOpen, DeadlineExceeded, Rejection, ServerHint,
     grpc::{Code, GRPC_STATUS},
     is_grpc,
 };
@@ -78,11 +78,20 @@ pub trait Classify<Res> {
         let _ = trailers;
         None
     }
+
+    /// Whether the final outcome of this response may still arrive in trailers, so a layer
+    /// that must know it (the circuit breaker) waits for the end of the body. Default `false`:
+    /// the headers decide. [`GrpcClassifier`] says `true` for a gRPC response whose headers
+    /// carry no `grpc-status`.
+    fn awaits_trailers(&self, response: &Res) -> bool {
+        let _ = response;
+        false
+    }
 }
 
 /// Classifies an error by its source chain:
 ///
-/// - our own [`DeadlineExceeded`] → [`Outcome::Rejected`];
+/// - our own [`DeadlineExceeded`] and [`BreakerOpen`] → [`Outcome::Rejected`];
 /// - [`AttemptTimedOut`] → failure, [`Retryable::IfIdempotent`];
 /// - `std::io` `ConnectionRefused` / `AddrNotAvailable` (nothing was sent) → failure,
 ///   [`Retryable::Always`];
@@ -94,7 +103,7 @@ pub trait Classify<Res> {
 pub fn classify_error(err: &(dyn Error + 'static)) -> Outcome {
     let mut next = Some(err);
     while let Some(err) = next {
-        if err.is::<DeadlineExceeded>() {
+        if err.is::<DeadlineExceeded>() || err.is::<BreakerOpen>() {
             return Outcome::Rejected;
         }
         if err.is::<AttemptTimedOut>() {
@@ -319,6 +328,12 @@ impl<B> Classify<Response<B>> for GrpcClassifier {
         let code = trailers.get(GRPC_STATUS)?;
         Some(self.classify_code(Code::from_header(code).unwrap_or(Code::Unknown), trailers))
     }
+
+    fn awaits_trailers(&self, response: &Response<B>) -> bool {
+        response.status() == StatusCode::OK
+            && !is_trailers_only(response)
+            && response.extensions().get::<Rejection>().is_none()
+    }
 }
 
 /// Whether a response is a gRPC *trailers-only* response: its status is already in the
@@ -414,6 +429,8 @@ mod tests {
             .into_response::<()>(false)
             .map(|_| ());
         assert_eq!(http(&r), Outcome::Rejected);
+        let open = BreakerOpen::new(std::time::Duration::ZERO);
+        assert_eq!(classify_error(&open), Outcome::Rejected);
         let err = DeadlineExceeded::new();
         assert_eq!(
             HttpClassifier::new().classify(Err::<&Response<()>, _>(&err)),
@@ -508,6 +525,11 @@ mod tests {
             Outcome::failure(Retryable::Always)
         );
         assert!(is_trailers_only(&response(200, &[("grpc-status", "0")])));
+        assert!(c.awaits_trailers(&response(200, &[ct])));
+        assert!(!c.awaits_trailers(&response(200, &[ct, ("grpc-status", "0")])));
+        assert!(!c.awaits_trailers(&response(503, &[])));
+        let h: &dyn Classify<Response<()>> = &HttpClassifier::new();
+        assert!(!h.awaits_trailers(&response(200, &[ct])));
         assert!(!is_trailers_only(&response(200, &[ct])));
     }
 

@@ -101,6 +101,40 @@ impl fmt::Display for AttemptTimedOut {
 
 impl Error for AttemptTimedOut {}
 
+/// A circuit breaker is open: the call was refused without reaching the dependency.
+///
+/// Returned (boxed, as a [`BoxError`]) by `backstop_breaker::Breaker` for HTTP requests while
+/// the breaker is open, or while half-open with every probe slot taken. A local rejection:
+/// classifiers report it as [`Outcome::Rejected`](crate::Outcome::Rejected), so it is never
+/// retried and never counted by another breaker. [`Rejection::BreakerOpen`](crate::Rejection)
+/// turns it into the response a server answers with (UNAVAILABLE + `grpc-retry-pushback-ms`,
+/// or 503 + `Retry-After`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BreakerOpen {
+    retry_after: std::time::Duration,
+}
+
+impl BreakerOpen {
+    /// A `BreakerOpen` error; `retry_after` is how long until the breaker lets a call through
+    /// again (zero when unknown, e.g. while half-open probes are in flight).
+    pub fn new(retry_after: std::time::Duration) -> Self {
+        Self { retry_after }
+    }
+
+    /// How long until the breaker lets a call through again (zero when unknown).
+    pub fn retry_after(&self) -> std::time::Duration {
+        self.retry_after
+    }
+}
+
+impl fmt::Display for BreakerOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("circuit breaker open")
+    }
+}
+
+impl Error for BreakerOpen {}
+
 /// The first error of type `T` in `err`'s source chain, `err` itself included.
 pub fn find<'a, T: Error + 'static>(err: &'a (dyn Error + 'static)) -> Option<&'a T> {
     let mut next = Some(err);
@@ -138,6 +172,9 @@ mod tests {
         assert!(find::<AttemptTimedOut>(&Wrapper(DeadlineExceeded::new())).is_none());
         assert_eq!(DeadlineExceeded::new().to_string(), "deadline exceeded");
         assert_eq!(AttemptTimedOut::new().to_string(), "attempt timed out");
+        let open = BreakerOpen::new(std::time::Duration::from_secs(3));
+        assert_eq!(open.to_string(), "circuit breaker open");
+        assert_eq!(open.retry_after(), std::time::Duration::from_secs(3));
     }
 
     #[test]

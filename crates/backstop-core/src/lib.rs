@@ -15,7 +15,7 @@
 //!   presets, so the retry layer and the breaker agree on what a result means.
 //! - [`hint`]: [`ServerHint`], parsing `Retry-After` and `grpc-retry-pushback-ms`.
 //! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault;
-//!   [`DeadlineExceeded`] and [`AttemptTimedOut`], the errors our layers add.
+//!   [`DeadlineExceeded`], [`AttemptTimedOut`] and [`BreakerOpen`], the errors our layers add.
 //!
 //! # Example
 //!
@@ -49,6 +49,7 @@
 //! |-----------------------------|-------------------------------------------|------|
 //! | [`Rejection::DeadlineExceeded`] | `grpc-status: 4` DEADLINE_EXCEEDED    | 504  |
 //! | [`Rejection::MalformedTimeout`] | `grpc-status: 13` INTERNAL "malformed grpc-timeout" | 400 |
+//! | [`Rejection::BreakerOpen`] | `grpc-status: 14` UNAVAILABLE + `grpc-retry-pushback-ms` | 503 + `Retry-After` |
 //!
 //! Every local response carries its [`Rejection`] in its extensions, so a layer further out can
 //! tell our own answer from one the dependency gave.
@@ -76,7 +77,8 @@ pub mod reject;
 pub use body::ResponseBody;
 pub use classify::{Classify, GrpcClassifier, HttpClassifier, Outcome, Retryable};
 pub use error::{
-    AttemptTimedOut, BoxError, ConfigError, DeadlineExceeded, find, is_deadline_exceeded,
+    AttemptTimedOut, BoxError, BreakerOpen, ConfigError, DeadlineExceeded, find,
+    is_deadline_exceeded,
 };
 pub use grpc::{Code, is_grpc};
 pub use hint::ServerHint;

@@ -7,10 +7,16 @@
 //! `grpc-message` in the headers and an empty body); any other request gets an HTTP status with
 //! a short `text/plain` body.
 
-use crate::{ResponseBody, grpc::Code};
+use crate::{
+    ResponseBody,
+    grpc::{Code, GRPC_RETRY_PUSHBACK_MS},
+};
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header::CONTENT_TYPE};
-use std::fmt;
+use http::{
+    HeaderValue, Response, StatusCode,
+    header::{CONTENT_TYPE, RETRY_AFTER},
+};
+use std::{fmt, time::Duration};
 
 /// A failure decided by backstop itself rather than by the dependency.
 ///
@@ -23,6 +29,12 @@ pub enum Rejection {
     DeadlineExceeded,
     /// The `grpc-timeout` request header (or the configured milliseconds header) is not valid.
     MalformedTimeout,
+    /// A circuit breaker refused the call (see [`BreakerOpen`](crate::BreakerOpen)).
+    BreakerOpen {
+        /// How long until the breaker lets a call through again (zero when unknown); sent as
+        /// `grpc-retry-pushback-ms` (milliseconds) or `Retry-After` (seconds, rounded up).
+        retry_after: Duration,
+    },
 }
 
 impl Rejection {
@@ -31,6 +43,7 @@ impl Rejection {
         match self {
             Rejection::DeadlineExceeded => Code::DeadlineExceeded,
             Rejection::MalformedTimeout => Code::Internal,
+            Rejection::BreakerOpen { .. } => Code::Unavailable,
         }
     }
 
@@ -39,6 +52,7 @@ impl Rejection {
         match self {
             Rejection::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Rejection::MalformedTimeout => StatusCode::BAD_REQUEST,
+            Rejection::BreakerOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -47,6 +61,7 @@ impl Rejection {
         match self {
             Rejection::DeadlineExceeded => "deadline exceeded",
             Rejection::MalformedTimeout => "malformed grpc-timeout",
+            Rejection::BreakerOpen { .. } => "circuit breaker open",
         }
     }
 
@@ -55,6 +70,8 @@ impl Rejection {
     /// With `grpc = true`: HTTP 200, `content-type: application/grpc`, `grpc-status` and
     /// `grpc-message` headers, empty body. Otherwise: [`http_status`](Self::http_status) with
     /// `content-type: text/plain; charset=utf-8` and the [`message`](Self::message) as body.
+    /// [`Rejection::BreakerOpen`] adds `grpc-retry-pushback-ms` (gRPC) or `Retry-After`
+    /// (HTTP) with its `retry_after`.
     pub fn into_response<B>(self, grpc: bool) -> Response<ResponseBody<B>> {
         let mut response = if grpc {
             let mut response = Response::new(ResponseBody::empty());
@@ -77,6 +94,19 @@ impl Rejection {
             );
             response
         };
+        if let Rejection::BreakerOpen { retry_after } = self {
+            let (name, value) = if grpc {
+                let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+                // A pushback is an int32 (gRPC A6); longer waits saturate.
+                (GRPC_RETRY_PUSHBACK_MS, ms.min(i32::MAX as u64))
+            } else {
+                let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+                (RETRY_AFTER, secs)
+            };
+            response
+                .headers_mut()
+                .insert(name, HeaderValue::from(value));
+        }
         response.extensions_mut().insert(self);
         response
     }
@@ -130,6 +160,35 @@ mod tests {
             assert_eq!(response.extensions().get::<Rejection>(), Some(&rejection));
             assert_eq!(body_text(response).await, text);
         }
+    }
+
+    #[tokio::test]
+    async fn breaker_open_says_when_to_come_back() {
+        let open = |ms| Rejection::BreakerOpen {
+            retry_after: Duration::from_millis(ms),
+        };
+        let grpc = open(2_500).into_response::<String>(true);
+        assert_eq!(grpc.status(), StatusCode::OK);
+        assert_eq!(grpc.headers()["grpc-status"], "14");
+        assert_eq!(grpc.headers()["grpc-message"], "circuit breaker open");
+        assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "2500");
+        assert!(grpc.headers().get("retry-after").is_none());
+        let huge = open(u64::MAX).into_response::<String>(true);
+        assert_eq!(huge.headers()["grpc-retry-pushback-ms"], "2147483647");
+
+        let http = open(2_500).into_response::<String>(false);
+        assert_eq!(http.status(), 503);
+        assert_eq!(http.headers()["retry-after"], "3");
+        assert!(http.headers().get("grpc-retry-pushback-ms").is_none());
+        assert_eq!(body_text(http).await, "circuit breaker open");
+        let now = open(0).into_response::<String>(false);
+        assert_eq!(now.headers()["retry-after"], "0");
+        assert_eq!(
+            now.extensions().get::<Rejection>(),
+            Some(&Rejection::BreakerOpen {
+                retry_after: Duration::ZERO
+            })
+        );
     }
 
     #[test]

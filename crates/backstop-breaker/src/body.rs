@@ -1,0 +1,108 @@
+use crate::future::Permit;
+use backstop_core::{Classify, Outcome, ResponseBody, Retryable};
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::{
+    fmt,
+    pin::Pin,
+    task::{Context, Poll, ready},
+};
+
+pin_project! {
+    /// The response body of [`Breaker`](crate::Breaker): the inner body, or the local body of
+    /// a gRPC UNAVAILABLE answer while the breaker is open.
+    ///
+    /// When the outcome of a call is in its trailers (a gRPC response whose headers carry no
+    /// `grpc-status`), the body holds the call's permit and records the outcome at the end of
+    /// the stream: from the trailers, or a failure if the body fails. Dropped before the end,
+    /// the call counts as nothing.
+    pub struct BreakerBody<B, C> {
+        #[pin]
+        inner: ResponseBody<B>,
+        watch: Option<(Permit<C>, Outcome)>,
+    }
+}
+
+impl<B, C> BreakerBody<B, C> {
+    pub(crate) fn new(body: B) -> Self {
+        Self {
+            inner: ResponseBody::new(body),
+            watch: None,
+        }
+    }
+
+    pub(crate) fn local(body: ResponseBody<B>) -> Self {
+        Self {
+            inner: body,
+            watch: None,
+        }
+    }
+
+    pub(crate) fn watching(body: B, permit: Permit<C>, outcome: Outcome) -> Self {
+        Self {
+            inner: ResponseBody::new(body),
+            watch: Some((permit, outcome)),
+        }
+    }
+
+    /// Whether this body was built by the breaker (an UNAVAILABLE answer) rather than by the
+    /// inner service.
+    pub fn is_local(&self) -> bool {
+        self.inner.is_local()
+    }
+}
+
+impl<B: fmt::Debug, C> fmt::Debug for BreakerBody<B, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerBody")
+            .field("inner", &self.inner)
+            .field("watching", &self.watch.is_some())
+            .finish()
+    }
+}
+
+impl<B, C> Body for BreakerBody<B, C>
+where
+    B: Body<Data = Bytes>,
+    C: Classify<Response<B>>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        if let Some((permit, outcome)) = this.watch.take() {
+            match &frame {
+                Some(Ok(f)) => match f.trailers_ref() {
+                    Some(trailers) => {
+                        let outcome = permit
+                            .shared
+                            .classifier
+                            .classify_trailers(trailers)
+                            .unwrap_or(outcome);
+                        permit.finish(outcome);
+                    }
+                    None if this.inner.is_end_stream() => permit.finish(outcome),
+                    None => *this.watch = Some((permit, outcome)),
+                },
+                Some(Err(_)) => permit.finish(Outcome::failure(Retryable::IfIdempotent)),
+                None => permit.finish(outcome),
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

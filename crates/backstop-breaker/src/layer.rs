@@ -1,0 +1,205 @@
+use crate::{
+    Breaker, BreakerConfig, Mode, State, Transition,
+    config::Hook,
+    state::{Admission, Machine, Settings, Verdict},
+    window::Window,
+};
+use std::{fmt, sync::Arc, time::Duration};
+use tokio::time::Instant;
+use tower_layer::Layer;
+
+/// Fails calls fast while a dependency is down; see the [crate docs](crate).
+///
+/// Built by [`BreakerConfig::build`] (or [`BreakerLayer::new`]). Clones of the layer, and
+/// every [`Breaker`] service it builds, share one breaker: one state, one window.
+#[derive(Debug)]
+pub struct BreakerLayer<C> {
+    pub(crate) shared: Arc<Shared<C>>,
+}
+
+impl<C> Clone for BreakerLayer<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C> BreakerLayer<C> {
+    /// The layer for a configuration; same as [`BreakerConfig::build`].
+    ///
+    /// # Errors
+    ///
+    /// As [`BreakerConfig::build`].
+    pub fn new(config: BreakerConfig<C>) -> Result<Self, backstop_core::ConfigError> {
+        config.build()
+    }
+
+    pub(crate) fn from_parts(config: BreakerConfig<C>, settings: Settings, window: Window) -> Self {
+        let slow = config.slow_duration();
+        let machine = Machine::new(settings, window, config.mode);
+        Self {
+            shared: Arc::new(Shared {
+                machine,
+                classifier: config.classifier,
+                start: Instant::now(),
+                slow,
+                hook: config.hook,
+            }),
+        }
+    }
+
+    /// The breaker's state, rates and counts now.
+    pub fn snapshot(&self) -> Snapshot {
+        self.shared.snapshot()
+    }
+
+    /// Changes the [`Mode`] at run time (the state is kept).
+    pub fn set_mode(&self, mode: Mode) {
+        self.shared.machine.set_mode(mode);
+    }
+
+    /// Closes the breaker and forgets its window, whatever its state, as an operator would;
+    /// calls in flight from before decide nothing. Reported with [`Reason::Reset`](crate::Reason).
+    pub fn reset(&self) {
+        let transition = self.shared.machine.reset(|| self.shared.now_us());
+        self.shared.emit(transition);
+    }
+}
+
+impl<S, C> Layer<S> for BreakerLayer<C> {
+    type Service = Breaker<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Breaker::from_shared(inner, self.shared.clone())
+    }
+}
+
+/// What every clone of a layer and its services share.
+pub(crate) struct Shared<C> {
+    pub(crate) machine: Machine,
+    pub(crate) classifier: C,
+    start: Instant,
+    pub(crate) slow: Option<Duration>,
+    hook: Option<Hook>,
+}
+
+impl<C> fmt::Debug for Shared<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("machine", &self.machine)
+            .field("slow", &self.slow)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Shared<C> {
+    /// Microseconds since the breaker was built: the machine's clock.
+    pub(crate) fn now_us(&self) -> u64 {
+        let elapsed = Instant::now().saturating_duration_since(self.start);
+        u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Asks to let a call in: the admission, or how long until calls pass again.
+    pub(crate) fn admit(&self) -> Result<Admission, Duration> {
+        let admit = self.machine.admit(|| self.now_us());
+        self.emit(admit.transition);
+        admit.admission.map_err(Duration::from_micros)
+    }
+
+    /// Records how an admitted call ended.
+    pub(crate) fn complete(&self, admission: Admission, verdict: Verdict) {
+        let transition = self.machine.complete(admission, verdict, || self.now_us());
+        self.emit(transition);
+    }
+
+    /// Reports a transition: a `tracing` event, then the hook.
+    pub(crate) fn emit(&self, transition: Option<Transition>) {
+        let Some(t) = transition else {
+            return;
+        };
+        match t.to {
+            State::Open => tracing::warn!(
+                from = ?t.from,
+                reason = ?t.reason,
+                generation = t.generation,
+                open_for = ?t.open_for,
+                "circuit breaker opened"
+            ),
+            State::HalfOpen => tracing::info!(
+                reason = ?t.reason,
+                generation = t.generation,
+                "circuit breaker half-open: probing"
+            ),
+            State::Closed => tracing::info!(
+                from = ?t.from,
+                reason = ?t.reason,
+                generation = t.generation,
+                "circuit breaker closed"
+            ),
+        }
+        if let Some(hook) = &self.hook {
+            hook(&t);
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let now = self.now_us();
+        let word = self.machine.load();
+        let counts = self.machine.window.counts(now);
+        let rate = |n: u64| (counts.calls > 0).then(|| n as f64 / counts.calls as f64);
+        Snapshot {
+            state: word.state,
+            mode: word.mode,
+            generation: word.generation,
+            calls: counts.calls,
+            failures: counts.failures,
+            slow_calls: counts.slow,
+            failure_rate: rate(counts.failures),
+            slow_call_rate: rate(counts.slow),
+            open_until: self
+                .machine
+                .open_until(word)
+                .map(|us| self.start + Duration::from_micros(us)),
+            probes_in_flight: match word.state {
+                State::HalfOpen => word.taken - word.succeeded,
+                _ => 0,
+            },
+            reopens: self.machine.reopens(),
+            shared_bytes: std::mem::size_of::<Self>() + self.machine.window.heap_bytes(),
+        }
+    }
+}
+
+/// A breaker's state and window at one instant (see [`BreakerLayer::snapshot`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// The state.
+    pub state: State,
+    /// The mode.
+    pub mode: Mode,
+    /// The generation: bumped by every transition.
+    pub generation: u32,
+    /// Calls in the window (successes and failures; ignored calls and rejections are not
+    /// counted). While open or half-open nothing new is recorded (the window still shows
+    /// what opened the breaker, until it ages out); it restarts empty when the breaker closes.
+    pub calls: u64,
+    /// Failures in the window.
+    pub failures: u64,
+    /// Slow calls in the window.
+    pub slow_calls: u64,
+    /// `failures / calls`, `None` with no calls.
+    pub failure_rate: Option<f64>,
+    /// `slow_calls / calls`, `None` with no calls.
+    pub slow_call_rate: Option<f64>,
+    /// While open: when the first probe will be let through.
+    pub open_until: Option<Instant>,
+    /// While half-open: probes admitted whose outcome is not known yet.
+    pub probes_in_flight: u16,
+    /// Consecutive re-opens (failed probes) since the breaker last closed.
+    pub reopens: u32,
+    /// Bytes of state shared by every clone of the breaker (fixed at build time: it does not
+    /// grow with traffic).
+    pub shared_bytes: usize,
+}

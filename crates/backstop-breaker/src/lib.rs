@@ -1,0 +1,141 @@
+//! A circuit breaker for tower: fail fast while a dependency is down, probe it carefully,
+//! and recover without a stampede.
+//!
+//! # Example
+//!
+//! ```
+//! use backstop_breaker::{BreakerConfig, State};
+//! use http::{Request, Response, StatusCode};
+//! use std::time::Duration;
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), backstop_core::BoxError> {
+//! // A dependency that is down: every call is a 503.
+//! let down = service_fn(|_req: Request<String>| async {
+//!     let response = Response::builder().status(StatusCode::SERVICE_UNAVAILABLE);
+//!     Ok::<_, std::convert::Infallible>(response.body(String::new()).unwrap())
+//! });
+//!
+//! let breaker = BreakerConfig::http()
+//!     .minimum_calls(5)
+//!     .open_duration(Duration::from_secs(5), Duration::from_secs(60))
+//!     .build()?;
+//! let mut client = ServiceBuilder::new().layer(breaker.clone()).service(down);
+//!
+//! for _ in 0..5 {
+//!     let response = client.ready().await?.call(Request::new(String::new())).await?;
+//!     assert_eq!(response.status(), 503);
+//! }
+//! // Five failures out of five calls: open. The next call fails at once, locally.
+//! assert_eq!(breaker.snapshot().state, State::Open);
+//! let err = client.ready().await?.call(Request::new(String::new())).await.unwrap_err();
+//! assert_eq!(err.to_string(), "circuit breaker open");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! **Closed** (the start): every call passes. Each call's result is classified once by a
+//! [`Classify`](backstop_core::Classify) ([`BreakerConfig::http`], [`BreakerConfig::grpc`]):
+//! a [success](backstop_core::Outcome::Success) or a
+//! [failure](backstop_core::Outcome::Failure) is recorded in the window; a caller error
+//! ([`Ignored`](backstop_core::Outcome::Ignored): 4xx, INVALID_ARGUMENT…) and our own
+//! rejections ([`Rejected`](backstop_core::Outcome::Rejected): a deadline already spent,
+//! another breaker open) are not. The breaker **opens** when the window holds at least
+//! `minimum_calls` (default 20) calls and
+//! - failures / calls ≥ `failure_rate` (default 0.5), or
+//! - slow calls / calls ≥ the `slow_calls` rate, a call being slow when it took at least the
+//!   `slow_calls` duration (off by default), or
+//! - optionally, `consecutive_failures` failures in a row.
+//!
+//! The rates are exact over the window (no moving average): by default a time window of the
+//! last 10 s in 10 buckets of 1 s, or a [count window](BreakerConfig::count_window) of exactly
+//! the last N calls. Memory is fixed when the breaker is built (one word per bucket, one byte
+//! per call of a count window) and never grows with traffic.
+//!
+//! **Open**: every call fails at once, without reaching the dependency, with
+//! [`BreakerOpen`](backstop_core::BreakerOpen) whose `retry_after` says when the open time
+//! ends. A gRPC request (`content-type: application/grpc*`) gets a trailers-only
+//! `UNAVAILABLE` response with `grpc-retry-pushback-ms` instead, because a gRPC client such
+//! as tonic turns an error from its transport into UNKNOWN; the response carries
+//! [`Rejection::BreakerOpen`](backstop_core::Rejection) so a retry layer above knows it is
+//! local and never retries it. The open time is 5 s the first time and doubles at each
+//! consecutive re-open, up to 300 s, each with equal jitter (uniform in `[d/2, d]`) so a fleet
+//! of clients does not probe in step.
+//!
+//! **Half-open**: once the open time has passed, the next call is let through as a probe,
+//! and so on up to `probes` (default 3) probes at once; other calls are refused as while
+//! open (with `retry_after` zero). When every probe succeeds the breaker **closes** with an
+//! empty window (optionally with a [slow start](BreakerConfig::slow_start)); the first probe
+//! that fails, or is slow, **re-opens** it for longer. A probe that ends as ignored, or is
+//! cancelled, gives its slot back.
+//!
+//! **Generations.** Each transition starts a new generation; a call only counts in the
+//! generation that admitted it. A slow call admitted while closed that ends during half-open
+//! decides nothing, and neither does a probe that ends after the breaker re-opened.
+//!
+//! **Outcomes in trailers.** For a gRPC response whose headers carry no `grpc-status`, the
+//! outcome is in the trailers: the response body holds the call's permit and records the
+//! outcome at the end of the stream. A body dropped before its end counts as nothing.
+//!
+//! **Cancellation.** Every admitted call holds a permit; dropping the response future (or
+//! the body, as above) before the outcome is known records nothing and frees a probe slot.
+//!
+//! **No locks.** Admission while closed is one atomic load; recording is one or two atomic
+//! read-modify-writes; transitions are compare-and-swaps on one word (see the `state`
+//! module's source). A loom model checks admission and probe slots under concurrency and
+//! cancellation (`RUSTFLAGS="--cfg loom" cargo test -p backstop-breaker --lib loom`).
+//!
+//! **Modes** ([`Mode`], at build time or with [`BreakerLayer::set_mode`]): `Normal`;
+//! `ForcedOpen` refuses everything; `Disabled` passes everything and records nothing;
+//! `MetricsOnly` records and moves between states but never refuses a call.
+//! [`BreakerLayer::reset`] closes it by hand.
+//!
+//! **Observing it.** [`BreakerLayer::snapshot`] (state, rates, counts, open-until);
+//! [`BreakerConfig::on_state_change`] runs a hook on every [`Transition`]; every transition
+//! is also a `tracing` event with its [`Reason`] (`warn` when opening, `info` otherwise).
+//!
+//! # Ordering
+//!
+//! ```text
+//! client:  PropagateDeadlineLayer → RetryLayer → BreakerLayer → attempt timeout → transport
+//! ```
+//!
+//! Inside the retry layer, so that every attempt asks the breaker and an open breaker stops
+//! retries at once (a local rejection is never retried); outside any per-attempt timeout, so
+//! that a timed-out attempt counts as a failure. One breaker per dependency: share a layer
+//! (its clones share the breaker) across the clients that call the same service.
+//!
+//! # Feature flags
+//!
+//! None: the breaker works on `http::Request` / `http::Response` with any body.
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+#![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
+mod body;
+mod config;
+mod future;
+mod layer;
+mod service;
+mod state;
+mod sync;
+mod window;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+pub use backstop_core::BreakerOpen;
+pub use body::BreakerBody;
+pub use config::BreakerConfig;
+pub use future::ResponseFuture;
+pub use layer::{BreakerLayer, Snapshot};
+pub use service::Breaker;
+pub use state::{Mode, Reason, State, Transition};

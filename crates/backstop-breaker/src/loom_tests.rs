@@ -1,0 +1,167 @@
+//! Loom models of admission, probe slots and outcomes under concurrency and cancellation:
+//! `RUSTFLAGS="--cfg loom" cargo test -p backstop-breaker --lib loom` (run by `.ci/run`).
+
+use crate::{
+    Mode,
+    state::{Admission, Machine, Settings, State, Verdict},
+    window::{CountRing, Window},
+};
+use loom::{sync::Arc, thread};
+
+const FAIL: Verdict = Verdict::Counted {
+    failure: true,
+    slow: false,
+};
+const OK: Verdict = Verdict::Counted {
+    failure: false,
+    slow: false,
+};
+
+fn settings(probes: u16) -> Settings {
+    Settings {
+        failure_ppm: 500_000,
+        slow_ppm: None,
+        minimum_calls: 1,
+        consecutive_failures: None,
+        probes,
+        open_base_us: 1,
+        open_max_us: 1,
+        open_multiplier: 1.0,
+        jitter: false,
+        seed: 0,
+        slow_start_us: None,
+    }
+}
+
+/// A machine already half-open (its first probe not yet taken): one failure opened it for
+/// 1 µs, and time 10 is past that.
+fn half_open(probes: u16) -> Arc<Machine> {
+    let m = Machine::new(
+        settings(probes),
+        Window::Count(CountRing::new(2)),
+        Mode::Normal,
+    );
+    m.complete(Admission::Closed(0), FAIL, || 0);
+    assert_eq!(m.load().state, State::Open);
+    Arc::new(m)
+}
+
+fn admitted(m: &Machine) -> bool {
+    matches!(m.admit(|| 10).admission, Ok(Admission::Probe(_)))
+}
+
+#[test]
+fn loom_half_open_admits_exactly_the_probes() {
+    loom::model(|| {
+        let m = half_open(2);
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let m = m.clone();
+                thread::spawn(move || admitted(&m))
+            })
+            .collect();
+        let mut count = usize::from(admitted(&m));
+        for t in threads {
+            count += usize::from(t.join().unwrap());
+        }
+        assert_eq!(count, 2, "three callers, two probe slots");
+        let word = m.load();
+        assert_eq!((word.state, word.taken), (State::HalfOpen, 2));
+    });
+}
+
+#[test]
+fn loom_a_cancelled_probe_gives_its_slot_to_exactly_one_caller() {
+    loom::model(|| {
+        let m = half_open(1);
+        let Ok(probe) = m.admit(|| 10).admission else {
+            panic!("the first call after the open time is a probe");
+        };
+        let other = m.clone();
+        // One thread cancels its probe while another asks to be let in.
+        let t = thread::spawn(move || admitted(&other));
+        m.complete(probe, Verdict::Nothing, || 10);
+        let got = t.join().unwrap();
+        let word = m.load();
+        assert_eq!(word.state, State::HalfOpen);
+        // Either the caller came first and was refused (slot now free), or after and took it.
+        assert_eq!(word.taken, u16::from(got));
+    });
+}
+
+#[test]
+fn loom_concurrent_probe_outcomes_make_one_transition() {
+    loom::model(|| {
+        let m = half_open(2);
+        let a = m.admit(|| 10).admission.unwrap();
+        let b = m.admit(|| 10).admission.unwrap();
+        let generation = m.load().generation;
+        let other = m.clone();
+        let t = thread::spawn(move || other.complete(b, FAIL, || 10));
+        let mine = m.complete(a, OK, || 10);
+        let theirs = t.join().unwrap();
+        // The failure always re-opens; the success alone never closes (two are needed).
+        assert!(mine.is_none());
+        let opened = theirs.expect("a failed probe re-opens");
+        assert_eq!(opened.to, State::Open);
+        assert_eq!(opened.generation, generation + 1);
+        assert_eq!(m.load().state, State::Open);
+    });
+}
+
+#[test]
+fn loom_the_last_two_probes_close_once() {
+    loom::model(|| {
+        let m = half_open(2);
+        let a = m.admit(|| 10).admission.unwrap();
+        let b = m.admit(|| 10).admission.unwrap();
+        let other = m.clone();
+        let t = thread::spawn(move || other.complete(b, OK, || 10));
+        let mine = m.complete(a, OK, || 10);
+        let theirs = t.join().unwrap();
+        assert_eq!(
+            usize::from(mine.is_some()) + usize::from(theirs.is_some()),
+            1,
+            "exactly one thread closes"
+        );
+        assert_eq!(m.load().state, State::Closed);
+    });
+}
+
+#[test]
+fn loom_an_old_generation_call_decides_nothing() {
+    loom::model(|| {
+        let m = Arc::new(Machine::new(
+            settings(1),
+            Window::Count(CountRing::new(2)),
+            Mode::Normal,
+        ));
+        let late = m.admit(|| 0).admission.unwrap();
+        let other = m.clone();
+        // A failure opens the breaker while an older closed-state call completes.
+        let t = thread::spawn(move || other.complete(Admission::Closed(0), FAIL, || 0));
+        let mine = m.complete(late, FAIL, || 0);
+        let theirs = t.join().unwrap();
+        assert_eq!(
+            usize::from(mine.is_some()) + usize::from(theirs.is_some()),
+            1,
+            "two failures of one generation open the breaker once"
+        );
+        assert_eq!(m.load().generation, 1);
+    });
+}
+
+#[test]
+fn loom_count_ring_totals_are_exact() {
+    loom::model(|| {
+        let ring = Arc::new(CountRing::new(2));
+        ring.record(false, false);
+        let other = ring.clone();
+        let t = thread::spawn(move || other.record(true, false));
+        ring.record(true, true);
+        t.join().unwrap();
+        let counts = ring.counts();
+        assert_eq!((counts.calls, counts.failures), (2, 2));
+        assert_eq!(counts.slow, 1);
+    });
+}

@@ -1,0 +1,78 @@
+use crate::{
+    BreakerBody,
+    future::{Permit, ResponseFuture},
+    layer::Shared,
+};
+use backstop_core::{BoxError, Classify, is_grpc};
+use http::{Request, Response};
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// The service built by [`BreakerLayer`](crate::BreakerLayer).
+#[derive(Debug)]
+pub struct Breaker<S, C> {
+    inner: S,
+    shared: Arc<Shared<C>>,
+}
+
+impl<S: Clone, C> Clone for Breaker<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, C> Breaker<S, C> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<C>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for Breaker<S, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    C: Classify<Response<ResBody>>,
+{
+    type Response = Response<BreakerBody<ResBody, C>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Readiness stays the inner service's: an open breaker refuses in `call`, at once,
+        // so a caller is never parked waiting for the breaker to close.
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        match self.shared.admit() {
+            Ok(admission) => {
+                let start = self.shared.slow.map(|_| Instant::now());
+                let permit = Permit::new(&self.shared, admission, start);
+                ResponseFuture::running(self.inner.call(req), permit)
+            }
+            Err(retry_after) => ResponseFuture::open(retry_after, is_grpc(req.headers())),
+        }
+    }
+}

@@ -1,0 +1,703 @@
+//! The state machine, in atomics: admission, outcomes and transitions without a lock.
+//!
+//! Everything a call needs to be admitted lives in one 64-bit word:
+//!
+//! ```text
+//! mode:2 | state:2 | generation:28 | probes taken:16 | probes succeeded:16
+//! ```
+//!
+//! Admission while closed is one load of that word. Every transition is a compare-and-swap on
+//! it that bumps the generation, so exactly one thread wins each transition, and an outcome is
+//! only counted when the generation it was admitted in is still the current one: a call
+//! admitted while closed that finishes during half-open decides nothing.
+//!
+//! A second word, the timer (`generation tag:16 | microseconds:48`), holds when the current
+//! generation's open time ends (open) or its slow start ends (closed). The winner of a
+//! transition writes it just after its compare-and-swap; until then readers see another
+//! generation's tag and act conservatively (still open; slow start from its beginning).
+//!
+//! Time is passed in as microseconds since the breaker started, so the machine is a plain
+//! value that tests and loom models drive directly.
+
+use crate::{
+    sync::{AtomicU32, AtomicU64, Ordering},
+    window::{Counts, Window},
+};
+use std::time::Duration;
+
+/// Where a breaker is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Calls flow; outcomes are counted in the window.
+    Closed,
+    /// Calls are refused at once with [`BreakerOpen`](backstop_core::BreakerOpen) until the
+    /// open time ends.
+    Open,
+    /// A fixed number of probe calls is let through; they decide between closed and open.
+    HalfOpen,
+}
+
+/// How a breaker acts on its state (set at build time or at run time with
+/// [`BreakerLayer::set_mode`](crate::BreakerLayer::set_mode)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// The state machine decides (the default).
+    #[default]
+    Normal,
+    /// Every call is refused, whatever the state.
+    ForcedOpen,
+    /// Every call passes and nothing is recorded.
+    Disabled,
+    /// Outcomes are recorded and the state moves as in `Normal`, but no call is ever refused:
+    /// watch what the breaker would do before letting it act.
+    MetricsOnly,
+}
+
+/// Why a breaker changed state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reason {
+    /// The failure rate over the window reached `failure_rate`.
+    FailureRate {
+        /// The failure rate, in [0, 1].
+        rate: f64,
+        /// The calls in the window.
+        calls: u64,
+    },
+    /// The slow-call rate over the window reached `slow_rate`.
+    SlowCallRate {
+        /// The slow-call rate, in [0, 1].
+        rate: f64,
+        /// The calls in the window.
+        calls: u64,
+    },
+    /// `consecutive_failures` failures in a row.
+    ConsecutiveFailures(u32),
+    /// The open time ended: the first probe was admitted.
+    OpenElapsed,
+    /// Every probe succeeded.
+    ProbesSucceeded,
+    /// A probe failed (or was slow).
+    ProbeFailed,
+    /// [`BreakerLayer::reset`](crate::BreakerLayer::reset) was called.
+    Reset,
+}
+
+/// A change of state, as given to the `on_state_change` hook and logged with `tracing`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transition {
+    /// The state left.
+    pub from: State,
+    /// The state entered.
+    pub to: State,
+    /// Why.
+    pub reason: Reason,
+    /// The generation entered (every transition starts a new one).
+    pub generation: u32,
+    /// For a transition to [`State::Open`]: how long it stays open.
+    pub open_for: Option<Duration>,
+}
+
+/// The numbers the machine runs on, validated by the builder.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// Failure rate that opens, in parts per million (1..=1 000 000).
+    pub(crate) failure_ppm: u64,
+    /// Slow-call rate that opens, in parts per million; `None`: slow calls never open.
+    pub(crate) slow_ppm: Option<u64>,
+    pub(crate) minimum_calls: u64,
+    pub(crate) consecutive_failures: Option<u32>,
+    pub(crate) probes: u16,
+    pub(crate) open_base_us: u64,
+    pub(crate) open_max_us: u64,
+    pub(crate) open_multiplier: f64,
+    pub(crate) jitter: bool,
+    pub(crate) seed: u64,
+    pub(crate) slow_start_us: Option<u64>,
+}
+
+/// How a call was let in, carried by its permit to its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// While closed, in this generation: its outcome goes to the window.
+    Closed(u32),
+    /// A half-open probe of this generation.
+    Probe(u32),
+    /// Let through without being counted (disabled, or refused in metrics-only mode).
+    Passive,
+}
+
+/// What a finished call says about the dependency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// A success or a failure, and whether it was slow.
+    Counted { failure: bool, slow: bool },
+    /// Nothing: ignored, our own rejection, or cancelled. A probe's slot is given back.
+    Nothing,
+}
+
+const STATE_CLOSED: u64 = 0;
+const STATE_OPEN: u64 = 1;
+const STATE_HALF_OPEN: u64 = 2;
+const GEN_BITS: u32 = 28;
+const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
+const TIMER_TAG_SHIFT: u32 = 48;
+const TIMER_MASK: u64 = (1 << TIMER_TAG_SHIFT) - 1;
+const TAG_MASK: u64 = 0xFFFF;
+
+/// The decoded admission word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Word {
+    pub(crate) mode: Mode,
+    pub(crate) state: State,
+    pub(crate) generation: u32,
+    pub(crate) taken: u16,
+    pub(crate) succeeded: u16,
+}
+
+impl Word {
+    fn decode(word: u64) -> Self {
+        let mode = match word >> 62 {
+            0 => Mode::Normal,
+            1 => Mode::ForcedOpen,
+            2 => Mode::Disabled,
+            _ => Mode::MetricsOnly,
+        };
+        let state = match (word >> 60) & 0b11 {
+            STATE_CLOSED => State::Closed,
+            STATE_OPEN => State::Open,
+            _ => State::HalfOpen,
+        };
+        Self {
+            mode,
+            state,
+            generation: ((word >> 32) & GEN_MASK) as u32,
+            taken: (word >> 16) as u16,
+            succeeded: word as u16,
+        }
+    }
+
+    fn encode(self) -> u64 {
+        let mode = match self.mode {
+            Mode::Normal => 0,
+            Mode::ForcedOpen => 1,
+            Mode::Disabled => 2,
+            Mode::MetricsOnly => 3,
+        };
+        let state = match self.state {
+            State::Closed => STATE_CLOSED,
+            State::Open => STATE_OPEN,
+            State::HalfOpen => STATE_HALF_OPEN,
+        };
+        (mode << 62)
+            | (state << 60)
+            | ((u64::from(self.generation) & GEN_MASK) << 32)
+            | (u64::from(self.taken) << 16)
+            | u64::from(self.succeeded)
+    }
+
+    /// The first word of the next generation, in `state`.
+    fn next(self, state: State) -> Self {
+        Self {
+            mode: self.mode,
+            state,
+            generation: ((u64::from(self.generation) + 1) & GEN_MASK) as u32,
+            taken: 0,
+            succeeded: 0,
+        }
+    }
+}
+
+fn timer_word(generation: u32, at_us: u64) -> u64 {
+    ((u64::from(generation) & TAG_MASK) << TIMER_TAG_SHIFT) | at_us.min(TIMER_MASK)
+}
+
+/// A 64-bit mix of the seed and a generation (splitmix64's finaliser): the jitter of each
+/// open time is a pure function of the two, so a seeded breaker is reproducible and needs no
+/// random-number state shared between threads.
+fn mix(seed: u64, generation: u32) -> u64 {
+    let mut z = seed.wrapping_add(u64::from(generation).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The result of asking to be let in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Admit {
+    /// The admission, or how long until a call may pass (microseconds; zero when unknown).
+    pub(crate) admission: Result<Admission, u64>,
+    /// The transition this admission made (open → half-open), if any.
+    pub(crate) transition: Option<Transition>,
+}
+
+/// The breaker's shared state.
+#[derive(Debug)]
+pub(crate) struct Machine {
+    word: AtomicU64,
+    timer: AtomicU64,
+    reopens: AtomicU32,
+    consecutive: AtomicU32,
+    ramp_calls: AtomicU64,
+    pub(crate) window: Window,
+    pub(crate) settings: Settings,
+}
+
+impl Machine {
+    pub(crate) fn new(settings: Settings, window: Window, mode: Mode) -> Self {
+        let word = Word {
+            mode,
+            state: State::Closed,
+            generation: 0,
+            taken: 0,
+            succeeded: 0,
+        };
+        Self {
+            word: AtomicU64::new(word.encode()),
+            // Generation 0, slow start over at time 0: a new breaker does not ramp.
+            timer: AtomicU64::new(timer_word(0, 0)),
+            reopens: AtomicU32::new(0),
+            consecutive: AtomicU32::new(0),
+            ramp_calls: AtomicU64::new(0),
+            window,
+            settings,
+        }
+    }
+
+    pub(crate) fn load(&self) -> Word {
+        Word::decode(self.word.load(Ordering::Acquire))
+    }
+
+    fn swap(&self, current: Word, new: Word) -> Result<(), Word> {
+        self.word
+            .compare_exchange(
+                current.encode(),
+                new.encode(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(drop)
+            .map_err(Word::decode)
+    }
+
+    /// The timer's instant if it belongs to `generation`.
+    fn timer_for(&self, generation: u32) -> Option<u64> {
+        let word = self.timer.load(Ordering::Acquire);
+        (word >> TIMER_TAG_SHIFT == u64::from(generation) & TAG_MASK).then_some(word & TIMER_MASK)
+    }
+
+    /// Asks to let a call in. `now` is read only when the answer depends on time.
+    pub(crate) fn admit(&self, now: impl Fn() -> u64) -> Admit {
+        let mut word = self.load();
+        loop {
+            let decided = match (word.mode, word.state) {
+                (Mode::Disabled, _) => Ok(Admission::Passive),
+                (Mode::ForcedOpen, _) => Err(self.settings.open_base_us),
+                (_, State::Closed) => match self.settings.slow_start_us {
+                    Some(ramp) if !self.ramp_admits(word.generation, ramp, &now) => Err(0),
+                    _ => Ok(Admission::Closed(word.generation)),
+                },
+                (_, State::Open) => {
+                    let t = now();
+                    match self.timer_for(word.generation) {
+                        // Not stored yet by the thread that opened: still open.
+                        None => Err(self.settings.open_base_us),
+                        Some(until) if t < until => Err(until - t),
+                        Some(_) => {
+                            let next = Word {
+                                taken: 1,
+                                ..word.next(State::HalfOpen)
+                            };
+                            match self.swap(word, next) {
+                                Ok(()) => {
+                                    return Admit {
+                                        admission: Ok(Admission::Probe(next.generation)),
+                                        transition: Some(Transition {
+                                            from: State::Open,
+                                            to: State::HalfOpen,
+                                            reason: Reason::OpenElapsed,
+                                            generation: next.generation,
+                                            open_for: None,
+                                        }),
+                                    };
+                                }
+                                Err(actual) => {
+                                    word = actual;
+                                    continue;
+                                }
+                            }
+                        }
+                    }
+                }
+                (_, State::HalfOpen) if word.taken < self.settings.probes => {
+                    let next = Word {
+                        taken: word.taken + 1,
+                        ..word
+                    };
+                    match self.swap(word, next) {
+                        Ok(()) => Ok(Admission::Probe(word.generation)),
+                        Err(actual) => {
+                            word = actual;
+                            continue;
+                        }
+                    }
+                }
+                (_, State::HalfOpen) => Err(0),
+            };
+            let admission = match decided {
+                Err(_) if word.mode == Mode::MetricsOnly => Ok(Admission::Passive),
+                other => other,
+            };
+            return Admit {
+                admission,
+                transition: None,
+            };
+        }
+    }
+
+    /// Slow start: while closed and ramping, admits a share of calls rising linearly from
+    /// 10 % to 100 % over the ramp, spread evenly (call `n` passes when `⌊n·share⌋` moves).
+    fn ramp_admits(&self, generation: u32, ramp: u64, now: &impl Fn() -> u64) -> bool {
+        let t = now();
+        let left = match self.timer_for(generation) {
+            Some(until) if t >= until => return true,
+            Some(until) => until - t,
+            None => ramp, // just closed; the closer has not stored the end yet
+        };
+        let share_ppm = 100_000 + 900_000 * (ramp - left.min(ramp)) / ramp;
+        let n = self.ramp_calls.fetch_add(1, Ordering::Relaxed);
+        (n + 1) * share_ppm / 1_000_000 > n * share_ppm / 1_000_000
+    }
+
+    /// Records how an admitted call ended; returns the transition it caused, if any.
+    pub(crate) fn complete(
+        &self,
+        admission: Admission,
+        verdict: Verdict,
+        now: impl Fn() -> u64,
+    ) -> Option<Transition> {
+        match admission {
+            Admission::Passive => None,
+            Admission::Closed(generation) => self.complete_closed(generation, verdict, now),
+            Admission::Probe(generation) => self.complete_probe(generation, verdict, now),
+        }
+    }
+
+    fn complete_closed(
+        &self,
+        generation: u32,
+        verdict: Verdict,
+        now: impl Fn() -> u64,
+    ) -> Option<Transition> {
+        let Verdict::Counted { failure, slow } = verdict else {
+            return None;
+        };
+        let word = self.load();
+        if word.state != State::Closed
+            || word.generation != generation
+            || word.mode == Mode::Disabled
+        {
+            return None;
+        }
+        let t = if self.window.needs_clock() { now() } else { 0 };
+        self.window.record(t, failure, slow);
+        let mut reason = None;
+        if let Some(limit) = self.settings.consecutive_failures {
+            if failure {
+                let n = self.consecutive.fetch_add(1, Ordering::AcqRel) + 1;
+                if n >= limit {
+                    reason = Some(Reason::ConsecutiveFailures(n));
+                }
+            } else if self.consecutive.load(Ordering::Relaxed) != 0 {
+                self.consecutive.store(0, Ordering::Release);
+            }
+        }
+        let reason = reason.or_else(|| self.trips(self.window.counts(t)))?;
+        self.open(word, reason, &now)
+    }
+
+    /// Whether the window's counts open the breaker, and why.
+    pub(crate) fn trips(&self, counts: Counts) -> Option<Reason> {
+        if counts.calls == 0 || counts.calls < self.settings.minimum_calls {
+            return None;
+        }
+        let rate = |n: u64| n as f64 / counts.calls as f64;
+        if counts.failures * 1_000_000 >= self.settings.failure_ppm * counts.calls {
+            return Some(Reason::FailureRate {
+                rate: rate(counts.failures),
+                calls: counts.calls,
+            });
+        }
+        match self.settings.slow_ppm {
+            Some(ppm) if counts.slow * 1_000_000 >= ppm * counts.calls => {
+                Some(Reason::SlowCallRate {
+                    rate: rate(counts.slow),
+                    calls: counts.calls,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn complete_probe(
+        &self,
+        generation: u32,
+        verdict: Verdict,
+        now: impl Fn() -> u64,
+    ) -> Option<Transition> {
+        let mut word = self.load();
+        loop {
+            if word.state != State::HalfOpen || word.generation != generation {
+                return None;
+            }
+            let next = match verdict {
+                Verdict::Nothing => Word {
+                    taken: word.taken.saturating_sub(1),
+                    ..word
+                },
+                Verdict::Counted { failure, slow } if failure || slow => {
+                    return self.open(word, Reason::ProbeFailed, &now);
+                }
+                Verdict::Counted { .. } if word.succeeded + 1 >= self.settings.probes => {
+                    return self.close(word, Reason::ProbesSucceeded, &now);
+                }
+                Verdict::Counted { .. } => Word {
+                    succeeded: word.succeeded + 1,
+                    ..word
+                },
+            };
+            match self.swap(word, next) {
+                Ok(()) => return None,
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// How long the breaker stays open after `reopens` consecutive re-opens, entering
+    /// `generation`: `base × multiplier^reopens`, capped at `max`, then with equal jitter
+    /// (uniform in `[d/2, d]`) when enabled.
+    pub(crate) fn open_time(&self, reopens: u32, generation: u32) -> u64 {
+        let s = &self.settings;
+        let grown = s.open_base_us as f64 * s.open_multiplier.powi(reopens.min(1024) as i32);
+        let d = if grown >= s.open_max_us as f64 {
+            s.open_max_us
+        } else {
+            grown as u64
+        };
+        if !s.jitter {
+            return d;
+        }
+        let unit = (mix(s.seed, generation) >> 11) as f64 / (1u64 << 53) as f64;
+        d / 2 + ((d - d / 2) as f64 * unit) as u64
+    }
+
+    /// Opens from `word` (closed or half-open, generation as given) unless another thread
+    /// moved the breaker on first.
+    fn open(&self, mut word: Word, reason: Reason, now: &impl Fn() -> u64) -> Option<Transition> {
+        let (from, generation) = (word.state, word.generation);
+        loop {
+            let next = word.next(State::Open);
+            match self.swap(word, next) {
+                Ok(()) => {
+                    let reopens = match from {
+                        State::HalfOpen => self.reopens.load(Ordering::Acquire).saturating_add(1),
+                        _ => 0,
+                    };
+                    self.reopens.store(reopens, Ordering::Release);
+                    let open_for = self.open_time(reopens, next.generation);
+                    self.timer.store(
+                        timer_word(next.generation, now().saturating_add(open_for)),
+                        Ordering::Release,
+                    );
+                    return Some(Transition {
+                        from,
+                        to: State::Open,
+                        reason,
+                        generation: next.generation,
+                        open_for: Some(Duration::from_micros(open_for)),
+                    });
+                }
+                Err(actual) if actual.state == from && actual.generation == generation => {
+                    word = actual;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Closes from `word` (half-open, or any state for a reset).
+    fn close(&self, mut word: Word, reason: Reason, now: &impl Fn() -> u64) -> Option<Transition> {
+        let (from, generation) = (word.state, word.generation);
+        loop {
+            // Nothing records into the window while half-open, so it is already empty but for
+            // calls of older generations; clear it before the new generation can be seen.
+            self.window.clear();
+            self.consecutive.store(0, Ordering::Release);
+            self.ramp_calls.store(0, Ordering::Release);
+            let next = word.next(State::Closed);
+            match self.swap(word, next) {
+                Ok(()) => {
+                    if reason != Reason::Reset {
+                        self.reopens.store(0, Ordering::Release);
+                    }
+                    let ramp_end = match self.settings.slow_start_us {
+                        Some(ramp) => now().saturating_add(ramp),
+                        None => 0,
+                    };
+                    self.timer
+                        .store(timer_word(next.generation, ramp_end), Ordering::Release);
+                    return Some(Transition {
+                        from,
+                        to: State::Closed,
+                        reason,
+                        generation: next.generation,
+                        open_for: None,
+                    });
+                }
+                Err(actual)
+                    if (reason == Reason::Reset)
+                        || (actual.state == from && actual.generation == generation) =>
+                {
+                    word = actual;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Closes the breaker and forgets the window, whatever its state.
+    pub(crate) fn reset(&self, now: impl Fn() -> u64) -> Option<Transition> {
+        self.reopens.store(0, Ordering::Release);
+        self.close(self.load(), Reason::Reset, &now)
+    }
+
+    /// Sets the mode, keeping the state.
+    pub(crate) fn set_mode(&self, mode: Mode) {
+        let _ = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some(Word::decode(w).with_mode(mode).encode())
+            });
+    }
+
+    /// When the current open time ends, if open and known (microseconds).
+    pub(crate) fn open_until(&self, word: Word) -> Option<u64> {
+        match word.state {
+            State::Open => self.timer_for(word.generation),
+            _ => None,
+        }
+    }
+
+    /// Consecutive re-opens so far (0 after a close).
+    pub(crate) fn reopens(&self) -> u32 {
+        self.reopens.load(Ordering::Acquire)
+    }
+}
+
+impl Word {
+    fn with_mode(self, mode: Mode) -> Self {
+        Self { mode, ..self }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::window::CountRing;
+
+    fn settings() -> Settings {
+        Settings {
+            failure_ppm: 500_000,
+            slow_ppm: None,
+            minimum_calls: 4,
+            consecutive_failures: None,
+            probes: 2,
+            open_base_us: 5_000_000,
+            open_max_us: 300_000_000,
+            open_multiplier: 2.0,
+            jitter: false,
+            seed: 1,
+            slow_start_us: None,
+        }
+    }
+
+    fn machine(s: Settings) -> Machine {
+        Machine::new(s, Window::Count(CountRing::new(10)), Mode::Normal)
+    }
+
+    const OK: Verdict = Verdict::Counted {
+        failure: false,
+        slow: false,
+    };
+    const FAIL: Verdict = Verdict::Counted {
+        failure: true,
+        slow: false,
+    };
+
+    #[test]
+    fn words_round_trip() {
+        for mode in [
+            Mode::Normal,
+            Mode::ForcedOpen,
+            Mode::Disabled,
+            Mode::MetricsOnly,
+        ] {
+            for state in [State::Closed, State::Open, State::HalfOpen] {
+                let w = Word {
+                    mode,
+                    state,
+                    generation: GEN_MASK as u32,
+                    taken: u16::MAX,
+                    succeeded: 7,
+                };
+                assert_eq!(Word::decode(w.encode()), w);
+                assert_eq!(w.next(State::Open).generation, 0, "generations wrap");
+            }
+        }
+    }
+
+    #[test]
+    fn open_time_doubles_to_the_cap() {
+        let m = machine(settings());
+        let secs: Vec<u64> = (0..10).map(|k| m.open_time(k, 0) / 1_000_000).collect();
+        assert_eq!(secs, [5, 10, 20, 40, 80, 160, 300, 300, 300, 300]);
+        assert_eq!(m.open_time(u32::MAX, 0), 300_000_000);
+    }
+
+    #[test]
+    fn jitter_is_equal_and_seeded() {
+        let m = machine(Settings {
+            jitter: true,
+            ..settings()
+        });
+        let times: Vec<u64> = (0..1000).map(|g| m.open_time(0, g)).collect();
+        assert!(times.iter().all(|&t| (2_500_000..=5_000_000).contains(&t)));
+        let low = times.iter().filter(|&&t| t < 3_750_000).count();
+        assert!((400..600).contains(&low), "{low} of 1000 in the lower half");
+        let again: Vec<u64> = (0..1000).map(|g| m.open_time(0, g)).collect();
+        assert_eq!(times, again);
+    }
+
+    #[test]
+    fn probes_take_and_give_back_slots() {
+        let m = machine(settings());
+        for _ in 0..4 {
+            let a = m.admit(|| 0).admission.unwrap();
+            m.complete(a, FAIL, || 0);
+        }
+        assert_eq!(m.load().state, State::Open);
+        assert_eq!(m.admit(|| 1).admission, Err(4_999_999));
+        let first = m.admit(|| 5_000_000);
+        assert_eq!(first.transition.unwrap().reason, Reason::OpenElapsed);
+        let g = m.load().generation;
+        assert_eq!(first.admission, Ok(Admission::Probe(g)));
+        assert_eq!(m.admit(|| 5_000_000).admission, Ok(Admission::Probe(g)));
+        assert_eq!(m.admit(|| 5_000_000).admission, Err(0), "two probes only");
+        m.complete(Admission::Probe(g), Verdict::Nothing, || 5_000_000);
+        assert_eq!(m.load().taken, 1, "a cancelled probe gives its slot back");
+        assert_eq!(m.admit(|| 5_000_000).admission, Ok(Admission::Probe(g)));
+        assert!(m.complete(Admission::Probe(g), OK, || 0).is_none());
+        let closed = m.complete(Admission::Probe(g), OK, || 0).unwrap();
+        assert_eq!(closed.reason, Reason::ProbesSucceeded);
+        assert_eq!(m.load().state, State::Closed);
+    }
+}
