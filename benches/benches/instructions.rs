@@ -3,14 +3,18 @@
 //!
 //! ```text
 //! cargo bench -p backstop-benches --bench instructions --no-run
-//! for s in bare tower backstop-retry backstop-full; do
+//! for s in bare tower backstop-retry backstop-full backstop-breaker backstop-breaker-count \
+//!          resilience-breaker resilience-breaker-count; do
 //!   valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/deps/instructions-* $s 100000 2>&1 | grep refs
 //! done
 //! ```
 //!
 //! (Instructions per call) = (refs(stack, N) − refs(stack, 0)) / N.
 
-use backstop_benches::{backstop_full, backstop_retry, bare, request, tower_stack};
+use backstop_benches::{
+    backstop_breaker, backstop_breaker_count, backstop_full, backstop_retry, bare, request,
+    resilience_breaker, resilience_breaker_count, tower_stack,
+};
 use std::hint::black_box;
 use tower::{Service, ServiceExt};
 
@@ -38,6 +42,10 @@ fn main() {
             "tower" => drive(tower_stack(), n).await,
             "backstop-retry" => drive(backstop_retry(), n).await,
             "backstop-full" => drive(backstop_full(), n).await,
+            "backstop-breaker" => drive(backstop_breaker(), n).await,
+            "resilience-breaker" => drive(resilience_breaker(), n).await,
+            "backstop-breaker-count" => drive(backstop_breaker_count(), n).await,
+            "resilience-breaker-count" => drive(resilience_breaker_count(), n).await,
             other => panic!("unknown stack {other}"),
         }
     });

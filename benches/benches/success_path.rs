@@ -4,7 +4,10 @@
 //! Every call succeeds at once (a ready inner service, a current-thread runtime), so what is
 //! measured is what each stack adds to a call that needs no retry.
 
-use backstop_benches::{backstop_full, backstop_retry, bare, request, tower_stack};
+use backstop_benches::{
+    backstop_breaker, backstop_breaker_count, backstop_full, backstop_retry, bare, request,
+    resilience_breaker, resilience_breaker_count, tower_stack,
+};
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::{fmt::Debug, hint::black_box};
 use tower::{Service, ServiceExt};
@@ -48,6 +51,34 @@ fn bench(c: &mut Criterion) {
         &rt,
         "backstop retry + ratio budget",
         backstop_retry(),
+    );
+    group.finish();
+
+    let mut group = c.benchmark_group("breaker");
+    run(&mut group, &rt, "bare", bare());
+    run(
+        &mut group,
+        &rt,
+        "backstop breaker, time window",
+        backstop_breaker(),
+    );
+    run(
+        &mut group,
+        &rt,
+        "tower-resilience breaker, time window",
+        resilience_breaker(),
+    );
+    run(
+        &mut group,
+        &rt,
+        "backstop breaker, count window",
+        backstop_breaker_count(),
+    );
+    run(
+        &mut group,
+        &rt,
+        "tower-resilience breaker, count window",
+        resilience_breaker_count(),
     );
     group.finish();
 }

@@ -1,11 +1,12 @@
 //! The stacks the benchmarks compare, built once here so every benchmark measures the same
 //! thing: `cargo bench -p backstop-benches`. See `benches/` for the benchmarks themselves.
 
+use backstop_breaker::BreakerConfig;
 use backstop_core::BoxError;
 use backstop_deadline::PropagateDeadlineLayer;
 use backstop_retry::{ReplayBody, RetryPolicy};
 use http::{Request, Response};
-use std::{convert::Infallible, future::Ready, sync::Arc, time::Duration};
+use std::{convert::Infallible, fmt::Debug, future::Ready, sync::Arc, time::Duration};
 use tower::{
     Service, ServiceBuilder,
     retry::{
@@ -126,4 +127,59 @@ pub fn backstop_full()
         )
         .layer(RetryPolicy::http().build().unwrap())
         .service(replay_target())
+}
+
+/// backstop's `BreakerLayer` (HTTP preset: 10 s time window, 50 %, 20 calls minimum) alone.
+pub fn backstop_breaker()
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+    ServiceBuilder::new()
+        .layer(BreakerConfig::http().build().unwrap())
+        .service(bare())
+}
+
+/// backstop's `BreakerLayer` with a count window of the last 100 calls.
+pub fn backstop_breaker_count()
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+    ServiceBuilder::new()
+        .layer(BreakerConfig::http().count_window(100).build().unwrap())
+        .service(bare())
+}
+
+/// tower-resilience's circuit breaker with the same thresholds (50 %, 20 calls minimum, a
+/// 10 s time window, 3 half-open calls, 5 s open). Its time window keeps one record per call
+/// of the last 10 s, so its cost grows with the call rate.
+pub fn resilience_breaker()
+-> impl Service<Request<String>, Response = Response<String>, Error = impl Debug> + Clone {
+    use tower_resilience_circuitbreaker::SlidingWindowType;
+    resilience_breaker_with(|b| {
+        b.sliding_window_type(SlidingWindowType::TimeBased)
+            .sliding_window_duration(Duration::from_secs(10))
+    })
+}
+
+/// tower-resilience's circuit breaker with a count window of 100 calls.
+pub fn resilience_breaker_count()
+-> impl Service<Request<String>, Response = Response<String>, Error = impl Debug> + Clone {
+    use tower_resilience_circuitbreaker::SlidingWindowType;
+    resilience_breaker_with(|b| {
+        b.sliding_window_type(SlidingWindowType::CountBased)
+            .sliding_window_size(100)
+    })
+}
+
+type ResilienceBuilder = tower_resilience_circuitbreaker::CircuitBreakerConfigBuilder<
+    tower_resilience_circuitbreaker::DefaultClassifier,
+>;
+
+fn resilience_breaker_with(
+    window: impl FnOnce(ResilienceBuilder) -> ResilienceBuilder,
+) -> impl Service<Request<String>, Response = Response<String>, Error = impl Debug> + Clone {
+    use tower_resilience_circuitbreaker::CircuitBreakerLayer;
+    let builder = CircuitBreakerLayer::builder()
+        .failure_rate_threshold(0.5)
+        .minimum_number_of_calls(20)
+        .permitted_calls_in_half_open(3)
+        .wait_duration_in_open(Duration::from_secs(5));
+    let layer = window(builder).build().unwrap();
+    ServiceBuilder::new().layer(layer).service(bare())
 }

@@ -82,8 +82,7 @@ where
                 Some(Ok(f)) => match f.trailers_ref() {
                     Some(trailers) => {
                         let outcome = permit
-                            .shared
-                            .classifier
+                            .classifier()
                             .classify_trailers(trailers)
                             .unwrap_or(outcome);
                         permit.finish(outcome);

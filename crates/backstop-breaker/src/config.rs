@@ -353,7 +353,11 @@ impl<C> BreakerConfig<C> {
                         ),
                     ));
                 }
-                Window::Time(TimeRing::new(bucket.as_micros() as u64, buckets as usize))
+                Window::Time(TimeRing::new(
+                    bucket.as_micros() as u64,
+                    buckets as usize,
+                    crate::layer::stripes(),
+                ))
             }
             WindowKind::Count(n) => {
                 if !(1..=MAX_COUNT_WINDOW).contains(&n) {

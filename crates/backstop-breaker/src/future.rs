@@ -1,6 +1,6 @@
 use crate::{
     BreakerBody,
-    layer::Shared,
+    layer::Handle,
     state::{Admission, Verdict},
 };
 use backstop_core::{BoxError, BreakerOpen, Classify, Outcome, Rejection};
@@ -21,7 +21,7 @@ use tokio::time::Instant;
 /// Dropped without an outcome (the call was cancelled, or its body dropped before the end),
 /// it records nothing and gives a half-open probe slot back.
 pub(crate) struct Permit<C> {
-    pub(crate) shared: Arc<Shared<C>>,
+    handle: Arc<Handle<C>>,
     admission: Admission,
     start: Option<Instant>,
     armed: bool,
@@ -30,12 +30,12 @@ pub(crate) struct Permit<C> {
 impl<C> Permit<C> {
     /// A permit, or none for a call that is not counted.
     pub(crate) fn new(
-        shared: &Arc<Shared<C>>,
+        handle: &Arc<Handle<C>>,
         admission: Admission,
         start: Option<Instant>,
     ) -> Option<Self> {
         (admission != Admission::Passive).then(|| Self {
-            shared: shared.clone(),
+            handle: handle.clone(),
             admission,
             start,
             armed: true,
@@ -45,7 +45,7 @@ impl<C> Permit<C> {
     /// Records the call's outcome.
     pub(crate) fn finish(mut self, outcome: Outcome) {
         self.armed = false;
-        let slow = match (self.start, self.shared.slow) {
+        let slow = match (self.start, self.handle.shared.slow) {
             (Some(start), Some(limit)) => start.elapsed() >= limit,
             _ => false,
         };
@@ -60,7 +60,14 @@ impl<C> Permit<C> {
             },
             Outcome::Rejected | Outcome::Ignored => Verdict::Nothing,
         };
-        self.shared.complete(self.admission, verdict);
+        self.handle
+            .shared
+            .complete(self.admission, verdict, self.handle.stripe);
+    }
+
+    /// The breaker's classifier.
+    pub(crate) fn classifier(&self) -> &C {
+        &self.handle.shared.classifier
     }
 
     /// Classifies the response and records it now, or hands the permit to the body when the
@@ -69,7 +76,7 @@ impl<C> Permit<C> {
     where
         C: Classify<Response<B>>,
     {
-        let classifier = &self.shared.classifier;
+        let classifier = self.classifier();
         let outcome = classifier.classify(Ok(&response));
         if outcome == Outcome::Success && classifier.awaits_trailers(&response) {
             return response.map(|body| BreakerBody::watching(body, self, outcome));
@@ -82,7 +89,9 @@ impl<C> Permit<C> {
 impl<C> Drop for Permit<C> {
     fn drop(&mut self) {
         if self.armed && matches!(self.admission, Admission::Probe(_)) {
-            self.shared.complete(self.admission, Verdict::Nothing);
+            self.handle
+                .shared
+                .complete(self.admission, Verdict::Nothing, self.handle.stripe);
         }
     }
 }
@@ -168,7 +177,7 @@ where
                     (Ok(response), None) => Ok(response.map(BreakerBody::new)),
                     (Err(err), permit) => {
                         if let Some(permit) = permit {
-                            let outcome = permit.shared.classifier.classify(Err(&*err));
+                            let outcome = permit.classifier().classify(Err(&*err));
                             permit.finish(outcome);
                         }
                         Err(err)

@@ -15,14 +15,63 @@ use tower_layer::Layer;
 #[derive(Debug)]
 pub struct BreakerLayer<C> {
     pub(crate) shared: Arc<Shared<C>>,
+    handles: Handles<C>,
 }
 
 impl<C> Clone for BreakerLayer<C> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
+            handles: self.handles.clone(),
         }
     }
+}
+
+/// One handle per window stripe, shared by every service of the layer.
+pub(crate) type Handles<C> = Arc<[Arc<Handle<C>>]>;
+
+/// What a call holds on to until its outcome is known: the breaker, and the window stripe it
+/// records into.
+///
+/// Each stripe has its own handle, in its own allocation aligned to a cache line pair, so the
+/// reference count that every call bumps is only shared by the threads of one stripe, not by
+/// every thread that uses the breaker.
+#[repr(align(128))]
+pub(crate) struct Handle<C> {
+    pub(crate) shared: Arc<Shared<C>>,
+    pub(crate) stripe: usize,
+}
+
+impl<C> fmt::Debug for Handle<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handle")
+            .field("stripe", &self.stripe)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stripes of a time window: one per available core, at most 16.
+pub(crate) fn stripes() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
+}
+
+/// The calling thread's stripe: threads are numbered round-robin on first use.
+pub(crate) fn stripe() -> usize {
+    use std::{
+        cell::Cell,
+        sync::atomic::{AtomicUsize, Ordering},
+    };
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+    STRIPE.with(|cell| {
+        cell.get().unwrap_or_else(|| {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            cell.set(Some(n));
+            n
+        })
+    })
 }
 
 impl<C> BreakerLayer<C> {
@@ -38,15 +87,22 @@ impl<C> BreakerLayer<C> {
     pub(crate) fn from_parts(config: BreakerConfig<C>, settings: Settings, window: Window) -> Self {
         let slow = config.slow_duration();
         let machine = Machine::new(settings, window, config.mode);
-        Self {
-            shared: Arc::new(Shared {
-                machine,
-                classifier: config.classifier,
-                start: Instant::now(),
-                slow,
-                hook: config.hook,
-            }),
-        }
+        let shared = Arc::new(Shared {
+            machine,
+            classifier: config.classifier,
+            start: Instant::now(),
+            slow,
+            hook: config.hook,
+        });
+        let handles = (0..stripes())
+            .map(|stripe| {
+                Arc::new(Handle {
+                    shared: shared.clone(),
+                    stripe,
+                })
+            })
+            .collect();
+        Self { shared, handles }
     }
 
     /// The breaker's state, rates and counts now.
@@ -71,7 +127,7 @@ impl<S, C> Layer<S> for BreakerLayer<C> {
     type Service = Breaker<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Breaker::from_shared(inner, self.shared.clone())
+        Breaker::from_handles(inner, self.handles.clone())
     }
 }
 
@@ -97,7 +153,11 @@ impl<C> Shared<C> {
     /// Microseconds since the breaker was built: the machine's clock.
     pub(crate) fn now_us(&self) -> u64 {
         let elapsed = Instant::now().saturating_duration_since(self.start);
-        u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+        // No u128 arithmetic on the hot path: seconds fit u64 microseconds for 584 000 years.
+        elapsed
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(elapsed.subsec_micros()))
     }
 
     /// Asks to let a call in: the admission, or how long until calls pass again.
@@ -107,9 +167,11 @@ impl<C> Shared<C> {
         admit.admission.map_err(Duration::from_micros)
     }
 
-    /// Records how an admitted call ended.
-    pub(crate) fn complete(&self, admission: Admission, verdict: Verdict) {
-        let transition = self.machine.complete(admission, verdict, || self.now_us());
+    /// Records how an admitted call ended, into window `stripe`.
+    pub(crate) fn complete(&self, admission: Admission, verdict: Verdict, stripe: usize) {
+        let transition = self
+            .machine
+            .complete(admission, verdict, stripe, || self.now_us());
         self.emit(transition);
     }
 
@@ -166,7 +228,9 @@ impl<C> Shared<C> {
                 _ => 0,
             },
             reopens: self.machine.reopens(),
-            shared_bytes: std::mem::size_of::<Self>() + self.machine.window.heap_bytes(),
+            shared_bytes: std::mem::size_of::<Self>()
+                + self.machine.window.heap_bytes()
+                + stripes() * std::mem::size_of::<Handle<C>>(),
         }
     }
 }

@@ -43,17 +43,19 @@
 //! [failure](backstop_core::Outcome::Failure) is recorded in the window; a caller error
 //! ([`Ignored`](backstop_core::Outcome::Ignored): 4xx, INVALID_ARGUMENT…) and our own
 //! rejections ([`Rejected`](backstop_core::Outcome::Rejected): a deadline already spent,
-//! another breaker open) are not. The breaker **opens** when the window holds at least
-//! `minimum_calls` (default 20) calls and
+//! another breaker open) are not. The breaker **opens** when a failure (or a slow call) is
+//! recorded and the window then holds at least `minimum_calls` (default 20) calls with
 //! - failures / calls ≥ `failure_rate` (default 0.5), or
 //! - slow calls / calls ≥ the `slow_calls` rate, a call being slow when it took at least the
 //!   `slow_calls` duration (off by default), or
 //! - optionally, `consecutive_failures` failures in a row.
 //!
-//! The rates are exact over the window (no moving average): by default a time window of the
-//! last 10 s in 10 buckets of 1 s, or a [count window](BreakerConfig::count_window) of exactly
-//! the last N calls. Memory is fixed when the breaker is built (one word per bucket, one byte
-//! per call of a count window) and never grows with traffic.
+//! A success never opens the breaker, so the success path is one atomic load and one
+//! read-modify-write on a cache line of the calling thread's own. The rates are exact over the
+//! window (no moving average): by default a time window of the last 10 s in 10 buckets of
+//! 1 s, or a [count window](BreakerConfig::count_window) of exactly the last N calls. Memory is
+//! fixed when the breaker is built (one word per bucket and per core, at most 16 copies; one
+//! byte per call of a count window) and never grows with traffic.
 //!
 //! **Open**: every call fails at once, without reaching the dependency, with
 //! [`BreakerOpen`](backstop_core::BreakerOpen) whose `retry_after` says when the open time
@@ -83,9 +85,12 @@
 //! **Cancellation.** Every admitted call holds a permit; dropping the response future (or
 //! the body, as above) before the outcome is known records nothing and frees a probe slot.
 //!
-//! **No locks.** Admission while closed is one atomic load; recording is one or two atomic
-//! read-modify-writes; transitions are compare-and-swaps on one word (see the `state`
-//! module's source). A loom model checks admission and probe slots under concurrency and
+//! **No locks.** Admission while closed is one atomic load; recording a success is one atomic
+//! read-modify-write on the time window's stripe of the calling thread (each thread records
+//! into its own copy of the buckets, on its own cache lines; readers add the copies up);
+//! transitions are compare-and-swaps on one word (see the `state` module's source). The count
+//! window is exact over the last N calls and so shares one cursor between threads: prefer the
+//! time window on hot, many-core paths. A loom model checks admission and probe slots under concurrency and
 //! cancellation (`RUSTFLAGS="--cfg loom" cargo test -p backstop-breaker --lib loom`).
 //!
 //! **Modes** ([`Mode`], at build time or with [`BreakerLayer::set_mode`]): `Normal`;

@@ -41,7 +41,7 @@ fn half_open(probes: u16) -> Arc<Machine> {
         Window::Count(CountRing::new(2)),
         Mode::Normal,
     );
-    m.complete(Admission::Closed(0), FAIL, || 0);
+    m.complete(Admission::Closed(0), FAIL, 0, || 0);
     assert_eq!(m.load().state, State::Open);
     Arc::new(m)
 }
@@ -80,7 +80,7 @@ fn loom_a_cancelled_probe_gives_its_slot_to_exactly_one_caller() {
         let other = m.clone();
         // One thread cancels its probe while another asks to be let in.
         let t = thread::spawn(move || admitted(&other));
-        m.complete(probe, Verdict::Nothing, || 10);
+        m.complete(probe, Verdict::Nothing, 0, || 10);
         let got = t.join().unwrap();
         let word = m.load();
         assert_eq!(word.state, State::HalfOpen);
@@ -97,8 +97,8 @@ fn loom_concurrent_probe_outcomes_make_one_transition() {
         let b = m.admit(|| 10).admission.unwrap();
         let generation = m.load().generation;
         let other = m.clone();
-        let t = thread::spawn(move || other.complete(b, FAIL, || 10));
-        let mine = m.complete(a, OK, || 10);
+        let t = thread::spawn(move || other.complete(b, FAIL, 0, || 10));
+        let mine = m.complete(a, OK, 0, || 10);
         let theirs = t.join().unwrap();
         // The failure always re-opens; the success alone never closes (two are needed).
         assert!(mine.is_none());
@@ -116,8 +116,8 @@ fn loom_the_last_two_probes_close_once() {
         let a = m.admit(|| 10).admission.unwrap();
         let b = m.admit(|| 10).admission.unwrap();
         let other = m.clone();
-        let t = thread::spawn(move || other.complete(b, OK, || 10));
-        let mine = m.complete(a, OK, || 10);
+        let t = thread::spawn(move || other.complete(b, OK, 0, || 10));
+        let mine = m.complete(a, OK, 0, || 10);
         let theirs = t.join().unwrap();
         assert_eq!(
             usize::from(mine.is_some()) + usize::from(theirs.is_some()),
@@ -139,8 +139,8 @@ fn loom_an_old_generation_call_decides_nothing() {
         let late = m.admit(|| 0).admission.unwrap();
         let other = m.clone();
         // A failure opens the breaker while an older closed-state call completes.
-        let t = thread::spawn(move || other.complete(Admission::Closed(0), FAIL, || 0));
-        let mine = m.complete(late, FAIL, || 0);
+        let t = thread::spawn(move || other.complete(Admission::Closed(0), FAIL, 0, || 0));
+        let mine = m.complete(late, FAIL, 0, || 0);
         let theirs = t.join().unwrap();
         assert_eq!(
             usize::from(mine.is_some()) + usize::from(theirs.is_some()),

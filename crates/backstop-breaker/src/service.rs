@@ -1,14 +1,11 @@
 use crate::{
     BreakerBody,
     future::{Permit, ResponseFuture},
-    layer::Shared,
+    layer::{Handles, stripe},
 };
 use backstop_core::{BoxError, Classify, is_grpc};
 use http::{Request, Response};
-use std::{
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -16,21 +13,21 @@ use tower_service::Service;
 #[derive(Debug)]
 pub struct Breaker<S, C> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    handles: Handles<C>,
 }
 
 impl<S: Clone, C> Clone for Breaker<S, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            handles: self.handles.clone(),
         }
     }
 }
 
 impl<S, C> Breaker<S, C> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<C>>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn from_handles(inner: S, handles: Handles<C>) -> Self {
+        Self { inner, handles }
     }
 
     /// The inner service.
@@ -66,10 +63,11 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        match self.shared.admit() {
+        let handle = &self.handles[stripe() % self.handles.len()];
+        match handle.shared.admit() {
             Ok(admission) => {
-                let start = self.shared.slow.map(|_| Instant::now());
-                let permit = Permit::new(&self.shared, admission, start);
+                let start = handle.shared.slow.map(|_| Instant::now());
+                let permit = Permit::new(handle, admission, start);
                 ResponseFuture::running(self.inner.call(req), permit)
             }
             Err(retry_after) => ResponseFuture::open(retry_after, is_grpc(req.headers())),

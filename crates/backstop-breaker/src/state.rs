@@ -368,24 +368,30 @@ impl Machine {
         (n + 1) * share_ppm / 1_000_000 > n * share_ppm / 1_000_000
     }
 
-    /// Records how an admitted call ended; returns the transition it caused, if any.
+    /// Records how an admitted call ended, from the caller's window `stripe`; returns the
+    /// transition it caused, if any.
     pub(crate) fn complete(
         &self,
         admission: Admission,
         verdict: Verdict,
+        stripe: usize,
         now: impl Fn() -> u64,
     ) -> Option<Transition> {
         match admission {
             Admission::Passive => None,
-            Admission::Closed(generation) => self.complete_closed(generation, verdict, now),
+            Admission::Closed(generation) => self.complete_closed(generation, verdict, stripe, now),
             Admission::Probe(generation) => self.complete_probe(generation, verdict, now),
         }
     }
 
+    /// A call admitted while closed. The rates are checked only when a failure or a slow call
+    /// is recorded: a success never opens the breaker, and the success path stays one load and
+    /// one uncontended read-modify-write.
     fn complete_closed(
         &self,
         generation: u32,
         verdict: Verdict,
+        stripe: usize,
         now: impl Fn() -> u64,
     ) -> Option<Transition> {
         let Verdict::Counted { failure, slow } = verdict else {
@@ -399,7 +405,7 @@ impl Machine {
             return None;
         }
         let t = if self.window.needs_clock() { now() } else { 0 };
-        self.window.record(t, failure, slow);
+        self.window.record(stripe, t, failure, slow);
         let mut reason = None;
         if let Some(limit) = self.settings.consecutive_failures {
             if failure {
@@ -410,6 +416,9 @@ impl Machine {
             } else if self.consecutive.load(Ordering::Relaxed) != 0 {
                 self.consecutive.store(0, Ordering::Release);
             }
+        }
+        if reason.is_none() && !(failure || slow) {
+            return None;
         }
         let reason = reason.or_else(|| self.trips(self.window.counts(t)))?;
         self.open(word, reason, &now)
@@ -682,7 +691,7 @@ mod tests {
         let m = machine(settings());
         for _ in 0..4 {
             let a = m.admit(|| 0).admission.unwrap();
-            m.complete(a, FAIL, || 0);
+            m.complete(a, FAIL, 0, || 0);
         }
         assert_eq!(m.load().state, State::Open);
         assert_eq!(m.admit(|| 1).admission, Err(4_999_999));
@@ -692,11 +701,11 @@ mod tests {
         assert_eq!(first.admission, Ok(Admission::Probe(g)));
         assert_eq!(m.admit(|| 5_000_000).admission, Ok(Admission::Probe(g)));
         assert_eq!(m.admit(|| 5_000_000).admission, Err(0), "two probes only");
-        m.complete(Admission::Probe(g), Verdict::Nothing, || 5_000_000);
+        m.complete(Admission::Probe(g), Verdict::Nothing, 0, || 5_000_000);
         assert_eq!(m.load().taken, 1, "a cancelled probe gives its slot back");
         assert_eq!(m.admit(|| 5_000_000).admission, Ok(Admission::Probe(g)));
-        assert!(m.complete(Admission::Probe(g), OK, || 0).is_none());
-        let closed = m.complete(Admission::Probe(g), OK, || 0).unwrap();
+        assert!(m.complete(Admission::Probe(g), OK, 0, || 0).is_none());
+        let closed = m.complete(Admission::Probe(g), OK, 0, || 0).unwrap();
         assert_eq!(closed.reason, Reason::ProbesSucceeded);
         assert_eq!(m.load().state, State::Closed);
     }

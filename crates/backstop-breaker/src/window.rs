@@ -6,7 +6,10 @@
 //! - [`TimeRing`]: the calls of the last `window`, in `buckets` buckets of `window / buckets`.
 //!   Each bucket is one 64-bit word `(epoch tag, calls, failures, slow)`; writing to a bucket
 //!   whose tag is stale resets it in the same compare-and-swap. The window slides one bucket
-//!   at a time: it covers between `window - window / buckets` and `window` of history.
+//!   at a time: it covers between `window - window / buckets` and `window` of history. The
+//!   ring is striped: each thread writes to its own copy of the buckets (on cache lines of its
+//!   own), and readers add the stripes up, so threads recording at once do not fight over
+//!   one cache line.
 //! - [`CountRing`]: exactly the last `n` calls, one byte each, plus one word holding the
 //!   totals, updated with the slot so that rates are read in O(1).
 
@@ -29,10 +32,11 @@ pub(crate) enum Window {
 }
 
 impl Window {
-    /// Records one call at `now` (microseconds since the breaker started).
-    pub(crate) fn record(&self, now: u64, failure: bool, slow: bool) {
+    /// Records one call at `now` (microseconds since the breaker started), from the caller's
+    /// `stripe`.
+    pub(crate) fn record(&self, stripe: usize, now: u64, failure: bool, slow: bool) {
         match self {
-            Window::Time(ring) => ring.record(now, failure, slow),
+            Window::Time(ring) => ring.record(stripe, now, failure, slow),
             Window::Count(ring) => ring.record(failure, slow),
         }
     }
@@ -61,7 +65,7 @@ impl Window {
     /// Bytes of shared state the window holds (its words and slots).
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
-            Window::Time(ring) => ring.buckets.len() * std::mem::size_of::<AtomicU64>(),
+            Window::Time(ring) => ring.words.len() * std::mem::size_of::<AtomicU64>(),
             Window::Count(ring) => ring.slots.len() * std::mem::size_of::<AtomicU8>(),
         }
     }
@@ -74,7 +78,7 @@ const CALLS_SHIFT: u32 = 32;
 const FAILURES_SHIFT: u32 = 16;
 
 /// The time window: a ring of buckets, each one atomic word
-/// `tag:16 | calls:16 | failures:16 | slow:16`.
+/// `tag:16 | calls:16 | failures:16 | slow:16`, in one copy per stripe.
 ///
 /// A bucket counts at most 65 535 calls; further calls in the same bucket are not sampled (the
 /// rates stay those of the first 65 535 calls of that bucket, which at the default 1 s buckets
@@ -83,57 +87,74 @@ const FAILURES_SHIFT: u32 = 16;
 /// multiple could be read as fresh, once.
 pub(crate) struct TimeRing {
     bucket_us: u64,
-    buckets: Box<[AtomicU64]>,
+    buckets: usize,
+    stripes: usize,
+    /// Words from one stripe's buckets to the next's: the buckets rounded up to a cache line
+    /// (8 words) plus one line of padding, so no two stripes write to one line.
+    stride: usize,
+    words: Box<[AtomicU64]>,
 }
 
 impl TimeRing {
-    pub(crate) fn new(bucket_us: u64, buckets: usize) -> Self {
+    pub(crate) fn new(bucket_us: u64, buckets: usize, stripes: usize) -> Self {
+        let stripes = stripes.max(1);
+        let stride = if stripes == 1 {
+            buckets
+        } else {
+            buckets.div_ceil(8) * 8 + 8
+        };
         Self {
             bucket_us,
-            buckets: (0..buckets).map(|_| AtomicU64::new(0)).collect(),
+            buckets,
+            stripes,
+            stride,
+            words: (0..stride * stripes).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    fn slot(&self, epoch: u64) -> &AtomicU64 {
-        &self.buckets[(epoch % self.buckets.len() as u64) as usize]
+    fn slot(&self, stripe: usize, epoch: u64) -> &AtomicU64 {
+        let bucket = (epoch % self.buckets as u64) as usize;
+        &self.words[(stripe % self.stripes) * self.stride + bucket]
     }
 
-    fn record(&self, now: u64, failure: bool, slow: bool) {
+    fn record(&self, stripe: usize, now: u64, failure: bool, slow: bool) {
         let epoch = now / self.bucket_us;
         let tag = epoch & FIELD_MAX;
         let add = (1 << CALLS_SHIFT) | (u64::from(failure) << FAILURES_SHIFT) | u64::from(slow);
-        let _ = self
-            .slot(epoch)
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                if word >> TAG_SHIFT != tag {
-                    return Some((tag << TAG_SHIFT) | add);
-                }
-                if (word >> CALLS_SHIFT) & FIELD_MAX == FIELD_MAX {
-                    return None; // full: this call is not sampled
-                }
-                Some(word + add)
-            });
+        let _ =
+            self.slot(stripe, epoch)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                    if word >> TAG_SHIFT != tag {
+                        return Some((tag << TAG_SHIFT) | add);
+                    }
+                    if (word >> CALLS_SHIFT) & FIELD_MAX == FIELD_MAX {
+                        return None; // full: this call is not sampled
+                    }
+                    Some(word + add)
+                });
     }
 
     fn counts(&self, now: u64) -> Counts {
         let epoch = now / self.bucket_us;
         let mut counts = Counts::default();
-        for back in 0..self.buckets.len() as u64 {
-            let Some(e) = epoch.checked_sub(back) else {
-                break;
-            };
-            let word = self.slot(e).load(Ordering::Acquire);
-            if word >> TAG_SHIFT == e & FIELD_MAX {
-                counts.calls += (word >> CALLS_SHIFT) & FIELD_MAX;
-                counts.failures += (word >> FAILURES_SHIFT) & FIELD_MAX;
-                counts.slow += word & FIELD_MAX;
+        for stripe in 0..self.stripes {
+            for back in 0..self.buckets as u64 {
+                let Some(e) = epoch.checked_sub(back) else {
+                    break;
+                };
+                let word = self.slot(stripe, e).load(Ordering::Acquire);
+                if word >> TAG_SHIFT == e & FIELD_MAX {
+                    counts.calls += (word >> CALLS_SHIFT) & FIELD_MAX;
+                    counts.failures += (word >> FAILURES_SHIFT) & FIELD_MAX;
+                    counts.slow += word & FIELD_MAX;
+                }
             }
         }
         counts
     }
 
     fn clear(&self) {
-        for bucket in self.buckets.iter() {
+        for bucket in self.words.iter() {
             // A tag no epoch near zero has, with no calls: reads as empty either way.
             bucket.store(0, Ordering::Release);
         }
@@ -144,7 +165,8 @@ impl fmt::Debug for TimeRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TimeRing")
             .field("bucket_us", &self.bucket_us)
-            .field("buckets", &self.buckets.len())
+            .field("buckets", &self.buckets)
+            .field("stripes", &self.stripes)
             .finish()
     }
 }
@@ -236,10 +258,10 @@ mod tests {
 
     #[test]
     fn time_ring_slides_one_bucket_at_a_time() {
-        let ring = TimeRing::new(S, 10); // 10 s in 1 s buckets
-        ring.record(0, true, false);
-        ring.record(S / 2, false, true);
-        ring.record(5 * S, false, false);
+        let ring = TimeRing::new(S, 10, 3); // 10 s in 1 s buckets, 3 stripes
+        ring.record(0, 0, true, false);
+        ring.record(1, S / 2, false, true);
+        ring.record(2, 5 * S, false, false);
         assert_eq!(
             ring.counts(9 * S),
             Counts {
@@ -252,7 +274,7 @@ mod tests {
         assert_eq!(ring.counts(10 * S).calls, 1);
         assert_eq!(ring.counts(15 * S).calls, 0);
         // A stale bucket is reset by the next write to it.
-        ring.record(20 * S, true, true);
+        ring.record(4, 20 * S, true, true);
         assert_eq!(
             ring.counts(20 * S),
             Counts {
@@ -267,9 +289,9 @@ mod tests {
 
     #[test]
     fn a_full_bucket_stops_sampling() {
-        let ring = TimeRing::new(S, 1);
+        let ring = TimeRing::new(S, 1, 1);
         for i in 0..FIELD_MAX + 10 {
-            ring.record(0, i % 2 == 0, false);
+            ring.record(0, 0, i % 2 == 0, false);
         }
         let counts = ring.counts(0);
         assert_eq!(counts.calls, FIELD_MAX);
@@ -318,15 +340,16 @@ mod tests {
         #[test]
         fn time_ring_matches_a_list(
             buckets in 1usize..12,
-            steps in proptest::collection::vec((0u64..3_000_000, any::<bool>(), any::<bool>()), 0..200),
+            stripes in 1usize..5,
+            steps in proptest::collection::vec((0u64..3_000_000, any::<bool>(), any::<bool>(), 0usize..8), 0..200),
         ) {
             let bucket_us = 1_000_000;
-            let ring = TimeRing::new(bucket_us, buckets);
+            let ring = TimeRing::new(bucket_us, buckets, stripes);
             let mut now = 0;
             let mut seen = Vec::new();
-            for &(dt, failure, slow) in &steps {
+            for &(dt, failure, slow, stripe) in &steps {
                 now += dt;
-                ring.record(now, failure, slow);
+                ring.record(stripe, now, failure, slow);
                 seen.push((now / bucket_us, failure, slow));
                 let epoch = now / bucket_us;
                 let live: Vec<_> = seen.iter().filter(|c| c.0 + buckets as u64 > epoch).collect();

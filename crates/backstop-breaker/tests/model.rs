@@ -77,7 +77,8 @@ impl Model {
                     self.window.pop_front();
                 }
                 let failures = self.window.iter().filter(|f| **f).count();
-                if self.window.len() >= MINIMUM && failures * 2 >= self.window.len() {
+                // Checked when a failure is recorded: a success never opens.
+                if failed && self.window.len() >= MINIMUM && failures * 2 >= self.window.len() {
                     self.open(now_ms, false);
                 }
             }
