@@ -19,7 +19,10 @@ use tokio::time::Instant;
 /// An admitted call's claim on the breaker, held until its outcome is known.
 ///
 /// Dropped without an outcome (the call was cancelled, or its body dropped before the end),
-/// it records nothing and gives a half-open probe slot back.
+/// it records nothing and gives a half-open probe slot back, unless slow calls are detected
+/// and the call had already run for the slow-call duration: then it was slow, whoever gave
+/// up on it, and it counts as a slow call. (Otherwise a dependency that hangs until the
+/// caller's deadline cancels every call would never be seen as slow.)
 pub(crate) struct Permit<C> {
     handle: Arc<Handle<C>>,
     admission: Admission,
@@ -42,13 +45,18 @@ impl<C> Permit<C> {
         })
     }
 
+    /// Whether the call has run for at least the slow-call duration.
+    fn slow(&self) -> bool {
+        match (self.start, self.handle.shared.slow) {
+            (Some(start), Some(limit)) => start.elapsed() >= limit,
+            _ => false,
+        }
+    }
+
     /// Records the call's outcome.
     pub(crate) fn finish(mut self, outcome: Outcome) {
         self.armed = false;
-        let slow = match (self.start, self.handle.shared.slow) {
-            (Some(start), Some(limit)) => start.elapsed() >= limit,
-            _ => false,
-        };
+        let slow = self.slow();
         let verdict = match outcome {
             Outcome::Success => Verdict::Counted {
                 failure: false,
@@ -88,11 +96,22 @@ impl<C> Permit<C> {
 
 impl<C> Drop for Permit<C> {
     fn drop(&mut self) {
-        if self.armed && matches!(self.admission, Admission::Probe(_)) {
-            self.handle
-                .shared
-                .complete(self.admission, Verdict::Nothing, self.handle.stripe);
+        if !self.armed {
+            return;
         }
+        let verdict = if self.slow() {
+            Verdict::Counted {
+                failure: false,
+                slow: true,
+            }
+        } else if matches!(self.admission, Admission::Probe(_)) {
+            Verdict::Nothing
+        } else {
+            return; // a closed-state call that ends as nothing: no shared state to touch
+        };
+        self.handle
+            .shared
+            .complete(self.admission, verdict, self.handle.stripe);
     }
 }
 

@@ -83,7 +83,10 @@
 //! outcome at the end of the stream. A body dropped before its end counts as nothing.
 //!
 //! **Cancellation.** Every admitted call holds a permit; dropping the response future (or
-//! the body, as above) before the outcome is known records nothing and frees a probe slot.
+//! the body, as above) before the outcome is known records nothing and frees a probe slot —
+//! except, with slow-call detection on, for a call that had already run for the slow-call
+//! duration: it was slow, whoever gave up on it, so it counts as a slow call (a dependency
+//! that hangs until every caller's deadline cancels it must still open the breaker).
 //!
 //! **No locks.** Admission while closed is one atomic load; recording a success is one atomic
 //! read-modify-write on the time window's stripe of the calling thread (each thread records

@@ -390,6 +390,34 @@ async fn slow_calls_open_the_breaker() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn calls_cancelled_after_the_slow_duration_count_as_slow() {
+    let mut h = harness(http().slow_calls(100 * MS, 0.5));
+    for i in 0..4 {
+        h.handle.allow(1);
+        let future = h.service.ready().await.unwrap().call(get());
+        let _request = h.handle.next_request().await.unwrap();
+        // The caller gives up (its deadline): before the slow duration, then after it.
+        advance(if i % 2 == 0 { 50 * MS } else { 100 * MS }).await;
+        drop(future);
+    }
+    let snap = h.layer.snapshot();
+    assert_eq!(
+        (snap.calls, snap.slow_calls),
+        (2, 2),
+        "early drops count as nothing"
+    );
+    // Two more abandoned after the slow duration: 4 of 4 slow, at the minimum: open.
+    for _ in 0..2 {
+        h.handle.allow(1);
+        let future = h.service.ready().await.unwrap().call(get());
+        let _request = h.handle.next_request().await.unwrap();
+        advance(200 * MS).await;
+        drop(future);
+    }
+    assert_eq!(h.layer.snapshot().state, State::Open);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slow_probe_is_a_failed_probe() {
     let mut h = harness(http().probes(1).slow_calls(100 * MS, 1.0));
     h.open_it().await;
