@@ -1,0 +1,190 @@
+//! backstop: deadlines that travel with the request, retries that cannot storm, and a circuit
+//! breaker that fails fast while a dependency is down — as tower layers, stacked in the right
+//! order for you.
+//!
+//! # Example
+//!
+//! ```
+//! use backstop::prelude::*;
+//! use http::{Request, Response};
+//! use std::time::Duration;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), backstop::BoxError> {
+//! // Any tower HTTP client: hyper-util's, a tonic Channel, reqwest behind an adapter.
+//! let transport = service_fn(|_req: Request<ReplayBody<String>>| async {
+//!     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+//! });
+//!
+//! // One layer per dependency; clones share its retry budget and its breaker.
+//! let backend = backstop::client::http().attempt_timeout(Duration::from_secs(2));
+//! let client = ServiceBuilder::new().layer(backend.clone()).service(transport);
+//!
+//! let response = client.oneshot(Request::new(String::new())).await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(backend.breaker_layer().snapshot().state, State::Closed);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The onion
+//!
+//! ```text
+//!            client side                                      server side
+//!  ┌──────────────────────────────────────┐        ┌─────────────────────────────────┐
+//!  │ PropagateDeadline  the whole budget  │        │ Deadline   read grpc-timeout,   │
+//!  │ ┌──────────────────────────────────┐ │  wire  │            cancel at expiry     │
+//!  │ │ Retry    budget, backoff, hints  │ │ ─────▶ │ ┌─────────────────────────────┐ │
+//!  │ │ ┌──────────────────────────────┐ │ │        │ │ Pushback  "do not retry"    │ │
+//!  │ │ │ Breaker   asked per attempt  │ │ │        │ │ ┌─────────────────────────┐ │ │
+//!  │ │ │ ┌──────────────────────────┐ │ │ │        │ │ │ your handler            │ │ │
+//!  │ │ │ │ attempt timeout          │ │ │ │        │ │ └─────────────────────────┘ │ │
+//!  │ │ │ │ ┌──────────────────────┐ │ │ │ │        │ └─────────────────────────────┘ │
+//!  │ │ │ │ │ your client          │ │ │ │ │        └─────────────────────────────────┘
+//! ```
+//!
+//! Why this order, from the outside in:
+//!
+//! 1. **Deadline outermost**: every attempt, backoff and wait comes out of one budget, so a
+//!    retry can never run past what the caller was promised, and each attempt's
+//!    `grpc-timeout` is what is left, not a fresh timeout.
+//! 2. **Retry outside the breaker**: each attempt asks the breaker. When the dependency is
+//!    down the breaker answers at once with a local rejection, which is never retried, so an
+//!    outage costs probes, not `attempts × callers`.
+//! 3. **Breaker outside the attempt timeout**: a timed-out attempt is a failure the breaker
+//!    sees. (A timeout outside it would cancel the call, and a cancelled call counts as
+//!    nothing.)
+//! 4. **On the server**, the deadline goes first so the handler's whole work is bounded, and
+//!    the pushback layer sits next to the handler, where it can see that the handler's own
+//!    retries gave up.
+//!
+//! # Presets
+//!
+//! - [`client::http()`], [`client::grpc()`]: the client stack as one [`ClientLayer`], with
+//!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
+//!   `.deadline(..)`, `.attempt_timeout(..)`).
+//! - [`server()`]: `Deadline → Pushback`, one [`ServerLayer`] that keeps
+//!   `Error = S::Error`.
+//!
+//! Plain `.layer(X::new(..))` stays first-class, and [`ServiceBuilderExt`] names each layer.
+//!
+//! # tonic
+//!
+//! A tonic client: the retry layer hands the channel a replayable body, mapped back with
+//! `tonic::body::Body::new`.
+//!
+//! ```no_run
+//! use backstop::ReplayBody;
+//! use tonic::{body::Body, transport::Endpoint};
+//! use tower::ServiceBuilder;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let channel = Endpoint::from_static("http://127.0.0.1:50051").connect_lazy();
+//! let channel = ServiceBuilder::new()
+//!     .layer(backstop::client::grpc())
+//!     .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
+//!     .service(channel);
+//! // Generated clients take it as is: `GreeterClient::new(channel)`.
+//! let _grpc = tonic::client::Grpc::new(channel);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A tonic server:
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let routes = tonic::service::Routes::default();
+//! // `routes`: your generated services, e.g. `Routes::new(GreeterServer::new(greeter))`.
+//! tonic::transport::Server::builder()
+//!     .layer(backstop::server())
+//!     .add_routes(routes)
+//!     .serve("127.0.0.1:50051".parse()?)
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # axum
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use backstop::deadline::current;
+//! use http::Request;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! async fn handler() -> String {
+//!     // The caller's deadline, for this handler and every call it makes.
+//!     match current() {
+//!         Some(d) => format!("{} ms left", d.remaining().as_millis()),
+//!         None => "no deadline".to_owned(),
+//!     }
+//! }
+//! let app = Router::new().route("/", get(handler)).layer(backstop::server());
+//!
+//! let request = Request::get("/").header("grpc-timeout", "250m").body(axum::body::Body::empty()).unwrap();
+//! let response = app.oneshot(request).await.unwrap();
+//! assert_eq!(response.status(), 200);
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `deadline`, `retry`, `breaker` (all on by default): the three primitives, re-exported
+//!   as [`deadline`], [`retry`] and [`breaker`]. The `client` presets need all three; the
+//!   `server` preset needs `deadline` and `retry`.
+//! - `h2` (off): HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` count as "not processed", so
+//!   they are retried for every method.
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+#![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
+#[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
+pub mod client;
+mod ext;
+#[cfg(all(feature = "deadline", feature = "retry"))]
+mod server;
+mod timeout;
+
+/// The circuit breaker: `BreakerConfig`, `BreakerLayer`, states and modes.
+#[cfg(feature = "breaker")]
+pub use backstop_breaker as breaker;
+/// The shared model: classification, gRPC codes, local rejections, errors.
+pub use backstop_core as core;
+/// Deadlines: `Deadline`, the `grpc-timeout` codec, `DeadlineLayer`, `PropagateDeadlineLayer`.
+#[cfg(feature = "deadline")]
+pub use backstop_deadline as deadline;
+/// Retries: `RetryPolicy`, backoff, budgets, `ReplayBody`, `PushbackLayer`.
+#[cfg(feature = "retry")]
+pub use backstop_retry as retry;
+
+pub use backstop_core::{BoxError, BreakerOpen, ConfigError, DeadlineExceeded};
+#[cfg(feature = "retry")]
+pub use backstop_retry::ReplayBody;
+#[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
+pub use client::ClientLayer;
+pub use ext::ServiceBuilderExt;
+#[cfg(all(feature = "deadline", feature = "retry"))]
+pub use server::{ServerLayer, server};
+pub use timeout::{AttemptTimeout, AttemptTimeoutFuture, AttemptTimeoutLayer};
+
+/// The names most stacks need, in one import: `use backstop::prelude::*;`.
+pub mod prelude {
+    pub use crate::ServiceBuilderExt;
+    #[cfg(feature = "breaker")]
+    pub use backstop_breaker::{BreakerConfig, BreakerLayer, Mode, State};
+    pub use backstop_core::{BoxError, GrpcClassifier, HttpClassifier};
+    #[cfg(feature = "deadline")]
+    pub use backstop_deadline::{Deadline, DeadlineLayer, PropagateDeadlineLayer, current};
+    #[cfg(feature = "retry")]
+    pub use backstop_retry::{PushbackLayer, ReplayBody, RetryLayer, RetryPolicy};
+}
