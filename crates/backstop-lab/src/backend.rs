@@ -1,0 +1,140 @@
+//! The dependency (a backend with injected faults) and the middle hop of a chain.
+
+use crate::{
+    metrics::Recorder,
+    scenario::Schedule,
+    stacks::{Body, Svc, empty, status},
+};
+use backstop::{BoxError, BreakerOpen, DeadlineExceeded, deadline::Deadline};
+use http::{Request, Response};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
+use tokio::{sync::oneshot, time::Instant};
+use tower::{Service, ServiceExt};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The dependency: answers after its service time (plus the phase's added latency), with a
+/// 503 for the phase's share of requests.
+///
+/// Its work runs in a task of its own, as a query or a computation would: a caller that
+/// gives up does not stop it. Only a deadline the request carries (set by backstop's
+/// `DeadlineLayer` on this server from the caller's `grpc-timeout`) bounds it. Work done after
+/// the caller gave up is recorded as orphaned.
+#[derive(Clone, Debug)]
+pub struct Backend {
+    state: Arc<BackendState>,
+}
+
+#[derive(Debug)]
+struct BackendState {
+    schedule: Schedule,
+    service_time: Duration,
+    rng: Mutex<fastrand::Rng>,
+    recorder: Arc<Recorder>,
+}
+
+impl Backend {
+    /// A backend following `schedule`, seeded with `seed`, recording into `recorder`.
+    pub fn new(schedule: Schedule, seed: u64, recorder: Arc<Recorder>) -> Self {
+        Self {
+            state: Arc::new(BackendState {
+                schedule,
+                service_time: Duration::from_millis(10),
+                rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+                recorder,
+            }),
+        }
+    }
+}
+
+impl Service<Request<Body>> for Backend {
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let state = self.state.clone();
+        let now = Instant::now();
+        state.recorder.attempt(now);
+        let fault = state.schedule.fault_at(now);
+        let fail = state.rng.lock().expect("rng").f64() < fault.error_rate;
+        let work = state.service_time + fault.added_latency;
+        let mut end = now + work;
+        if let Some(deadline) = req.extensions().get::<Deadline>() {
+            end = end.min(deadline.instant());
+        }
+        let (tx, rx) = oneshot::channel();
+        let recorder = state.recorder.clone();
+        recorder.work_started();
+        tokio::spawn(async move {
+            let mut tx = tx;
+            tokio::select! {
+                () = tokio::time::sleep_until(end) => {}
+                () = tx.closed() => {
+                    let gave_up = Instant::now();
+                    tokio::time::sleep_until(end).await;
+                    recorder.orphaned(end.saturating_duration_since(gave_up));
+                }
+            }
+            recorder.work_ended();
+            let _ = tx.send(status(if fail { 503 } else { 200 }));
+        });
+        Box::pin(async move { Ok(rx.await.unwrap_or_else(|_| status(503))) })
+    }
+}
+
+/// The middle hop of a chain: forwards each request to the next hop through its client stack
+/// and answers with the status it got (503 for a local rejection or a transport error, 504
+/// for a spent deadline).
+#[derive(Clone, Debug)]
+pub struct Relay {
+    next: Svc,
+}
+
+impl Relay {
+    /// A relay calling `next` (a client stack).
+    pub fn new(next: Svc) -> Self {
+        Self { next }
+    }
+}
+
+impl Service<Request<Body>> for Relay {
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let next = self.next.clone();
+        let mut forward = Request::new(empty());
+        *forward.uri_mut() = req.uri().clone();
+        // Boxed with its type spelled out: rustc cannot prove the `Send` of this future
+        // through the trait objects in `Svc` otherwise.
+        let call: BoxFuture<Result<Response<Body>, BoxError>> = Box::pin(next.oneshot(forward));
+        Box::pin(async move {
+            Ok(match call.await {
+                Ok(response) => status(response.status().as_u16()),
+                Err(err) if backstop_core::find::<DeadlineExceeded>(err.as_ref()).is_some() => {
+                    status(504)
+                }
+                Err(err) if backstop_core::find::<BreakerOpen>(err.as_ref()).is_some() => {
+                    status(503)
+                }
+                Err(_) => status(503),
+            })
+        })
+    }
+}

@@ -1,0 +1,216 @@
+//! The two engines: `sim` (tokio's paused clock, in-process, deterministic for a seed) and
+//! `real` (hyper HTTP/2 servers on 127.0.0.1, the real clock). Both drive the same stacks with
+//! the same open-loop load.
+
+use crate::{
+    backend::{Backend, Relay},
+    chart::Series,
+    metrics::Recorder,
+    report::VariantReport,
+    scenario::{Scenario, Schedule},
+    stacks::{Body, ClientConfig, Svc, Variant, boxed, client, empty, server},
+};
+use backstop::BoxError;
+use http::{Request, Uri};
+use hyper_util::{
+    client::legacy::Client,
+    rt::{TokioExecutor, TokioIo},
+};
+use serde::Serialize;
+use std::{
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, atomic::AtomicU64},
+    time::Duration,
+};
+use tokio::{net::TcpListener, time::Instant};
+use tower::{ServiceBuilder, ServiceExt, util::BoxCloneService};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Where the load runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// hyper servers on 127.0.0.1 (random ports), real time.
+    Real,
+    /// In-process, tokio's paused clock, seeded: the same report for the same seed.
+    Sim,
+}
+
+impl Engine {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Real => "real",
+            Engine::Sim => "sim",
+        }
+    }
+}
+
+/// One run of one variant.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The engine.
+    pub engine: Engine,
+    /// The seed.
+    pub seed: u64,
+    /// Offered user requests per second.
+    pub rps: u32,
+    /// Length of the run.
+    pub duration: Duration,
+    /// How long a user waits for an answer (backstop: the deadline it propagates).
+    pub patience: Duration,
+}
+
+/// Called once per user request sent (for a progress bar).
+pub type Progress = Arc<dyn Fn() + Send + Sync>;
+
+impl Run {
+    /// Runs `variant`; returns its report and its per-second series.
+    pub fn variant(&self, variant: Variant, progress: Progress) -> (VariantReport, Series) {
+        let runtime = match self.engine {
+            Engine::Sim => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build(),
+            Engine::Real => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build(),
+        }
+        .expect("a tokio runtime");
+        runtime.block_on(self.run(variant, progress))
+    }
+
+    async fn run(&self, variant: Variant, progress: Progress) -> (VariantReport, Series) {
+        let recorder = Arc::new(Recorder::new(Instant::now()));
+        let phases = self.scenario.phases(self.duration);
+        let schedule = Schedule {
+            start: recorder.start(),
+            phases: phases.clone(),
+        };
+        let opens = Arc::new(AtomicU64::new(0));
+        let config = ClientConfig {
+            seed: self.seed,
+            deadline: self.patience,
+            opens: opens.clone(),
+        };
+        let backend = Backend::new(schedule, self.seed, recorder.clone());
+        let backend = server(variant, BoxCloneService::new(backend));
+        let mut target = self.connect(backend).await;
+        if self.scenario == Scenario::Chain {
+            // A → B → C: B relays through its own client stack, behind its own server stack.
+            let relay = Relay::new(client(variant, target, &config));
+            target = self
+                .connect(server(variant, BoxCloneService::new(relay)))
+                .await;
+        }
+        let edge = client(variant, target, &config);
+
+        let total = u64::from(self.rps) * self.duration.as_secs();
+        let interval = Duration::from_secs(1) / self.rps;
+        let start = recorder.start();
+        let mut users = Vec::with_capacity(total as usize);
+        for i in 0..total {
+            tokio::time::sleep_until(start + interval * i as u32).await;
+            let (edge, recorder, patience) = (edge.clone(), recorder.clone(), self.patience);
+            users.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                let request = Request::get("http://dependency/work")
+                    .body(empty())
+                    .expect("a valid request");
+                // Boxed with its type spelled out: rustc cannot prove the `Send` of this
+                // future through the trait objects in `Svc` otherwise.
+                let call: BoxFuture<Result<http::Response<Body>, BoxError>> =
+                    Box::pin(edge.oneshot(request));
+                let result = tokio::time::timeout(patience, call).await;
+                let success = matches!(&result, Ok(Ok(r)) if r.status().is_success());
+                recorder.user(sent, sent.elapsed(), success);
+            }));
+            progress();
+        }
+        for user in users {
+            let _ = user.await;
+        }
+        // Let the dependency finish what it was still doing, so orphaned work is counted
+        // whole (bounded: no work lasts longer than the scenario's latency).
+        let until = Instant::now() + Duration::from_secs(10);
+        while recorder.work_in_flight() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let opens = (variant == Variant::Backstop)
+            .then(|| opens.load(std::sync::atomic::Ordering::Relaxed));
+        let report = recorder.report(variant.name(), &phases, opens);
+        let (attempts, p99_ms) = recorder.series(self.duration.as_secs() as usize);
+        let series = Series {
+            name: variant.name().to_owned(),
+            attempts,
+            p99_ms,
+        };
+        (report, series)
+    }
+
+    /// Makes `service` reachable: itself in the sim; over HTTP/2 on 127.0.0.1 in the real
+    /// engine (a hyper server on a random port, a hyper-util client).
+    async fn connect(&self, service: Svc) -> Svc {
+        match self.engine {
+            Engine::Sim => service,
+            Engine::Real => {
+                let addr = serve(service).await;
+                loopback_client(addr)
+            }
+        }
+    }
+}
+
+/// Serves `service` over HTTP/2 (prior knowledge) on a random loopback port; the server runs
+/// until the runtime stops.
+async fn serve(service: Svc) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let service = service.clone();
+            let handler = hyper::service::service_fn(move |r: Request<hyper::body::Incoming>| {
+                // Boxed with its type spelled out, as in `run`.
+                let call: BoxFuture<Result<http::Response<Body>, BoxError>> =
+                    Box::pin(service.clone().oneshot(r.map(boxed)));
+                call
+            });
+            let connection: BoxFuture<Result<(), hyper::Error>> = Box::pin(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .max_concurrent_streams(None)
+                    .serve_connection(TokioIo::new(stream), handler),
+            );
+            tokio::spawn(connection);
+        }
+    });
+    addr
+}
+
+/// An HTTP/2 client for `addr`: every request goes there, whatever its URI says.
+fn loopback_client(addr: SocketAddr) -> Svc {
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Body>();
+    let base: Uri = format!("http://{addr}/work").parse().expect("a valid URI");
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_request(move |mut r: Request<Body>| {
+                *r.uri_mut() = base.clone();
+                r
+            })
+            .map_response(|r: http::Response<hyper::body::Incoming>| r.map(boxed))
+            .map_err(|e: hyper_util::client::legacy::Error| -> BoxError { Box::new(e) })
+            .service(client),
+    )
+}

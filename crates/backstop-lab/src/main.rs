@@ -1,0 +1,93 @@
+//! The storm lab: `cargo run --release -p backstop-lab -- [--scenario brownout|outage|chain|slow]
+//! [--engine real|sim] [--quick] ...` (see `--help`).
+
+use backstop_lab::{Engine, Run, Scenario, Variant, chart, run_all};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+/// Runs naive retries, tower's retries and backstop side by side against the same faulty
+/// dependency, prints a table, and writes <out>/<scenario>.svg and <out>/<scenario>.json.
+#[derive(Debug, Parser)]
+#[command(name = "backstop-lab")]
+struct Args {
+    /// What goes wrong.
+    #[arg(long, value_enum, default_value_t = Scenario::Brownout)]
+    scenario: Scenario,
+    /// Real servers on 127.0.0.1, or the deterministic simulation.
+    #[arg(long, value_enum, default_value_t = Engine::Real)]
+    engine: Engine,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Offered user requests per second (default: 200 real, 1000 sim; quick: 50, 200).
+    #[arg(long)]
+    rps: Option<u32>,
+    /// Seconds per variant (default: 12 real, 60 sim; quick: 4, 12).
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Where the reports go.
+    #[arg(long, default_value = "lab-report")]
+    out: PathBuf,
+    /// A short run of the same shape (CI).
+    #[arg(long)]
+    quick: bool,
+    /// The variants to run, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "none,naive,tower,backstop"
+    )]
+    variants: Vec<Variant>,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let (rps, seconds) = match (args.engine, args.quick) {
+        (Engine::Real, false) => (200, 12),
+        (Engine::Real, true) => (50, 4),
+        (Engine::Sim, false) => (1000, 60),
+        (Engine::Sim, true) => (200, 12),
+    };
+    let rps = args.rps.unwrap_or(rps);
+    let seconds = args.duration.unwrap_or(seconds);
+    if rps == 0 || seconds < 4 {
+        return Err("--rps must be at least 1 and --duration at least 4 (seconds)".into());
+    }
+    let run = Run {
+        scenario: args.scenario,
+        engine: args.engine,
+        seed: args.seed,
+        rps,
+        duration: Duration::from_secs(seconds),
+        patience: Duration::from_secs(1),
+    };
+
+    let total = u64::from(rps) * seconds * args.variants.len() as u64;
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} user requests")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("{} ({})", run.scenario.name(), run.engine.name()));
+    let tick = bar.clone();
+    let (report, series) = run_all(&run, &args.variants, Arc::new(move || tick.inc(1)));
+    bar.finish_and_clear();
+
+    print!("{}", report.table());
+    std::fs::create_dir_all(&args.out)?;
+    let json = args.out.join(format!("{}.json", report.scenario));
+    std::fs::write(&json, report.to_json())?;
+    let svg = args.out.join(format!("{}.svg", report.scenario));
+    let title = format!("{} ({}, {} req/s)", report.scenario, report.engine, rps);
+    chart::draw(
+        &svg,
+        &title,
+        &run.scenario.phases(run.duration),
+        f64::from(rps),
+        &series,
+    )?;
+    println!("wrote {} and {}", svg.display(), json.display());
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! What a run records, and the report computed from it.
+
+use crate::{
+    report::{PhaseReport, VariantReport},
+    scenario::Phase,
+};
+use std::{sync::Mutex, time::Duration};
+use tokio::time::Instant;
+
+/// Everything one variant's run records.
+#[derive(Debug)]
+pub struct Recorder {
+    start: Instant,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Arrival of each attempt at the dependency, in microseconds since the start.
+    attempts_us: Vec<u64>,
+    /// Each user request: arrival (µs), latency (µs), success.
+    users: Vec<(u64, u64, bool)>,
+    orphaned: Duration,
+    work_in_flight: u64,
+}
+
+impl Recorder {
+    /// A recorder for a run starting at `start`.
+    pub fn new(start: Instant) -> Self {
+        Self {
+            start,
+            inner: Mutex::default(),
+        }
+    }
+
+    /// When the run started.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
+    fn since(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.start).as_micros() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("recorder")
+    }
+
+    /// An attempt reached the dependency.
+    pub fn attempt(&self, at: Instant) {
+        let t = self.since(at);
+        self.lock().attempts_us.push(t);
+    }
+
+    /// A user request that arrived at `at` ended after `latency`.
+    pub fn user(&self, at: Instant, latency: Duration, success: bool) {
+        let t = self.since(at);
+        self.lock()
+            .users
+            .push((t, latency.as_micros() as u64, success));
+    }
+
+    /// The dependency started a piece of work.
+    pub fn work_started(&self) {
+        self.lock().work_in_flight += 1;
+    }
+
+    /// The dependency finished a piece of work.
+    pub fn work_ended(&self) {
+        self.lock().work_in_flight -= 1;
+    }
+
+    /// Work done after its caller gave up.
+    pub fn orphaned(&self, work: Duration) {
+        self.lock().orphaned += work;
+    }
+
+    /// Work the dependency is still doing.
+    pub fn work_in_flight(&self) -> u64 {
+        self.lock().work_in_flight
+    }
+
+    /// Per-second series for charts: downstream attempts, and the p99 latency (ms) of the
+    /// user requests that arrived in that second.
+    pub fn series(&self, seconds: usize) -> (Vec<f64>, Vec<f64>) {
+        let inner = self.lock();
+        let mut attempts = vec![0f64; seconds];
+        for &t in &inner.attempts_us {
+            if let Some(slot) = attempts.get_mut((t / 1_000_000) as usize) {
+                *slot += 1.0;
+            }
+        }
+        let mut per_second: Vec<Vec<u64>> = vec![Vec::new(); seconds];
+        for &(t, latency, _) in &inner.users {
+            if let Some(slot) = per_second.get_mut((t / 1_000_000) as usize) {
+                slot.push(latency);
+            }
+        }
+        let p99 = per_second
+            .into_iter()
+            .map(|mut l| quantile(&mut l, 0.99) as f64 / 1000.0)
+            .collect();
+        (attempts, p99)
+    }
+
+    /// The report of this run.
+    pub fn report(
+        &self,
+        name: &str,
+        phases: &[Phase],
+        breaker_opens: Option<u64>,
+    ) -> VariantReport {
+        let inner = self.lock();
+        let us = |d: Duration| d.as_micros() as u64;
+        let offered = inner.users.len() as u64;
+        let attempts = inner.attempts_us.len() as u64;
+        let successes = inner.users.iter().filter(|u| u.2).count() as u64;
+        let mut latencies: Vec<u64> = inner.users.iter().map(|u| u.1).collect();
+        let ms = |v: u64| round3(v as f64 / 1000.0);
+
+        let phase_reports = phases
+            .iter()
+            .map(|p| {
+                let within = |t: u64| t >= us(p.start) && t < us(p.end);
+                let users: Vec<_> = inner.users.iter().filter(|u| within(u.0)).collect();
+                let offered = users.len() as u64;
+                let attempts = inner.attempts_us.iter().filter(|&&t| within(t)).count() as u64;
+                PhaseReport {
+                    name: p.name.to_owned(),
+                    offered,
+                    downstream_attempts: attempts,
+                    amplification: ratio(attempts, offered),
+                    success_rate: ratio(users.iter().filter(|u| u.2).count() as u64, offered),
+                }
+            })
+            .collect();
+
+        // Recovery: from the end of the fault, the first second whose user requests succeed
+        // at 99 % or more; and the busiest second the dependency sees from then on.
+        let recovery_start = us(phases.last().expect("phases").start);
+        let end = us(phases.last().expect("phases").end);
+        let mut recovery_s = None;
+        let mut peak = 0u64;
+        let mut second = recovery_start;
+        while second + 1_000_000 <= end {
+            let within = |t: u64| t >= second && t < second + 1_000_000;
+            let users: Vec<_> = inner.users.iter().filter(|u| within(u.0)).collect();
+            let ok = users.iter().filter(|u| u.2).count();
+            if recovery_s.is_none() && !users.is_empty() && ok * 100 >= users.len() * 99 {
+                recovery_s = Some(round3((second - recovery_start) as f64 / 1e6));
+            }
+            peak = peak.max(inner.attempts_us.iter().filter(|&&t| within(t)).count() as u64);
+            second += 1_000_000;
+        }
+
+        VariantReport {
+            name: name.to_owned(),
+            offered,
+            downstream_attempts: attempts,
+            amplification: ratio(attempts, offered),
+            success_rate: ratio(successes, offered),
+            p50_ms: ms(quantile(&mut latencies, 0.5)),
+            p99_ms: ms(quantile(&mut latencies, 0.99)),
+            max_ms: ms(latencies.iter().copied().max().unwrap_or(0)),
+            peak_downstream_rps: peak as f64,
+            recovery_s,
+            orphaned_work_s: Some(round3(inner.orphaned.as_secs_f64())),
+            breaker_opens,
+            phases: phase_reports,
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        round3(a as f64 / b as f64)
+    }
+}
+
+/// Rounds to 3 decimals, so reports read well and compare byte for byte.
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// The `q` quantile (nearest rank) of `values`, 0 when empty.
+fn quantile(values: &mut [u64], q: f64) -> u64 {
+    if values.is_empty() {
+        return 0;
+    }
+    values.sort_unstable();
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}

@@ -1,0 +1,124 @@
+//! The report: JSON (a stable schema) and the table printed at the end of a run.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// A whole run: one scenario, every variant. Serialized as the `<scenario>.json` report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// `brownout`, `outage`, `chain` or `slow`.
+    pub scenario: String,
+    /// `real` or `sim`.
+    pub engine: String,
+    /// The seed of every random choice.
+    pub seed: u64,
+    /// Offered user requests per second.
+    pub rps: u32,
+    /// Length of the run, in seconds.
+    pub duration_s: f64,
+    /// One entry per variant, in the order run.
+    pub variants: Vec<VariantReport>,
+}
+
+/// One variant's results. Fields a scenario cannot measure are `null`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VariantReport {
+    /// `none`, `naive`, `tower` or `backstop`.
+    pub name: String,
+    /// User requests sent.
+    pub offered: u64,
+    /// Attempts that reached the dependency (in `chain`: C).
+    pub downstream_attempts: u64,
+    /// `downstream_attempts / offered`.
+    pub amplification: f64,
+    /// Share of user requests answered with a 2xx before the user gave up.
+    pub success_rate: f64,
+    /// Median user latency (ms).
+    pub p50_ms: f64,
+    /// 99th percentile user latency (ms).
+    pub p99_ms: f64,
+    /// Slowest user request (ms).
+    pub max_ms: f64,
+    /// The busiest second the dependency saw after the fault ended (attempts per second).
+    pub peak_downstream_rps: f64,
+    /// Seconds from the end of the fault to the first second in which 99 % of user requests
+    /// succeeded; `null` if that never happened.
+    pub recovery_s: Option<f64>,
+    /// Request-seconds of work the dependency did after its caller had given up.
+    pub orphaned_work_s: Option<f64>,
+    /// Times a breaker opened (`null` for variants without one).
+    pub breaker_opens: Option<u64>,
+    /// The same numbers per phase.
+    pub phases: Vec<PhaseReport>,
+}
+
+/// One phase of one variant.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseReport {
+    /// `healthy`, the fault's name, or `recovered`.
+    pub name: String,
+    /// User requests sent during the phase.
+    pub offered: u64,
+    /// Attempts that reached the dependency during the phase.
+    pub downstream_attempts: u64,
+    /// `downstream_attempts / offered`.
+    pub amplification: f64,
+    /// Share of the phase's user requests that succeeded.
+    pub success_rate: f64,
+}
+
+impl Report {
+    /// The report as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report always serializes")
+    }
+
+    /// The table printed at the end of a run.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let fault = self.variants.first().and_then(|v| v.phases.get(1));
+        let fault_name = fault.map_or("fault", |p| p.name.as_str());
+        let _ = writeln!(
+            out,
+            "scenario {} · engine {} · {} req/s for {} s · seed {}",
+            self.scenario, self.engine, self.rps, self.duration_s, self.seed
+        );
+        let _ = writeln!(
+            out,
+            "{:<9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
+            "variant",
+            "offered",
+            "attempts",
+            "ampl.",
+            "success",
+            &format!("{fault_name} ampl."),
+            "p50 ms",
+            "p99 ms",
+            "peak/s",
+            "recov s",
+            "orphan s",
+            "opens"
+        );
+        for v in &self.variants {
+            let opt = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.1}"));
+            let fault_ampl = v.phases.get(1).map_or(0.0, |p| p.amplification);
+            let _ = writeln!(
+                out,
+                "{:<9} {:>8} {:>9} {:>7.3} {:>7.1}% {:>9.3} {:>8.1} {:>8.1} {:>8.0} {:>8} {:>9} {:>6}",
+                v.name,
+                v.offered,
+                v.downstream_attempts,
+                v.amplification,
+                v.success_rate * 100.0,
+                fault_ampl,
+                v.p50_ms,
+                v.p99_ms,
+                v.peak_downstream_rps,
+                opt(v.recovery_s),
+                opt(v.orphaned_work_s),
+                v.breaker_opens.map_or("-".to_owned(), |n| n.to_string()),
+            );
+        }
+        out
+    }
+}

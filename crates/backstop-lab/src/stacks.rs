@@ -1,0 +1,248 @@
+//! The variants: the client and server stacks each one puts around the same dependency.
+
+use backstop::{
+    BoxError, ReplayBody, breaker::State, deadline::PropagateDeadlineLayer, retry::RetryPolicy,
+};
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty, combinators::BoxBody};
+use serde::Serialize;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+use tokio::time::{Sleep, sleep};
+use tower::{
+    ServiceBuilder, ServiceExt,
+    retry::{
+        Policy,
+        budget::{Budget, TpsBudget},
+    },
+    util::BoxCloneService,
+};
+
+/// Every body in the lab.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// Every service in the lab: a client stack, a transport, a server stack, a handler.
+pub type Svc = BoxCloneService<Request<Body>, Response<Body>, BoxError>;
+
+/// An empty body.
+pub fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed()
+}
+
+/// Any body, boxed.
+pub fn boxed<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed()
+}
+
+/// A bodiless response with `status`.
+pub fn status(code: u16) -> Response<Body> {
+    let mut response = Response::new(empty());
+    *response.status_mut() = http::StatusCode::from_u16(code).expect("a valid status");
+    response
+}
+
+/// How callers protect themselves (or do not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// No retries, no timeout.
+    None,
+    /// 5 attempts, a fixed 100 ms apart, no deadline, no budget: a hand-written loop.
+    Naive,
+    /// tower's `retry` (3 attempts, exponential backoff from 50 ms, a shared `TpsBudget` of
+    /// 10 % over 10 s) and `timeout` (500 ms per attempt): what a careful user writes today.
+    Tower,
+    /// backstop's client preset (1 s deadline, 500 ms per attempt, ratio budget, breaker) and
+    /// server preset (deadline, pushback).
+    Backstop,
+}
+
+impl Variant {
+    /// Every variant, in report order.
+    pub const ALL: [Variant; 4] = [
+        Variant::None,
+        Variant::Naive,
+        Variant::Tower,
+        Variant::Backstop,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::None => "none",
+            Variant::Naive => "naive",
+            Variant::Tower => "tower",
+            Variant::Backstop => "backstop",
+        }
+    }
+}
+
+/// What a client stack is tuned with.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Seed for backoff and breaker jitter.
+    pub seed: u64,
+    /// The user's deadline for a whole request (backstop: the propagated deadline).
+    pub deadline: Duration,
+    /// Counts transitions to open of every backstop breaker in the run.
+    pub opens: Arc<AtomicU64>,
+}
+
+fn is_failure(result: &Result<Response<Body>, BoxError>) -> bool {
+    match result {
+        Ok(response) => response.status().is_server_error(),
+        Err(_) => true,
+    }
+}
+
+fn clone_get(req: &Request<Body>) -> Request<Body> {
+    let mut clone = Request::new(empty());
+    *clone.method_mut() = req.method().clone();
+    *clone.uri_mut() = req.uri().clone();
+    *clone.headers_mut() = req.headers().clone();
+    clone
+}
+
+/// The naive loop: 5 attempts, 100 ms apart, whatever happens.
+#[derive(Debug, Clone)]
+struct NaivePolicy {
+    retries_left: u32,
+}
+
+impl Policy<Request<Body>, Response<Body>, BoxError> for NaivePolicy {
+    type Future = Sleep;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<Body>,
+        result: &mut Result<Response<Body>, BoxError>,
+    ) -> Option<Sleep> {
+        if !is_failure(result) || self.retries_left == 0 {
+            return None;
+        }
+        self.retries_left -= 1;
+        Some(sleep(Duration::from_millis(100)))
+    }
+
+    fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
+        Some(clone_get(req))
+    }
+}
+
+/// tower's retry as a careful user writes it: a shared budget, exponential backoff, 3
+/// attempts.
+#[derive(Debug, Clone)]
+struct TowerPolicy {
+    budget: Arc<TpsBudget>,
+    retries_left: u32,
+    backoff: Duration,
+}
+
+impl Policy<Request<Body>, Response<Body>, BoxError> for TowerPolicy {
+    type Future = Sleep;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<Body>,
+        result: &mut Result<Response<Body>, BoxError>,
+    ) -> Option<Sleep> {
+        if !is_failure(result) {
+            self.budget.deposit();
+            return None;
+        }
+        if self.retries_left == 0 || !self.budget.withdraw() {
+            return None;
+        }
+        self.retries_left -= 1;
+        let wait = self.backoff;
+        self.backoff *= 2;
+        Some(sleep(wait))
+    }
+
+    fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
+        Some(clone_get(req))
+    }
+}
+
+/// The client stack of `variant` around `transport`. One per hop: its budget and breaker are
+/// shared by every request through it.
+pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
+    match variant {
+        Variant::None => transport,
+        Variant::Naive => BoxCloneService::new(
+            ServiceBuilder::new()
+                .retry(NaivePolicy { retries_left: 4 })
+                .service(transport),
+        ),
+        Variant::Tower => BoxCloneService::new(
+            ServiceBuilder::new()
+                .retry(TowerPolicy {
+                    budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.1)),
+                    retries_left: 2,
+                    backoff: Duration::from_millis(50),
+                })
+                .timeout(Duration::from_millis(500))
+                .service(transport),
+        ),
+        Variant::Backstop => {
+            let opens = config.opens.clone();
+            // The preset's breaker, seeded and counted; open 1 s doubling to 5 s, because the
+            // lab's outages last seconds where production's last minutes.
+            let breaker = backstop::client::http_breaker()
+                .open_duration(Duration::from_secs(1), Duration::from_secs(5))
+                .seed(config.seed)
+                .on_state_change(move |t| {
+                    if t.to == State::Open {
+                        opens.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .build()
+                .expect("valid breaker");
+            let retry = RetryPolicy::http()
+                .seed(config.seed)
+                .build()
+                .expect("valid retry policy");
+            let deadline = PropagateDeadlineLayer::builder()
+                .timeout(config.deadline)
+                .build()
+                .expect("valid deadline");
+            let preset = backstop::client::http()
+                .deadline(deadline)
+                .retry(retry)
+                .breaker(breaker)
+                .attempt_timeout(config.deadline / 2);
+            BoxCloneService::new(
+                ServiceBuilder::new()
+                    .map_response(|r: Response<_>| r.map(boxed))
+                    .layer(preset)
+                    .map_request(|r: Request<ReplayBody<Body>>| r.map(boxed))
+                    .service(transport),
+            )
+        }
+    }
+}
+
+/// The server stack of `variant` around `handler`: backstop's server preset for backstop,
+/// nothing for the others.
+pub fn server(variant: Variant, handler: Svc) -> Svc {
+    match variant {
+        Variant::Backstop => BoxCloneService::new(
+            ServiceBuilder::new()
+                .map_response(|r: Response<_>| r.map(boxed))
+                .layer(backstop::server())
+                .service(handler)
+                .map_err(|never: BoxError| never),
+        ),
+        _ => handler,
+    }
+}

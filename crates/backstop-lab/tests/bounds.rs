@@ -1,0 +1,112 @@
+//! The bounds of DESIGN.md §8, asserted on the sim engine (1000 requests/s for 60 s of
+//! virtual time, seeded), with naive retries shown to break them, so each check can fail.
+
+use backstop_lab::{Report, Scenario, VariantReport, simulate};
+
+fn run(scenario: Scenario) -> Report {
+    let report = simulate(scenario, 1, 1000, 60);
+    println!("{}", report.table());
+    report
+}
+
+fn variant<'a>(report: &'a Report, name: &str) -> &'a VariantReport {
+    report
+        .variants
+        .iter()
+        .find(|v| v.name == name)
+        .expect("every variant runs")
+}
+
+/// The fault phase (the middle one).
+fn fault(v: &VariantReport) -> &backstop_lab::PhaseReport {
+    &v.phases[1]
+}
+
+#[test]
+fn brownout_costs_at_most_twelve_percent_more_load() {
+    let report = run(Scenario::Brownout);
+    let (backstop, tower, naive) = (
+        variant(&report, "backstop"),
+        variant(&report, "tower"),
+        variant(&report, "naive"),
+    );
+    assert!(
+        fault(backstop).amplification <= 1.12,
+        "{}",
+        fault(backstop).amplification
+    );
+    assert!(
+        fault(naive).amplification > 1.12,
+        "naive must break the bound"
+    );
+    // Success per attempt spent: backstop turns its load into successes at least as well as
+    // tower. (tower's `TpsBudget::new(_, _, 0.1)` grants 1 retry per 9 deposits, not 10:
+    // `(1.0 / 0.1) as isize` is 9. So it buys its extra 0.2 points of success with 11 %
+    // retries where backstop keeps to the 10 % it was given.)
+    let per_attempt = |v: &VariantReport| fault(v).success_rate / fault(v).amplification;
+    assert!(per_attempt(backstop) >= per_attempt(tower));
+    assert!(fault(backstop).success_rate >= fault(tower).success_rate - 0.01);
+    assert_eq!(backstop.breaker_opens, Some(0), "half failing is not down");
+}
+
+#[test]
+fn an_outage_costs_probes_and_recovery_does_not_stampede() {
+    let report = run(Scenario::Outage);
+    let (backstop, naive) = (variant(&report, "backstop"), variant(&report, "naive"));
+    let down = fault(backstop);
+    assert!(
+        down.downstream_attempts as f64 <= 0.1 * down.offered as f64,
+        "{} attempts for {} offered while down",
+        down.downstream_attempts,
+        down.offered
+    );
+    assert!(fault(naive).downstream_attempts as f64 > 0.1 * fault(naive).offered as f64);
+    let offered_rps = f64::from(report.rps);
+    assert!(backstop.peak_downstream_rps <= 1.2 * offered_rps);
+    assert!(
+        naive.peak_downstream_rps > 1.2 * offered_rps,
+        "naive's retry backlog"
+    );
+    assert!(
+        backstop.recovery_s.is_some(),
+        "traffic is back before the run ends"
+    );
+    assert!(backstop.breaker_opens.unwrap() >= 1);
+}
+
+#[test]
+fn a_chain_costs_c_at_most_one_and_a_half_attempts_per_request() {
+    let report = run(Scenario::Chain);
+    let (backstop, naive) = (variant(&report, "backstop"), variant(&report, "naive"));
+    assert!(
+        fault(backstop).amplification <= 1.5,
+        "{}",
+        fault(backstop).amplification
+    );
+    assert!(fault(naive).amplification > 1.5);
+    assert!(backstop.amplification <= 1.5);
+}
+
+#[test]
+fn slow_leaves_little_orphaned_work() {
+    let report = run(Scenario::Slow);
+    let (backstop, naive) = (variant(&report, "backstop"), variant(&report, "naive"));
+    let (ours, theirs) = (
+        backstop.orphaned_work_s.unwrap(),
+        naive.orphaned_work_s.unwrap(),
+    );
+    assert!(theirs > 0.0);
+    assert!(
+        ours <= 0.2 * theirs,
+        "{ours} s orphaned against naive's {theirs} s"
+    );
+}
+
+#[test]
+fn the_sim_is_deterministic_to_the_byte() {
+    let a = simulate(Scenario::Chain, 7, 300, 12).to_json();
+    let b = simulate(Scenario::Chain, 7, 300, 12).to_json();
+    assert_eq!(a, b);
+    let c = simulate(Scenario::Chain, 8, 300, 12).to_json();
+    assert_ne!(a, c, "the seed matters");
+}
