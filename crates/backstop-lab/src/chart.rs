@@ -98,16 +98,61 @@ pub fn draw(
                 values.iter().enumerate().map(|(t, v)| (t as f64 + 0.5, *v)),
                 color.stroke_width(2),
             ))?;
-            // The name where the line ends, so no legend is needed.
-            if let Some((t, v)) = values.iter().enumerate().next_back() {
-                chart.draw_series(std::iter::once(Text::new(
-                    s.name.clone(),
-                    (t as f64 + 0.8, *v),
-                    ("sans-serif", 14).into_font().color(&color),
-                )))?;
-            }
+        }
+        // Each name where its line ends, so no legend is needed; names of lines that end
+        // close together are spread apart.
+        let ends: Vec<f64> = series
+            .iter()
+            .map(|s| pick(s).last().copied().unwrap_or(0.0))
+            .collect();
+        for (n, y) in spread(&ends, max * 0.07, max).into_iter().enumerate() {
+            let color = COLORS[n % COLORS.len()];
+            chart.draw_series(std::iter::once(Text::new(
+                series[n].name.clone(),
+                (seconds + 0.4, y),
+                ("sans-serif", 14).into_font().color(&color),
+            )))?;
         }
     }
     root.present()?;
     Ok(())
+}
+
+/// Label heights for lines ending at `ends`: each as close to its line's end as it can be,
+/// at least `gap` apart, within `0..=max`.
+fn spread(ends: &[f64], gap: f64, max: f64) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..ends.len()).collect();
+    order.sort_by(|&a, &b| ends[a].total_cmp(&ends[b]).then(a.cmp(&b)));
+    let mut placed = vec![0.0; ends.len()];
+    let mut floor = f64::MIN;
+    for &i in &order {
+        let y = ends[i].max(floor + gap).max(gap / 2.0);
+        placed[i] = y;
+        floor = y;
+    }
+    // Pushed past the top: shift the whole stack down.
+    let overflow = floor - (max - gap / 2.0);
+    if overflow > 0.0 {
+        for y in &mut placed {
+            *y -= overflow;
+        }
+    }
+    placed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn labels_keep_apart() {
+        let ys = spread(&[1000.0, 1000.0, 1000.0, 0.0], 70.0, 1150.0);
+        let mut sorted = ys.clone();
+        sorted.sort_by(f64::total_cmp);
+        for pair in sorted.windows(2) {
+            assert!(pair[1] - pair[0] >= 70.0 - 1e-9, "{ys:?}");
+        }
+        assert!(ys.iter().all(|&y| (0.0..=1150.0).contains(&y)), "{ys:?}");
+        assert_eq!(spread(&[10.0, 500.0], 70.0, 1000.0), vec![35.0, 500.0]);
+    }
 }
