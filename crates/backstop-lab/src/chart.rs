@@ -16,6 +16,11 @@ pub struct Series {
     pub p99_ms: Vec<f64>,
 }
 
+/// One panel of the chart.
+type Panel<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+/// Which series a panel draws.
+type Pick = fn(&Series) -> &[f64];
+
 const COLORS: [RGBColor; 4] = [
     RGBColor(120, 120, 120),
     RGBColor(214, 39, 40),
@@ -42,7 +47,7 @@ pub fn draw(
     let fault = &phases[1];
     let (fault_start, fault_end) = (fault.start.as_secs_f64(), fault.end.as_secs_f64());
 
-    let panels: [(&DrawingArea<SVGBackend<'_>, _>, &str, fn(&Series) -> &[f64]); 2] = [
+    let panels: [(&Panel<'_>, &str, Pick); 2] = [
         (&top, "attempts reaching the dependency per second", |s| {
             &s.attempts
         }),

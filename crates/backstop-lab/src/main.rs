@@ -66,8 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let total = u64::from(rps) * seconds * args.variants.len() as u64;
     let bar = ProgressBar::new(total).with_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} user requests")
-            .expect("a valid template")
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} user requests")?
             .progress_chars("=> "),
     );
     bar.set_message(format!("{} ({})", run.scenario.name(), run.engine.name()));
