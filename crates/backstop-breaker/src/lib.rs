@@ -58,7 +58,7 @@
 //! byte per call of a count window) and never grows with traffic.
 //!
 //! **Open**: every call fails at once, without reaching the dependency, with
-//! [`BreakerOpen`](backstop_core::BreakerOpen) whose `retry_after` says when the open time
+//! [`BreakerOpen`] whose `retry_after` says when the open time
 //! ends. A gRPC request (`content-type: application/grpc*`) gets a trailers-only
 //! `UNAVAILABLE` response with `grpc-retry-pushback-ms` instead, because a gRPC client such
 //! as tonic turns an error from its transport into UNKNOWN; the response carries
