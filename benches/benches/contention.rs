@@ -10,7 +10,7 @@
 // Wall-clock time is what this benchmark measures; the one-clock rule is for library code.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
-use backstop_benches::{backstop_breaker, backstop_retry, bare, request};
+use backstop_benches::{backstop_breaker, backstop_preset, backstop_retry, bare, request};
 use std::{hint::black_box, thread, time::Instant};
 use tower::{Service, ServiceExt};
 
@@ -79,4 +79,40 @@ fn main() {
         "breaker shared state: {} bytes",
         layer.snapshot().shared_bytes
     );
+    resident_growth();
+}
+
+/// Resident memory (KiB) of this process, from /proc (Linux).
+fn resident_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4
+}
+
+/// Resident growth across 1 M calls through the full client preset, after a warm-up of
+/// 100 000: what the breaker's window and the budget keep must not grow with traffic.
+fn resident_growth() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut service = backstop_preset();
+    rt.block_on(async {
+        for _ in 0..100_000 {
+            black_box(service.ready().await.unwrap().call(request()).await.unwrap());
+        }
+        let before = resident_kib();
+        for _ in 0..1_000_000 {
+            black_box(service.ready().await.unwrap().call(request()).await.unwrap());
+        }
+        let after = resident_kib();
+        println!(
+            "resident memory over 1 M calls of the client preset: {before} KiB -> {after} KiB ({:+} KiB)",
+            after as i64 - before as i64
+        );
+    });
 }

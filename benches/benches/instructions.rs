@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo bench -p backstop-benches --bench instructions --no-run
-//! for s in bare tower backstop-retry backstop-full backstop-breaker backstop-breaker-count \
+//! for s in bare tower-timeout tower resilience-stack backstop-preset backstop-deadline \
+//!          backstop-retry backstop-full backstop-breaker backstop-breaker-count \
 //!          resilience-breaker resilience-breaker-count; do
 //!   valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/deps/instructions-* $s 100000 2>&1 | grep refs
 //! done
@@ -12,8 +13,9 @@
 //! (Instructions per call) = (refs(stack, N) − refs(stack, 0)) / N.
 
 use backstop_benches::{
-    backstop_breaker, backstop_breaker_count, backstop_full, backstop_retry, bare, request,
-    resilience_breaker, resilience_breaker_count, tower_stack,
+    backstop_breaker, backstop_breaker_count, backstop_deadline, backstop_full, backstop_preset,
+    backstop_retry, bare, request, resilience_breaker, resilience_breaker_count, resilience_stack,
+    tower_stack, tower_timeout,
 };
 use std::hint::black_box;
 use tower::{Service, ServiceExt};
@@ -43,6 +45,10 @@ fn main() {
             "backstop-retry" => drive(backstop_retry(), n).await,
             "backstop-full" => drive(backstop_full(), n).await,
             "backstop-breaker" => drive(backstop_breaker(), n).await,
+            "tower-timeout" => drive(tower_timeout(), n).await,
+            "backstop-deadline" => drive(backstop_deadline(), n).await,
+            "backstop-preset" => drive(backstop_preset(), n).await,
+            "resilience-stack" => drive(resilience_stack(), n).await,
             "resilience-breaker" => drive(resilience_breaker(), n).await,
             "backstop-breaker-count" => drive(backstop_breaker_count(), n).await,
             "resilience-breaker-count" => drive(resilience_breaker_count(), n).await,

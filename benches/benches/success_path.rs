@@ -5,8 +5,9 @@
 //! measured is what each stack adds to a call that needs no retry.
 
 use backstop_benches::{
-    backstop_breaker, backstop_breaker_count, backstop_full, backstop_retry, bare, request,
-    resilience_breaker, resilience_breaker_count, tower_stack,
+    backstop_breaker, backstop_breaker_count, backstop_budget_denied, backstop_deadline,
+    backstop_full, backstop_open_breaker, backstop_preset, backstop_retry, bare, request,
+    resilience_breaker, resilience_breaker_count, resilience_stack, tower_stack, tower_timeout,
 };
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::{fmt::Debug, hint::black_box};
@@ -27,11 +28,72 @@ fn run<S>(
     });
 }
 
+/// Like `run`, for calls that fail (the failure paths).
+fn run_failing<S>(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    service: S,
+) where
+    S: Service<http::Request<String>> + Clone,
+{
+    c.bench_function(name, |b| {
+        b.to_async(rt)
+            .iter(|| async { black_box(service.clone().oneshot(request()).await.is_err()) })
+    });
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
+    let mut group = c.benchmark_group("stacks");
+    run(&mut group, &rt, "bare", bare());
+    run(&mut group, &rt, "tower timeout", tower_timeout());
+    run(
+        &mut group,
+        &rt,
+        "tower retry + TpsBudget + timeout",
+        tower_stack(),
+    );
+    run(
+        &mut group,
+        &rt,
+        "tower-resilience time-limiter + retry + breaker",
+        resilience_stack(),
+    );
+    run(&mut group, &rt, "backstop client preset", backstop_preset());
+    run(
+        &mut group,
+        &rt,
+        "backstop deadline alone",
+        backstop_deadline(),
+    );
+    run(&mut group, &rt, "backstop retry alone", backstop_retry());
+    run(
+        &mut group,
+        &rt,
+        "backstop breaker alone",
+        backstop_breaker(),
+    );
+    group.finish();
+
+    let mut group = c.benchmark_group("failure_path");
+    run_failing(
+        &mut group,
+        &rt,
+        "open breaker refuses",
+        backstop_open_breaker(),
+    );
+    run(
+        &mut group,
+        &rt,
+        "retry denied by the budget",
+        backstop_budget_denied(),
+    );
+    group.finish();
+
     let mut group = c.benchmark_group("success_path");
     run(&mut group, &rt, "bare", bare());
     run(

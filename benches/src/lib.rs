@@ -183,3 +183,133 @@ fn resilience_breaker_with(
     let layer = window(builder).build().unwrap();
     ServiceBuilder::new().layer(layer).service(bare())
 }
+
+/// backstop's HTTP client preset (`PropagateDeadline` with a 1 s timeout → retry with the
+/// ratio budget → breaker → attempt timeout of 500 ms) around the ready service.
+pub fn backstop_preset()
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+    let deadline = PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    ServiceBuilder::new()
+        .layer(
+            backstop::client::http()
+                .deadline(deadline)
+                .attempt_timeout(Duration::from_millis(500)),
+        )
+        .service(replay_target())
+}
+
+/// An `http::Request` that tower-resilience's retry can clone (it requires `Req: Clone`):
+/// cloning rebuilds it, as [`TowerPolicy::clone_request`] does.
+#[derive(Debug)]
+pub struct Cloneable(pub Request<String>);
+
+impl Clone for Cloneable {
+    fn clone(&self) -> Self {
+        let req = &self.0;
+        let mut clone = Request::new(req.body().clone());
+        *clone.method_mut() = req.method().clone();
+        *clone.uri_mut() = req.uri().clone();
+        *clone.headers_mut() = req.headers().clone();
+        Self(clone)
+    }
+}
+
+/// tower-resilience's time-limiter (1 s) + retry (3 attempts) + circuit breaker (count window
+/// of 100, 50 %, 20 calls minimum): the nearest thing it has to backstop's client preset.
+pub fn resilience_stack()
+-> impl Service<Request<String>, Response = Response<String>, Error = impl Debug> + Clone {
+    use tower_resilience_circuitbreaker::{
+        CircuitBreakerError, CircuitBreakerLayer, SlidingWindowType,
+    };
+    use tower_resilience_retry::RetryLayer;
+    use tower_resilience_timelimiter::{TimeLimiterError, TimeLimiterLayer};
+    type Inner = CircuitBreakerError<TimeLimiterError<Infallible>>;
+    let retry = RetryLayer::<Cloneable, Response<String>, Inner>::builder()
+        .max_attempts(3)
+        .exponential_backoff(Duration::from_millis(10))
+        .build();
+    let breaker = CircuitBreakerLayer::builder()
+        .failure_rate_threshold(0.5)
+        .minimum_number_of_calls(20)
+        .sliding_window_type(SlidingWindowType::CountBased)
+        .sliding_window_size(100)
+        .build()
+        .unwrap();
+    let limiter = TimeLimiterLayer::builder()
+        .timeout_duration(Duration::from_secs(1))
+        .cancel_running_future(true)
+        .build();
+    ServiceBuilder::new()
+        .map_request(Cloneable)
+        .layer(retry)
+        .layer(breaker)
+        .layer(limiter)
+        .map_request(|c: Cloneable| c.0)
+        .service(bare())
+}
+
+/// `tower::timeout` (1 s) alone.
+pub fn tower_timeout()
+-> impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone {
+    ServiceBuilder::new()
+        .timeout(Duration::from_secs(1))
+        .service(bare())
+}
+
+/// backstop's `PropagateDeadlineLayer` (1 s) alone.
+pub fn backstop_deadline()
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+    ServiceBuilder::new()
+        .layer(
+            PropagateDeadlineLayer::builder()
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
+        .service(bare())
+}
+
+/// A breaker forced open: every call is refused (the failure path of an open breaker).
+pub fn backstop_open_breaker()
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+    let layer = BreakerConfig::http()
+        .mode(backstop_breaker::Mode::ForcedOpen)
+        .build()
+        .unwrap();
+    ServiceBuilder::new().layer(layer).service(bare())
+}
+
+/// A dependency that always answers 503.
+fn failing() -> impl Service<
+    Request<ReplayBody<String>>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    service_fn(|_req: Request<ReplayBody<String>>| async {
+        let mut response = Response::new(String::new());
+        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        Ok::<_, Infallible>(response)
+    })
+}
+
+/// backstop's retry layer with an empty budget (no reserve, no deposits) over a dependency
+/// that always fails: each call is one attempt and one denied withdrawal.
+pub fn backstop_budget_denied()
+-> impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone {
+    let budget = backstop_retry::RatioBudget::builder()
+        .min_per_sec(0)
+        .build()
+        .unwrap();
+    ServiceBuilder::new()
+        .layer(
+            RetryPolicy::http()
+                .budget(Arc::new(budget))
+                .build()
+                .unwrap(),
+        )
+        .service(failing())
+}

@@ -66,6 +66,17 @@ pub fn run_all(
 /// A run of `scenario` in the sim engine with `rps` for `seconds`, every variant, no
 /// progress: what the tests call.
 pub fn simulate(scenario: Scenario, seed: u64, rps: u32, seconds: u64) -> Report {
+    simulate_variants(scenario, seed, rps, seconds, &Variant::ALL)
+}
+
+/// As [`simulate`], for some variants only.
+pub fn simulate_variants(
+    scenario: Scenario,
+    seed: u64,
+    rps: u32,
+    seconds: u64,
+    variants: &[Variant],
+) -> Report {
     let run = Run {
         scenario,
         engine: Engine::Sim,
@@ -74,5 +85,5 @@ pub fn simulate(scenario: Scenario, seed: u64, rps: u32, seconds: u64) -> Report
         duration: Duration::from_secs(seconds),
         patience: Duration::from_secs(1),
     };
-    run_all(&run, &Variant::ALL, Arc::new(|| {})).0
+    run_all(&run, variants, Arc::new(|| {})).0
 }
