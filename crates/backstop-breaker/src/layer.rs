@@ -51,28 +51,7 @@ impl<C> fmt::Debug for Handle<C> {
 }
 
 /// Stripes of a time window: one per available core, at most 16.
-pub(crate) fn stripes() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
-}
-
-/// The calling thread's stripe: threads are numbered round-robin on first use.
-pub(crate) fn stripe() -> usize {
-    use std::{
-        cell::Cell,
-        sync::atomic::{AtomicUsize, Ordering},
-    };
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static STRIPE: Cell<Option<usize>> = const { Cell::new(None) };
-    }
-    STRIPE.with(|cell| {
-        cell.get().unwrap_or_else(|| {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            cell.set(Some(n));
-            n
-        })
-    })
-}
+pub(crate) use backstop_core::stripe::{count as stripes, index as stripe};
 
 impl<C> BreakerLayer<C> {
     /// The layer for a configuration; same as [`BreakerConfig::build`].

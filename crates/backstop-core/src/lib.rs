@@ -14,6 +14,8 @@
 //! - [`classify`]: [`Outcome`], [`Classify`] and the [`HttpClassifier`] / [`GrpcClassifier`]
 //!   presets, so the retry layer and the breaker agree on what a result means.
 //! - [`hint`]: [`ServerHint`], parsing `Retry-After` and `grpc-retry-pushback-ms`.
+//! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
+//!   the retry budget's deposits).
 //! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault;
 //!   [`DeadlineExceeded`], [`AttemptTimedOut`] and [`BreakerOpen`], the errors our layers add.
 //!
@@ -73,6 +75,7 @@ mod error;
 pub mod grpc;
 pub mod hint;
 pub mod reject;
+pub mod stripe;
 
 pub use body::ResponseBody;
 pub use classify::{Classify, GrpcClassifier, HttpClassifier, Outcome, Retryable};

@@ -53,51 +53,77 @@ const EPOCH_MASK: u64 = (1 << EPOCH_BITS) - 1;
 
 /// A ring of time slots, each one atomic word `(epoch, count)`: adding to a slot whose epoch
 /// is stale resets it in the same compare-and-swap, so no lock is ever taken.
+///
+/// The ring can be striped: each thread adds to its stripe's copy of the slots (on cache
+/// lines of its own) and sums add every copy up, so threads depositing at once do not fight
+/// over one cache line. Deposits (one per successful request) are striped; withdrawals (one
+/// per retry, checked against the sum first) are not.
 struct Ring {
+    len: usize,
+    stripes: usize,
+    /// Words from one stripe's slots to the next: the slots rounded up to a cache line plus
+    /// a line of padding.
+    stride: usize,
     slots: Box<[AtomicU64]>,
 }
 
 impl Ring {
-    fn new(len: usize) -> Self {
+    fn new(len: usize, stripes: usize) -> Self {
+        let stripes = stripes.max(1);
+        let stride = if stripes == 1 {
+            len
+        } else {
+            len.div_ceil(8) * 8 + 8
+        };
         Self {
-            slots: (0..len).map(|_| AtomicU64::new(0)).collect(),
+            len,
+            stripes,
+            stride,
+            slots: (0..stride * stripes).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    fn add(&self, epoch: u64, n: u64) {
-        let slot = &self.slots[(epoch % self.slots.len() as u64) as usize];
-        let tag = epoch & EPOCH_MASK;
-        let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-            let count = if word >> COUNT_BITS == tag {
-                (word & COUNT_MASK).saturating_add(n).min(COUNT_MASK)
-            } else {
-                n.min(COUNT_MASK)
-            };
-            Some((tag << COUNT_BITS) | count)
-        });
+    fn slot(&self, stripe: usize, epoch: u64) -> &AtomicU64 {
+        &self.slots[(stripe % self.stripes) * self.stride + (epoch % self.len as u64) as usize]
     }
 
-    /// The sum of the slots of epochs `now - span + 1 ..= now`.
+    fn add(&self, stripe: usize, epoch: u64, n: u64) {
+        let tag = epoch & EPOCH_MASK;
+        let _ =
+            self.slot(stripe, epoch)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                    let count = if word >> COUNT_BITS == tag {
+                        (word & COUNT_MASK).saturating_add(n).min(COUNT_MASK)
+                    } else {
+                        n.min(COUNT_MASK)
+                    };
+                    Some((tag << COUNT_BITS) | count)
+                });
+    }
+
+    /// The sum, over every stripe, of the slots of epochs `now - span + 1 ..= now`.
     fn sum(&self, now: u64, span: u64) -> u64 {
-        (0..span.min(self.slots.len() as u64))
-            .filter_map(|back| now.checked_sub(back))
-            .map(|epoch| {
-                let word =
-                    self.slots[(epoch % self.slots.len() as u64) as usize].load(Ordering::Acquire);
+        let mut total = 0;
+        for stripe in 0..self.stripes {
+            for back in 0..span.min(self.len as u64) {
+                let Some(epoch) = now.checked_sub(back) else {
+                    break;
+                };
+                let word = self.slot(stripe, epoch).load(Ordering::Acquire);
                 if word >> COUNT_BITS == epoch & EPOCH_MASK {
-                    word & COUNT_MASK
-                } else {
-                    0
+                    total += word & COUNT_MASK;
                 }
-            })
-            .sum()
+            }
+        }
+        total
     }
 }
 
 impl fmt::Debug for Ring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ring")
-            .field("slots", &self.slots.len())
+            .field("slots", &self.len)
+            .field("stripes", &self.stripes)
             .finish()
     }
 }
@@ -225,8 +251,8 @@ impl RatioBudgetBuilder {
             slot_nanos: (self.ttl / SLOTS as u32).as_nanos() as u64,
             ratio: self.ratio,
             reserve: f64::from(self.min_per_sec) * self.ttl.as_secs_f64(),
-            deposits: Ring::new(SLOTS as usize),
-            withdrawals: Ring::new(SLOTS as usize + 1),
+            deposits: Ring::new(SLOTS as usize, backstop_core::stripe::count()),
+            withdrawals: Ring::new(SLOTS as usize + 1, 1),
         })
     }
 }
@@ -241,7 +267,8 @@ impl RatioBudget {
 
 impl Budget for RatioBudget {
     fn record_success(&self) {
-        self.deposits.add(self.epoch(), 1);
+        self.deposits
+            .add(backstop_core::stripe::index(), self.epoch(), 1);
     }
 
     fn try_withdraw(&self) -> bool {
@@ -251,7 +278,7 @@ impl Budget for RatioBudget {
         }
         // Check-then-add: two threads racing for the last token may both take it, so the
         // bound can be exceeded by at most the number of threads racing at that instant.
-        self.withdrawals.add(epoch, 1);
+        self.withdrawals.add(0, epoch, 1);
         true
     }
 
@@ -347,24 +374,26 @@ mod loom_models {
     #[test]
     fn concurrent_adds_to_one_slot_are_never_lost() {
         loom::model(|| {
-            let ring = Arc::new(Ring::new(2));
+            let ring = Arc::new(Ring::new(2, 2));
             let other = ring.clone();
-            let t = thread::spawn(move || other.add(5, 1));
-            ring.add(5, 2);
+            // Two threads on one stripe, and a third stripe's deposit added by the sum.
+            let t = thread::spawn(move || other.add(0, 5, 1));
+            ring.add(0, 5, 2);
+            ring.add(1, 5, 4);
             t.join().unwrap();
-            assert_eq!(ring.sum(5, 2), 3);
+            assert_eq!(ring.sum(5, 2), 7);
         });
     }
 
     #[test]
     fn a_reused_slot_never_mixes_epochs() {
         loom::model(|| {
-            let ring = Arc::new(Ring::new(2));
-            ring.add(1, 4);
+            let ring = Arc::new(Ring::new(2, 1));
+            ring.add(0, 1, 4);
             let other = ring.clone();
             // Epoch 3 lands in epoch 1's slot while epoch 1 is still being added to.
-            let t = thread::spawn(move || other.add(3, 1));
-            ring.add(1, 2);
+            let t = thread::spawn(move || other.add(0, 3, 1));
+            ring.add(0, 1, 2);
             t.join().unwrap();
             let old = ring.sum(1, 1);
             let new = ring.sum(3, 1);

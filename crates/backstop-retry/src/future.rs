@@ -1,7 +1,7 @@
 use crate::{
     ReplayBody,
     backoff::{BackoffState, Rng},
-    layer::Shared,
+    layer::Handle,
     pushback::mark_exhausted,
     service::{Bounds, Template},
     stats::GiveUp,
@@ -42,7 +42,7 @@ pin_project! {
 }
 
 pub(crate) struct RetryState<S, B, C> {
-    shared: Arc<Shared<C>>,
+    shared: Arc<Handle<C>>,
     service: S,
     template: Template,
     body: ReplayBody<B>,
@@ -101,7 +101,7 @@ where
 
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn retrying(
-        shared: Arc<Shared<C>>,
+        shared: Arc<Handle<C>>,
         service: S,
         template: Template,
         body: ReplayBody<B>,

@@ -1,14 +1,13 @@
 use crate::{
     ReplayBody,
     future::{Attempt, ResponseFuture},
-    layer::Shared,
+    layer::Handles,
 };
 use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT};
 use backstop_deadline::{Deadline, current, grpc_timeout};
 use http::{Extensions, HeaderMap, Method, Request, Response, Uri, Version};
 use http_body::Body;
 use std::{
-    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
@@ -19,21 +18,21 @@ use tower_service::Service;
 #[derive(Debug)]
 pub struct Retry<S, C> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    handles: Handles<C>,
 }
 
 impl<S: Clone, C> Clone for Retry<S, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            handles: self.handles.clone(),
         }
     }
 }
 
 impl<S, C> Retry<S, C> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<C>>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn from_handles(inner: S, handles: Handles<C>) -> Self {
+        Self { inner, handles }
     }
 
     /// The inner service.
@@ -148,8 +147,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let number = self.shared.stats.request();
-        let policy = &self.shared.policy;
+        let handle = &self.handles[backstop_core::stripe::index() % self.handles.len()];
+        handle.stats.request(handle.stripe);
+        let policy = &handle.policy;
         let replay_ok = req.body().size_hint().lower() <= policy.max_replay_bytes as u64;
         if policy.max_attempts <= 1 || !replay_ok {
             // Retries are off for this request: no buffering, no copy of the request.
@@ -194,8 +194,14 @@ where
             Ok(end) => Attempt::Sent(service.call(req), end),
             Err(()) => Attempt::Expired,
         };
+        // Request numbers seed the jitter of a seeded policy (and only then: counting them
+        // is a shared write every request would pay for).
+        let number = match policy.seed {
+            Some(_) => handle.stats.number(),
+            None => 0,
+        };
         ResponseFuture::retrying(
-            self.shared.clone(),
+            handle.clone(),
             service,
             template,
             body,

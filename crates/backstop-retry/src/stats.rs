@@ -1,3 +1,4 @@
+use backstop_core::stripe::Padded;
 use std::{
     fmt,
     sync::atomic::{AtomicU64, Ordering::Relaxed},
@@ -66,17 +67,34 @@ impl fmt::Display for GiveUp {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Stats {
-    requests: AtomicU64,
+    /// Requests, counted per stripe (every request writes here).
+    requests: Box<[Padded<AtomicU64>]>,
+    /// The next request number, for seeded policies only.
+    sequence: AtomicU64,
     retries: AtomicU64,
     gave_up: [AtomicU64; 8],
 }
 
 impl Stats {
-    /// Counts a request and returns its number (from 0).
-    pub(crate) fn request(&self) -> u64 {
-        self.requests.fetch_add(1, Relaxed)
+    pub(crate) fn new(stripes: usize) -> Self {
+        Self {
+            requests: (0..stripes.max(1)).map(|_| Padded::default()).collect(),
+            sequence: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            gave_up: Default::default(),
+        }
+    }
+
+    /// Counts a request, on the caller's stripe.
+    pub(crate) fn request(&self, stripe: usize) {
+        self.requests[stripe % self.requests.len()].fetch_add(1, Relaxed);
+    }
+
+    /// The next request number (from 0), in the order requests asked for one.
+    pub(crate) fn number(&self) -> u64 {
+        self.sequence.fetch_add(1, Relaxed)
     }
 
     pub(crate) fn retry(&self) {
@@ -93,7 +111,7 @@ impl Stats {
             *slot = (why, self.gave_up[why as usize].load(Relaxed));
         }
         RetryStats {
-            requests: self.requests.load(Relaxed),
+            requests: self.requests.iter().map(|r| r.load(Relaxed)).sum(),
             retries: self.retries.load(Relaxed),
             gave_up,
         }

@@ -61,18 +61,24 @@ where
     fn call(&mut self, req: R) -> Self::Future {
         AttemptTimeoutFuture {
             future: self.inner.call(req),
-            sleep: self.timeout.map(sleep),
+            timeout: self.timeout,
+            sleep: None,
         }
     }
 }
 
 pin_project! {
     /// The response future of [`AttemptTimeout`].
+    ///
+    /// The attempt's time starts when it is first polled (a future does nothing before), and
+    /// the timer is only created if the attempt is not answered at once: an attempt that is
+    /// ready on its first poll never touches the timer wheel.
     #[derive(Debug)]
     #[must_use = "futures do nothing unless polled"]
     pub struct AttemptTimeoutFuture<F> {
         #[pin]
         future: F,
+        timeout: Option<Duration>,
         #[pin]
         sleep: Option<Sleep>,
     }
@@ -86,16 +92,18 @@ where
     type Output = Result<T, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
         if let Poll::Ready(result) = this.future.poll(cx) {
             return Poll::Ready(result.map_err(Into::into));
         }
-        match this.sleep.as_pin_mut() {
-            Some(sleep) => {
-                ready!(sleep.poll(cx));
-                Poll::Ready(Err(Box::new(AttemptTimedOut::new())))
-            }
-            None => Poll::Pending,
+        if this.sleep.is_none() {
+            let Some(timeout) = this.timeout.take() else {
+                return Poll::Pending;
+            };
+            this.sleep.set(Some(sleep(timeout)));
         }
+        let sleep = this.sleep.as_pin_mut().expect("armed above");
+        ready!(sleep.poll(cx));
+        Poll::Ready(Err(Box::new(AttemptTimedOut::new())))
     }
 }
