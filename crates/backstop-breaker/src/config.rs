@@ -356,7 +356,7 @@ impl<C> BreakerConfig<C> {
                 Window::Time(TimeRing::new(
                     bucket.as_micros() as u64,
                     buckets as usize,
-                    crate::layer::stripes(),
+                    backstop_core::stripe::count(),
                 ))
             }
             WindowKind::Count(n) => {

@@ -47,7 +47,7 @@ impl<C> Permit<C> {
 
     /// Whether the call has run for at least the slow-call duration.
     fn slow(&self) -> bool {
-        match (self.start, self.handle.shared.slow) {
+        match (self.start, self.handle.slow) {
             (Some(start), Some(limit)) => start.elapsed() >= limit,
             _ => false,
         }
@@ -69,13 +69,12 @@ impl<C> Permit<C> {
             Outcome::Rejected | Outcome::Ignored => Verdict::Nothing,
         };
         self.handle
-            .shared
-            .complete(self.admission, verdict, self.handle.stripe);
+            .complete(self.admission, verdict, self.handle.stripe());
     }
 
     /// The breaker's classifier.
     pub(crate) fn classifier(&self) -> &C {
-        &self.handle.shared.classifier
+        &self.handle.classifier
     }
 
     /// Classifies the response and records it now, or hands the permit to the body when the
@@ -110,8 +109,7 @@ impl<C> Drop for Permit<C> {
             return; // a closed-state call that ends as nothing: no shared state to touch
         };
         self.handle
-            .shared
-            .complete(self.admission, verdict, self.handle.stripe);
+            .complete(self.admission, verdict, self.handle.stripe());
     }
 }
 

@@ -27,31 +27,13 @@ impl<C> Clone for BreakerLayer<C> {
     }
 }
 
-/// One handle per window stripe, shared by every service of the layer.
-pub(crate) type Handles<C> = Arc<[Arc<Handle<C>>]>;
+/// One handle per stripe to the breaker, shared by every service of the layer (see
+/// [`backstop_core::stripe::Handles`]).
+pub(crate) type Handles<C> = stripe::Handles<Shared<C>>;
+/// What a call holds on to until its outcome is known.
+pub(crate) type Handle<C> = stripe::Handle<Shared<C>>;
 
-/// What a call holds on to until its outcome is known: the breaker, and the window stripe it
-/// records into.
-///
-/// Each stripe has its own handle, in its own allocation aligned to a cache line pair, so the
-/// reference count that every call bumps is only shared by the threads of one stripe, not by
-/// every thread that uses the breaker.
-#[repr(align(128))]
-pub(crate) struct Handle<C> {
-    pub(crate) shared: Arc<Shared<C>>,
-    pub(crate) stripe: usize,
-}
-
-impl<C> fmt::Debug for Handle<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handle")
-            .field("stripe", &self.stripe)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Stripes of a time window: one per available core, at most 16.
-pub(crate) use backstop_core::stripe::{count as stripes, index as stripe};
+use backstop_core::stripe;
 
 impl<C> BreakerLayer<C> {
     /// The layer for a configuration; same as [`BreakerConfig::build`].
@@ -73,14 +55,7 @@ impl<C> BreakerLayer<C> {
             slow,
             hook: config.hook,
         });
-        let handles = (0..stripes())
-            .map(|stripe| {
-                Arc::new(Handle {
-                    shared: shared.clone(),
-                    stripe,
-                })
-            })
-            .collect();
+        let handles = Handles::new(&shared);
         Self { shared, handles }
     }
 
@@ -209,7 +184,7 @@ impl<C> Shared<C> {
             reopens: self.machine.reopens(),
             shared_bytes: std::mem::size_of::<Self>()
                 + self.machine.window.heap_bytes()
-                + stripes() * std::mem::size_of::<Handle<C>>(),
+                + stripe::count() * std::mem::size_of::<Handle<C>>(),
         }
     }
 }

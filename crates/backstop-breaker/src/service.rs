@@ -1,7 +1,7 @@
 use crate::{
     BreakerBody,
     future::{Permit, ResponseFuture},
-    layer::{Handles, stripe},
+    layer::Handles,
 };
 use backstop_core::{BoxError, Classify, is_grpc};
 use http::{Request, Response};
@@ -63,10 +63,10 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let handle = &self.handles[stripe() % self.handles.len()];
-        match handle.shared.admit() {
+        let handle = self.handles.current();
+        match handle.admit() {
             Ok(admission) => {
-                let start = handle.shared.slow.map(|_| Instant::now());
+                let start = handle.slow.map(|_| Instant::now());
                 let permit = Permit::new(handle, admission, start);
                 ResponseFuture::running(self.inner.call(req), permit)
             }

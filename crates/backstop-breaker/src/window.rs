@@ -89,8 +89,7 @@ pub(crate) struct TimeRing {
     bucket_us: u64,
     buckets: usize,
     stripes: usize,
-    /// Words from one stripe's buckets to the next's: the buckets rounded up to a cache line
-    /// (8 words) plus one line of padding, so no two stripes write to one line.
+    /// Words from one stripe's buckets to the next's (`backstop_core::stripe::stride`).
     stride: usize,
     words: Box<[AtomicU64]>,
 }
@@ -98,11 +97,7 @@ pub(crate) struct TimeRing {
 impl TimeRing {
     pub(crate) fn new(bucket_us: u64, buckets: usize, stripes: usize) -> Self {
         let stripes = stripes.max(1);
-        let stride = if stripes == 1 {
-            buckets
-        } else {
-            buckets.div_ceil(8) * 8 + 8
-        };
+        let stride = backstop_core::stripe::stride(buckets, stripes);
         Self {
             bucket_us,
             buckets,

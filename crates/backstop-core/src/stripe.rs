@@ -8,7 +8,12 @@
 
 use std::{
     cell::Cell,
-    sync::atomic::{AtomicUsize, Ordering},
+    fmt,
+    ops::Deref,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 /// How many stripes a shared structure should have: one per available core, at most 16.
@@ -45,6 +50,104 @@ impl<T> std::ops::Deref for Padded<T> {
     }
 }
 
+/// Words from one stripe's copy of a `len`-word array to the next, in a flat array of
+/// `stripes` copies: `len` alone when there is one stripe; otherwise `len` rounded up to a
+/// cache line (8 words) plus one line of padding, so no two stripes write to one line.
+pub fn stride(len: usize, stripes: usize) -> usize {
+    if stripes <= 1 {
+        len
+    } else {
+        len.div_ceil(8) * 8 + 8
+    }
+}
+
+/// One [`Handle`] per stripe to a shared value.
+///
+/// A layer's service hands each call the calling thread's handle, and the call's future holds
+/// it (an `Arc` clone) until it ends: the reference count that every call bumps is then shared
+/// only by the threads of one stripe, not by every thread that uses the layer.
+pub struct Handles<T> {
+    all: Arc<[Arc<Handle<T>>]>,
+}
+
+impl<T> Handles<T> {
+    /// A handle per stripe ([`count`]) to `shared`.
+    pub fn new(shared: &Arc<T>) -> Self {
+        Self {
+            all: (0..count())
+                .map(|stripe| {
+                    Arc::new(Handle {
+                        shared: shared.clone(),
+                        stripe,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// The calling thread's handle.
+    pub fn current(&self) -> &Arc<Handle<T>> {
+        &self.all[index() % self.all.len()]
+    }
+
+    /// How many stripes (and handles) there are.
+    pub fn len(&self) -> usize {
+        self.all.len()
+    }
+
+    /// Never: there is at least one stripe.
+    pub fn is_empty(&self) -> bool {
+        self.all.is_empty()
+    }
+}
+
+impl<T> Clone for Handles<T> {
+    fn clone(&self) -> Self {
+        Self {
+            all: self.all.clone(),
+        }
+    }
+}
+
+impl<T> fmt::Debug for Handles<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handles")
+            .field("stripes", &self.all.len())
+            .finish()
+    }
+}
+
+/// A stripe's handle to a shared value: an allocation of its own, aligned to a pair of cache
+/// lines, that dereferences to the value.
+#[repr(align(128))]
+pub struct Handle<T> {
+    shared: Arc<T>,
+    stripe: usize,
+}
+
+impl<T> Handle<T> {
+    /// The stripe this handle belongs to.
+    pub fn stripe(&self) -> usize {
+        self.stripe
+    }
+}
+
+impl<T> Deref for Handle<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.shared
+    }
+}
+
+impl<T> fmt::Debug for Handle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handle")
+            .field("stripe", &self.stripe)
+            .finish_non_exhaustive()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,5 +160,19 @@ mod tests {
         assert_ne!(theirs, mine);
         assert!((1..=16).contains(&count()));
         assert_eq!(std::mem::align_of::<Padded<u8>>(), 128);
+    }
+
+    #[test]
+    fn handles_share_one_value_and_sit_apart() {
+        let shared = Arc::new(7u32);
+        let handles = Handles::new(&shared);
+        assert_eq!(handles.len(), count());
+        assert_eq!(***handles.current(), 7);
+        assert_eq!(handles.current().stripe(), index() % count());
+        assert_eq!(Arc::strong_count(&shared), 1 + count());
+        assert_eq!(std::mem::align_of::<Handle<u32>>(), 128);
+        assert_eq!(stride(10, 1), 10);
+        assert_eq!(stride(10, 2), 24);
+        assert_eq!(stride(16, 4), 24);
     }
 }

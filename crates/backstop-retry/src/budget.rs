@@ -61,8 +61,7 @@ const EPOCH_MASK: u64 = (1 << EPOCH_BITS) - 1;
 struct Ring {
     len: usize,
     stripes: usize,
-    /// Words from one stripe's slots to the next: the slots rounded up to a cache line plus
-    /// a line of padding.
+    /// Words from one stripe's slots to the next (`backstop_core::stripe::stride`).
     stride: usize,
     slots: Box<[AtomicU64]>,
 }
@@ -70,11 +69,7 @@ struct Ring {
 impl Ring {
     fn new(len: usize, stripes: usize) -> Self {
         let stripes = stripes.max(1);
-        let stride = if stripes == 1 {
-            len
-        } else {
-            len.div_ceil(8) * 8 + 8
-        };
+        let stride = backstop_core::stripe::stride(len, stripes);
         Self {
             len,
             stripes,

@@ -1,6 +1,6 @@
 use crate::{Retry, RetryPolicy, stats::Stats};
 use backstop_core::stripe;
-use std::{fmt, ops::Deref, sync::Arc};
+use std::sync::Arc;
 use tower_layer::Layer;
 
 /// Retries failed requests within their deadline and a shared budget.
@@ -28,36 +28,12 @@ pub(crate) struct Shared<C> {
     pub(crate) stats: Stats,
 }
 
-/// One handle per stripe, shared by every service of the layer.
-pub(crate) type Handles<C> = Arc<[Arc<Handle<C>>]>;
-
-/// What a request holds on to while it may be retried: the layer's shared state, reached
-/// through its stripe's handle.
-///
-/// Each stripe's handle is its own allocation, aligned to a pair of cache lines, so the
-/// reference count every request bumps is shared only by the threads of one stripe (see
-/// [`backstop_core::stripe`]).
-#[repr(align(128))]
-pub(crate) struct Handle<C> {
-    shared: Arc<Shared<C>>,
-    pub(crate) stripe: usize,
-}
-
-impl<C> Deref for Handle<C> {
-    type Target = Shared<C>;
-
-    fn deref(&self) -> &Shared<C> {
-        &self.shared
-    }
-}
-
-impl<C> fmt::Debug for Handle<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handle")
-            .field("stripe", &self.stripe)
-            .finish_non_exhaustive()
-    }
-}
+/// One handle per stripe to the layer's shared state, shared by every service of the layer
+/// (see [`backstop_core::stripe::Handles`]): a request holds its stripe's handle while it may
+/// be retried.
+pub(crate) type Handles<C> = stripe::Handles<Shared<C>>;
+/// What a request holds on to while it may be retried.
+pub(crate) type Handle<C> = stripe::Handle<Shared<C>>;
 
 impl<C> RetryLayer<C> {
     /// The layer for a policy; same as [`RetryPolicy::build`].
@@ -70,19 +46,11 @@ impl<C> RetryLayer<C> {
     }
 
     pub(crate) fn from_policy(policy: RetryPolicy<C>) -> Self {
-        let stripes = stripe::count();
         let shared = Arc::new(Shared {
             policy,
-            stats: Stats::new(stripes),
+            stats: Stats::new(stripe::count()),
         });
-        let handles = (0..stripes)
-            .map(|stripe| {
-                Arc::new(Handle {
-                    shared: shared.clone(),
-                    stripe,
-                })
-            })
-            .collect();
+        let handles = Handles::new(&shared);
         Self { shared, handles }
     }
 

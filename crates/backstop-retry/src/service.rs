@@ -147,8 +147,8 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let handle = &self.handles[backstop_core::stripe::index() % self.handles.len()];
-        handle.stats.request(handle.stripe);
+        let handle = self.handles.current();
+        handle.stats.request(handle.stripe());
         let policy = &handle.policy;
         let replay_ok = req.body().size_hint().lower() <= policy.max_replay_bytes as u64;
         if policy.max_attempts <= 1 || !replay_ok {
