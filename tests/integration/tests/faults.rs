@@ -365,6 +365,104 @@ async fn a_refused_stream_is_retried_even_for_post() {
     assert_eq!(layer.retry_layer().stats().gave_up(GiveUp::Attempts), 1);
 }
 
+/// An HTTP/2 server (the h2 crate) that answers the first request of each connection with
+/// 200 and then goes away gracefully (GOAWAY naming that request as the last it processed),
+/// counting the requests it processed.
+async fn going_away(processed: Arc<AtomicU64>) -> String {
+    let (listener, addr) = listener().await;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let processed = processed.clone();
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                // Every stream accepted is processed; after the first, the server goes away,
+                // and h2 refuses the streams past the last one it accepted.
+                let mut first = true;
+                while let Some(Ok((_request, mut respond))) = connection.accept().await {
+                    processed.fetch_add(1, Ordering::SeqCst);
+                    let _ = respond.send_response(Response::new(()), true);
+                    if first {
+                        first = false;
+                        connection.graceful_shutdown();
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}/")
+}
+
+#[tokio::test]
+async fn posts_across_a_graceful_goaway_are_processed_exactly_once() {
+    let processed = Arc::new(AtomicU64::new(0));
+    let url = going_away(processed.clone()).await;
+    let layer = http_preset();
+    let client = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(transport(true));
+    // POSTs sent together meet a connection that is going away: a stream the server accepted
+    // before its last GOAWAY is processed there; one past it would fail with GOAWAY(NO_ERROR)
+    // and be retried on a new connection (the server proved it never processed it), and the
+    // next round opens a new connection. Either way: every POST succeeds, each is processed
+    // exactly once. (h2's graceful shutdown accepts every stream already in flight, so this run
+    // does not reach the GOAWAY retry itself; REFUSED_STREAM above is the retry on proof.)
+    let mut sent = 0;
+    for round in 1..=5 {
+        let calls = (0..4).map(|i| {
+            let post = request(
+                Method::POST,
+                &url,
+                format!("order {round}.{i}").into_bytes(),
+            );
+            client.clone().oneshot(post)
+        });
+        for response in futures_join(calls).await {
+            assert_eq!(response.unwrap().status(), StatusCode::OK, "round {round}");
+        }
+        sent += 4;
+        assert_eq!(
+            processed.load(Ordering::SeqCst),
+            sent,
+            "round {round}: once each"
+        );
+    }
+    let snapshot = layer.breaker_layer().snapshot();
+    assert_eq!(
+        (snapshot.state, snapshot.probes_in_flight),
+        (State::Closed, 0)
+    );
+}
+
+/// Runs futures concurrently on this task and collects their outputs in order.
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futures.map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
+    let mut handles: Vec<_> = handles.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, handle) in outputs.iter_mut().zip(handles.iter_mut()) {
+            if let Some(future) = handle {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(out) => {
+                        *slot = Some(out);
+                        *handle = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().map(|o| o.expect("ready")).collect()
+}
+
 /// A body of fixed frames.
 struct Frames(std::collections::VecDeque<http_body::Frame<Bytes>>);
 
