@@ -7,7 +7,7 @@ use backstop::{ReplayBody, client::ClientLayer, deadline::PropagateDeadlineLayer
 use backstop_breaker::State;
 use backstop_core::{GrpcClassifier, HttpClassifier};
 use backstop_integration::listener;
-use backstop_retry::{GiveUp, RetryPolicy, backoff};
+use backstop_retry::{Budget, GiveUp, RetryPolicy, backoff};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -589,16 +589,28 @@ async fn no_permit_leaks_after_an_outage_and_a_recovery() {
     });
     tokio::spawn(async move { axum::serve(listener, app).await });
     let url = format!("http://{addr}/");
-    let layer = http_preset().breaker(
-        backstop::client::http_breaker()
-            .open_duration(Duration::from_millis(50), Duration::from_millis(50))
-            .jitter(false)
-            .build()
-            .unwrap(),
-    );
-    let mut refused = 0;
+    let budget = Arc::new(backstop_retry::RatioBudget::new());
+    let layer = http_preset()
+        .breaker(
+            backstop::client::http_breaker()
+                .open_duration(Duration::from_millis(50), Duration::from_millis(50))
+                .jitter(false)
+                .build()
+                .unwrap(),
+        )
+        .retry(
+            RetryPolicy::http()
+                .backoff(backoff::constant(Duration::from_millis(5)))
+                .budget(budget.clone())
+                .build()
+                .unwrap(),
+        );
+    let (mut refused, mut succeeded) = (0, 0);
     for _ in 0..40 {
         let outcome = call(&layer, false, request(Method::GET, &url, vec![])).await;
+        if outcome.status == Ok(StatusCode::OK) {
+            succeeded += 1;
+        }
         if outcome.status.is_err() {
             refused += 1;
             // Jump the breaker's clock (tokio's) over the open time instead of sleeping.
@@ -614,5 +626,14 @@ async fn no_permit_leaks_after_an_outage_and_a_recovery() {
     assert!(
         hits.load(Ordering::SeqCst) < 25 + 40,
         "refused calls never reached it"
+    );
+    // The budget holds exactly what was deposited and withdrawn, all within its 10 s: the
+    // reserve (10 a second × 10 s), 0.1 per success, minus one per retry sent.
+    let retries = layer.retry_layer().stats().retries as f64;
+    let want = 100.0 + 0.1 * f64::from(succeeded) - retries;
+    assert!(
+        (budget.balance() - want).abs() < 1e-9,
+        "{} against {want}",
+        budget.balance()
     );
 }
