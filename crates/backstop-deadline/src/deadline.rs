@@ -117,8 +117,16 @@ pub(crate) fn scale(d: Duration, fraction: f64) -> Duration {
     }
 }
 
+/// What the task-local holds: the deadline, and (while a `PropagateDeadline` calls the
+/// layers inside it) what its `grpc-timeout` header told the server.
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    deadline: Deadline,
+    wire: Option<Instant>,
+}
+
 tokio::task_local! {
-    static CURRENT: Deadline;
+    static CURRENT: Current;
 }
 
 /// The deadline of the request this task is working for, if any.
@@ -128,13 +136,35 @@ tokio::task_local! {
 /// not inherit it: wrap the spawned future with
 /// [`with_current_deadline`](DeadlineFutureExt::with_current_deadline).
 pub fn current() -> Option<Deadline> {
-    CURRENT.try_with(|d| *d).ok()
+    CURRENT.try_with(|c| c.deadline).ok()
+}
+
+/// While a [`PropagateDeadline`](crate::PropagateDeadline) calls the layers inside it: the
+/// instant its `grpc-timeout` header tells the server to answer by. `None` anywhere else.
+///
+/// The retry layer reads it to keep each attempt's header within what the caller was told,
+/// instead of parsing back the header written a moment before. A layer between the two that
+/// rewrites `grpc-timeout` makes it stale.
+pub fn wire_deadline() -> Option<Instant> {
+    CURRENT.try_with(|c| c.wire).ok().flatten()
 }
 
 /// Runs `f` with `deadline` as the current deadline, or the enclosing one where that is earlier.
 pub(crate) fn with_current<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
+    with_wire(deadline, None, f)
+}
+
+/// As [`with_current`], with what the request's `grpc-timeout` header says (see
+/// [`wire_deadline`]).
+pub(crate) fn with_wire<R>(deadline: Deadline, wire: Option<Instant>, f: impl FnOnce() -> R) -> R {
     let effective = current().map_or(deadline, |outer| outer.min(deadline));
-    CURRENT.sync_scope(effective, f)
+    CURRENT.sync_scope(
+        Current {
+            deadline: effective,
+            wire,
+        },
+        f,
+    )
 }
 
 pin_project! {

@@ -134,20 +134,20 @@ impl fmt::Display for Encoded {
 /// Encodes `timeout` for the `grpc-timeout` header: the finest unit that fits in 8 digits,
 /// rounding down. Returns `None` when `timeout` is zero, which must never be sent.
 pub fn encode(timeout: Duration) -> Option<Encoded> {
-    let nanos = timeout.as_nanos();
-    if nanos == 0 {
+    if timeout.is_zero() {
         return None;
     }
+    // In u64 from seconds and the sub-second part: no u128 division on the request path.
+    // Each branch's bound on `secs` keeps its value within 8 digits without overflow.
     let secs = timeout.as_secs();
-    let max = u128::from(MAX_VALUE);
-    let (value, unit, duration) = if nanos <= max {
-        let v = nanos as u64;
-        (v, b'n', Duration::from_nanos(v))
-    } else if nanos / 1_000 <= max {
-        let v = (nanos / 1_000) as u64;
+    let sub = u64::from(timeout.subsec_nanos());
+    let (value, unit, duration) = if secs == 0 && sub <= MAX_VALUE {
+        (sub, b'n', Duration::from_nanos(sub))
+    } else if secs < 100 && secs * 1_000_000 + sub / 1_000 <= MAX_VALUE {
+        let v = secs * 1_000_000 + sub / 1_000;
         (v, b'u', Duration::from_micros(v))
-    } else if nanos / 1_000_000 <= max {
-        let v = (nanos / 1_000_000) as u64;
+    } else if secs < 100_000 && secs * 1_000 + sub / 1_000_000 <= MAX_VALUE {
+        let v = secs * 1_000 + sub / 1_000_000;
         (v, b'm', Duration::from_millis(v))
     } else {
         let v = secs.min(MAX_VALUE);

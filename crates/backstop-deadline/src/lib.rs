@@ -158,7 +158,7 @@ mod service;
 
 pub use backstop_core::{DeadlineExceeded, is_deadline_exceeded};
 pub use body::DeadlineBody;
-pub use deadline::{Deadline, DeadlineFutureExt, Scoped, current};
+pub use deadline::{Deadline, DeadlineFutureExt, Scoped, current, wire_deadline};
 pub use future::{PropagateFuture, ResponseFuture};
 pub use grpc_timeout::MalformedTimeout;
 pub use layer::{

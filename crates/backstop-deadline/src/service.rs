@@ -1,6 +1,6 @@
 use crate::{
     Deadline,
-    deadline::{current, scale, with_current},
+    deadline::{current, scale, with_wire},
     future::{PropagateFuture, ResponseFuture},
     grpc_timeout::{self, MalformedTimeout},
     layer::{InboundConfig, OutboundConfig},
@@ -230,7 +230,9 @@ where
         // Layers further in (retries, breakers) see the call's deadline as `current()`, in
         // `call` and in every poll of their future: cheaper than a request extension, which
         // would cost two allocations here and more in every copy of the request.
-        let future = with_current(deadline, || self.inner.call(req));
+        let future = with_wire(deadline, Some(wire_deadline.instant()), || {
+            self.inner.call(req)
+        });
         PropagateFuture::bounded(future, deadline, wire_deadline, grpc)
     }
 }

@@ -162,11 +162,14 @@ where
             (a, b) => a.or(b),
         };
         // What an outer layer already told the server; only needed when an attempt is bounded.
+        // An outer `PropagateDeadline` says what it wrote; otherwise the header is read back.
         let wire = if deadline.is_some() || policy.attempt_timeout.is_some() {
-            req.headers()
-                .get(GRPC_TIMEOUT)
-                .and_then(|v| grpc_timeout::decode_header(v).ok())
-                .and_then(|t| Instant::now().checked_add(t))
+            backstop_deadline::wire_deadline().or_else(|| {
+                req.headers()
+                    .get(GRPC_TIMEOUT)
+                    .and_then(|v| grpc_timeout::decode_header(v).ok())
+                    .and_then(|t| Instant::now().checked_add(t))
+            })
         } else {
             None
         };
