@@ -102,14 +102,19 @@ impl Run {
         let backend = Backend::new(schedule, self.seed, recorder.clone());
         let backend = server(variant, BoxCloneService::new(backend));
         let mut target = self.connect(backend).await;
-        if self.scenario == Scenario::Chain {
-            // A → B → C: B relays through its own client stack, behind its own server stack.
-            let relay = Relay::new(client(variant, target, &config));
-            target = self
-                .connect(server(variant, BoxCloneService::new(relay)))
-                .await;
-        }
-        let edge = client(variant, target, &config);
+        let edge = if self.scenario == Scenario::Chain {
+            // users → A → B → C: A and B are servers that relay through their own client stack,
+            // behind their own server stack; users call A directly.
+            for _hop in ["B", "A"] {
+                let relay = Relay::new(client(variant, target, &config));
+                target = self
+                    .connect(server(variant, BoxCloneService::new(relay)))
+                    .await;
+            }
+            target
+        } else {
+            client(variant, target, &config)
+        };
 
         let total = u64::from(self.rps) * self.duration.as_secs();
         let interval = Duration::from_secs(1) / self.rps;
