@@ -52,8 +52,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let rps = args.rps.unwrap_or(rps);
     let seconds = args.duration.unwrap_or(seconds);
-    if rps == 0 || seconds < 4 {
-        return Err("--rps must be at least 1 and --duration at least 4 (seconds)".into());
+    // Every user request is a task held until the run ends: keep a run within memory.
+    if !(1..=100_000).contains(&rps) {
+        return Err(format!("--rps must be between 1 and 100000, got {rps}").into());
+    }
+    if !(4..=3_600).contains(&seconds) {
+        return Err(format!("--duration must be between 4 and 3600 seconds, got {seconds}").into());
+    }
+    if u64::from(rps) * seconds > 10_000_000 {
+        return Err(format!(
+            "--rps × --duration must be at most 10 000 000 user requests per variant, got {}",
+            u64::from(rps) * seconds
+        )
+        .into());
     }
     let run = Run {
         scenario: args.scenario,
