@@ -42,8 +42,17 @@ struct Args {
     variants: Vec<Variant>,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("backstop-lab: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (rps, seconds) = match (args.engine, args.quick) {
         (Engine::Real, false) => (200, 12),
         (Engine::Real, true) => (50, 4),
