@@ -95,9 +95,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     bar.finish_and_clear();
 
     print!("{}", report.table());
-    std::fs::create_dir_all(&args.out)?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let json = args.out.join(format!("{}.json", report.scenario));
-    std::fs::write(&json, report.to_json())?;
+    std::fs::write(&json, report.to_json())
+        .map_err(|e| format!("cannot write {}: {e}", json.display()))?;
     let svg = args.out.join(format!("{}.svg", report.scenario));
     let title = format!("{} ({}, {} req/s)", report.scenario, report.engine, rps);
     chart::draw(
