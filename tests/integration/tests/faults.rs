@@ -365,6 +365,71 @@ async fn a_refused_stream_is_retried_even_for_post() {
     assert_eq!(layer.retry_layer().stats().gave_up(GiveUp::Attempts), 1);
 }
 
+/// An HTTP/2 server (the h2 crate) that sends response headers and 10 bytes of a 100-byte body,
+/// then resets the stream (`cut`) or holds it open without another byte.
+async fn h2_body_fault(cut: bool) -> String {
+    let (listener, addr) = listener().await;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = connection.accept().await {
+                    tokio::spawn(async move {
+                        let response = Response::builder()
+                            .header("content-length", "100")
+                            .body(())
+                            .unwrap();
+                        let Ok(mut body) = respond.send_response(response, false) else {
+                            return;
+                        };
+                        let _ = body.send_data(Bytes::from_static(b"0123456789"), false);
+                        if cut {
+                            body.send_reset(h2::Reason::INTERNAL_ERROR);
+                        } else {
+                            tokio::time::sleep(NEVER).await;
+                            drop(body);
+                        }
+                    });
+                }
+            });
+        }
+    });
+    format!("http://{addr}/")
+}
+
+#[tokio::test]
+async fn over_http2_a_cut_body_fails_the_read_and_a_held_one_ends_at_the_deadline() {
+    for cut in [true, false] {
+        let outcome = call(
+            &http_preset(),
+            true,
+            request(Method::GET, &h2_body_fault(cut).await, vec![]),
+        )
+        .await;
+        let took = outcome.took;
+        if cut {
+            // The reset may reach the client before or after it has read the headers: either
+            // the call fails (a GET, retried, every attempt reset) or its body read does. It
+            // never hangs, and never looks like a whole body.
+            match outcome.status {
+                Ok(status) => {
+                    assert_eq!(status, StatusCode::OK);
+                    assert!(outcome.body.is_err(), "{:?}", outcome.body);
+                }
+                Err(err) => assert!(!err.contains("deadline"), "{err}"),
+            }
+            assert!(took < DEADLINE, "{took:?}");
+        } else {
+            assert_eq!(outcome.status, Ok(StatusCode::OK));
+            let err = outcome.body.unwrap_err();
+            assert!(err.contains("deadline exceeded"), "{err}");
+            assert!(took >= DEADLINE, "{took:?}");
+        }
+    }
+}
+
 /// An HTTP/2 server (the h2 crate) that answers the first request of each connection with
 /// 200 and then goes away gracefully (GOAWAY naming that request as the last it processed),
 /// counting the requests it processed.
