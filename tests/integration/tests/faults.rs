@@ -41,9 +41,9 @@ fn transport(http2: bool) -> Transport {
         .build_http()
 }
 
-/// The HTTP client preset with a 400 ms deadline and a fast deterministic backoff.
-fn http_preset() -> ClientLayer<HttpClassifier> {
-    backstop::client::http()
+/// A client preset with a 400 ms deadline and a fast deterministic backoff.
+fn tuned<C>(preset: ClientLayer<C>, retry: RetryPolicy<C>) -> ClientLayer<C> {
+    preset
         .deadline(
             PropagateDeadlineLayer::builder()
                 .timeout(DEADLINE)
@@ -51,12 +51,17 @@ fn http_preset() -> ClientLayer<HttpClassifier> {
                 .unwrap(),
         )
         .retry(
-            RetryPolicy::http()
+            retry
                 .backoff(backoff::constant(Duration::from_millis(5)))
                 .seed(1)
                 .build()
                 .unwrap(),
         )
+}
+
+/// The HTTP client preset, tuned.
+fn http_preset() -> ClientLayer<HttpClassifier> {
+    tuned(backstop::client::http(), RetryPolicy::http())
 }
 
 fn request(method: Method, url: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
@@ -577,21 +582,9 @@ async fn grpc_unavailable(hits: Arc<AtomicU64>, in_trailers: bool) -> String {
     format!("http://{addr}/pkg.Svc/Call")
 }
 
+/// The gRPC client preset, tuned.
 fn grpc_preset() -> ClientLayer<GrpcClassifier> {
-    backstop::client::grpc()
-        .deadline(
-            PropagateDeadlineLayer::builder()
-                .timeout(DEADLINE)
-                .build()
-                .unwrap(),
-        )
-        .retry(
-            RetryPolicy::grpc()
-                .backoff(backoff::constant(Duration::from_millis(5)))
-                .seed(1)
-                .build()
-                .unwrap(),
-        )
+    tuned(backstop::client::grpc(), RetryPolicy::grpc())
 }
 
 #[tokio::test]
