@@ -545,9 +545,7 @@ impl Machine {
             let next = word.next(State::Closed);
             match self.swap(word, next) {
                 Ok(()) => {
-                    if reason != Reason::Reset {
-                        self.reopens.store(0, Ordering::Release);
-                    }
+                    self.reopens.store(0, Ordering::Release);
                     let ramp_end = match self.settings.slow_start_us {
                         Some(ramp) => now().saturating_add(ramp),
                         None => 0,
@@ -575,7 +573,6 @@ impl Machine {
 
     /// Closes the breaker and forgets the window, whatever its state.
     pub(crate) fn reset(&self, now: impl Fn() -> u64) -> Option<Transition> {
-        self.reopens.store(0, Ordering::Release);
         self.close(self.load(), Reason::Reset, &now)
     }
 
@@ -584,7 +581,13 @@ impl Machine {
         let _ = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                Some(Word::decode(w).with_mode(mode).encode())
+                Some(
+                    Word {
+                        mode,
+                        ..Word::decode(w)
+                    }
+                    .encode(),
+                )
             });
     }
 
@@ -599,12 +602,6 @@ impl Machine {
     /// Consecutive re-opens so far (0 after a close).
     pub(crate) fn reopens(&self) -> u32 {
         self.reopens.load(Ordering::Acquire)
-    }
-}
-
-impl Word {
-    fn with_mode(self, mode: Mode) -> Self {
-        Self { mode, ..self }
     }
 }
 
