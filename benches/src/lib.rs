@@ -109,7 +109,7 @@ pub fn tower_stack()
 
 /// backstop's `RetryLayer` (HTTP preset, ratio budget) alone.
 pub fn backstop_retry()
--> impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone {
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
     ServiceBuilder::new()
         .layer(RetryPolicy::http().build().unwrap())
         .service(replay_target())
@@ -299,7 +299,7 @@ fn failing() -> impl Service<
 /// backstop's retry layer with an empty budget (no reserve, no deposits) over a dependency
 /// that always fails: each call is one attempt and one denied withdrawal.
 pub fn backstop_budget_denied()
--> impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone {
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
     let budget = backstop_retry::RatioBudget::builder()
         .min_per_sec(0)
         .build()

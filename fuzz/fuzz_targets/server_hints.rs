@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let _ = ServerHint::from_retry_after(&value, now);
-    if let ServerHint::RetryAfter(d) = ServerHint::from_pushback(&value) {
+    if let ServerHint::Pushback(d) = ServerHint::from_pushback(&value) {
         assert!(!data.is_empty() && data.iter().all(u8::is_ascii_digit));
         assert!(d <= Duration::from_millis(i32::MAX as u64));
     }

@@ -16,8 +16,8 @@ pin_project! {
     ///
     /// When the outcome of a call is in its trailers (a gRPC response whose headers carry no
     /// `grpc-status`), the body holds the call's permit and records the outcome at the end of
-    /// the stream: from the trailers, or a failure if the body fails. Dropped before the end,
-    /// the call counts as nothing.
+    /// the stream: from the trailers, or a failure if the body fails or ends without
+    /// trailers. Dropped before the end, the call counts as nothing.
     pub struct BreakerBody<B, C> {
         #[pin]
         inner: ResponseBody<B>,
@@ -78,20 +78,23 @@ where
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
         if let Some((permit, outcome)) = this.watch.take() {
+            // The status was due in the trailers: a stream that ends without them is a
+            // protocol error (gRPC clients report INTERNAL), never a success.
+            let missing = Outcome::failure(Retryable::Never);
             match &frame {
                 Some(Ok(f)) => match f.trailers_ref() {
                     Some(trailers) => {
                         let outcome = permit
                             .classifier()
                             .classify_trailers(trailers)
-                            .unwrap_or(outcome);
+                            .unwrap_or(missing);
                         permit.finish(outcome);
                     }
-                    None if this.inner.is_end_stream() => permit.finish(outcome),
+                    None if this.inner.is_end_stream() => permit.finish(missing),
                     None => *this.watch = Some((permit, outcome)),
                 },
                 Some(Err(_)) => permit.finish(Outcome::failure(Retryable::IfIdempotent)),
-                None => permit.finish(outcome),
+                None => permit.finish(missing),
             }
         }
         Poll::Ready(frame)

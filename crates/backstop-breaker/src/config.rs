@@ -226,7 +226,7 @@ impl<C> BreakerConfig<C> {
     }
 
     /// After closing, admit a share of calls rising linearly from 10 % to 100 % over `ramp`
-    /// (off by default); the rest are refused with a zero `retry_after`.
+    /// (off by default); the rest are refused with no `retry_after` (do not retry).
     #[must_use]
     pub fn slow_start(mut self, ramp: Duration) -> Self {
         self.slow_start = Some(ramp);

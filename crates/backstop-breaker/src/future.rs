@@ -140,7 +140,7 @@ pin_project! {
             permit: Option<Permit<C>>,
         },
         Open {
-            retry_after: Duration,
+            retry_after: Option<Duration>,
             grpc: bool,
         },
     }
@@ -153,7 +153,7 @@ impl<F, C> ResponseFuture<F, C> {
         }
     }
 
-    pub(crate) fn open(retry_after: Duration, grpc: bool) -> Self {
+    pub(crate) fn open(retry_after: Option<Duration>, grpc: bool) -> Self {
         Self {
             kind: Kind::Open { retry_after, grpc },
         }

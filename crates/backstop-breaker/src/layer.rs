@@ -114,11 +114,12 @@ impl<C> Shared<C> {
             .saturating_add(u64::from(elapsed.subsec_micros()))
     }
 
-    /// Asks to let a call in: the admission, or how long until calls pass again.
-    pub(crate) fn admit(&self) -> Result<Admission, Duration> {
+    /// Asks to let a call in: the admission, or how long until calls pass again (`None`: no
+    /// time can be promised).
+    pub(crate) fn admit(&self) -> Result<Admission, Option<Duration>> {
         let admit = self.machine.admit(|| self.now_us());
         self.emit(admit.transition);
-        admit.admission.map_err(Duration::from_micros)
+        admit.admission.map_err(|us| us.map(Duration::from_micros))
     }
 
     /// Records how an admitted call ended, into window `stripe`.

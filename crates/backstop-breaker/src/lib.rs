@@ -69,7 +69,10 @@
 //!
 //! **Half-open**: once the open time has passed, the next call is let through as a probe,
 //! and so on up to `probes` (default 3) probes at once; other calls are refused as while
-//! open (with `retry_after` zero). When every probe succeeds the breaker **closes** with an
+//! open, with no `retry_after`: no time can be promised while the probes decide, so gRPC
+//! callers get `grpc-retry-pushback-ms: -1` ("do not retry", never "retry now") and HTTP
+//! callers no `Retry-After`. The same holds for calls refused by slow start and by
+//! [`Mode::ForcedOpen`]. When every probe succeeds the breaker **closes** with an
 //! empty window (optionally with a [slow start](BreakerConfig::slow_start)); the first probe
 //! that fails, or is slow, **re-opens** it for longer. A probe that ends as ignored, or is
 //! cancelled, gives its slot back.

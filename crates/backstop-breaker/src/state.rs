@@ -225,7 +225,9 @@ fn mix(seed: u64, generation: u32) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Admit {
     /// The admission, or how long until a call may pass (microseconds; zero when unknown).
-    pub(crate) admission: Result<Admission, u64>,
+    /// Admitted, or refused with the microseconds until calls pass again (`None`: no time
+    /// can be promised — probes in flight, slow start, forced open).
+    pub(crate) admission: Result<Admission, Option<u64>>,
     /// The transition this admission made (open → half-open), if any.
     pub(crate) transition: Option<Transition>,
 }
@@ -291,17 +293,17 @@ impl Machine {
         loop {
             let decided = match (word.mode, word.state) {
                 (Mode::Disabled, _) => Ok(Admission::Passive),
-                (Mode::ForcedOpen, _) => Err(self.settings.open_base_us),
+                (Mode::ForcedOpen, _) => Err(None),
                 (_, State::Closed) => match self.settings.slow_start_us {
-                    Some(ramp) if !self.ramp_admits(word.generation, ramp, &now) => Err(0),
+                    Some(ramp) if !self.ramp_admits(word.generation, ramp, &now) => Err(None),
                     _ => Ok(Admission::Closed(word.generation)),
                 },
                 (_, State::Open) => {
                     let t = now();
                     match self.timer_for(word.generation) {
                         // Not stored yet by the thread that opened: still open.
-                        None => Err(self.settings.open_base_us),
-                        Some(until) if t < until => Err(until - t),
+                        None => Err(Some(self.settings.open_base_us)),
+                        Some(until) if t < until => Err(Some(until - t)),
                         Some(_) => {
                             let next = Word {
                                 taken: 1,
@@ -341,7 +343,7 @@ impl Machine {
                         }
                     }
                 }
-                (_, State::HalfOpen) => Err(0),
+                (_, State::HalfOpen) => Err(None),
             };
             let admission = match decided {
                 Err(_) if word.mode == Mode::MetricsOnly => Ok(Admission::Passive),
@@ -691,13 +693,17 @@ mod tests {
             m.complete(a, FAIL, 0, || 0);
         }
         assert_eq!(m.load().state, State::Open);
-        assert_eq!(m.admit(|| 1).admission, Err(4_999_999));
+        assert_eq!(m.admit(|| 1).admission, Err(Some(4_999_999)));
         let first = m.admit(|| 5_000_000);
         assert_eq!(first.transition.unwrap().reason, Reason::OpenElapsed);
         let g = m.load().generation;
         assert_eq!(first.admission, Ok(Admission::Probe(g)));
         assert_eq!(m.admit(|| 5_000_000).admission, Ok(Admission::Probe(g)));
-        assert_eq!(m.admit(|| 5_000_000).admission, Err(0), "two probes only");
+        assert_eq!(
+            m.admit(|| 5_000_000).admission,
+            Err(None),
+            "two probes only"
+        );
         m.complete(Admission::Probe(g), Verdict::Nothing, 0, || 5_000_000);
         assert_eq!(m.load().taken, 1, "a cancelled probe gives its slot back");
         assert_eq!(m.admit(|| 5_000_000).admission, Ok(Admission::Probe(g)));

@@ -48,10 +48,10 @@ impl Model {
     }
 
     /// The admission, or the milliseconds until calls pass.
-    fn admit(&mut self, now_ms: u64) -> Result<Admission, u64> {
+    fn admit(&mut self, now_ms: u64) -> Result<Admission, Option<u64>> {
         match self.state {
             State::Closed => Ok(Admission::Closed(self.generation)),
-            State::Open if now_ms < self.open_until_ms => Err(self.open_until_ms - now_ms),
+            State::Open if now_ms < self.open_until_ms => Err(Some(self.open_until_ms - now_ms)),
             State::Open => {
                 self.state = State::HalfOpen;
                 self.generation += 1;
@@ -63,7 +63,7 @@ impl Model {
                 self.taken += 1;
                 Ok(Admission::Probe(self.generation))
             }
-            State::HalfOpen => Err(0),
+            State::HalfOpen => Err(None),
         }
     }
 
@@ -159,7 +159,9 @@ async fn run(ops: Vec<Op>) {
                     Poll::Ready(result) => {
                         let err = result.expect_err("only a refusal is ready at once");
                         let open = err.downcast_ref::<BreakerOpen>().expect("BreakerOpen");
-                        let wait = Duration::from_millis(expected.expect_err("model refuses"));
+                        let wait = expected
+                            .expect_err("model refuses")
+                            .map(Duration::from_millis);
                         assert_eq!(open.retry_after(), wait, "step {step}: retry_after");
                     }
                     Poll::Pending => {

@@ -186,9 +186,9 @@ async fn open_refuses_at_once_and_says_when_to_come_back() {
     h.open_it().await;
     let snap = h.layer.snapshot();
     assert!(snap.open_until.is_some());
-    assert_eq!(h.refused().await.retry_after(), 5 * S);
+    assert_eq!(h.refused().await.retry_after(), Some(5 * S));
     advance(2 * S).await;
-    assert_eq!(h.refused().await.retry_after(), 3 * S);
+    assert_eq!(h.refused().await.retry_after(), Some(3 * S));
 }
 
 #[tokio::test(start_paused = true)]
@@ -224,7 +224,9 @@ async fn grpc_callers_get_unavailable_with_a_pushback() {
     assert_eq!(response.headers()["grpc-retry-pushback-ms"], "5000");
     assert_eq!(
         response.extensions().get::<Rejection>(),
-        Some(&Rejection::BreakerOpen { retry_after: 5 * S })
+        Some(&Rejection::BreakerOpen {
+            retry_after: Some(5 * S)
+        })
     );
 }
 
@@ -244,7 +246,8 @@ async fn half_open_admits_exactly_the_probes_and_closes_when_all_succeed() {
     }
     let snap = h.layer.snapshot();
     assert_eq!((snap.state, snap.probes_in_flight), (State::HalfOpen, 3));
-    assert_eq!(h.refused().await.retry_after(), Duration::ZERO);
+    // No time to promise while probes are in flight: callers are told not to retry.
+    assert_eq!(h.refused().await.retry_after(), None);
 
     for (i, (mut future, send)) in probes.into_iter().enumerate() {
         send.send_response(reply(200));
@@ -271,7 +274,7 @@ async fn a_failed_probe_reopens_for_twice_as_long_up_to_the_cap() {
     h.open_it().await;
     let mut open = 5 * S;
     for reopens in 1..=8 {
-        assert_eq!(h.refused().await.retry_after(), open);
+        assert_eq!(h.refused().await.retry_after(), Some(open));
         advance(open - MS).await;
         h.refused().await;
         advance(MS).await;
@@ -294,7 +297,7 @@ async fn open_time_is_jittered_and_reproducible_with_a_seed() {
         h.open_it().await;
         let mut times = Vec::new();
         for _ in 0..6 {
-            let wait = h.refused().await.retry_after();
+            let wait = h.refused().await.retry_after().unwrap();
             times.push(wait);
             advance(wait).await;
             h.call(503).await.unwrap(); // the probe fails: re-open
@@ -481,7 +484,8 @@ async fn the_count_window_really_slides() {
 async fn manual_modes() {
     let mut h = harness(http());
     h.layer.set_mode(Mode::ForcedOpen);
-    assert_eq!(h.refused().await.retry_after(), 5 * S);
+    // Forced open has no end anyone can promise: callers are told not to retry.
+    assert_eq!(h.refused().await.retry_after(), None);
     assert_eq!(h.layer.snapshot().mode, Mode::ForcedOpen);
 
     h.layer.set_mode(Mode::Disabled);
@@ -646,6 +650,26 @@ async fn grpc_outcomes_in_trailers_are_recorded_at_the_end_of_the_body() {
     send.send_response(response);
     drop(future.await.unwrap());
     assert_eq!(layer.snapshot().calls, 0);
+
+    // Defect: a stream that ended without trailers counted as a success; gRPC treats a
+    // missing status as an error.
+    for _ in 0..2 {
+        handle.allow(1);
+        let future = service.ready().await.unwrap().call(grpc_request());
+        let (_, send) = handle.next_request().await.unwrap();
+        let (mut tx, body) = Body::new(4);
+        let mut response = Response::new(body);
+        response
+            .headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/grpc"));
+        send.send_response(response);
+        let response = future.await.unwrap();
+        tx.send_data(Bytes::from_static(b"msg")).await.unwrap();
+        drop(tx);
+        response.into_body().collect().await.unwrap();
+    }
+    let snapshot = layer.snapshot();
+    assert_eq!((snapshot.calls, snapshot.state), (2, State::Open));
 }
 
 #[tokio::test(start_paused = true)]

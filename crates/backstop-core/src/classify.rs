@@ -80,9 +80,13 @@ pub trait Classify<Res> {
     }
 
     /// Whether the final outcome of this response may still arrive in trailers, so a layer
-    /// that must know it (the circuit breaker) waits for the end of the body. Default `false`:
-    /// the headers decide. [`GrpcClassifier`] says `true` for a gRPC response whose headers
-    /// carry no `grpc-status`.
+    /// that must know it (the circuit breaker, the retry budget) waits for the end of the
+    /// body. Default `false`: the headers decide. [`GrpcClassifier`] says `true` for a gRPC
+    /// response whose headers carry no `grpc-status`.
+    ///
+    /// When it says `true`, a body that then fails, or that ends without trailers, is a
+    /// failure (for gRPC a stream without a status is a protocol error, which gRPC clients
+    /// report as INTERNAL), never a success.
     fn awaits_trailers(&self, response: &Res) -> bool {
         let _ = response;
         false
@@ -218,11 +222,16 @@ impl<B> Classify<Response<B>> for HttpClassifier {
 /// ([`Classify::classify_trailers`]); a response whose headers carry no status is a success
 /// so far. Defaults (gRPC A6 leaves retryable codes to the service owner):
 /// - OK → success;
-/// - UNAVAILABLE → failure, [`Retryable::Always`], with any `grpc-retry-pushback-ms`;
-/// - RESOURCE_EXHAUSTED → failure, retryable only when the server sent a pushback delay;
+/// - the retryable codes ([`GrpcClassifier::retryable_codes`], default UNAVAILABLE alone) →
+///   failure, [`Retryable::Always`], with any `grpc-retry-pushback-ms`;
 /// - CANCELLED, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
 ///   FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE, UNIMPLEMENTED, UNAUTHENTICATED → ignored;
-/// - DEADLINE_EXCEEDED, UNKNOWN, INTERNAL, DATA_LOSS → failure, never retried.
+/// - DEADLINE_EXCEEDED, UNKNOWN, INTERNAL, DATA_LOSS, RESOURCE_EXHAUSTED (unless listed)
+///   → failure, never retried.
+///
+/// As gRPC A6 says, the status code alone decides whether a failure may be retried; a pushback
+/// only says when (or, negative, never): a RESOURCE_EXHAUSTED carrying a pushback is not
+/// retried unless RESOURCE_EXHAUSTED is among the retryable codes.
 ///
 /// A non-200 HTTP status without `grpc-status` maps as the gRPC specification says (429, 502,
 /// 503, 504 → UNAVAILABLE; 401 → UNAUTHENTICATED; 403 → PERMISSION_DENIED; 404 →
@@ -246,7 +255,8 @@ impl GrpcClassifier {
         Self::default()
     }
 
-    /// Replaces the codes that are failures always retryable (default UNAVAILABLE).
+    /// Replaces the codes that are failures always retryable (default UNAVAILABLE): the set
+    /// A6 calls `retryableStatusCodes`. Every other failing code is never retried.
     #[must_use]
     pub fn retryable_codes(mut self, codes: impl IntoIterator<Item = Code>) -> Self {
         self.retryable = codes.into_iter().collect();
@@ -266,13 +276,6 @@ impl GrpcClassifier {
             };
         }
         match code {
-            Code::ResourceExhausted => Outcome::Failure {
-                retryable: match hint {
-                    Some(ServerHint::RetryAfter(_)) => Retryable::Always,
-                    _ => Retryable::Never,
-                },
-                hint,
-            },
             Code::Cancelled
             | Code::InvalidArgument
             | Code::NotFound
@@ -429,7 +432,7 @@ mod tests {
             .into_response::<()>(false)
             .map(|_| ());
         assert_eq!(http(&r), Outcome::Rejected);
-        let open = BreakerOpen::new(std::time::Duration::ZERO);
+        let open = BreakerOpen::new(None);
         assert_eq!(classify_error(&open), Outcome::Rejected);
         let err = DeadlineExceeded::new();
         assert_eq!(
@@ -464,17 +467,39 @@ mod tests {
             grpc(&response(200, &[ct, ("grpc-status", "8")])),
             Outcome::failure(Never)
         );
+        // A6: the code decides, the pushback only says when.
+        let pushback = Some(ServerHint::Pushback(std::time::Duration::from_millis(100)));
+        let exhausted = response(
+            200,
+            &[ct, ("grpc-status", "8"), ("grpc-retry-pushback-ms", "100")],
+        );
         assert_eq!(
-            grpc(&response(
-                200,
-                &[ct, ("grpc-status", "8"), ("grpc-retry-pushback-ms", "100")]
-            )),
+            grpc(&exhausted),
+            Outcome::Failure {
+                retryable: Never,
+                hint: pushback
+            }
+        );
+        let only_unavailable = GrpcClassifier::new().retryable_codes([Code::Unavailable]);
+        assert_eq!(
+            only_unavailable.classify(Ok(&exhausted)),
+            Outcome::Failure {
+                retryable: Never,
+                hint: pushback
+            }
+        );
+        let with_exhausted = GrpcClassifier::new().retryable_codes([Code::ResourceExhausted]);
+        assert_eq!(
+            with_exhausted.classify(Ok(&exhausted)),
             Outcome::Failure {
                 retryable: Always,
-                hint: Some(ServerHint::RetryAfter(std::time::Duration::from_millis(
-                    100
-                )))
+                hint: pushback
             }
+        );
+        assert_eq!(
+            with_exhausted.classify(Ok(&response(200, &[ct, ("grpc-status", "14")]))),
+            Outcome::failure(Never),
+            "the set is replaced, not extended"
         );
         for code in ["4", "2", "13", "15", "99", "x"] {
             assert_eq!(

@@ -111,18 +111,19 @@ impl Error for AttemptTimedOut {}
 /// or 503 + `Retry-After`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BreakerOpen {
-    retry_after: std::time::Duration,
+    retry_after: Option<std::time::Duration>,
 }
 
 impl BreakerOpen {
     /// A `BreakerOpen` error; `retry_after` is how long until the breaker lets a call through
-    /// again (zero when unknown, e.g. while half-open probes are in flight).
-    pub fn new(retry_after: std::time::Duration) -> Self {
+    /// again, or `None` when no time can be promised (half-open probes in flight, slow start,
+    /// forced open): callers should not retry it.
+    pub fn new(retry_after: Option<std::time::Duration>) -> Self {
         Self { retry_after }
     }
 
-    /// How long until the breaker lets a call through again (zero when unknown).
-    pub fn retry_after(&self) -> std::time::Duration {
+    /// How long until the breaker lets a call through again; `None`: do not retry.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
         self.retry_after
     }
 }
@@ -172,9 +173,9 @@ mod tests {
         assert!(find::<AttemptTimedOut>(&Wrapper(DeadlineExceeded::new())).is_none());
         assert_eq!(DeadlineExceeded::new().to_string(), "deadline exceeded");
         assert_eq!(AttemptTimedOut::new().to_string(), "attempt timed out");
-        let open = BreakerOpen::new(std::time::Duration::from_secs(3));
+        let open = BreakerOpen::new(Some(std::time::Duration::from_secs(3)));
         assert_eq!(open.to_string(), "circuit breaker open");
-        assert_eq!(open.retry_after(), std::time::Duration::from_secs(3));
+        assert_eq!(open.retry_after(), Some(std::time::Duration::from_secs(3)));
     }
 
     #[test]

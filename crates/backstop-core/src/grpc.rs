@@ -141,9 +141,10 @@ impl fmt::Display for Code {
     }
 }
 
-/// Whether a message with these headers is gRPC: its `content-type` starts with
-/// `application/grpc` (ASCII case-insensitive), which covers `application/grpc+proto`,
-/// `application/grpc-web` and the other suffixes.
+/// Whether a message with these headers is gRPC over HTTP/2: its `content-type` is
+/// `application/grpc`, alone or followed by `+format` (`application/grpc+proto`) or
+/// parameters (`; charset=…`), ASCII case-insensitive. gRPC-Web (`application/grpc-web…`)
+/// is not: it carries its status in the body, so it is classified as plain HTTP.
 ///
 /// ```
 /// use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue};
@@ -156,10 +157,14 @@ impl fmt::Display for Code {
 /// assert!(!backstop_core::is_grpc(&headers));
 /// ```
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    const PREFIX: &[u8] = b"application/grpc";
+    const TYPE: &[u8] = b"application/grpc";
     headers.get(CONTENT_TYPE).is_some_and(|ct| {
         let ct = ct.as_bytes();
-        ct.len() >= PREFIX.len() && ct[..PREFIX.len()].eq_ignore_ascii_case(PREFIX)
+        ct.len() >= TYPE.len()
+            && ct[..TYPE.len()].eq_ignore_ascii_case(TYPE)
+            // `application/grpc`, `application/grpc+proto`, `application/grpc; charset=…`;
+            // not `application/grpc-web` (trailers in the body) nor `application/grpcfoo`.
+            && matches!(ct.get(TYPE.len()), None | Some(b'+' | b';' | b' ' | b'\t'))
     })
 }
 
@@ -211,7 +216,11 @@ mod tests {
         for (ct, expected) in [
             ("application/grpc", true),
             ("application/grpc+proto", true),
-            ("application/grpc-web", true),
+            ("application/grpc-web", false),
+            ("application/grpc-web+proto", false),
+            ("application/grpcx", false),
+            ("application/grpc+json", true),
+            ("application/grpc ; charset=utf-8", true),
             ("APPLICATION/GRPC;charset=utf-8", true),
             ("application/grp", false),
             ("application/json", false),

@@ -14,11 +14,18 @@ use http::{HeaderMap, HeaderValue, header::RETRY_AFTER};
 use std::time::{Duration, SystemTime};
 
 /// What a server asked of a client that might retry.
+///
+/// The two kinds of delay mean different things, as their specifications say: `Retry-After`
+/// is the least a client should wait (RFC 9110 §10.2.3), so the retry layer waits at least
+/// that, or its backoff if longer; a gRPC pushback is when to retry (gRPC A6: "retry in n
+/// ms"), so the retry layer waits exactly that and starts its backoff over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ServerHint {
-    /// Wait at least this long before the next attempt.
+    /// `Retry-After`: wait at least this long before the next attempt.
     RetryAfter(Duration),
-    /// Do not retry this request at all.
+    /// `grpc-retry-pushback-ms` with a valid value: retry after exactly this long.
+    Pushback(Duration),
+    /// Do not retry this request at all (a negative or malformed pushback).
     DoNotRetry,
 }
 
@@ -36,8 +43,8 @@ impl ServerHint {
     }
 
     /// Parses `grpc-retry-pushback-ms`: 1–10 ASCII digits forming a value in the int32 range
-    /// are a delay in milliseconds; anything else (negative, too large, not a number) means
-    /// [`ServerHint::DoNotRetry`].
+    /// are a [`ServerHint::Pushback`] in milliseconds; anything else (negative, too large, not
+    /// a number) means [`ServerHint::DoNotRetry`].
     pub fn from_pushback(value: &HeaderValue) -> ServerHint {
         let bytes = value.as_bytes();
         if bytes.is_empty() || bytes.len() > 10 || !bytes.iter().all(u8::is_ascii_digit) {
@@ -49,7 +56,7 @@ impl ServerHint {
         if n > i32::MAX as u64 {
             return ServerHint::DoNotRetry;
         }
-        ServerHint::RetryAfter(Duration::from_millis(n))
+        ServerHint::Pushback(Duration::from_millis(n))
     }
 
     /// Parses `Retry-After`: delta-seconds (saturating on absurd values) or an HTTP-date
@@ -69,7 +76,7 @@ impl ServerHint {
     /// The delay asked for, if the hint allows a retry at all.
     pub fn delay(self) -> Option<Duration> {
         match self {
-            ServerHint::RetryAfter(d) => Some(d),
+            ServerHint::RetryAfter(d) | ServerHint::Pushback(d) => Some(d),
             ServerHint::DoNotRetry => None,
         }
     }
@@ -88,15 +95,15 @@ mod tests {
     fn pushback_values() {
         assert_eq!(
             ServerHint::from_pushback(&hv("250")),
-            ServerHint::RetryAfter(Duration::from_millis(250))
+            ServerHint::Pushback(Duration::from_millis(250))
         );
         assert_eq!(
             ServerHint::from_pushback(&hv("0")),
-            ServerHint::RetryAfter(Duration::ZERO)
+            ServerHint::Pushback(Duration::ZERO)
         );
         assert_eq!(
             ServerHint::from_pushback(&hv("2147483647")),
-            ServerHint::RetryAfter(Duration::from_millis(2_147_483_647))
+            ServerHint::Pushback(Duration::from_millis(2_147_483_647))
         );
         for never in [
             "-1",

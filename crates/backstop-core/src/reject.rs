@@ -31,9 +31,11 @@ pub enum Rejection {
     MalformedTimeout,
     /// A circuit breaker refused the call (see [`BreakerOpen`](crate::BreakerOpen)).
     BreakerOpen {
-        /// How long until the breaker lets a call through again (zero when unknown); sent as
+        /// How long until the breaker lets a call through again, sent as
         /// `grpc-retry-pushback-ms` (milliseconds) or `Retry-After` (seconds, rounded up).
-        retry_after: Duration,
+        /// `None` when no time can be promised (probes in flight): gRPC callers are told not
+        /// to retry (`grpc-retry-pushback-ms: -1`), HTTP callers get no `Retry-After`.
+        retry_after: Option<Duration>,
     },
 }
 
@@ -95,17 +97,27 @@ impl Rejection {
             response
         };
         if let Rejection::BreakerOpen { retry_after } = self {
-            let (name, value) = if grpc {
-                let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
-                // A pushback is an int32 (gRPC A6); longer waits saturate.
-                (GRPC_RETRY_PUSHBACK_MS, ms.min(i32::MAX as u64))
-            } else {
-                let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-                (RETRY_AFTER, secs)
-            };
-            response
-                .headers_mut()
-                .insert(name, HeaderValue::from(value));
+            let headers = response.headers_mut();
+            match (retry_after, grpc) {
+                (Some(wait), true) => {
+                    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+                    // A pushback is an int32 (gRPC A6); longer waits saturate.
+                    headers.insert(
+                        GRPC_RETRY_PUSHBACK_MS,
+                        HeaderValue::from(ms.min(i32::MAX as u64)),
+                    );
+                }
+                (Some(wait), false) => {
+                    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+                }
+                // gRPC A6: a negative pushback means "do not retry".
+                (None, true) => {
+                    headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+                }
+                // HTTP has no "never": no Retry-After.
+                (None, false) => {}
+            }
         }
         response.extensions_mut().insert(self);
         response
@@ -165,7 +177,7 @@ mod tests {
     #[tokio::test]
     async fn breaker_open_says_when_to_come_back() {
         let open = |ms| Rejection::BreakerOpen {
-            retry_after: Duration::from_millis(ms),
+            retry_after: Some(Duration::from_millis(ms)),
         };
         let grpc = open(2_500).into_response::<String>(true);
         assert_eq!(grpc.status(), StatusCode::OK);
@@ -186,9 +198,17 @@ mod tests {
         assert_eq!(
             now.extensions().get::<Rejection>(),
             Some(&Rejection::BreakerOpen {
-                retry_after: Duration::ZERO
+                retry_after: Some(Duration::ZERO)
             })
         );
+        // No time to promise (half-open): gRPC callers are told not to retry, HTTP callers
+        // get no Retry-After (never "retry now").
+        let never = Rejection::BreakerOpen { retry_after: None };
+        let grpc = never.into_response::<String>(true);
+        assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "-1");
+        let http = never.into_response::<String>(false);
+        assert!(http.headers().get("retry-after").is_none());
+        assert_eq!(http.status(), 503);
     }
 
     #[test]

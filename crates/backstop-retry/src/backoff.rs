@@ -11,8 +11,8 @@
 //! | [`exponential(base, cap)`](exponential) + [`Jitter::None`] | `min(cap, base·2ⁿ⁻¹)` |
 //! | … + [`Jitter::Full`] | uniform in `[0, min(cap, base·2ⁿ⁻¹)]` |
 //! | … + [`Jitter::Equal`] | `e/2 +` uniform in `[0, e/2]`, with `e = min(cap, base·2ⁿ⁻¹)` |
-//! | … + [`Jitter::Proportional(f)`](Jitter::Proportional) | `e·(1 − f) +` uniform in `[0, 2·f·e]`, clamped to `cap` |
-//! | [`decorrelated_v2(median, cap)`](decorrelated_v2) | Polly's smooth decorrelated jitter: the median of the `n`th delay grows as `median·2ⁿ⁻¹`, with no spikes and no pile-up; clamped to `cap` |
+//! | … + [`Jitter::Proportional(f)`](Jitter::Proportional) | uniform in `[e·(1 − f), min(cap, e·(1 + f))]`: capped before sampling, so no pile-up at the cap |
+//! | [`decorrelated_v2(median, cap)`](decorrelated_v2) | Polly's smooth decorrelated jitter: the first delay's median is about `median` (0.9×), the `n`th grows as `median·2ⁿ⁻¹`, with no spikes; clamped to `cap` |
 //! | [`constant(d)`](constant) | `d` |
 
 use backstop_core::ConfigError;
@@ -161,7 +161,7 @@ impl Backoff for Exponential {
             Jitter::Equal => uniform(rng, e / 2, e),
             Jitter::Proportional(f) => {
                 let lo = e.mul_f64(1.0 - f);
-                uniform(rng, lo, e.saturating_add(e.mul_f64(f))).min(self.cap)
+                uniform(rng, lo, e.saturating_add(e.mul_f64(f)).min(self.cap))
             }
         };
         state.prev = d;
@@ -189,11 +189,13 @@ pub fn decorrelated_v2(median: Duration, cap: Duration) -> Result<DecorrelatedV2
 
 impl Backoff for DecorrelatedV2 {
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
-        // The formula of Polly's DecorrelatedJitterBackoffV2: with t = n + U(0, 1),
-        // f(t) = 2^t · tanh(√(p·t)); the delay is (f(t) − f(t_prev)) / rp · median.
+        // The formula of Polly's DecorrelatedJitterBackoffV2: with t = k + U(0, 1) for the
+        // k-th retry counted from 0, f(t) = 2^t · tanh(√(p·t)); the delay is
+        // (f(t) − f(t_prev)) / rp · median. (Counting from 1 doubled every median.)
         const P: f64 = 4.0;
         const RP_SCALING: f64 = 1.0 / 1.4;
-        let t = f64::from(state.retry.min(60)) + rng.f64();
+        let k = state.retry.max(1) - 1;
+        let t = f64::from(k.min(60)) + rng.f64();
         let next = t.exp2() * (P * t).sqrt().tanh();
         let delta = (next - state.aux).max(0.0);
         state.aux = next;
@@ -347,6 +349,31 @@ mod tests {
         };
         let ratio = median_of(4) / median_of(3);
         assert!(ratio > 1.6 && ratio < 2.4, "{ratio}");
+        // Defect: the first retry's median was 2× the configured median (retries counted
+        // from 1 where the V2 formula counts from 0). Polly's own scaling puts it at ≈ 0.9×.
+        let first = median_of(0) / 0.1;
+        assert!(
+            first > 0.75 && first < 1.1,
+            "first median {first}× the configured one"
+        );
+    }
+
+    /// Defect: proportional jitter clamped after sampling, putting ~27 % of delays exactly on
+    /// the cap. The envelope is now capped before sampling.
+    #[test]
+    fn proportional_jitter_does_not_pile_up_at_the_cap() {
+        let b = exponential(10 * MS, 200 * MS)
+            .unwrap()
+            .jitter(Jitter::Proportional(0.5))
+            .unwrap();
+        let delays: Vec<Duration> = (0..2000).flat_map(|s| run(&b, s, 8)).collect();
+        let at_cap = delays.iter().filter(|&&d| d == 200 * MS).count();
+        assert!(
+            at_cap * 1000 < delays.len(),
+            "{at_cap} of {} on the cap",
+            delays.len()
+        );
+        assert!(delays.iter().all(|&d| d <= 200 * MS));
     }
 
     proptest! {

@@ -36,8 +36,13 @@ pub trait Budget: fmt::Debug + Send + Sync {
     /// An attempt failed with a failure of the dependency. Default: nothing.
     fn record_failure(&self) {}
 
-    /// Takes one retry from the budget; `false` when there is none left.
+    /// Takes one retry from the budget; `false` when there is none left. Implementations
+    /// must not over-grant when called from several threads at once.
     fn try_withdraw(&self) -> bool;
+
+    /// Gives back the token of a [`try_withdraw`](Budget::try_withdraw) whose retry was not
+    /// sent after all. Default: nothing.
+    fn refund(&self) {}
 
     /// The retries available now (may be fractional).
     fn balance(&self) -> f64;
@@ -45,35 +50,41 @@ pub trait Budget: fmt::Debug + Send + Sync {
 
 /// Slots per `ttl` in the ratio budget's ring.
 const SLOTS: u64 = 10;
-/// Bits of a slot word holding its epoch; the remaining 40 hold its count.
-const EPOCH_BITS: u32 = 24;
-const COUNT_BITS: u32 = 64 - EPOCH_BITS;
-const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-const EPOCH_MASK: u64 = (1 << EPOCH_BITS) - 1;
 
-/// A ring of time slots, each one atomic word `(epoch, count)`: adding to a slot whose epoch
-/// is stale resets it in the same compare-and-swap, so no lock is ever taken.
+/// A ring of time slots, each one atomic word `(lap, count)`: adding to a slot whose lap is
+/// stale resets it in the same compare-and-swap, so no lock is ever taken.
+///
+/// A slot's tag is its *lap*, `epoch / len`, with as many bits as the largest lap the clock
+/// can reach (the clock is u64 nanoseconds, 584 years): tags never alias, however long the
+/// ring sits idle, so no old count can ever come back. The count gets the remaining bits —
+/// about `len × slot_nanos / 2` per slot, more than one add per nanosecond — and saturates.
 ///
 /// The ring can be striped: each thread adds to its stripe's copy of the slots (on cache
 /// lines of its own) and sums add every copy up, so threads depositing at once do not fight
 /// over one cache line. Deposits (one per successful request) are striped; withdrawals (one
-/// per retry, checked against the sum first) are not.
+/// per retry) are not.
+///
 struct Ring {
     len: usize,
     stripes: usize,
     /// Words from one stripe's slots to the next (`backstop_core::stripe::stride`).
     stride: usize,
+    /// Bits of a slot word holding its count; the bits above hold its lap.
+    count_bits: u32,
     slots: Box<[AtomicU64]>,
 }
 
 impl Ring {
-    fn new(len: usize, stripes: usize) -> Self {
+    fn new(len: usize, stripes: usize, slot_nanos: u64) -> Self {
         let stripes = stripes.max(1);
         let stride = backstop_core::stripe::stride(len, stripes);
+        let max_lap = u64::MAX / slot_nanos.max(1) / len as u64;
+        let lap_bits = (64 - max_lap.leading_zeros()).max(1);
         Self {
             len,
             stripes,
             stride,
+            count_bits: 64 - lap_bits,
             slots: (0..stride * stripes).map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -82,31 +93,66 @@ impl Ring {
         &self.slots[(stripe % self.stripes) * self.stride + (epoch % self.len as u64) as usize]
     }
 
-    fn add(&self, stripe: usize, epoch: u64, n: u64) {
-        let tag = epoch & EPOCH_MASK;
+    fn lap(&self, epoch: u64) -> u64 {
+        epoch / self.len as u64
+    }
+
+    fn count_mask(&self) -> u64 {
+        (1 << self.count_bits) - 1
+    }
+
+    /// Adds `n` to the slot of `epoch`; `false` when `n` was not (wholly) counted: the count
+    /// saturated, or the slot already holds a later epoch (this caller read the clock a whole
+    /// ring ago and is late: it must not erase the later epoch's count).
+    fn add(&self, stripe: usize, epoch: u64, n: u64) -> bool {
+        let lap = self.lap(epoch);
+        let mask = self.count_mask();
+        let mut counted = true;
         let _ =
             self.slot(stripe, epoch)
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                    let count = if word >> COUNT_BITS == tag {
-                        (word & COUNT_MASK).saturating_add(n).min(COUNT_MASK)
-                    } else {
-                        n.min(COUNT_MASK)
+                    let current = match (word >> self.count_bits).cmp(&lap) {
+                        std::cmp::Ordering::Equal => word & mask,
+                        std::cmp::Ordering::Less => 0,
+                        std::cmp::Ordering::Greater => {
+                            counted = false;
+                            return None;
+                        }
                     };
-                    Some((tag << COUNT_BITS) | count)
+                    let count = current.saturating_add(n);
+                    counted = count <= mask;
+                    Some((lap << self.count_bits) | count.min(mask))
+                });
+        counted
+    }
+
+    /// Takes `n` back from the slot of `epoch`, if that slot still holds `epoch`'s count (a
+    /// slot that moved on has already forgotten it).
+    fn sub(&self, stripe: usize, epoch: u64, n: u64) {
+        let lap = self.lap(epoch);
+        let mask = self.count_mask();
+        let _ =
+            self.slot(stripe, epoch)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                    (word >> self.count_bits == lap)
+                        .then(|| (lap << self.count_bits) | (word & mask).saturating_sub(n))
                 });
     }
 
-    /// The sum, over every stripe, of the slots of epochs `now - span + 1 ..= now`.
-    fn sum(&self, now: u64, span: u64) -> u64 {
-        let mut total = 0;
+    /// The sum, over every stripe, of the slots of epochs `now - span + 1 ..= now`, and with
+    /// `later`, of epochs after `now` too (written by a thread whose clock read was a moment
+    /// later than this one's: a withdrawal must see those).
+    fn sum(&self, now: u64, span: u64, later: bool) -> u64 {
+        let mask = self.count_mask();
+        let len = self.len as u64;
+        let mut total = 0u64;
         for stripe in 0..self.stripes {
-            for back in 0..span.min(self.len as u64) {
-                let Some(epoch) = now.checked_sub(back) else {
-                    break;
-                };
-                let word = self.slot(stripe, epoch).load(Ordering::Acquire);
-                if word >> COUNT_BITS == epoch & EPOCH_MASK {
-                    total += word & COUNT_MASK;
+            let slots = &self.slots[stripe * self.stride..][..self.len];
+            for (index, slot) in (0..len).zip(slots) {
+                let word = slot.load(Ordering::Acquire);
+                let epoch = (word >> self.count_bits) * len + index;
+                if epoch + span > now && (later || epoch <= now) {
+                    total = total.saturating_add(word & mask);
                 }
             }
         }
@@ -161,6 +207,9 @@ pub struct RatioBudget {
     reserve: f64,
     deposits: Ring,
     withdrawals: Ring,
+    /// Every withdrawal passes through this word after writing its slot, so of two racing
+    /// withdrawals the later one sees the earlier one's slot, whichever slots they wrote.
+    fence: AtomicU64,
 }
 
 /// Builds a [`RatioBudget`].
@@ -241,22 +290,48 @@ impl RatioBudgetBuilder {
                 format!("must be between 10ms and 1 day, got {:?}", self.ttl),
             ));
         }
+        let slot_nanos = (self.ttl / SLOTS as u32).as_nanos() as u64;
         Ok(RatioBudget {
             start: Instant::now(),
-            slot_nanos: (self.ttl / SLOTS as u32).as_nanos() as u64,
+            slot_nanos,
             ratio: self.ratio,
             reserve: f64::from(self.min_per_sec) * self.ttl.as_secs_f64(),
-            deposits: Ring::new(SLOTS as usize, backstop_core::stripe::count()),
-            withdrawals: Ring::new(SLOTS as usize + 1, 1),
+            deposits: Ring::new(SLOTS as usize, backstop_core::stripe::count(), slot_nanos),
+            withdrawals: Ring::new(SLOTS as usize + 1, 1, slot_nanos),
+            fence: AtomicU64::new(0),
         })
     }
 }
 
 impl RatioBudget {
     fn balance_at(&self, epoch: u64) -> f64 {
-        let deposits = self.deposits.sum(epoch, SLOTS) as f64;
-        let withdrawals = self.withdrawals.sum(epoch, SLOTS + 1) as f64;
+        let deposits = self.deposits.sum(epoch, SLOTS, false) as f64;
+        let withdrawals = self.withdrawals.sum(epoch, SLOTS + 1, true) as f64;
         self.ratio * deposits + self.reserve - withdrawals
+    }
+
+    /// Reserve, verify, refund: the withdrawal is written first and the balance then read
+    /// with it counted, so of several threads racing for the last token at most one keeps it.
+    /// Each withdrawal then passes through `fence` (one read-modify-write on one word), so
+    /// the later of two racing withdrawals sees the earlier one's slot even when the two
+    /// wrote different slots (a slot boundary between them), and a withdrawal also counts
+    /// slots of epochs later than its own clock read. A thread that finds the balance
+    /// overdrawn takes its withdrawal back. Racing threads may all refuse (a spurious
+    /// refusal, never an over-grant).
+    fn try_withdraw_at(&self, epoch: u64) -> bool {
+        // A spent budget is refused without a write.
+        if self.balance_at(epoch) < 1.0 {
+            return false;
+        }
+        if !self.withdrawals.add(0, epoch, 1) {
+            return false; // a withdrawal that cannot be counted is not granted
+        }
+        self.fence.fetch_add(1, Ordering::AcqRel);
+        if self.balance_at(epoch) < 0.0 {
+            self.withdrawals.sub(0, epoch, 1);
+            return false;
+        }
+        true
     }
 }
 
@@ -267,14 +342,11 @@ impl Budget for RatioBudget {
     }
 
     fn try_withdraw(&self) -> bool {
-        let epoch = self.epoch();
-        if self.balance_at(epoch) < 1.0 {
-            return false;
-        }
-        // Check-then-add: two threads racing for the last token may both take it, so the
-        // bound can be exceeded by at most the number of threads racing at that instant.
-        self.withdrawals.add(0, epoch, 1);
-        true
+        self.try_withdraw_at(self.epoch())
+    }
+
+    fn refund(&self) {
+        self.withdrawals.sub(0, self.epoch(), 1);
     }
 
     fn balance(&self) -> f64 {
@@ -369,36 +441,94 @@ mod loom_models {
     #[test]
     fn concurrent_adds_to_one_slot_are_never_lost() {
         loom::model(|| {
-            let ring = Arc::new(Ring::new(2, 2));
+            let ring = Arc::new(Ring::new(2, 2, 1_000_000));
             let other = ring.clone();
             // Two threads on one stripe, and a third stripe's deposit added by the sum.
             let t = thread::spawn(move || other.add(0, 5, 1));
             ring.add(0, 5, 2);
             ring.add(1, 5, 4);
             t.join().unwrap();
-            assert_eq!(ring.sum(5, 2), 7);
+            assert_eq!(ring.sum(5, 2, false), 7);
         });
     }
 
     #[test]
     fn a_reused_slot_never_mixes_epochs() {
         loom::model(|| {
-            let ring = Arc::new(Ring::new(2, 1));
+            let ring = Arc::new(Ring::new(2, 1, 1_000_000));
             ring.add(0, 1, 4);
             let other = ring.clone();
             // Epoch 3 lands in epoch 1's slot while epoch 1 is still being added to.
             let t = thread::spawn(move || other.add(0, 3, 1));
             ring.add(0, 1, 2);
             t.join().unwrap();
-            let old = ring.sum(1, 1);
-            let new = ring.sum(3, 1);
-            // Either epoch 1's add came first and epoch 3 then reset the slot (0, 1), or epoch
-            // 3 came first and the late epoch-1 add reset it again (2, 0). A count is never
-            // carried from one epoch into another.
-            assert!(
-                (old == 0 && new == 1) || (old == 2 && new == 0),
-                "old {old}, new {new}"
+            let old = ring.sum(1, 1, false);
+            let new = ring.sum(3, 1, false);
+            // Either epoch 1's add came first and epoch 3 then reset the slot, or epoch 3 came
+            // first and the late epoch-1 add was refused: either way epoch 3 keeps its count,
+            // and a count is never carried from one epoch into another.
+            assert!(old == 0 && new == 1, "old {old}, new {new}");
+        });
+    }
+
+    fn one_token() -> RatioBudget {
+        // A reserve of exactly one retry, no deposits.
+        RatioBudget::builder()
+            .ttl(Duration::from_secs(1))
+            .min_per_sec(1)
+            .build()
+            .unwrap()
+    }
+
+    /// Two threads race for the last token: at most one gets it, and the withdrawal ring then
+    /// holds exactly the withdrawals granted (a refused one was taken back).
+    #[test]
+    fn two_threads_never_both_take_the_last_token() {
+        loom::model(|| {
+            let budget = Arc::new(one_token());
+            let other = budget.clone();
+            let t = thread::spawn(move || other.try_withdraw_at(3));
+            let mine = budget.try_withdraw_at(3);
+            let theirs = t.join().unwrap();
+            assert!(!(mine && theirs), "both took the last token");
+            let granted = u64::from(mine) + u64::from(theirs);
+            assert_eq!(budget.withdrawals.sum(3, SLOTS + 1, true), granted);
+        });
+    }
+
+    /// Withdrawals in two different slots (a slot boundary between the two threads) are still
+    /// seen by each other: the bound holds across slots, not only within one.
+    #[test]
+    fn the_last_token_is_not_taken_twice_across_a_slot_boundary() {
+        loom::model(|| {
+            let budget = Arc::new(one_token());
+            let other = budget.clone();
+            let t = thread::spawn(move || other.try_withdraw_at(3));
+            let mine = budget.try_withdraw_at(4);
+            assert!(!(mine && t.join().unwrap()));
+        });
+    }
+
+    /// A deposit racing a withdrawal: the withdrawal is granted only against tokens that
+    /// exist, and a deposit is never lost.
+    #[test]
+    fn a_deposit_racing_a_withdrawal() {
+        loom::model(|| {
+            let budget = Arc::new(
+                RatioBudget::builder()
+                    .ratio(1.0)
+                    .ttl(Duration::from_secs(1))
+                    .min_per_sec(0)
+                    .build()
+                    .unwrap(),
             );
+            let other = budget.clone();
+            let t = thread::spawn(move || other.deposits.add(0, 2, 1));
+            let granted = budget.try_withdraw_at(2);
+            t.join().unwrap();
+            assert_eq!(budget.deposits.sum(2, SLOTS, false), 1);
+            let expected = if granted { 0.0 } else { 1.0 };
+            assert!((budget.balance_at(2) - expected).abs() < 1e-9);
         });
     }
 }
@@ -442,6 +572,84 @@ mod tests {
         // The withdrawals expire one slot later than deposits would.
         advance(Duration::from_millis(1100)).await;
         assert!(b.try_withdraw());
+    }
+
+    /// Defect: 24-bit slot tags aliased after 2^24 slots, so an idle budget resurrected old
+    /// deposits (and forgot withdrawals). Laps now have every bit the clock can reach.
+    #[tokio::test(start_paused = true)]
+    async fn no_idle_period_brings_old_tokens_back() {
+        let b = RatioBudget::builder()
+            .ratio(1.0)
+            .ttl(Duration::from_millis(10))
+            .min_per_sec(0)
+            .build()
+            .unwrap();
+        for _ in 0..50 {
+            b.record_success();
+        }
+        assert!((b.balance() - 50.0).abs() < 1e-9);
+        // Where 24-bit tags came round again (2^24 slots of 1 ms), and far beyond.
+        for idle in [1u64 << 24, (1 << 24) * 10, 1 << 40] {
+            advance(Duration::from_millis(idle)).await;
+            assert_eq!(b.balance(), 0.0, "after {idle} idle slots");
+            assert!(!b.try_withdraw());
+        }
+    }
+
+    #[test]
+    fn tags_cover_every_epoch_the_clock_can_reach() {
+        for ttl in [
+            Duration::from_millis(10),
+            Duration::from_secs(10),
+            Duration::from_secs(86_400),
+        ] {
+            let slot_nanos = (ttl / SLOTS as u32).as_nanos() as u64;
+            let ring = Ring::new(SLOTS as usize + 1, 1, slot_nanos);
+            let last_epoch = u64::MAX / slot_nanos;
+            assert!(
+                ring.lap(last_epoch) < 1 << (64 - ring.count_bits),
+                "{ttl:?}"
+            );
+            // And the count still holds more than one add per nanosecond of a slot.
+            assert!(ring.count_mask() >= slot_nanos, "{ttl:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_gives_the_token_back() {
+        let b = RatioBudget::builder()
+            .ttl(Duration::from_secs(1))
+            .min_per_sec(1)
+            .build()
+            .unwrap();
+        assert!(b.try_withdraw());
+        assert!(!b.try_withdraw());
+        b.refund();
+        assert!(b.try_withdraw());
+    }
+
+    /// Real threads hammering one budget: retries granted never exceed the tokens there were.
+    #[test]
+    fn threads_racing_never_overdraw() {
+        for _ in 0..20 {
+            let b = std::sync::Arc::new(
+                RatioBudget::builder()
+                    .ratio(0.5)
+                    .min_per_sec(0)
+                    .build()
+                    .unwrap(),
+            );
+            for _ in 0..20 {
+                b.record_success();
+            }
+            let granted: usize = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..4)
+                    .map(|_| s.spawn(|| (0..50).filter(|_| b.try_withdraw()).count()))
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            assert!(granted <= 10, "{granted} retries from 10 tokens");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,9 +1,10 @@
 use crate::{
     ReplayBody,
     backoff::{BackoffState, Rng},
+    body::RetryBody,
     layer::Handle,
     pushback::mark_exhausted,
-    service::{Bounds, Template},
+    service::{AttemptEnd, Bounds, Template},
     stats::GiveUp,
 };
 use backstop_core::{
@@ -24,7 +25,7 @@ use tower_service::Service;
 
 /// The first attempt, as `call` left it.
 pub(crate) enum Attempt<F> {
-    Sent(F, Option<(Instant, bool)>),
+    Sent(F, AttemptEnd),
     Expired,
 }
 
@@ -46,8 +47,11 @@ pub(crate) struct RetryState<S, B, C> {
     service: S,
     template: Template,
     body: ReplayBody<B>,
+    /// The next attempt's copy of the body, taken over when the retry was decided.
+    next: Option<ReplayBody<B>>,
     bounds: Bounds,
     attempts: u32,
+    /// The backoff since it last started over (a gRPC pushback resets it, per A6).
     backoff: BackoffState,
     rng: Option<Rng>,
     number: u64,
@@ -63,7 +67,7 @@ pin_project! {
             // never touches the timer.
             #[pin]
             timer: Option<Sleep>,
-            end: Option<(Instant, bool)>,
+            end: AttemptEnd,
         },
         Expired,
         Waiting { #[pin] sleep: Sleep },
@@ -94,7 +98,7 @@ where
             state: State::Calling {
                 future,
                 timer: None,
-                end: None,
+                end: AttemptEnd::Unbounded,
             },
         }
     }
@@ -119,6 +123,7 @@ where
                 service,
                 template,
                 body,
+                next: None,
                 bounds,
                 attempts: 1,
                 backoff: BackoffState::default(),
@@ -130,7 +135,7 @@ where
     }
 }
 
-fn calling<F>(future: F, end: Option<(Instant, bool)>) -> State<F> {
+fn calling<F>(future: F, end: AttemptEnd) -> State<F> {
     State::Calling {
         future,
         timer: None,
@@ -146,10 +151,20 @@ fn mix(seed: u64, n: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// What to do with a finished attempt.
+enum Verdict {
+    /// Return the result.
+    Return,
+    /// Return the result, whose outcome is still to come in its trailers: the body records
+    /// it in the budget.
+    ReturnWatched,
+    /// Retry after this wait.
+    Retry(Duration),
+}
+
 impl<S, B, C> RetryState<S, B, C> {
-    /// The decision order for a finished attempt: `None` to return its result now, or the
-    /// wait before the next attempt.
-    fn decide<R>(&mut self, result: Result<&Response<R>, &BoxError>) -> Option<Duration>
+    /// The decision order for a finished attempt.
+    fn decide<R>(&mut self, result: Result<&Response<R>, &BoxError>) -> Verdict
     where
         C: Classify<Response<R>>,
     {
@@ -159,25 +174,33 @@ impl<S, B, C> RetryState<S, B, C> {
             .classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
         let (retryable, hint) = match outcome {
             Outcome::Success => {
+                // A gRPC response committed by its headers: the trailers tell success from
+                // failure, so the budget hears of it at the end of the body.
+                if let Ok(response) = result
+                    && policy.classifier.awaits_trailers(response)
+                {
+                    return Verdict::ReturnWatched;
+                }
                 if let Some(budget) = &policy.budget {
                     budget.record_success();
                 }
-                return None;
+                return Verdict::Return;
             }
-            Outcome::Ignored => return None,
+            Outcome::Ignored => return Verdict::Return,
             Outcome::Rejected => {
                 // Our own rejection (an open breaker, a spent deadline): callers upstream must
                 // not retry it either.
                 mark_exhausted();
-                return None;
+                return Verdict::Return;
             }
             Outcome::Failure { retryable, hint } => (retryable, hint),
         };
-        if let Some(budget) = &policy.budget {
+        if let Some(budget) = &policy.budget
+            && counts_as_failure(retryable, hint)
+        {
             budget.record_failure();
         }
-        let wait = self.wait(retryable, hint);
-        match wait {
+        match self.wait(retryable, hint) {
             Ok(wait) => {
                 self.attempts += 1;
                 self.shared.stats.retry();
@@ -186,7 +209,7 @@ impl<S, B, C> RetryState<S, B, C> {
                     wait_ms = wait.as_millis() as u64,
                     "retrying request"
                 );
-                Some(wait)
+                Verdict::Retry(wait)
             }
             Err(why) => {
                 self.shared.stats.give_up(why);
@@ -198,11 +221,13 @@ impl<S, B, C> RetryState<S, B, C> {
                     attempts = self.attempts,
                     "not retrying"
                 );
-                None
+                Verdict::Return
             }
         }
     }
 
+    /// Steps 1 to 8 of the decision order; on success the budget token is taken and the body
+    /// taken over for the next attempt.
     fn wait(&mut self, retryable: Retryable, hint: Option<ServerHint>) -> Result<Duration, GiveUp> {
         let policy = &self.shared.policy;
         if retryable == Retryable::Never {
@@ -231,27 +256,46 @@ impl<S, B, C> RetryState<S, B, C> {
                     .map_or_else(|| fastrand::u64(..), |s| mix(s, self.number)),
             )
         });
-        self.backoff.retry = self.attempts;
-        let backoff = policy.backoff.next_delay(&mut self.backoff, rng);
-        let wait = match hint.and_then(ServerHint::delay) {
-            Some(asked) => asked.min(policy.max_hint).max(backoff),
-            None => backoff,
-        };
-        if let Some(deadline) = self.bounds.deadline
-            && wait.saturating_add(policy.min_attempt_time) > deadline.remaining()
-        {
-            return Err(GiveUp::Deadline);
+        let wait =
+            match hint {
+                // gRPC A6: retry in exactly n ms, and the backoff starts over after it.
+                Some(ServerHint::Pushback(asked)) => {
+                    self.backoff = BackoffState::default();
+                    asked.min(policy.max_hint)
+                }
+                // RFC 9110 `Retry-After`: the least to wait; the backoff may say longer.
+                Some(ServerHint::RetryAfter(asked)) => asked
+                    .min(policy.max_hint)
+                    .max(next_backoff(policy, &mut self.backoff, rng)),
+                _ => next_backoff(policy, &mut self.backoff, rng),
+            };
+        if let Some(send_by) = self.bounds.send_by() {
+            let earliest = Instant::now()
+                .checked_add(wait)
+                .and_then(|t| t.checked_add(policy.min_attempt_time));
+            if earliest.is_none_or(|t| t > send_by) {
+                return Err(GiveUp::Deadline);
+            }
         }
         if let Some(budget) = &policy.budget
             && !budget.try_withdraw()
         {
             return Err(GiveUp::Budget);
         }
+        // Last, so an attempt whose result is returned keeps its body: the next attempt's
+        // copy takes the body over from this attempt's, which may still be sending it.
+        let Some(next) = self.body.replay() else {
+            if let Some(budget) = &policy.budget {
+                budget.refund();
+            }
+            return Err(GiveUp::NotReplayable);
+        };
+        self.next = Some(next);
         Ok(wait)
     }
 
-    fn next_request(&self) -> Option<Request<ReplayBody<B>>> {
-        let body = self.body.replay()?;
+    fn next_request(&mut self) -> Option<Request<ReplayBody<B>>> {
+        let body = self.next.take()?;
         let mut req = self.template.request(body);
         if is_grpc(&self.template.headers) {
             req.headers_mut().insert(
@@ -263,13 +307,30 @@ impl<S, B, C> RetryState<S, B, C> {
     }
 }
 
+/// The next backoff delay; `state.retry` counts the retries since the backoff started over.
+fn next_backoff<C>(
+    policy: &crate::RetryPolicy<C>,
+    state: &mut BackoffState,
+    rng: &mut Rng,
+) -> Duration {
+    state.retry += 1;
+    policy.backoff.next_delay(state, rng)
+}
+
+/// Whether a failed attempt takes from a budget that counts failures (gRPC A6 throttling):
+/// only a failure the policy could retry, or a server's "do not retry" — not a malformed
+/// request or a final status.
+pub(crate) fn counts_as_failure(retryable: Retryable, hint: Option<ServerHint>) -> bool {
+    retryable != Retryable::Never || hint == Some(ServerHint::DoNotRetry)
+}
+
 impl<S, B, C, R> Future for ResponseFuture<S, B, C>
 where
     S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
     S::Error: Into<BoxError>,
     C: Classify<Response<R>>,
 {
-    type Output = Result<Response<R>, BoxError>;
+    type Output = Result<Response<RetryBody<R, C>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -283,7 +344,7 @@ where
                     let result: Result<Response<R>, BoxError> = match future.poll(cx) {
                         Poll::Ready(result) => result.map_err(Into::into),
                         Poll::Pending => {
-                            let Some((at, is_deadline)) = *end else {
+                            let (AttemptEnd::Deadline(at) | AttemptEnd::Timeout(at)) = *end else {
                                 return Poll::Pending;
                             };
                             if timer.is_none() {
@@ -291,27 +352,30 @@ where
                             }
                             let timer = timer.as_pin_mut().expect("armed above");
                             ready!(timer.poll(cx));
-                            Err(if is_deadline {
+                            Err(if matches!(end, AttemptEnd::Deadline(_)) {
                                 DeadlineExceeded::new().into()
                             } else {
                                 AttemptTimedOut::new().into()
                             })
                         }
                     };
-                    let wait = match this.retry.as_mut() {
+                    let verdict = match this.retry.as_mut() {
                         Some(retry) => retry.decide(result.as_ref()),
-                        None => None,
+                        None => Verdict::Return,
                     };
-                    match wait {
-                        None => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(result);
-                        }
-                        Some(wait) => {
+                    let watch = match verdict {
+                        Verdict::Retry(wait) => {
                             drop(result);
                             this.state.set(State::Waiting { sleep: sleep(wait) });
+                            continue;
                         }
-                    }
+                        Verdict::Return => None,
+                        Verdict::ReturnWatched => this.retry.as_ref().map(|r| r.shared.clone()),
+                    };
+                    this.state.set(State::Done);
+                    return Poll::Ready(
+                        result.map(|response| response.map(|body| RetryBody::new(body, watch))),
+                    );
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);
@@ -327,11 +391,9 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(Err(e.into()));
                     }
-                    let Some(mut req) = retry.next_request() else {
-                        // Checked before waiting; the body cannot have changed since.
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err("request body no longer replayable".into()));
-                    };
+                    let mut req = retry
+                        .next_request()
+                        .expect("the body is taken over when the retry is decided");
                     match retry.bounds.arm(&mut req, false) {
                         Ok(end) => {
                             let future = retry.service.call(req);

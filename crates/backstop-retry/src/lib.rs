@@ -99,6 +99,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 pub mod backoff;
+mod body;
 pub mod budget;
 mod future;
 mod layer;
@@ -109,11 +110,12 @@ mod service;
 mod stats;
 
 pub use backoff::Backoff;
+pub use body::RetryBody;
 pub use budget::{Budget, GrpcThrottle, RatioBudget, RatioBudgetBuilder};
 pub use future::ResponseFuture;
 pub use layer::RetryLayer;
 pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryPolicy};
 pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};
-pub use replay::ReplayBody;
+pub use replay::{BodySuperseded, ReplayBody};
 pub use service::Retry;
 pub use stats::{GiveUp, RetryStats};

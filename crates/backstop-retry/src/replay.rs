@@ -1,27 +1,76 @@
 //! Request bodies that can be sent again without the caller making them `Clone`.
+//!
+//! # Ownership: one reader of the original body at a time
+//!
+//! Attempts do not follow one another neatly on a real transport: after an early `503`,
+//! hyper's connection task may go on polling the first attempt's body while the retry's body is
+//! already being sent. So the copies of one [`ReplayBody`] follow one rule, enforced under the
+//! lock of their shared state:
+//!
+//! - **The newest copy owns the original body.** [`ReplayBody::replay`] makes a copy and hands
+//!   it the ownership at once, before it is ever polled.
+//! - **An older copy is fenced off.** Polled after a newer copy exists, it fails with
+//!   [`BodySuperseded`] and never reads the original body again, so it can neither consume
+//!   bytes that the newer copy has not replayed yet, nor overflow and clear the buffer under
+//!   it, nor steal the original body's waker. A transport sending the older copy aborts that
+//!   stream (an error, never a shorter body that looks complete).
+//! - **Every waiting copy is woken.** A copy waiting on the original body when it is fenced
+//!   off is woken, so its transport learns at once that the stream is over.
+//! - **A copy sends exactly the original bytes, or fails.** It replays the buffered chunks in
+//!   order, then reads on from where the original body was left. The buffer is only appended
+//!   to by the owner and only cleared when the owner crosses `max_replay_bytes`, and from then
+//!   on no new copy can be made ([`ReplayBody::replay`] returns `None`).
+//!
+//! The retry layer takes the ownership for the next attempt at the moment it decides to retry
+//! (not after the backoff), and only then: an attempt whose result is returned to the caller
+//! keeps its body, so the response it is reading is never cut short.
+//!
+//! The state is behind one `Mutex`, taken for a few instructions per frame and never across
+//! an `await`; a body passed through (retries off) or empty takes no lock at all.
 
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use std::{
+    error::Error,
     fmt,
     pin::Pin,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
 };
+
+#[cfg(loom)]
+use loom::sync::{Arc, Mutex, MutexGuard};
+#[cfg(not(loom))]
+use std::sync::{Arc, Mutex, MutexGuard};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// The error of a [`ReplayBody`] copy polled after a newer copy took the original body over
+/// (a retry started while the transport was still sending this attempt's body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BodySuperseded;
+
+impl fmt::Display for BodySuperseded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("request body taken over by a newer attempt")
+    }
+}
+
+impl Error for BodySuperseded {}
 
 /// A request body that records what it sends so a retry can send it again.
 ///
-/// The first attempt reads the original body; every data frame is copied (as a cheap `Bytes`
-/// clone) into a buffer shared with later attempts, up to `max_replay_bytes`. A later attempt
-/// first replays the buffer, then goes on reading the original body where the earlier attempt
-/// left it — so a first attempt that failed before reading the whole body is no problem.
-/// Once more than `max_replay_bytes` have been read, buffering stops and the request can no
-/// longer be retried ([`ReplayBody::is_replayable`]).
+/// The first copy to be polled reads the original body; every data frame is kept (as a cheap
+/// `Bytes` clone) in a buffer shared with later copies, up to `max_replay_bytes`. A later copy
+/// first replays the buffer, then goes on reading the original body where the earlier copy
+/// left it — so a first attempt that failed before reading the whole body is no problem. Once
+/// more than `max_replay_bytes` have been read, buffering stops and no copy can be made any
+/// more ([`ReplayBody::is_replayable`]). Only the newest copy may read: see the
+/// [module docs](self) for the ownership rule.
 ///
 /// When retries are off for a request the body is passed through as is: no buffer, no lock.
-/// The lock that guards the shared state is taken only on the retry path, never concurrently
-/// in practice (attempts follow one another), and never across an `await`.
+/// Errors of the original body are passed on boxed; a fenced-off copy fails with
+/// [`BodySuperseded`].
 pub struct ReplayBody<B> {
     inner: Inner<B>,
 }
@@ -30,6 +79,8 @@ enum Inner<B> {
     Passthrough(Pin<Box<B>>),
     Shared {
         state: Arc<Mutex<State<B>>>,
+        /// This copy's number; it may read the original body while it is `State::owner`.
+        id: u64,
         /// The next buffered chunk this copy returns.
         pos: usize,
         trailers_sent: bool,
@@ -49,6 +100,12 @@ struct State<B> {
     trailers: Option<HeaderMap>,
     ended: bool,
     hint: SizeHint,
+    /// The copy that may read the original body: the newest one.
+    owner: u64,
+    /// The number the next copy gets.
+    next_id: u64,
+    /// The owner's waker while it waits on the original body, to wake it when it is fenced off.
+    waiting: Option<Waker>,
 }
 
 impl<B: Body> ReplayBody<B> {
@@ -59,7 +116,8 @@ impl<B: Body> ReplayBody<B> {
         }
     }
 
-    /// A replayable body, buffering at most `max_replay_bytes`.
+    /// A replayable body, buffering at most `max_replay_bytes`. This value is the first copy
+    /// (and, until [`replay`](Self::replay) is called, the owner of the original body).
     pub fn new(body: B, max_replay_bytes: usize) -> Self {
         let hint = body.size_hint();
         Self {
@@ -74,7 +132,11 @@ impl<B: Body> ReplayBody<B> {
                     trailers: None,
                     ended: false,
                     hint,
+                    owner: 0,
+                    next_id: 1,
+                    waiting: None,
                 })),
+                id: 0,
                 pos: 0,
                 trailers_sent: false,
             },
@@ -83,35 +145,61 @@ impl<B: Body> ReplayBody<B> {
 }
 
 fn lock<B>(state: &Mutex<State<B>>) -> MutexGuard<'_, State<B>> {
-    // A panic while polling the body poisons the lock; the state is still consistent.
-    state.lock().unwrap_or_else(PoisonError::into_inner)
+    // A panic while polling the body poisons the lock; the state is still consistent (every
+    // update is a single assignment after the inner poll returned).
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl<B> ReplayBody<B> {
-    /// Another copy that starts from the beginning, for the next attempt; `None` when this body
-    /// cannot be replayed (passed through, overflowed, or failed).
+    /// A new copy that starts from the beginning, for the next attempt, and that takes the
+    /// original body over from every older copy at once (they fail with [`BodySuperseded`]
+    /// from now on; one waiting on the original body is woken). `None` when this body cannot
+    /// be replayed (passed through, overflowed, or failed); the older copies then keep going.
     pub fn replay(&self) -> Option<Self> {
         match &self.inner {
-            Inner::Shared { state, .. } if lock(state).is_replayable() => Some(Self {
-                inner: Inner::Shared {
-                    state: state.clone(),
-                    pos: 0,
-                    trailers_sent: false,
-                },
-            }),
-            Inner::Empty => Some(Self {
-                inner: Inner::Empty,
-            }),
-            _ => None,
+            Inner::Shared { state, .. } => {
+                let mut guard = lock(state);
+                if !guard.is_replayable() {
+                    return None;
+                }
+                let id = guard.next_id;
+                guard.next_id += 1;
+                guard.owner = id;
+                let fenced = guard.waiting.take();
+                drop(guard);
+                if let Some(waker) = fenced {
+                    waker.wake();
+                }
+                Some(Self {
+                    inner: Inner::Shared {
+                        state: state.clone(),
+                        id,
+                        pos: 0,
+                        trailers_sent: false,
+                    },
+                })
+            }
+            Inner::Empty => Some(Self::empty()),
+            Inner::Passthrough(_) => None,
         }
     }
 
-    /// Whether a copy of this body could still be sent again.
+    /// Whether a copy of this body could still be made.
     pub fn is_replayable(&self) -> bool {
         match &self.inner {
             Inner::Shared { state, .. } => lock(state).is_replayable(),
             Inner::Empty => true,
             Inner::Passthrough(_) => false,
+        }
+    }
+
+    /// Whether a newer copy has taken the original body over from this one.
+    pub fn is_superseded(&self) -> bool {
+        match &self.inner {
+            Inner::Shared { state, id, .. } => lock(state).owner != *id,
+            _ => false,
         }
     }
 
@@ -140,25 +228,32 @@ impl<B> State<B> {
 impl<B> Body for ReplayBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let (state, pos, trailers_sent) = match &mut this.inner {
-            Inner::Passthrough(body) => return body.as_mut().poll_frame(cx),
+        let (state, id, pos, trailers_sent) = match &mut this.inner {
+            Inner::Passthrough(body) => {
+                return body.as_mut().poll_frame(cx).map_err(Into::into);
+            }
             Inner::Empty => return Poll::Ready(None),
             Inner::Shared {
                 state,
+                id,
                 pos,
                 trailers_sent,
-            } => (state, pos, trailers_sent),
+            } => (state, *id, pos, trailers_sent),
         };
         let mut state = lock(state);
+        if state.owner != id {
+            return Poll::Ready(Some(Err(BodySuperseded.into())));
+        }
         if let Some(chunk) = state.chunks.get(*pos) {
             *pos += 1;
             return Poll::Ready(Some(Ok(Frame::data(chunk.clone()))));
@@ -170,21 +265,39 @@ where
             }
             return Poll::Ready(None);
         }
+        if state.failed {
+            // The original body failed while an older copy read it; this copy cannot go on.
+            return Poll::Ready(Some(
+                Err("request body failed in an earlier attempt".into()),
+            ));
+        }
         let Some(body) = state.body.as_mut() else {
             return Poll::Ready(None);
         };
-        match body.as_mut().poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
+        let polled = body.as_mut().poll_frame(cx);
+        match polled {
+            Poll::Pending => {
+                match &state.waiting {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => state.waiting = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
             Poll::Ready(None) => {
                 state.ended = true;
                 state.body = None;
+                state.waiting = None;
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
                 state.failed = true;
-                Poll::Ready(Some(Err(e)))
+                state.body = None;
+                state.chunks = Vec::new();
+                state.waiting = None;
+                Poll::Ready(Some(Err(e.into())))
             }
             Poll::Ready(Some(Ok(frame))) => {
+                state.waiting = None;
                 let frame = match frame.into_data() {
                     Ok(data) => {
                         if !state.overflowed && state.buffered + data.len() <= state.max {
@@ -193,7 +306,8 @@ where
                             *pos += 1;
                         } else if !state.overflowed {
                             state.overflowed = true;
-                            // Nothing can be replayed any more: free the buffer.
+                            // No copy can be made any more: free the buffer. This copy is the
+                            // owner and has sent every chunk, so it loses nothing.
                             state.chunks = Vec::new();
                             *pos = 0;
                         }
@@ -222,10 +336,14 @@ where
             Inner::Empty => true,
             Inner::Shared {
                 state,
+                id,
                 pos,
                 trailers_sent,
             } => {
                 let state = lock(state);
+                if state.owner != *id {
+                    return false;
+                }
                 let replayed_all = *pos >= state.chunks.len();
                 let done = state.ended || state.body.as_ref().is_some_and(|b| b.is_end_stream());
                 replayed_all && done && (state.trailers.is_none() || *trailers_sent)
@@ -247,11 +365,12 @@ impl<B> fmt::Debug for ReplayBody<B> {
         match &self.inner {
             Inner::Passthrough(_) => f.write_str("ReplayBody::Passthrough"),
             Inner::Empty => f.write_str("ReplayBody::Empty"),
-            Inner::Shared { state, pos, .. } => {
+            Inner::Shared { state, id, pos, .. } => {
                 let state = lock(state);
                 f.debug_struct("ReplayBody")
                     .field("buffered", &state.buffered)
                     .field("pos", pos)
+                    .field("owner", &(state.owner == *id))
                     .field("replayable", &state.is_replayable())
                     .finish()
             }
@@ -259,27 +378,75 @@ impl<B> fmt::Debug for ReplayBody<B> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use http_body_util::{BodyExt, Full, channel::Channel};
     use proptest::prelude::*;
+    use std::{
+        convert::Infallible,
+        sync::atomic::{AtomicUsize, Ordering},
+        task::Wake,
+    };
 
-    async fn all(body: ReplayBody<impl Body<Data = Bytes, Error = impl fmt::Debug>>) -> Vec<u8> {
+    async fn all(
+        body: ReplayBody<impl Body<Data = Bytes, Error = impl Into<BoxError>>>,
+    ) -> Vec<u8> {
         body.collect().await.unwrap().to_bytes().to_vec()
+    }
+
+    /// A waker that counts its wakes.
+    #[derive(Default)]
+    struct Counter(AtomicUsize);
+
+    impl Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counting() -> (Arc<Counter>, Waker) {
+        let counter = Arc::new(Counter::default());
+        (counter.clone(), Waker::from(counter))
+    }
+
+    fn poll<B>(
+        body: &mut ReplayBody<B>,
+        waker: &Waker,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        Pin::new(body).poll_frame(&mut Context::from_waker(waker))
+    }
+
+    fn data(p: Poll<Option<Result<Frame<Bytes>, BoxError>>>) -> Bytes {
+        match p {
+            Poll::Ready(Some(Ok(f))) => f.into_data().unwrap(),
+            other => panic!(
+                "expected data, got {:?}",
+                other.map(|o| o.map(|r| r.is_ok()))
+            ),
+        }
+    }
+
+    fn superseded(p: Poll<Option<Result<Frame<Bytes>, BoxError>>>) -> bool {
+        matches!(p, Poll::Ready(Some(Err(e))) if e.is::<BodySuperseded>())
     }
 
     #[tokio::test]
     async fn a_whole_body_is_replayed_identically() {
         let body = ReplayBody::new(Full::new(Bytes::from_static(b"hello world")), 1024);
+        let first = body.replay().unwrap();
+        assert_eq!(all(first).await, b"hello world");
         let again = body.replay().unwrap();
-        assert_eq!(all(body).await, b"hello world");
         assert_eq!(all(again).await, b"hello world");
     }
 
     #[tokio::test]
     async fn a_partly_read_body_is_replayed_then_continued() {
-        let (mut tx, rx) = Channel::<Bytes, std::convert::Infallible>::new(4);
+        let (mut tx, rx) = Channel::<Bytes, Infallible>::new(4);
         let mut first = ReplayBody::new(rx, 1024);
         tx.send_data(Bytes::from_static(b"ab")).await.unwrap();
         assert_eq!(
@@ -302,10 +469,10 @@ mod tests {
     #[tokio::test]
     async fn past_the_cap_the_body_is_sent_but_not_replayable() {
         let body = ReplayBody::new(Full::new(Bytes::from(vec![7u8; 100])), 99);
-        let probe = body.replay().unwrap();
-        assert_eq!(all(body).await, vec![7u8; 100]);
-        assert!(!probe.is_replayable());
-        assert!(probe.replay().is_none());
+        let first = body.replay().unwrap();
+        assert_eq!(all(first).await, vec![7u8; 100]);
+        assert!(!body.is_replayable());
+        assert!(body.replay().is_none());
     }
 
     #[tokio::test]
@@ -314,6 +481,94 @@ mod tests {
         assert!(body.replay().is_none());
         assert_eq!(all(body).await, b"x");
         assert!(ReplayBody::<Full<Bytes>>::empty().replay().is_some());
+    }
+
+    /// Defect: the first attempt's copy, still polled by its transport after an early 503,
+    /// crossed the cap and cleared the buffer while the retry's copy was replaying it, so the
+    /// retry sent a shorter body. Now the older copy is fenced off the moment the retry's copy
+    /// exists, and the retry sends exactly the original bytes.
+    #[tokio::test]
+    async fn an_older_copy_polled_on_cannot_cut_the_retry_short() {
+        let (mut tx, rx) = Channel::<Bytes, Infallible>::new(8);
+        let keeper = ReplayBody::new(rx, 10);
+        let mut first = keeper.replay().unwrap();
+        let (_, waker) = counting();
+        tx.send_data(Bytes::from_static(b"aaaa")).await.unwrap();
+        tx.send_data(Bytes::from_static(b"bbbb")).await.unwrap();
+        assert_eq!(data(poll(&mut first, &waker)), "aaaa");
+        assert_eq!(data(poll(&mut first, &waker)), "bbbb");
+        // The dependency answers 503 here; the retry layer takes the body over.
+        let mut retry = keeper.replay().unwrap();
+        assert_eq!(data(poll(&mut retry, &waker)), "aaaa");
+        tx.send_data(Bytes::from_static(b"cccc")).await.unwrap();
+        tx.send_data(Bytes::from_static(b"dddd")).await.unwrap();
+        drop(tx);
+        // hyper's connection task polls the first attempt's body again: it is fenced off and
+        // reads nothing, so it cannot overflow the buffer the retry is replaying.
+        assert!(superseded(poll(&mut first, &waker)));
+        assert!(first.is_superseded() && !retry.is_superseded());
+        let mut rest = Vec::new();
+        while let Poll::Ready(Some(Ok(f))) = poll(&mut retry, &waker) {
+            rest.extend_from_slice(&f.into_data().unwrap());
+        }
+        assert_eq!(rest, b"bbbbccccdddd");
+        // The retry crossed the cap: no further copy.
+        assert!(keeper.replay().is_none());
+    }
+
+    /// Defect: both copies polled the original body and only the last waker was kept, so the
+    /// retry's copy was never woken. Now only the owner polls the original body, and a fenced
+    /// copy that was waiting is woken so its transport ends the stream.
+    #[tokio::test]
+    async fn the_owner_is_woken_and_a_fenced_copy_is_woken_once() {
+        let (mut tx, rx) = Channel::<Bytes, Infallible>::new(8);
+        let keeper = ReplayBody::new(rx, 1024);
+        let mut first = keeper.replay().unwrap();
+        let (first_wakes, first_waker) = counting();
+        let (retry_wakes, retry_waker) = counting();
+        assert!(poll(&mut first, &first_waker).is_pending());
+        let mut retry = keeper.replay().unwrap();
+        assert_eq!(first_wakes.0.load(Ordering::SeqCst), 1, "fenced copy woken");
+        assert!(poll(&mut retry, &retry_waker).is_pending());
+        // A flow-control wake-up re-polls the first attempt's body: it must not take the
+        // original body's waker away from the retry.
+        assert!(superseded(poll(&mut first, &first_waker)));
+        tx.send_data(Bytes::from_static(b"x")).await.unwrap();
+        assert_eq!(
+            retry_wakes.0.load(Ordering::SeqCst),
+            1,
+            "owner woken by data"
+        );
+        assert_eq!(data(poll(&mut retry, &retry_waker)), "x");
+    }
+
+    #[tokio::test]
+    async fn three_copies_only_the_newest_reads() {
+        let body = ReplayBody::new(Full::new(Bytes::from_static(b"abc")), 16);
+        let (_, waker) = counting();
+        let mut one = body.replay().unwrap();
+        let mut two = body.replay().unwrap();
+        let three = body.replay().unwrap();
+        assert!(superseded(poll(&mut one, &waker)));
+        assert!(superseded(poll(&mut two, &waker)));
+        assert!(!two.is_end_stream());
+        assert_eq!(all(three).await, b"abc");
+    }
+
+    #[tokio::test]
+    async fn a_failed_body_is_not_replayed() {
+        let (mut tx, rx) = Channel::<Bytes, &'static str>::new(4);
+        let body = ReplayBody::new(rx, 1024);
+        let mut first = body.replay().unwrap();
+        tx.send_data(Bytes::from_static(b"ab")).await.unwrap();
+        tx.abort("boom");
+        let (_, waker) = counting();
+        assert_eq!(data(poll(&mut first, &waker)), "ab");
+        assert!(matches!(
+            poll(&mut first, &waker),
+            Poll::Ready(Some(Err(_)))
+        ));
+        assert!(body.replay().is_none());
     }
 
     proptest! {
@@ -326,12 +581,13 @@ mod tests {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             rt.block_on(async {
                 let total: Vec<u8> = chunks.concat();
-                let (mut tx, rx) = Channel::<Bytes, std::convert::Infallible>::new(32);
+                let (mut tx, rx) = Channel::<Bytes, Infallible>::new(32);
                 for c in &chunks {
                     tx.send_data(Bytes::from(c.clone())).await.unwrap();
                 }
                 drop(tx);
-                let mut first = ReplayBody::new(rx, max);
+                let keeper = ReplayBody::new(rx, max);
+                let mut first = keeper.replay().unwrap();
                 let mut got = Vec::new();
                 for _ in 0..read_first {
                     match first.frame().await {
@@ -339,7 +595,7 @@ mod tests {
                         _ => break,
                     }
                 }
-                match first.replay() {
+                match keeper.replay() {
                     Some(second) => {
                         prop_assert!(got.len() <= max);
                         prop_assert_eq!(all(second).await, total);
@@ -349,5 +605,99 @@ mod tests {
                 Ok(())
             })?;
         }
+    }
+}
+
+/// Loom models of copies polled from different threads: `RUSTFLAGS="--cfg loom" cargo test
+/// -p backstop-retry --lib loom` (what `.ci/run` does).
+#[cfg(all(test, loom))]
+mod loom_models {
+    use super::*;
+    use loom::thread;
+    use std::collections::VecDeque;
+
+    /// A body of ready chunks; no waker is needed.
+    struct Chunks(VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    const ORIGINAL: &[u8] = b"aaaabbbbcccc";
+
+    fn chunks() -> Chunks {
+        Chunks(ORIGINAL.chunks(4).map(Bytes::copy_from_slice).collect())
+    }
+
+    /// Polls a copy to its end: the bytes it produced, and whether it ended cleanly.
+    fn drain(mut body: ReplayBody<Chunks>) -> (Vec<u8>, bool) {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut out = Vec::new();
+        loop {
+            match Pin::new(&mut body).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(f))) => out.extend_from_slice(&f.into_data().unwrap()),
+                Poll::Ready(Some(Err(e))) => {
+                    assert!(e.is::<BodySuperseded>(), "{e}");
+                    return (out, false);
+                }
+                Poll::Ready(None) => return (out, true),
+                Poll::Pending => unreachable!("ready chunks"),
+            }
+        }
+    }
+
+    /// The first attempt's copy is polled on by its transport while the retry takes the body
+    /// over and sends it: in every interleaving the retry sends exactly the original bytes (or
+    /// no retry copy could be made because the first crossed the cap), and the first copy sent
+    /// a prefix of them.
+    #[test]
+    fn a_retry_sends_the_original_bytes_whatever_the_older_copy_does() {
+        for max in [8, 64] {
+            loom::model(move || {
+                let keeper = Arc::new(ReplayBody::new(chunks(), max));
+                let first = keeper.replay().unwrap();
+                let t = thread::spawn(move || drain(first));
+                let retry = keeper.replay();
+                let (sent, _) = t.join().unwrap();
+                assert!(ORIGINAL.starts_with(&sent), "first sent {sent:?}");
+                if let Some(retry) = retry {
+                    let (bytes, clean) = drain(retry);
+                    assert!(clean);
+                    assert_eq!(bytes, ORIGINAL);
+                }
+            });
+        }
+    }
+
+    /// Three copies on three threads, each made while the others run: only complete, exact
+    /// bodies end cleanly; every other copy fails with `BodySuperseded` after a prefix.
+    #[test]
+    fn three_copies_racing_never_mix_bytes() {
+        let mut builder = loom::model::Builder::new();
+        // Three threads over a dozen lock operations: bounded preemptions keep the run short.
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let keeper = Arc::new(ReplayBody::new(chunks(), 64));
+            let first = keeper.replay().unwrap();
+            let k = keeper.clone();
+            let t1 = thread::spawn(move || drain(first));
+            let t2 = thread::spawn(move || k.replay().map(drain));
+            let third = keeper.replay().map(drain);
+            let results = [Some(t1.join().unwrap()), t2.join().unwrap(), third];
+            for (bytes, clean) in results.into_iter().flatten() {
+                assert!(ORIGINAL.starts_with(&bytes));
+                if clean {
+                    assert_eq!(bytes, ORIGINAL);
+                }
+            }
+        });
     }
 }

@@ -1,5 +1,5 @@
 use crate::{
-    ReplayBody,
+    ReplayBody, RetryBody,
     future::{Attempt, ResponseFuture},
     layer::Handles,
 };
@@ -83,51 +83,72 @@ impl Template {
     }
 }
 
-/// The bounds of one attempt.
+/// The time bounds of a request's attempts.
+///
+/// What each attempt's `grpc-timeout` says, whoever wrote the original header: the time
+/// really left when the attempt is sent, `min(attempt end, wire) − now`, where the attempt end
+/// is `min(now + attempt_timeout, deadline)` and `wire` is what the caller told the server (an
+/// outer `PropagateDeadline`'s header, keeping its offset, or a header the caller set). A retry
+/// is scheduled only if it can be sent with at least `min_attempt_time` left on the wire.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bounds {
-    /// The request's deadline.
+    /// The request's deadline: the earlier of its extension and the task's current deadline,
+    /// or, with neither, the instant its `grpc-timeout` header names.
     pub(crate) deadline: Option<Deadline>,
-    /// What the caller told the server, as an instant (an outer layer's `grpc-timeout`).
+    /// What the caller told the server, as an instant (the request's `grpc-timeout`).
     pub(crate) wire: Option<Instant>,
     pub(crate) attempt_timeout: Option<Duration>,
 }
 
+/// When an attempt must end, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttemptEnd {
+    /// No bound: the attempt runs until it answers.
+    Unbounded,
+    /// The request's deadline ends it: expiry is [`DeadlineExceeded`](backstop_core::DeadlineExceeded).
+    Deadline(Instant),
+    /// Its own timeout ends it first: expiry is [`AttemptTimedOut`](backstop_core::AttemptTimedOut).
+    Timeout(Instant),
+}
+
 impl Bounds {
+    /// The last instant at which an attempt can be sent with any time left on the wire.
+    pub(crate) fn send_by(&self) -> Option<Instant> {
+        match (self.deadline.map(|d| d.instant()), self.wire) {
+            (Some(d), Some(w)) => Some(d.min(w)),
+            (d, w) => d.or(w),
+        }
+    }
+
     /// Writes the attempt's `grpc-timeout` and deadline into `req` and returns when the attempt
-    /// must end (and whether that end is the request's deadline rather than the attempt's own
-    /// timeout), or `Err` when nothing is left to send.
+    /// must end, or `Err` when nothing is left to send.
     ///
-    /// On the first attempt, a request that already carries its deadline and `grpc-timeout`
-    /// (written by an outer `PropagateDeadline`) and has no attempt timeout is left as it is.
-    pub(crate) fn arm<B>(
-        &self,
-        req: &mut Request<B>,
-        first: bool,
-    ) -> Result<Option<(Instant, bool)>, ()> {
+    /// On the first attempt, a header that already says no more than what is left (an outer
+    /// `PropagateDeadline` wrote it a moment ago, or the caller did) is left as it is.
+    pub(crate) fn arm<B>(&self, req: &mut Request<B>, first: bool) -> Result<AttemptEnd, ()> {
         if self.deadline.is_none() && self.attempt_timeout.is_none() {
-            return Ok(None);
+            return Ok(AttemptEnd::Unbounded);
         }
         let now = Instant::now();
         let own = self.attempt_timeout.and_then(|t| now.checked_add(t));
         let end = match (self.deadline.map(|d| d.instant()), own) {
-            (Some(d), Some(o)) if o < d => Some((o, false)),
-            (Some(d), _) => Some((d, true)),
-            (None, Some(o)) => Some((o, false)),
-            (None, None) => None,
+            (Some(d), Some(o)) if o < d => AttemptEnd::Timeout(o),
+            (Some(d), _) => AttemptEnd::Deadline(d),
+            (None, Some(o)) => AttemptEnd::Timeout(o),
+            (None, None) => return Ok(AttemptEnd::Unbounded),
         };
-        let Some((end, is_deadline)) = end else {
-            return Ok(None);
+        let (AttemptEnd::Deadline(at) | AttemptEnd::Timeout(at)) = end else {
+            unreachable!("bounded above");
         };
-        if first && is_deadline && self.wire.is_some() {
-            return Ok(Some((end, is_deadline)));
+        if first && self.wire.is_some_and(|w| w <= at) {
+            return Ok(end);
         }
-        let wire = self.wire.map_or(end, |w| w.min(end));
-        let encoded = grpc_timeout::encode(wire.saturating_duration_since(now)).ok_or(())?;
+        let on_wire = self.wire.map_or(at, |w| w.min(at));
+        let encoded = grpc_timeout::encode(on_wire.saturating_duration_since(now)).ok_or(())?;
         req.headers_mut()
             .insert(GRPC_TIMEOUT, encoded.to_header_value());
-        req.extensions_mut().insert(Deadline::at(end));
-        Ok(Some((end, is_deadline)))
+        req.extensions_mut().insert(Deadline::at(at));
+        Ok(end)
     }
 }
 
@@ -138,7 +159,7 @@ where
     C: Classify<Response<ResBody>>,
     ReqBody: Body,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<RetryBody<ResBody, C>>;
     type Error = BoxError;
     type Future = ResponseFuture<S, ReqBody, C>;
 
@@ -157,24 +178,20 @@ where
             return ResponseFuture::once(self.inner.call(req));
         }
 
-        let deadline = match (req.extensions().get::<Deadline>().copied(), current()) {
+        let local = match (req.extensions().get::<Deadline>().copied(), current()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        // What an outer layer already told the server; only needed when an attempt is bounded.
-        // An outer `PropagateDeadline` says what it wrote; otherwise the header is read back.
-        let wire = if deadline.is_some() || policy.attempt_timeout.is_some() {
-            backstop_deadline::wire_deadline().or_else(|| {
-                req.headers()
-                    .get(GRPC_TIMEOUT)
-                    .and_then(|v| grpc_timeout::decode_header(v).ok())
-                    .and_then(|t| Instant::now().checked_add(t))
-            })
-        } else {
-            None
-        };
+        // What the server is told: an outer `PropagateDeadline` says what it wrote; otherwise
+        // a header the caller set is read. Without a local deadline, it is the deadline.
+        let wire = backstop_deadline::wire_deadline().or_else(|| {
+            req.headers()
+                .get(GRPC_TIMEOUT)
+                .and_then(|v| grpc_timeout::decode_header(v).ok())
+                .and_then(|t| Instant::now().checked_add(t))
+        });
         let bounds = Bounds {
-            deadline,
+            deadline: local.or(wire.map(Deadline::at)),
             wire,
             attempt_timeout: policy.attempt_timeout,
         };

@@ -92,7 +92,7 @@ impl Harness {
         if self.result.is_none()
             && let std::task::Poll::Ready(result) = self.call.poll()
         {
-            self.result = Some(result);
+            self.result = Some(result.map(|r| r.map(|body| body.into_inner())));
         }
     }
 

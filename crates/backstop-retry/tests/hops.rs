@@ -70,7 +70,7 @@ fn b(
             let response = client.oneshot(grpc_request()).await;
             // Inside B's PushbackLayer scope the give-up is visible to the handler.
             assert_eq!(retries_exhausted(), pushback);
-            response
+            response.map(|r| r.map(|body| body.into_inner()))
         }
     })
 }
@@ -90,7 +90,10 @@ async fn attempts_on_c(pushback: bool) -> (u64, Response<String>) {
             .await
             .unwrap()
     };
-    (count.load(Ordering::SeqCst), response)
+    (
+        count.load(Ordering::SeqCst),
+        response.map(|body| body.into_inner()),
+    )
 }
 
 #[tokio::test(start_paused = true)]
