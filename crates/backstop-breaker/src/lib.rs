@@ -80,6 +80,11 @@
 //! **Generations.** Each transition starts a new generation; a call only counts in the
 //! generation that admitted it. A slow call admitted while closed that ends during half-open
 //! decides nothing, and neither does a probe that ends after the breaker re-opened.
+//! One race is bounded rather than excluded, to keep the success path free of extra
+//! read-modify-writes: a call that passed the generation check and is writing its outcome
+//! at the very instant of a close (a reset, or the last probe) may land in the new window.
+//! That is at most one record per call in flight at that instant, and it ages out like any
+//! other; the window's totals stay exactly the sum of its slots (a loom model checks both).
 //!
 //! **Outcomes in trailers.** For a gRPC response whose headers carry no `grpc-status`, the
 //! outcome is in the trailers: the response body holds the call's permit and records the

@@ -165,3 +165,62 @@ fn loom_count_ring_totals_are_exact() {
         assert_eq!(counts.slow, 1);
     });
 }
+
+/// Defect found by this model: `clear` stored zeros over the slots and the totals, so a
+/// record racing it could add its weight after the totals were zeroed and its slot wiped —
+/// a phantom call counted until the next clear. Now the totals always equal the slots.
+#[test]
+fn loom_a_clear_racing_a_record_keeps_the_totals_exact() {
+    loom::model(|| {
+        let ring = Arc::new(CountRing::new(2));
+        ring.record(true, false);
+        let other = ring.clone();
+        let t = thread::spawn(move || other.record(true, true));
+        ring.clear();
+        t.join().unwrap();
+        let (totals, slots) = (ring.counts(), ring.slot_counts());
+        assert_eq!(
+            (totals.calls, totals.failures, totals.slow),
+            (slots.calls, slots.failures, slots.slow)
+        );
+        assert!(slots.calls <= 1, "the clear wiped the earlier call");
+    });
+}
+
+/// The generation check against a concurrent close (a reset here): a call admitted while
+/// closed that fails as the breaker is being closed again. Whatever the order, the breaker
+/// ends closed, the window's totals equal its slots, and the new generation's window holds at
+/// most that one call — the bound the crate docs state for a call completing at the very
+/// instant of a close.
+#[test]
+fn loom_a_close_racing_an_old_generation_failure() {
+    loom::model(|| {
+        let m = Arc::new(Machine::new(
+            settings(1),
+            Window::Count(CountRing::new(2)),
+            Mode::Normal,
+        ));
+        let call = m.admit(|| 0).admission.unwrap();
+        let other = m.clone();
+        let t = thread::spawn(move || other.complete(call, FAIL, 0, || 0));
+        let closed = m.reset(|| 0);
+        let opened = t.join().unwrap();
+        let word = m.load();
+        assert_eq!(word.state, State::Closed);
+        // Opened first (generation 1), then reset (2); or reset first (1) and the late call
+        // decided nothing.
+        match opened {
+            Some(t) => assert_eq!((t.generation, word.generation), (1, 2)),
+            None => assert!(closed.is_some()),
+        }
+        let Window::Count(ring) = &m.window else {
+            unreachable!()
+        };
+        let (totals, slots) = (ring.counts(), ring.slot_counts());
+        assert_eq!(
+            (totals.calls, totals.failures),
+            (slots.calls, slots.failures)
+        );
+        assert!(totals.calls <= 1);
+    });
+}

@@ -227,11 +227,32 @@ impl CountRing {
         }
     }
 
-    fn clear(&self) {
+    /// The counts summed slot by slot, to check the totals against (models and tests).
+    #[cfg(any(test, loom))]
+    pub(crate) fn slot_counts(&self) -> Counts {
+        let mut counts = Counts::default();
         for slot in self.slots.iter() {
-            slot.store(0, Ordering::Release);
+            let v = slot.load(Ordering::Acquire);
+            counts.calls += u64::from(v & SLOT_CALL);
+            counts.failures += u64::from((v & SLOT_FAILURE) >> 1);
+            counts.slow += u64::from((v & SLOT_SLOW) >> 2);
         }
-        self.totals.store(BIASED_ZERO, Ordering::Release);
+        counts
+    }
+
+    /// Empties every slot. Each slot is swapped out and its own weight taken off the totals,
+    /// exactly as `record` does, so a record racing the clear is either wiped with its slot
+    /// or kept whole: the totals always come back to the sum of the slots. (Storing zeros
+    /// over both let a racing record add its weight to totals whose slot had just been
+    /// zeroed: a phantom call counted until the next clear.)
+    pub(crate) fn clear(&self) {
+        for slot in self.slots.iter() {
+            let old = slot.swap(0, Ordering::AcqRel);
+            if old != 0 {
+                self.totals
+                    .fetch_add(0u64.wrapping_sub(Self::weight(old)), Ordering::AcqRel);
+            }
+        }
     }
 }
 
