@@ -227,8 +227,8 @@ impl CountRing {
         }
     }
 
-    /// The counts summed slot by slot, to check the totals against (models and tests).
-    #[cfg(any(test, loom))]
+    /// The counts summed slot by slot, to check the totals against (loom models).
+    #[cfg(loom)]
     pub(crate) fn slot_counts(&self) -> Counts {
         let mut counts = Counts::default();
         for slot in self.slots.iter() {
