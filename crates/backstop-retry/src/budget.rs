@@ -19,6 +19,15 @@
 //! A budget is shared: clones of one [`RetryLayer`](crate::RetryLayer) share one budget, and
 //! the same budget can be given to several layers (`Arc<dyn Budget>`). Its hot path is a few
 //! atomic operations, never a lock.
+//!
+//! **Concurrency rule.** The [`RatioBudget`]'s bound holds exactly under any number of
+//! threads: a withdrawal is a reservation (written first, then checked with every racing
+//! withdrawal counted, then taken back if it overdrew), so threads racing for the last token
+//! can at worst all be refused, never all be granted. Deposits are striped per core and never
+//! lost. No idle period, however long, brings old deposits or withdrawals back. The
+//! [`GrpcThrottle`] is one atomic word, as A6 specifies it: its threshold check does not take
+//! a token, so racing retries may all pass it — the throttle bounds retries by the failure
+//! ratio, not by a count.
 
 use backstop_core::ConfigError;
 #[cfg(loom)]
@@ -179,8 +188,8 @@ impl fmt::Debug for Ring {
 ///   client with little traffic can still retry.
 ///
 /// So over any window of `ttl`, retries ≤ `ratio ×` successes of the last `ttl` (plus one
-/// slot) `+ min_per_sec × ttl`: during a total outage successes stop and retries fall to the
-/// reserve. Correct for any ratio in (0, 1] (a ratio of 0.6 allows 60 % more load, not 100 %).
+/// slot) `+ min_per_sec × ttl`, however many threads withdraw at once: during a total outage
+/// successes stop and retries fall to the reserve. Correct for any ratio in (0, 1] (a ratio of 0.6 allows 60 % more load, not 100 %).
 ///
 /// ```
 /// use backstop_retry::{Budget, RatioBudget};

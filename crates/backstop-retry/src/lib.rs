@@ -52,17 +52,42 @@
 //!    `Idempotency-Key` header);
 //! 4. the server did not say "do not retry" (`grpc-retry-pushback-ms` negative or malformed);
 //! 5. the body can be replayed (at most `max_replay_bytes` read, default 64 KiB);
-//! 6. the wait — the server's `Retry-After` / pushback (clamped by `max_hint`, 30 s) or the
-//!    [backoff], whichever is longer — plus `min_attempt_time` fits in what is left
-//!    of the deadline (request extension or [`backstop_deadline::current`]);
-//! 7. the [budget] grants a token.
+//! 6. the wait, plus `min_attempt_time`, fits before the deadline *on the wire*: the earlier of
+//!    the request's deadline (request extension or [`backstop_deadline::current`]) and what
+//!    the server was told (an outer `PropagateDeadline`'s `grpc-timeout`, offset included, or
+//!    a header the caller set) — a retry that could not be sent with time left is never
+//!    scheduled, and the real failure is returned at once. The wait is:
+//!    - a valid `grpc-retry-pushback-ms: n`: exactly `n` ms, and the backoff starts over from
+//!      its first delay afterwards (gRPC A6: "retry in n ms … reset to initial backoff");
+//!    - a `Retry-After`: at least that long (RFC 9110), or the [backoff] if longer;
+//!    - otherwise the [backoff].
 //!
-//! Each attempt is bounded by `min(attempt_timeout, deadline)` and its `grpc-timeout` header
-//! says so (an outer `PropagateDeadline`'s offset is kept). gRPC retries carry
-//! `grpc-previous-rpc-attempts`. A gRPC call is committed once response headers without a
-//! status arrive (gRPC A6): only trailers-only failures are retried. With `max_attempts(1)`,
-//! or a body whose size hint already exceeds `max_replay_bytes`, the request passes through:
-//! no buffering and no copy of the request.
+//!    Server hints are clamped by `max_hint` (30 s);
+//! 7. the [budget] grants a token;
+//! 8. the body is taken over for the next attempt (see [`ReplayBody`]): from here on the
+//!    attempt that failed can no longer read it, even if its transport is still sending it.
+//!    Only a retry that passed every step above takes it over, so an attempt whose result is
+//!    returned keeps its body.
+//!
+//! **What each attempt's `grpc-timeout` says.** The time really left when the attempt is
+//! sent: `min(now + attempt_timeout, deadline, what the caller told the server) − now`,
+//! whoever wrote the original header. The first attempt keeps a header that already says no
+//! more (an outer `PropagateDeadline` wrote it a moment ago); every retry gets a new one. A
+//! header set by the caller with no deadline in scope is the deadline. gRPC retries carry
+//! `grpc-previous-rpc-attempts`.
+//!
+//! **What the budget hears.** Each logical request that succeeds deposits once; a gRPC call
+//! committed by its response headers (no status yet; gRPC A6: never retried) deposits only
+//! if its trailers say OK — the response body ([`RetryBody`]) tells the budget at the end of
+//! the stream, and a stream that fails or ends without trailers is no success. A failure is
+//! reported to the budget ([`Budget::record_failure`], which the A6 [`GrpcThrottle`]
+//! counts) only when it could be retried, or when the server said "do not retry": never for
+//! a final status such as INVALID_ARGUMENT or INTERNAL (A6).
+//!
+//! Each attempt is bounded by `min(attempt_timeout, deadline)`. A gRPC call is committed once
+//! response headers without a status arrive (gRPC A6): only trailers-only failures are
+//! retried. With `max_attempts(1)`, or a body whose size hint already exceeds
+//! `max_replay_bytes`, the request passes through: no buffering and no copy of the request.
 //!
 //! The inner service receives `Request<ReplayBody<B>>`. hyper-util's client takes it as is
 //! (`Client<_, ReplayBody<B>>`); for a tonic `Channel`, map the body back with

@@ -1,32 +1,7 @@
 //! Request bodies that can be sent again without the caller making them `Clone`.
 //!
-//! # Ownership: one reader of the original body at a time
-//!
-//! Attempts do not follow one another neatly on a real transport: after an early `503`,
-//! hyper's connection task may go on polling the first attempt's body while the retry's body is
-//! already being sent. So the copies of one [`ReplayBody`] follow one rule, enforced under the
-//! lock of their shared state:
-//!
-//! - **The newest copy owns the original body.** [`ReplayBody::replay`] makes a copy and hands
-//!   it the ownership at once, before it is ever polled.
-//! - **An older copy is fenced off.** Polled after a newer copy exists, it fails with
-//!   [`BodySuperseded`] and never reads the original body again, so it can neither consume
-//!   bytes that the newer copy has not replayed yet, nor overflow and clear the buffer under
-//!   it, nor steal the original body's waker. A transport sending the older copy aborts that
-//!   stream (an error, never a shorter body that looks complete).
-//! - **Every waiting copy is woken.** A copy waiting on the original body when it is fenced
-//!   off is woken, so its transport learns at once that the stream is over.
-//! - **A copy sends exactly the original bytes, or fails.** It replays the buffered chunks in
-//!   order, then reads on from where the original body was left. The buffer is only appended
-//!   to by the owner and only cleared when the owner crosses `max_replay_bytes`, and from then
-//!   on no new copy can be made ([`ReplayBody::replay`] returns `None`).
-//!
-//! The retry layer takes the ownership for the next attempt at the moment it decides to retry
-//! (not after the backoff), and only then: an attempt whose result is returned to the caller
-//! keeps its body, so the response it is reading is never cut short.
-//!
-//! The state is behind one `Mutex`, taken for a few instructions per frame and never across
-//! an `await`; a body passed through (retries off) or empty takes no lock at all.
+//! The ownership rule that holds when copies overlap, and the concurrency rule of the shared
+//! state, are in [`ReplayBody`]'s docs.
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -65,12 +40,39 @@ impl Error for BodySuperseded {}
 /// first replays the buffer, then goes on reading the original body where the earlier copy
 /// left it — so a first attempt that failed before reading the whole body is no problem. Once
 /// more than `max_replay_bytes` have been read, buffering stops and no copy can be made any
-/// more ([`ReplayBody::is_replayable`]). Only the newest copy may read: see the
-/// [module docs](self) for the ownership rule.
+/// more ([`ReplayBody::is_replayable`]). Only the newest copy may read (below).
 ///
 /// When retries are off for a request the body is passed through as is: no buffer, no lock.
 /// Errors of the original body are passed on boxed; a fenced-off copy fails with
 /// [`BodySuperseded`].
+///
+/// # Ownership: one reader of the original body at a time (the concurrency rule)
+///
+/// Attempts do not follow one another neatly on a real transport: after an early `503`,
+/// hyper's connection task may go on polling the first attempt's body while the retry's body is
+/// already being sent. So the copies of one [`ReplayBody`] follow one rule, enforced under the
+/// lock of their shared state:
+///
+/// - **The newest copy owns the original body.** [`ReplayBody::replay`] makes a copy and hands
+///   it the ownership at once, before it is ever polled.
+/// - **An older copy is fenced off.** Polled after a newer copy exists, it fails with
+///   [`BodySuperseded`] and never reads the original body again, so it can neither consume
+///   bytes that the newer copy has not replayed yet, nor overflow and clear the buffer under
+///   it, nor steal the original body's waker. A transport sending the older copy aborts that
+///   stream (an error, never a shorter body that looks complete).
+/// - **Every waiting copy is woken.** A copy waiting on the original body when it is fenced
+///   off is woken, so its transport learns at once that the stream is over.
+/// - **A copy sends exactly the original bytes, or fails.** It replays the buffered chunks in
+///   order, then reads on from where the original body was left. The buffer is only appended
+///   to by the owner and only cleared when the owner crosses `max_replay_bytes`, and from then
+///   on no new copy can be made ([`ReplayBody::replay`] returns `None`).
+///
+/// The retry layer takes the ownership for the next attempt at the moment it decides to retry
+/// (not after the backoff), and only then: an attempt whose result is returned to the caller
+/// keeps its body, so the response it is reading is never cut short.
+///
+/// The state is behind one `Mutex`, taken for a few instructions per frame and never across
+/// an `await`; a body passed through (retries off) or empty takes no lock at all.
 pub struct ReplayBody<B> {
     inner: Inner<B>,
 }
