@@ -1,4 +1,4 @@
-//! The bounds of DESIGN.md §8, asserted on the sim engine (1000 requests/s for 60 s of
+//! The bounds of docs/ARCHITECTURE.md ("The bounds the lab asserts"), asserted on the sim engine (1000 requests/s for 60 s of
 //! virtual time, seeded), with naive retries shown to break them, so each check can fail.
 
 use backstop_lab::{Report, Scenario, VariantReport, simulate};

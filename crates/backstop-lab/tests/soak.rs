@@ -1,6 +1,6 @@
 //! A bounded soak: every scenario under several seeds (1000 requests/s for 60 s of virtual
 //! time each, 240 000 virtual requests per scenario, about a million in all), asserting
-//! DESIGN.md §8's bounds for backstop under every seed tried. The seeds are fixed, drawn once
+//! docs/ARCHITECTURE.md's bounds for backstop under every seed tried. The seeds are fixed, drawn once
 //! from a generator, so a failure names a seed that reproduces it.
 
 use backstop_lab::{Scenario, Variant, VariantReport, simulate_variants};

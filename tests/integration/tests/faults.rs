@@ -1,6 +1,6 @@
 //! The reliability campaign: the full client preset against a server that misbehaves in every
 //! way it exists for, over 127.0.0.1. For each fault: the call ends by its deadline (never
-//! hangs), the outcome is classified as DESIGN.md §2 says, a non-idempotent request is never
+//! hangs), the outcome is classified as docs/ARCHITECTURE.md says, a non-idempotent request is never
 //! executed twice, replayed bodies are byte-identical, and no breaker permit leaks.
 
 use backstop::{ReplayBody, client::ClientLayer, deadline::PropagateDeadlineLayer};

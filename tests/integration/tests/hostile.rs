@@ -1,6 +1,6 @@
 //! Hostile inputs over 127.0.0.1: `grpc-timeout` in every malformed shape and overlong, and
 //! server hints no client should obey (`grpc-retry-pushback-ms: -1`, `2147483648`, garbage).
-//! Each is answered as DESIGN.md says, without a panic and without an unbounded sleep, and the
+//! Each is answered as docs/ARCHITECTURE.md says, without a panic and without an unbounded sleep, and the
 //! server is still up afterwards.
 
 use backstop::deadline::PropagateDeadlineLayer;
