@@ -174,6 +174,9 @@ impl<S, B, C> RetryState<S, B, C> {
             .classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
         let (retryable, hint) = match outcome {
             Outcome::Success => {
+                let Some(budget) = &policy.budget else {
+                    return Verdict::Return;
+                };
                 // A gRPC response committed by its headers: the trailers tell success from
                 // failure, so the budget hears of it at the end of the body.
                 if let Ok(response) = result
@@ -181,9 +184,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 {
                     return Verdict::ReturnWatched;
                 }
-                if let Some(budget) = &policy.budget {
-                    budget.record_success();
-                }
+                budget.record_success();
                 return Verdict::Return;
             }
             Outcome::Ignored => return Verdict::Return,

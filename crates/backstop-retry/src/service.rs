@@ -5,7 +5,7 @@ use crate::{
 };
 use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT};
 use backstop_deadline::{Deadline, current, grpc_timeout};
-use http::{Extensions, HeaderMap, Method, Request, Response, Uri, Version};
+use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body;
 use std::{
     task::{Context, Poll},
@@ -81,6 +81,16 @@ impl Template {
         *req.extensions_mut() = self.extensions.clone();
         req
     }
+}
+
+/// The request's own `grpc-timeout`. The names of a small map are scanned first (comparing
+/// names is cheaper than hashing a custom one, and most requests carry a handful of headers,
+/// without this one); a large map, or a hit, is looked up.
+fn caller_timeout(headers: &HeaderMap) -> Option<&HeaderValue> {
+    if headers.keys_len() <= 8 && !headers.keys().any(|name| *name == GRPC_TIMEOUT) {
+        return None;
+    }
+    headers.get(GRPC_TIMEOUT)
 }
 
 /// The time bounds of a request's attempts.
@@ -185,8 +195,7 @@ where
         // What the server is told: an outer `PropagateDeadline` says what it wrote; otherwise
         // a header the caller set is read. Without a local deadline, it is the deadline.
         let wire = backstop_deadline::wire_deadline().or_else(|| {
-            req.headers()
-                .get(GRPC_TIMEOUT)
+            caller_timeout(req.headers())
                 .and_then(|v| grpc_timeout::decode_header(v).ok())
                 .and_then(|t| Instant::now().checked_add(t))
         });
