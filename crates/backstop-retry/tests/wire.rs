@@ -97,6 +97,31 @@ async fn every_attempt_says_the_time_really_left_whoever_wrote_the_header() {
     send.send_response(status(0, None));
     call.await.unwrap().unwrap();
 
+    // The same with a request of many headers (the header is then looked up, not scanned).
+    let layer = RetryPolicy::grpc()
+        .no_budget()
+        .backoff(backoff::constant(10 * MS))
+        .build()
+        .unwrap();
+    let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+    let mut req = grpc();
+    for i in 0..12 {
+        req.headers_mut().insert(
+            format!("x-extra-{i}").parse::<http::HeaderName>().unwrap(),
+            "1".parse().unwrap(),
+        );
+    }
+    req.headers_mut()
+        .insert("grpc-timeout", "100m".parse().unwrap());
+    let call = tokio::spawn(layer.layer(mock).oneshot(req));
+    let (_, send) = handle.next_request().await.unwrap();
+    advance(80 * MS).await;
+    send.send_response(status(14, None));
+    let (second, send) = handle.next_request().await.unwrap();
+    assert_eq!(header(&second), Some(10 * MS));
+    send.send_response(status(0, None));
+    call.await.unwrap().unwrap();
+
     let layer = RetryPolicy::grpc().no_budget().build().unwrap();
     let (mock, mut handle) = mock::pair::<Req, Response<String>>();
     let mut req = grpc();
