@@ -22,11 +22,26 @@ fn grpc() -> Request<String> {
 }
 
 fn status(code: u16, pushback: Option<u32>) -> Response<String> {
+    hinted(code, pushback.map(Hint::Pushback))
+}
+
+/// A server's hint in a generated answer.
+#[derive(Debug, Clone, Copy)]
+enum Hint {
+    /// `grpc-retry-pushback-ms: n`.
+    Pushback(u32),
+    /// `Retry-After: n` (seconds).
+    RetryAfter(u32),
+}
+
+fn hinted(code: u16, hint: Option<Hint>) -> Response<String> {
     let mut r = Response::builder()
         .header("content-type", "application/grpc")
         .header("grpc-status", code.to_string());
-    if let Some(p) = pushback {
-        r = r.header("grpc-retry-pushback-ms", p.to_string());
+    match hint {
+        Some(Hint::Pushback(ms)) => r = r.header("grpc-retry-pushback-ms", ms.to_string()),
+        Some(Hint::RetryAfter(s)) => r = r.header("retry-after", s.to_string()),
+        None => {}
     }
     r.body(String::new()).unwrap()
 }
@@ -161,12 +176,17 @@ fn bound() -> impl Strategy<Value = Bound> {
     ]
 }
 
-/// One attempt's answer: its latency and status (UNAVAILABLE with an optional pushback, or OK).
-fn answer() -> impl Strategy<Value = (u64, u16, Option<u32>)> {
+/// One attempt's answer: its latency and status (UNAVAILABLE with an optional pushback or
+/// `Retry-After`, or OK).
+fn answer() -> impl Strategy<Value = (u64, u16, Option<Hint>)> {
     (
         0u64..300,
         prop_oneof![3 => Just(14u16), 1 => Just(0u16)],
-        prop::option::of(0u32..400),
+        prop_oneof![
+            2 => Just(None),
+            2 => (0u32..400).prop_map(|ms| Some(Hint::Pushback(ms))),
+            1 => (0u32..2).prop_map(|s| Some(Hint::RetryAfter(s))),
+        ],
     )
 }
 
@@ -175,7 +195,7 @@ type Pending = (
     Duration,
     mock::SendResponse<Response<String>>,
     u16,
-    Option<u32>,
+    Option<Hint>,
 );
 
 #[derive(Debug)]
@@ -189,7 +209,8 @@ struct Sent {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
-    /// Random bounds, offsets, attempt timeouts, backoffs, latencies and pushbacks: every
+    /// Random bounds, offsets, attempt timeouts, backoffs, latencies, pushbacks and
+    /// `Retry-After`s: every
     /// attempt's `grpc-timeout` is at most what is really left of every bound, no attempt is
     /// sent that could not be sent within the deadline on the wire, and the result returned
     /// is the last real one.
@@ -269,14 +290,14 @@ proptest! {
                     break;
                 }
                 while let std::task::Poll::Ready(Some((req, send))) = handle.poll_request() {
-                    let (latency, code, pushback) = answers[sent.len().min(answers.len() - 1)];
+                    let (latency, code, hint) = answers[sent.len().min(answers.len() - 1)];
                     let at = *req.extensions().get::<Instant>().unwrap() - t0;
                     sent.push(Sent { at, header: header(&req), answer_at: at + Duration::from_millis(latency), code });
-                    pending.push((at + Duration::from_millis(latency), send, code, pushback));
+                    pending.push((at + Duration::from_millis(latency), send, code, hint));
                 }
                 let now = Instant::now() - t0;
-                for (_, send, code, pushback) in pending.extract_if(.., |(at, ..)| *at <= now) {
-                    send.send_response(status(code, pushback));
+                for (_, send, code, hint) in pending.extract_if(.., |(at, ..)| *at <= now) {
+                    send.send_response(hinted(code, hint));
                 }
                 tokio::task::yield_now().await;
                 advance(MS).await;
