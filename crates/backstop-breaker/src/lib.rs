@@ -59,7 +59,7 @@
 //!
 //! **Open**: every call fails at once, without reaching the dependency, with
 //! [`BreakerOpen`] whose `retry_after` says when the open time
-//! ends. A gRPC request (`content-type: application/grpc*`) gets a trailers-only
+//! ends. A gRPC request (`content-type: application/grpc`, see [`is_grpc`](backstop_core::is_grpc)) gets a trailers-only
 //! `UNAVAILABLE` response with `grpc-retry-pushback-ms` instead, because a gRPC client such
 //! as tonic turns an error from its transport into UNKNOWN; the response carries
 //! [`Rejection::BreakerOpen`](backstop_core::Rejection) so a retry layer above knows it is

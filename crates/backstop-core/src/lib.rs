@@ -41,9 +41,11 @@
 //!
 //! # Semantics
 //!
-//! A request is gRPC when its `content-type` starts with `application/grpc` (ASCII case
-//! insensitive): `application/grpc`, `application/grpc+proto`, `application/grpc-web` and so
-//! on. A trailers-only response (status in the headers, empty body) is valid for all of them.
+//! A request is gRPC when its `content-type` is `application/grpc`, alone or followed by
+//! `+format` or parameters (ASCII case insensitive): `application/grpc`,
+//! `application/grpc+proto`, `application/grpc; charset=utf-8`. gRPC-Web
+//! (`application/grpc-web…`) is not: it carries its status in the body, and is classified as
+//! plain HTTP.
 //!
 //! Local rejections map as follows:
 //!
@@ -51,7 +53,7 @@
 //! |-----------------------------|-------------------------------------------|------|
 //! | [`Rejection::DeadlineExceeded`] | `grpc-status: 4` DEADLINE_EXCEEDED    | 504  |
 //! | [`Rejection::MalformedTimeout`] | `grpc-status: 13` INTERNAL "malformed grpc-timeout" | 400 |
-//! | [`Rejection::BreakerOpen`] | `grpc-status: 14` UNAVAILABLE + `grpc-retry-pushback-ms` | 503 + `Retry-After` |
+//! | [`Rejection::BreakerOpen`] | `grpc-status: 14` UNAVAILABLE + `grpc-retry-pushback-ms` (-1 when no time can be promised) | 503 + `Retry-After` (none when no time can be promised) |
 //!
 //! Every local response carries its [`Rejection`] in its extensions, so a layer further out can
 //! tell our own answer from one the dependency gave.
