@@ -14,6 +14,8 @@
 //! - [`classify`]: [`Outcome`], [`Classify`] and the [`HttpClassifier`] / [`GrpcClassifier`]
 //!   presets, so the retry layer and the breaker agree on what a result means.
 //! - [`hint`]: [`ServerHint`], parsing `Retry-After` and `grpc-retry-pushback-ms`.
+//! - [`latency`]: [`LatencyModel`](latency::LatencyModel), the measured latency of one
+//!   dependency as quantiles over a rolling window, from which time bounds are derived.
 //! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
 //!   the retry budget's deposits).
 //! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault;
@@ -76,6 +78,7 @@ pub mod classify;
 mod error;
 pub mod grpc;
 pub mod hint;
+pub mod latency;
 pub mod reject;
 pub mod stripe;
 
