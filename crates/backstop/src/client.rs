@@ -1,6 +1,6 @@
 //! Client presets: the whole outbound stack as one layer, in the right order.
 
-use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
+use crate::timeout::{Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer};
 use backstop_breaker::{Breaker, BreakerConfig, BreakerLayer};
 use backstop_core::{GrpcClassifier, HttpClassifier};
 use backstop_deadline::{PropagateDeadline, PropagateDeadlineLayer};
@@ -12,19 +12,20 @@ use tower_layer::Layer;
 /// `PropagateDeadline → Retry → Breaker → attempt timeout → your client`.
 ///
 /// Made by [`http()`] or [`grpc()`] with every default, and tuned by replacing a part. Clones
-/// share the retry budget and the breaker, so build one per dependency and clone it into
-/// every client that calls that dependency.
+/// share the retry budget, the breaker and the latency model, so build one per dependency and
+/// clone it into every client that calls that dependency.
 #[derive(Debug, Clone)]
 pub struct ClientLayer<C> {
     deadline: PropagateDeadlineLayer,
     retry: RetryLayer<C>,
     breaker: BreakerLayer<C>,
-    attempt_timeout: Option<Duration>,
+    attempt: AttemptTimeoutLayer,
 }
 
 /// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], [`RetryPolicy::http`]
 /// (3 attempts, decorrelated jitter, the 10 % ratio budget), the breaker of
-/// [`http_breaker`], no attempt timeout.
+/// [`http_breaker`], and attempts bounded by measured latency ([`Adaptive`]: p99 × 3, from
+/// 10 ms to 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
 pub fn http() -> ClientLayer<HttpClassifier> {
     ClientLayer::new(
         RetryPolicy::http().build().expect("the defaults are valid"),
@@ -67,13 +68,14 @@ fn tuned<C>(config: BreakerConfig<C>) -> BreakerConfig<C> {
 
 impl<C> ClientLayer<C> {
     /// A client stack from its retry and breaker layers (deadline propagation with its
-    /// defaults, no attempt timeout).
+    /// defaults, attempts bounded by measured latency with the [`Adaptive`] defaults).
     pub fn new(retry: RetryLayer<C>, breaker: BreakerLayer<C>) -> Self {
         Self {
             deadline: PropagateDeadlineLayer::new(),
             retry,
             breaker,
-            attempt_timeout: None,
+            attempt: AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
+                .expect("the defaults are valid"),
         }
     }
 
@@ -98,13 +100,40 @@ impl<C> ClientLayer<C> {
         self
     }
 
-    /// Bounds each attempt by `timeout`, inside the breaker: an attempt that times out is a
-    /// failure the breaker counts and the retry layer may retry (if the request is
-    /// idempotent), within the request's deadline. Off by default.
+    /// Bounds each attempt by a fixed `timeout` instead of measured latency, inside the
+    /// breaker: an attempt that times out is a failure the breaker counts and the retry layer
+    /// may retry (if the request is idempotent), within the request's deadline. A new latency
+    /// model comes with it.
+    ///
+    /// # Panics
+    ///
+    /// When `timeout` is zero (every attempt would fail); [`attempt`](Self::attempt) with
+    /// [`AttemptTimeoutLayer::new`] returns the error instead.
     #[must_use]
-    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = Some(timeout);
+    pub fn attempt_timeout(self, timeout: Duration) -> Self {
+        let layer = AttemptTimeoutLayer::new(AttemptBound::Fixed(timeout))
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.attempt(layer)
+    }
+
+    /// Replaces the attempt bound and its latency model (tuned [`Adaptive`] knobs, a fixed
+    /// bound, or none).
+    #[must_use]
+    pub fn attempt(mut self, layer: AttemptTimeoutLayer) -> Self {
+        self.attempt = layer;
         self
+    }
+
+    /// The attempt bound's layer: [`latency`](AttemptTimeoutLayer::latency) is the
+    /// dependency's measured latency, [`current_bound`](AttemptTimeoutLayer::current_bound)
+    /// the bound an attempt gets now.
+    pub fn attempt_layer(&self) -> &AttemptTimeoutLayer {
+        &self.attempt
+    }
+
+    /// The dependency's measured latency: count and quantiles over the model's window.
+    pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
+        self.attempt.latency()
     }
 
     /// The retry layer, for its [`stats`](RetryLayer::stats).
@@ -122,7 +151,7 @@ impl<S, C> Layer<S> for ClientLayer<C> {
     type Service = PropagateDeadline<Retry<Breaker<AttemptTimeout<S>, C>, C>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
+        let inner = self.attempt.layer(inner);
         let inner = self.breaker.layer(inner);
         let inner = self.retry.layer(inner);
         self.deadline.layer(inner)

@@ -153,7 +153,7 @@ pub mod client;
 mod ext;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 mod server;
-mod timeout;
+pub mod timeout;
 
 /// The circuit breaker: `BreakerConfig`, `BreakerLayer`, states and modes.
 #[cfg(feature = "breaker")]

@@ -1,29 +1,281 @@
 //! The per-attempt timeout that sits inside the breaker, so a timed-out attempt is a failure
-//! the breaker counts (a timeout outside it would cancel the call, which counts as nothing).
+//! the breaker counts (a timeout outside it would cancel the call, which counts as nothing),
+//! and the latency model it feeds.
+//!
+//! # How the bound is picked
+//!
+//! [`AttemptBound::Adaptive`] (the presets' default): `clamp(p99 × 3, floor, ceiling)` from
+//! the dependency's own [`LatencyModel`], re-read at most every 100 ms. Until the model holds
+//! 100 samples (the first seconds of traffic, or after an idle spell), the `ceiling` applies.
+//!
+//! Why p99 × 3: the timeout's job is to cut attempts that will not answer, without cutting
+//! the slow tail of attempts that would. At p99 × 3 an attempt is cut only when it is three
+//! times slower than all but 1 % of recent calls, so false timeouts stay well under 1 % even
+//! when latency doubles between two reads of the model, while a dependency that stops
+//! answering is cut after a few of its usual round trips. Timed-out attempts are recorded at
+//! their bound (censored), so a dependency that slows down raises the bound within the model's
+//! window instead of the timeout spiralling down.
+//!
+//! # Concurrency rule
+//!
+//! Clones of one layer share one model and one cached bound (an atomic word, refreshed by
+//! whichever attempt finds it stale; racing refreshes write the same value). Each attempt
+//! holds its core's handle to them (`backstop_core::stripe`), so no reference count is
+//! shared across cores. An attempt answered on its first poll reads no clock and records
+//! nothing (it took no measurable time); every other attempt reads the clock when it first
+//! waits and when it ends.
 
-use backstop_core::{AttemptTimedOut, BoxError};
+use backstop_core::{AttemptTimedOut, BoxError, ConfigError, latency::LatencyModel, stripe};
 use pin_project_lite::pin_project;
 use std::{
     future::Future,
     pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll, ready},
     time::Duration,
 };
-use tokio::time::{Sleep, sleep};
+use tokio::time::{Instant, Sleep, sleep_until};
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// Bounds each call by `timeout` (none: unbounded), failing it with
-/// [`AttemptTimedOut`](backstop_core::AttemptTimedOut).
-#[derive(Debug, Clone, Copy)]
+/// How each attempt is bounded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AttemptBound {
+    /// No bound of its own: the request's deadline alone ends it.
+    None,
+    /// The same bound for every attempt.
+    Fixed(Duration),
+    /// A bound derived from measured latency.
+    Adaptive(Adaptive),
+}
+
+/// `clamp(quantile × multiplier, floor, ceiling)` of the dependency's measured latency; see the
+/// [module docs](self) for the defaults and why.
+///
+/// ```
+/// use backstop::timeout::Adaptive;
+/// use std::time::Duration;
+///
+/// let bound = Adaptive::new()
+///     .multiplier(4.0)
+///     .floor(Duration::from_millis(20))
+///     .ceiling(Duration::from_secs(5));
+/// assert!(bound.validate().is_ok());
+/// assert_eq!(
+///     Adaptive::new().multiplier(0.5).validate().unwrap_err().knob(),
+///     "multiplier"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Adaptive {
+    quantile: f64,
+    multiplier: f64,
+    floor: Duration,
+    ceiling: Duration,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Adaptive {
+    /// p99 × 3, at least 10 ms, at most 10 s (and 10 s until the model is trusted).
+    pub fn new() -> Self {
+        Self {
+            quantile: 0.99,
+            multiplier: 3.0,
+            floor: Duration::from_millis(10),
+            ceiling: Duration::from_secs(10),
+        }
+    }
+
+    /// The quantile the bound is taken from, in [0.5, 1) (default 0.99).
+    #[must_use]
+    pub fn quantile(mut self, q: f64) -> Self {
+        self.quantile = q;
+        self
+    }
+
+    /// How many times the quantile an attempt may take, at least 1 (default 3).
+    #[must_use]
+    pub fn multiplier(mut self, n: f64) -> Self {
+        self.multiplier = n;
+        self
+    }
+
+    /// The shortest bound (default 10 ms; more than zero).
+    #[must_use]
+    pub fn floor(mut self, floor: Duration) -> Self {
+        self.floor = floor;
+        self
+    }
+
+    /// The longest bound, also the bound before the model is trusted (default 10 s; at least
+    /// the floor).
+    #[must_use]
+    pub fn ceiling(mut self, ceiling: Duration) -> Self {
+        self.ceiling = ceiling;
+        self
+    }
+
+    /// Checks every knob.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `quantile`, `multiplier`, `floor` or `ceiling`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.quantile >= 0.5 && self.quantile < 1.0) {
+            return Err(ConfigError::new(
+                "quantile",
+                format!("must be in [0.5, 1), got {}", self.quantile),
+            ));
+        }
+        if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
+            return Err(ConfigError::new(
+                "multiplier",
+                format!("must be at least 1, got {}", self.multiplier),
+            ));
+        }
+        if self.floor.is_zero() {
+            return Err(ConfigError::new("floor", "must be greater than zero"));
+        }
+        if self.ceiling < self.floor || self.ceiling > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "ceiling",
+                format!(
+                    "must be between the floor ({:?}) and 1h, got {:?}",
+                    self.floor, self.ceiling
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn bound(&self, measured: Option<Duration>) -> Duration {
+        match measured {
+            Some(q) => q.mul_f64(self.multiplier).clamp(self.floor, self.ceiling),
+            None => self.ceiling,
+        }
+    }
+}
+
+impl AttemptBound {
+    fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            AttemptBound::Fixed(d) if d.is_zero() => Err(ConfigError::new(
+                "attempt_timeout",
+                "must be greater than zero",
+            )),
+            AttemptBound::Adaptive(a) => a.validate(),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How often a cached adaptive bound is read again from the model.
+const REFRESH: Duration = Duration::from_millis(100);
+
+/// What every clone of one layer shares: the model and the cached bound.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    model: LatencyModel,
+    origin: Instant,
+    bound: AttemptBound,
+    /// `refresh at (ms since origin) << 32 | bound (µs)`; zero: never computed.
+    cached: AtomicU64,
+}
+
+impl Shared {
+    fn now_us(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.origin).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The bound of an attempt that starts waiting at `now`.
+    fn bound_at(&self, now: Instant) -> Option<Duration> {
+        let adaptive = match self.bound {
+            AttemptBound::None => return None,
+            AttemptBound::Fixed(d) => return Some(d),
+            AttemptBound::Adaptive(a) => a,
+        };
+        let now_us = self.now_us(now);
+        let now_ms = now_us / 1_000;
+        let word = self.cached.load(Ordering::Acquire);
+        if word != 0 && now_ms < word >> 32 {
+            return Some(Duration::from_micros(word & u64::from(u32::MAX)));
+        }
+        let measured = self.model.quantile(adaptive.quantile, now_us);
+        let bound = adaptive.bound(measured);
+        let us = u64::try_from(bound.as_micros())
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX));
+        let until = (now_ms + REFRESH.as_millis() as u64).min(u64::from(u32::MAX));
+        self.cached.store((until << 32) | us, Ordering::Release);
+        Some(Duration::from_micros(us))
+    }
+}
+
+/// Bounds each call (an attempt, under the retry layer) and measures how long it took.
+///
+/// Clones share one [`LatencyModel`] ([`AttemptTimeoutLayer::latency`]); with
+/// [`AttemptBound::Adaptive`] they share the bound derived from it. A call that runs out of
+/// time fails with [`AttemptTimedOut`] and is recorded at its bound.
+#[derive(Debug, Clone)]
 pub struct AttemptTimeoutLayer {
-    timeout: Option<Duration>,
+    handles: stripe::Handles<Shared>,
+    shared: Arc<Shared>,
 }
 
 impl AttemptTimeoutLayer {
-    /// A layer bounding each call by `timeout`; `None` passes calls through unbounded.
-    pub fn new(timeout: Option<Duration>) -> Self {
-        Self { timeout }
+    /// A layer bounding each call as `bound` says, with a latency model of the defaults
+    /// (30 s window, trusted from 100 samples).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for a zero fixed bound (`attempt_timeout`) or an adaptive knob out of
+    /// its range.
+    pub fn new(bound: AttemptBound) -> Result<Self, ConfigError> {
+        Self::with_model(bound, LatencyModel::new())
+    }
+
+    /// As [`new`](Self::new), with a model of your own.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn with_model(bound: AttemptBound, model: LatencyModel) -> Result<Self, ConfigError> {
+        bound.validate()?;
+        let shared = Arc::new(Shared {
+            model,
+            origin: Instant::now(),
+            bound,
+            cached: AtomicU64::new(0),
+        });
+        Ok(Self {
+            handles: stripe::Handles::new(&shared),
+            shared,
+        })
+    }
+
+    /// How attempts are bounded.
+    pub fn bound(&self) -> AttemptBound {
+        self.shared.bound
+    }
+
+    /// What the model holds now: count and quantiles of the calls of the last window.
+    pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
+        self.shared
+            .model
+            .snapshot(self.shared.now_us(Instant::now()))
+    }
+
+    /// The bound an attempt starting now would get.
+    pub fn current_bound(&self) -> Option<Duration> {
+        self.shared.bound_at(Instant::now())
     }
 }
 
@@ -33,7 +285,7 @@ impl<S> Layer<S> for AttemptTimeoutLayer {
     fn layer(&self, inner: S) -> AttemptTimeout<S> {
         AttemptTimeout {
             inner,
-            timeout: self.timeout,
+            handles: self.handles.clone(),
         }
     }
 }
@@ -42,7 +294,7 @@ impl<S> Layer<S> for AttemptTimeoutLayer {
 #[derive(Debug, Clone)]
 pub struct AttemptTimeout<S> {
     inner: S,
-    timeout: Option<Duration>,
+    handles: stripe::Handles<Shared>,
 }
 
 impl<S, R> Service<R> for AttemptTimeout<S>
@@ -61,7 +313,8 @@ where
     fn call(&mut self, req: R) -> Self::Future {
         AttemptTimeoutFuture {
             future: self.inner.call(req),
-            timeout: self.timeout,
+            handle: self.handles.current().clone(),
+            start: None,
             sleep: None,
         }
     }
@@ -70,17 +323,26 @@ where
 pin_project! {
     /// The response future of [`AttemptTimeout`].
     ///
-    /// The attempt's time starts when it is first polled (a future does nothing before), and
-    /// the timer is only created if the attempt is not answered at once: an attempt that is
-    /// ready on its first poll never touches the timer wheel.
-    #[derive(Debug)]
+    /// The attempt's time starts when it first waits (a future does nothing before), and the
+    /// clock and the timer are only touched then: an attempt that is ready on its first poll
+    /// never reads the clock or the timer wheel.
     #[must_use = "futures do nothing unless polled"]
     pub struct AttemptTimeoutFuture<F> {
         #[pin]
         future: F,
-        timeout: Option<Duration>,
+        handle: Arc<stripe::Handle<Shared>>,
+        start: Option<(Instant, Option<Duration>)>,
         #[pin]
         sleep: Option<Sleep>,
+    }
+}
+
+impl<F> std::fmt::Debug for AttemptTimeoutFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttemptTimeoutFuture")
+            .field("started", &self.start.map(|(at, _)| at))
+            .field("bound", &self.start.and_then(|(_, b)| b))
+            .finish_non_exhaustive()
     }
 }
 
@@ -93,17 +355,86 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let shared: &Shared = this.handle;
         if let Poll::Ready(result) = this.future.poll(cx) {
+            if let (Some((start, _)), Ok(_)) = (*this.start, &result) {
+                let now = Instant::now();
+                shared
+                    .model
+                    .record(now.saturating_duration_since(start), shared.now_us(now));
+            }
             return Poll::Ready(result.map_err(Into::into));
         }
-        if this.sleep.is_none() {
-            let Some(timeout) = this.timeout.take() else {
-                return Poll::Pending;
-            };
-            this.sleep.set(Some(sleep(timeout)));
-        }
-        let sleep = this.sleep.as_pin_mut().expect("armed above");
+        let (start, bound) = match *this.start {
+            Some(started) => started,
+            None => {
+                let now = Instant::now();
+                let bound = shared.bound_at(now);
+                *this.start = Some((now, bound));
+                if let Some(b) = bound {
+                    this.sleep.set(Some(sleep_until(now + b)));
+                }
+                (now, bound)
+            }
+        };
+        let Some(sleep) = this.sleep.as_pin_mut() else {
+            return Poll::Pending;
+        };
         ready!(sleep.poll(cx));
+        let bound = bound.expect("a timer only with a bound");
+        // Censored: it took at least its bound.
+        shared.model.record(bound, shared.now_us(start + bound));
         Poll::Ready(Err(Box::new(AttemptTimedOut::new())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_knob_is_validated_by_name() {
+        let a = Adaptive::new;
+        for (bound, knob) in [
+            (AttemptBound::Fixed(Duration::ZERO), "attempt_timeout"),
+            (AttemptBound::Adaptive(a().quantile(0.3)), "quantile"),
+            (AttemptBound::Adaptive(a().quantile(1.0)), "quantile"),
+            (AttemptBound::Adaptive(a().multiplier(0.9)), "multiplier"),
+            (
+                AttemptBound::Adaptive(a().multiplier(f64::NAN)),
+                "multiplier",
+            ),
+            (AttemptBound::Adaptive(a().floor(Duration::ZERO)), "floor"),
+            (
+                AttemptBound::Adaptive(
+                    a().floor(Duration::from_secs(2))
+                        .ceiling(Duration::from_secs(1)),
+                ),
+                "ceiling",
+            ),
+        ] {
+            let err = AttemptTimeoutLayer::new(bound).unwrap_err();
+            assert_eq!(err.knob(), knob, "{bound:?}");
+        }
+        assert!(AttemptTimeoutLayer::new(AttemptBound::Adaptive(a())).is_ok());
+        assert!(AttemptTimeoutLayer::new(AttemptBound::None).is_ok());
+    }
+
+    #[test]
+    fn the_bound_is_clamped_and_the_ceiling_applies_until_trusted() {
+        let a = Adaptive::new();
+        assert_eq!(a.bound(None), Duration::from_secs(10));
+        assert_eq!(
+            a.bound(Some(Duration::from_millis(1))),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            a.bound(Some(Duration::from_millis(50))),
+            Duration::from_millis(150)
+        );
+        assert_eq!(
+            a.bound(Some(Duration::from_secs(60))),
+            Duration::from_secs(10)
+        );
     }
 }

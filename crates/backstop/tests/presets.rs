@@ -101,3 +101,169 @@ async fn the_extension_methods_stack_the_same_layers() {
     assert_eq!(response.status(), 200);
     assert_eq!(breaker.snapshot().calls, 1);
 }
+
+/// A dependency that answers after `latency` (shared, so a test can change it; `None`: it
+/// never answers).
+type Latency = Arc<std::sync::Mutex<Option<Duration>>>;
+
+fn slow(
+    latency: Latency,
+) -> impl Service<
+    Request<ReplayBody<String>>,
+    Response = Response<String>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    service_fn(move |_req: Request<ReplayBody<String>>| {
+        let latency = *latency.lock().unwrap();
+        async move {
+            match latency {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+            Ok(Response::new(String::new()))
+        }
+    })
+}
+
+/// Sends `n` calls, one every `every`, each on its own task with a 3 s deadline; returns
+/// the tasks' results (true: a 200).
+macro_rules! load {
+    ($client:expr, $n:expr, $every:expr) => {{
+        let mut tasks = Vec::new();
+        for _ in 0..$n {
+            let client = $client.clone();
+            tasks.push(tokio::spawn(async move {
+                let call = client.oneshot(get());
+                matches!(
+                    tokio::time::timeout(Duration::from_secs(3), call).await,
+                    Ok(Ok(ref r)) if r.status() == 200
+                )
+            }));
+            tokio::time::sleep($every).await;
+        }
+        let mut ok = 0u32;
+        for t in tasks {
+            ok += u32::from(t.await.unwrap());
+        }
+        ok
+    }};
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_preset_measures_latency_and_bounds_attempts_by_it() {
+    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
+    let backend = backstop::client::http();
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(slow(latency.clone()));
+    // Cold: the ceiling.
+    assert_eq!(
+        backend.attempt_layer().current_bound(),
+        Some(Duration::from_secs(10))
+    );
+    assert_eq!(backend.latency().p99, None);
+    let ok = load!(client, 200, Duration::from_millis(10));
+    assert_eq!(ok, 200);
+    let snap = backend.latency();
+    assert_eq!(snap.count, 200);
+    let p99 = snap.p99.unwrap();
+    assert!(
+        p99.abs_diff(Duration::from_millis(20)) < Duration::from_millis(1),
+        "{p99:?}"
+    );
+    // Warm: p99 × 3.
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let bound = backend.attempt_layer().current_bound().unwrap();
+    assert!(
+        bound.abs_diff(Duration::from_millis(60)) < Duration::from_millis(2),
+        "{bound:?}"
+    );
+}
+
+/// A dependency that accepts calls and never answers: with the presets' defaults the
+/// attempts time out at the measured bound, the breaker opens within 2 s at 100 requests/s,
+/// and from then on callers are answered at once.
+#[tokio::test(start_paused = true)]
+async fn a_hung_dependency_opens_the_breaker_by_default() {
+    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
+    let backend = backstop::client::http();
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(slow(latency.clone()));
+    assert_eq!(load!(client, 300, Duration::from_millis(10)), 300);
+    tokio::time::advance(Duration::from_millis(200)).await;
+
+    *latency.lock().unwrap() = None;
+    let hung_at = tokio::time::Instant::now();
+    let mut opened_after = None;
+    // 100 requests/s, each checked for the breaker's state as it goes (bounded: 5 s).
+    let mut tasks = Vec::new();
+    for _ in 0..500 {
+        let c = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let result = tokio::time::timeout(Duration::from_secs(3), c.oneshot(get())).await;
+            (
+                started,
+                tokio::time::Instant::now() - started,
+                matches!(result, Ok(Err(_))),
+            )
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if opened_after.is_none() && backend.breaker_layer().snapshot().state == State::Open {
+            opened_after = Some(hung_at.elapsed());
+        }
+    }
+    let opened_after = opened_after.expect("the breaker opened");
+    println!("breaker open {opened_after:?} after the dependency hung");
+    assert!(
+        opened_after <= Duration::from_secs(2),
+        "opened after {opened_after:?}"
+    );
+    // Every request sent after the breaker opened failed at once, within its deadline, but
+    // for the half-open probes (at most 3 per open period; the open time is 2.5 to 5 s).
+    let mut slow = 0;
+    for t in tasks {
+        let (started, took, failed) = t.await.unwrap();
+        assert!(failed, "no request to a hung dependency succeeds");
+        assert!(took <= Duration::from_secs(3));
+        if started >= hung_at + opened_after + Duration::from_millis(10)
+            && took >= Duration::from_millis(1)
+        {
+            slow += 1;
+        }
+    }
+    assert!(slow <= 6, "{slow} requests waited after the breaker opened");
+}
+
+/// Latency drifts from 20 ms to 100 ms: the first attempts time out at the old bound and are
+/// recorded at it, so the bound grows instead of spiralling down, and within the model's
+/// window the calls succeed again.
+#[tokio::test(start_paused = true)]
+async fn the_bound_follows_a_slowing_dependency() {
+    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
+    let backend = backstop::client::http().breaker(
+        BreakerConfig::http()
+            .minimum_calls(1_000_000)
+            .build()
+            .unwrap(),
+    );
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(slow(latency.clone()));
+    assert_eq!(load!(client, 300, Duration::from_millis(10)), 300);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let before = backend.attempt_layer().current_bound().unwrap();
+    *latency.lock().unwrap() = Some(Duration::from_millis(100));
+    load!(client, 3_000, Duration::from_millis(10));
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let after = backend.attempt_layer().current_bound().unwrap();
+    assert!(
+        after >= Duration::from_millis(280),
+        "{before:?} → {after:?}"
+    );
+    assert_eq!(load!(client, 300, Duration::from_millis(10)), 300);
+}
