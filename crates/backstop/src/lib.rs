@@ -63,7 +63,9 @@
 //!
 //! - [`client::http()`], [`client::grpc()`]: the client stack as one [`ClientLayer`], with
 //!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
-//!   `.deadline(..)`, `.attempt_timeout(..)`).
+//!   `.deadline(..)`, `.attempt(..)` or `.attempt_timeout(..)`). Attempts are bounded by the
+//!   dependency's measured latency by default ([`timeout`]: p99 × 3, from 10 ms to 10 s), and
+//!   [`ClientLayer::latency`] shows what was measured.
 //! - [`server()`]: `Deadline → Pushback`, one [`ServerLayer`] that keeps
 //!   `Error = S::Error`.
 //!
@@ -175,11 +177,14 @@ pub use client::ClientLayer;
 pub use ext::ServiceBuilderExt;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 pub use server::{ServerLayer, server};
-pub use timeout::{AttemptTimeout, AttemptTimeoutFuture, AttemptTimeoutLayer};
+pub use timeout::{
+    Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutFuture, AttemptTimeoutLayer,
+};
 
 /// The names most stacks need, in one import: `use backstop::prelude::*;`.
 pub mod prelude {
     pub use crate::ServiceBuilderExt;
+    pub use crate::timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer};
     #[cfg(feature = "breaker")]
     pub use backstop_breaker::{BreakerConfig, BreakerLayer, Mode, State};
     pub use backstop_core::{BoxError, GrpcClassifier, HttpClassifier};
