@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench -p backstop-benches --bench instructions --no-run
-//! for s in bare tower-timeout tower resilience-stack backstop-preset backstop-deadline \
+//! for s in bare tower-timeout tower resilience-stack backstop-preset backstop-preset-adaptive backstop-deadline \
 //!          backstop-retry backstop-full backstop-breaker backstop-breaker-count \
 //!          resilience-breaker resilience-breaker-count; do
 //!   valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/deps/instructions-* $s 100000 2>&1 | grep refs
@@ -14,8 +14,8 @@
 
 use backstop_benches::{
     backstop_breaker, backstop_breaker_count, backstop_deadline, backstop_full, backstop_preset,
-    backstop_retry, bare, request, resilience_breaker, resilience_breaker_count, resilience_stack,
-    tower_stack, tower_timeout,
+    backstop_preset_adaptive, backstop_retry, bare, request, resilience_breaker,
+    resilience_breaker_count, resilience_stack, tower_stack, tower_timeout,
 };
 use std::hint::black_box;
 use tower::{Service, ServiceExt};
@@ -48,6 +48,7 @@ fn main() {
             "tower-timeout" => drive(tower_timeout(), n).await,
             "backstop-deadline" => drive(backstop_deadline(), n).await,
             "backstop-preset" => drive(backstop_preset(), n).await,
+            "backstop-preset-adaptive" => drive(backstop_preset_adaptive(), n).await,
             "resilience-stack" => drive(resilience_stack(), n).await,
             "resilience-breaker" => drive(resilience_breaker(), n).await,
             "backstop-breaker-count" => drive(backstop_breaker_count(), n).await,

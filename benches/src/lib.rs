@@ -201,6 +201,19 @@ pub fn backstop_preset()
         .service(replay_target())
 }
 
+/// The HTTP client preset with every default but the deadline's 1 s timeout: attempts bounded
+/// by measured latency.
+pub fn backstop_preset_adaptive()
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+    let deadline = PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    ServiceBuilder::new()
+        .layer(backstop::client::http().deadline(deadline))
+        .service(replay_target())
+}
+
 /// An `http::Request` that tower-resilience's retry can clone (it requires `Req: Clone`):
 /// cloning rebuilds it, as [`TowerPolicy::clone_request`] does.
 #[derive(Debug)]
