@@ -25,7 +25,7 @@ pub struct ClientLayer<C> {
 /// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], [`RetryPolicy::http`]
 /// (3 attempts, decorrelated jitter, the 10 % ratio budget), the breaker of
 /// [`http_breaker`], and attempts bounded by measured latency ([`Adaptive`]: p99 × 3, from
-/// 10 ms to 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
+/// 1 s to 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
 pub fn http() -> ClientLayer<HttpClassifier> {
     ClientLayer::new(
         RetryPolicy::http().build().expect("the defaults are valid"),

@@ -64,7 +64,7 @@
 //! - [`client::http()`], [`client::grpc()`]: the client stack as one [`ClientLayer`], with
 //!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
 //!   `.deadline(..)`, `.attempt(..)` or `.attempt_timeout(..)`). Attempts are bounded by the
-//!   dependency's measured latency by default ([`timeout`]: p99 × 3, from 10 ms to 10 s), and
+//!   dependency's measured latency by default ([`timeout`]: p99 × 3, from 1 s to 10 s), and
 //!   [`ClientLayer::latency`] shows what was measured.
 //! - [`server()`]: `Deadline → Pushback`, one [`ServerLayer`] that keeps
 //!   `Error = S::Error`.

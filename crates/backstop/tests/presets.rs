@@ -1,6 +1,10 @@
 //! The presets end to end, with a mock dependency under paused time.
 
-use backstop::{BreakerOpen, ReplayBody, prelude::*};
+use backstop::{
+    BreakerOpen, ReplayBody,
+    prelude::*,
+    timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer},
+};
 use backstop_core::AttemptTimedOut;
 use http::{Request, Response};
 use std::{
@@ -152,34 +156,48 @@ macro_rules! load {
     }};
 }
 
+/// An adaptive bound with a 10 ms floor, so p99 × 3 shows for a 20 ms dependency.
+fn low_floor() -> AttemptTimeoutLayer {
+    AttemptTimeoutLayer::new(AttemptBound::Adaptive(
+        Adaptive::new().floor(Duration::from_millis(10)),
+    ))
+    .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_preset_measures_latency_and_bounds_attempts_by_it() {
     let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let backend = backstop::client::http();
-    let client = ServiceBuilder::new()
-        .layer(backend.clone())
-        .service(slow(latency.clone()));
-    // Cold: the ceiling.
-    assert_eq!(
-        backend.attempt_layer().current_bound(),
-        Some(Duration::from_secs(10))
-    );
-    assert_eq!(backend.latency().p99, None);
-    let ok = load!(client, 200, Duration::from_millis(10));
-    assert_eq!(ok, 200);
-    let snap = backend.latency();
-    assert_eq!(snap.count, 200);
-    let p99 = snap.p99.unwrap();
-    assert!(
-        p99.abs_diff(Duration::from_millis(20)) < Duration::from_millis(1),
-        "{p99:?}"
-    );
-    // Warm: p99 × 3.
+    let preset = backstop::client::http();
+    let tuned = backstop::client::http().attempt(low_floor());
+    for backend in [&preset, &tuned] {
+        // Cold: the ceiling.
+        assert_eq!(
+            backend.attempt_layer().current_bound(),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(backend.latency().p99, None);
+        let client = ServiceBuilder::new()
+            .layer(backend.clone())
+            .service(slow(latency.clone()));
+        assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+        let snap = backend.latency();
+        assert_eq!(snap.count, 200);
+        let p99 = snap.p99.unwrap();
+        assert!(
+            p99.abs_diff(Duration::from_millis(20)) < Duration::from_millis(1),
+            "{p99:?}"
+        );
+    }
     tokio::time::advance(Duration::from_millis(200)).await;
-    let bound = backend.attempt_layer().current_bound().unwrap();
+    // Warm: p99 × 3, but never below the floor (1 s by default).
+    let bound = tuned.attempt_layer().current_bound().unwrap();
     assert!(
         bound.abs_diff(Duration::from_millis(60)) < Duration::from_millis(2),
         "{bound:?}"
+    );
+    assert_eq!(
+        preset.attempt_layer().current_bound(),
+        Some(Duration::from_secs(1))
     );
 }
 
@@ -206,11 +224,8 @@ async fn a_hung_dependency_opens_the_breaker_by_default() {
         tasks.push(tokio::spawn(async move {
             let started = tokio::time::Instant::now();
             let result = tokio::time::timeout(Duration::from_secs(3), c.oneshot(get())).await;
-            (
-                started,
-                tokio::time::Instant::now() - started,
-                matches!(result, Ok(Err(_))),
-            )
+            let ok = matches!(result, Ok(Ok(ref r)) if r.status() == 200);
+            (started, tokio::time::Instant::now() - started, !ok)
         }));
         tokio::time::sleep(Duration::from_millis(10)).await;
         if opened_after.is_none() && backend.breaker_layer().snapshot().state == State::Open {
@@ -228,8 +243,12 @@ async fn a_hung_dependency_opens_the_breaker_by_default() {
     let mut slow = 0;
     for t in tasks {
         let (started, took, failed) = t.await.unwrap();
-        assert!(failed, "no request to a hung dependency succeeds");
-        assert!(took <= Duration::from_secs(3));
+        assert!(
+            failed,
+            "no request to a hung dependency succeeds: sent {:?} after, took {took:?}",
+            started - hung_at
+        );
+        assert!(took <= Duration::from_secs(3) + Duration::from_millis(1));
         if started >= hung_at + opened_after + Duration::from_millis(10)
             && took >= Duration::from_millis(1)
         {
@@ -245,9 +264,10 @@ async fn a_hung_dependency_opens_the_breaker_by_default() {
 #[tokio::test(start_paused = true)]
 async fn the_bound_follows_a_slowing_dependency() {
     let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let backend = backstop::client::http().breaker(
+    let backend = backstop::client::http().attempt(low_floor()).breaker(
         BreakerConfig::http()
             .minimum_calls(1_000_000)
+            .consecutive_failures(1_000_000)
             .build()
             .unwrap(),
     );
