@@ -79,7 +79,8 @@ pub fn is_deadline_exceeded(err: &(dyn Error + 'static)) -> bool {
     find::<DeadlineExceeded>(err).is_some()
 }
 
-/// An attempt took longer than its own timeout (the retry layer's `attempt_timeout`).
+/// An attempt took longer than its own bound (the client preset's attempt bound, inside the
+/// breaker).
 ///
 /// Unlike [`DeadlineExceeded`], this is a failure of the dependency, not a local rejection:
 /// the request may be retried within what is left of its deadline.

@@ -70,7 +70,8 @@
 //!    returned keeps its body.
 //!
 //! **What each attempt's `grpc-timeout` says.** The time really left when the attempt is
-//! sent: `min(now + attempt_timeout, deadline, what the caller told the server) − now`,
+//! sent: `min(deadline, what the caller told the server) − now` (and the deprecated
+//! `attempt_timeout` when set; an attempt bound inside the breaker shortens it further),
 //! whoever wrote the original header. The first attempt keeps a header that already says no
 //! more (an outer `PropagateDeadline` wrote it a moment ago); every retry gets a new one. A
 //! header set by the caller with no deadline in scope is the deadline. gRPC retries carry
@@ -84,7 +85,7 @@
 //! counts) only when it could be retried, or when the server said "do not retry": never for
 //! a final status such as INVALID_ARGUMENT or INTERNAL (A6).
 //!
-//! Each attempt is bounded by `min(attempt_timeout, deadline)`. A gRPC call is committed once
+//! Each attempt is bounded by the deadline. A gRPC call is committed once
 //! response headers without a status arrive (gRPC A6): only trailers-only failures are
 //! retried. With `max_attempts(1)`, or a body whose size hint already exceeds
 //! `max_replay_bytes`, the request passes through: no buffering and no copy of the request.

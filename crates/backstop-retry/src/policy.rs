@@ -159,6 +159,17 @@ impl<C> RetryPolicy<C> {
     /// Bounds each attempt by `min(timeout, remaining deadline)`; an attempt that runs out is a
     /// retryable failure ([`AttemptTimedOut`](backstop_core::AttemptTimedOut)), and its
     /// `grpc-timeout` says so.
+    ///
+    /// Deprecated: this bound sits outside the breaker, so a timed-out attempt is a
+    /// cancellation the breaker never counts. Bound attempts inside the breaker instead, with
+    /// the client presets' attempt bound (`backstop::client::http().attempt_timeout(d)`, or
+    /// the measured default) or `backstop::timeout::AttemptTimeoutLayer` under the breaker:
+    /// one bound, counted by the breaker, and written into `grpc-timeout` when shorter than
+    /// what is left of the deadline.
+    #[deprecated(
+        since = "0.1.0",
+        note = "bound attempts inside the breaker: the client preset's attempt bound or backstop::timeout::AttemptTimeoutLayer"
+    )]
     #[must_use]
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
@@ -261,6 +272,7 @@ mod tests {
             assert_eq!(err.knob(), "max_attempts");
         }
         assert!(RetryPolicy::grpc().max_attempts(10).build().is_ok());
+        #[allow(deprecated)]
         let err = RetryPolicy::http()
             .attempt_timeout(Duration::ZERO)
             .build()

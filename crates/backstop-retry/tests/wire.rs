@@ -233,7 +233,11 @@ proptest! {
                 .max_attempts(max_attempts)
                 .backoff(backoff::constant(Duration::from_millis(backoff_ms)));
             if let Some(t) = attempt_timeout_ms {
-                policy = policy.attempt_timeout(Duration::from_millis(t));
+                // The deprecated outer bound keeps working until it is removed.
+                #[allow(deprecated)]
+                {
+                    policy = policy.attempt_timeout(Duration::from_millis(t));
+                }
             }
             let retry = policy.build().unwrap();
             let (mock, mut handle) = mock::pair::<Req, Response<String>>();

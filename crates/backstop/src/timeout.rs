@@ -37,6 +37,7 @@
 //! waits and when it ends.
 
 use backstop_core::{AttemptTimedOut, BoxError, ConfigError, latency::LatencyModel, stripe};
+use http::Request;
 use pin_project_lite::pin_project;
 use std::{
     future::Future,
@@ -309,9 +310,9 @@ pub struct AttemptTimeout<S> {
     handles: stripe::Handles<Shared>,
 }
 
-impl<S, R> Service<R> for AttemptTimeout<S>
+impl<S, B> Service<Request<B>> for AttemptTimeout<S>
 where
-    S: Service<R>,
+    S: Service<Request<B>>,
     S::Error: Into<BoxError>,
 {
     type Response = S::Response;
@@ -322,14 +323,56 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let handle = self.handles.current().clone();
+        let bound = tell_the_wire(&handle, &mut req);
         AttemptTimeoutFuture {
             future: self.inner.call(req),
-            handle: self.handles.current().clone(),
+            handle,
+            bound,
             start: None,
             sleep: None,
         }
     }
+}
+
+/// When the request tells the server how long it has (`grpc-timeout`, from an outer
+/// `PropagateDeadline` or the retry layer) and the attempt's bound is shorter, the header is
+/// rewritten to the bound: the server gives up when this attempt will. Returns the bound
+/// picked for the attempt (its timer then starts from the attempt's first wait), or `None`
+/// when it is picked then.
+#[cfg(feature = "deadline")]
+fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<Duration> {
+    use backstop_core::grpc::GRPC_TIMEOUT;
+    use backstop_deadline::grpc_timeout;
+    if matches!(shared.bound, AttemptBound::None) {
+        return None;
+    }
+    let wire = backstop_deadline::wire_deadline();
+    if wire.is_none() && !req.headers().contains_key(GRPC_TIMEOUT) {
+        return None; // nothing is told to the server: nothing to shorten
+    }
+    let now = Instant::now();
+    let left = match wire {
+        Some(at) => at.saturating_duration_since(now),
+        None => req
+            .headers()
+            .get(GRPC_TIMEOUT)
+            .and_then(|v| grpc_timeout::decode_header(v).ok())?,
+    };
+    let bound = shared.bound_at(now)?;
+    if bound < left
+        && let Some(encoded) = grpc_timeout::encode(bound)
+    {
+        req.headers_mut()
+            .insert(GRPC_TIMEOUT, encoded.to_header_value());
+    }
+    Some(bound)
+}
+
+#[cfg(not(feature = "deadline"))]
+fn tell_the_wire<B>(_: &Shared, _: &mut Request<B>) -> Option<Duration> {
+    None
 }
 
 pin_project! {
@@ -343,6 +386,8 @@ pin_project! {
         #[pin]
         future: F,
         handle: Arc<stripe::Handle<Shared>>,
+        // The bound, when picked at the call (it was written on the wire).
+        bound: Option<Duration>,
         start: Option<(Instant, Option<Duration>)>,
         #[pin]
         sleep: Option<Sleep>,
@@ -381,7 +426,7 @@ where
             Some(started) => started,
             None => {
                 let now = Instant::now();
-                let bound = shared.bound_at(now);
+                let bound = this.bound.or_else(|| shared.bound_at(now));
                 *this.start = Some((now, bound));
                 if let Some(b) = bound {
                     this.sleep.set(Some(sleep_until(now + b)));

@@ -287,3 +287,53 @@ async fn the_bound_follows_a_slowing_dependency() {
     );
     assert_eq!(load!(client, 300, Duration::from_millis(10)), 300);
 }
+
+/// The attempt's bound on the wire: once the measured bound is shorter than what is left of
+/// the deadline, `grpc-timeout` says the bound, so the server gives up when the attempt will.
+#[tokio::test(start_paused = true)]
+async fn grpc_timeout_says_the_attempt_bound_when_it_is_shorter() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
+    let log = seen.clone();
+    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+        let header = req.headers().get("grpc-timeout").cloned();
+        log.lock().unwrap().push(
+            header
+                .map(|v| backstop::deadline::grpc_timeout::decode_header(&v).unwrap())
+                .unwrap_or(Duration::MAX),
+        );
+        async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }
+    });
+    let deadline = PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let backend = backstop::client::http()
+        .deadline(deadline)
+        .attempt(low_floor());
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(dependency);
+    // Cold: the ceiling (10 s) is longer than the 5 s left: the header says what is left.
+    client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(seen.lock().unwrap()[0], Duration::from_secs(5));
+    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    // Warm: the bound (p99 × 3 ≈ 60 ms) is what the server is told.
+    client.clone().oneshot(get()).await.unwrap();
+    let last = *seen.lock().unwrap().last().unwrap();
+    assert!(
+        last.abs_diff(Duration::from_millis(60)) < Duration::from_millis(2),
+        "{last:?}"
+    );
+    // Without a deadline nothing is told, bound or not.
+    let bare = ServiceBuilder::new()
+        .layer(backstop::client::http().attempt(low_floor()))
+        .service(service_fn(|req: Request<ReplayBody<String>>| async move {
+            assert!(req.headers().get("grpc-timeout").is_none());
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }));
+    bare.oneshot(get()).await.unwrap();
+}
