@@ -208,6 +208,19 @@ impl Shared {
         u64::try_from(now.saturating_duration_since(self.origin).as_micros()).unwrap_or(u64::MAX)
     }
 
+    /// The bound as last computed, without reading the clock: the fixed one, the cached
+    /// adaptive one, or the ceiling before the first computation.
+    fn cached_bound(&self) -> Option<Duration> {
+        match self.bound {
+            AttemptBound::None => None,
+            AttemptBound::Fixed(d) => Some(d),
+            AttemptBound::Adaptive(a) => match self.cached.load(Ordering::Acquire) {
+                0 => Some(a.ceiling),
+                word => Some(Duration::from_micros(word & u64::from(u32::MAX))),
+            },
+        }
+    }
+
     /// The bound of an attempt that starts waiting at `now`.
     fn bound_at(&self, now: Instant) -> Option<Duration> {
         let adaptive = match self.bound {
@@ -339,35 +352,60 @@ where
 /// When the request tells the server how long it has (`grpc-timeout`, from an outer
 /// `PropagateDeadline` or the retry layer) and the attempt's bound is shorter, the header is
 /// rewritten to the bound: the server gives up when this attempt will. Returns the bound
-/// picked for the attempt (its timer then starts from the attempt's first wait), or `None`
-/// when it is picked then.
+/// written (the attempt's timer uses the same), or `None` when none was, and the timer picks
+/// the bound when the attempt first waits.
 #[cfg(feature = "deadline")]
 fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<Duration> {
     use backstop_core::grpc::GRPC_TIMEOUT;
     use backstop_deadline::grpc_timeout;
-    if matches!(shared.bound, AttemptBound::None) {
-        return None;
-    }
-    let wire = backstop_deadline::wire_deadline();
-    if wire.is_none() && !req.headers().contains_key(GRPC_TIMEOUT) {
-        return None; // nothing is told to the server: nothing to shorten
-    }
-    let now = Instant::now();
-    let left = match wire {
-        Some(at) => at.saturating_duration_since(now),
+    // The bound as last computed: no clock read here (the timer refreshes it).
+    let bound = shared.cached_bound()?;
+    let fits = match backstop_deadline::wire_deadline() {
+        Some(at) => Instant::now()
+            .checked_add(bound)
+            .is_some_and(|end| end < at),
         None => req
             .headers()
             .get(GRPC_TIMEOUT)
-            .and_then(|v| grpc_timeout::decode_header(v).ok())?,
+            .and_then(|v| grpc_timeout::decode_header(v).ok())
+            .is_some_and(|left| bound < left),
     };
-    let bound = shared.bound_at(now)?;
-    if bound < left
-        && let Some(encoded) = grpc_timeout::encode(bound)
-    {
-        req.headers_mut()
-            .insert(GRPC_TIMEOUT, encoded.to_header_value());
+    if !fits {
+        return None; // nothing told, or what is told is already shorter
     }
+    req.headers_mut().insert(GRPC_TIMEOUT, encoded(bound)?);
     Some(bound)
+}
+
+/// `bound` as a `grpc-timeout` value. A bound changes at most every 100 ms (a fixed one never),
+/// so each thread keeps the last one it encoded and hands out clones of it (a reference count,
+/// where encoding costs a few hundred instructions and an allocation).
+#[cfg(feature = "deadline")]
+fn encoded(bound: Duration) -> Option<http::HeaderValue> {
+    use std::cell::RefCell;
+    thread_local! {
+        static LAST: RefCell<Option<(Duration, http::HeaderValue)>> = const { RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((d, value)) = &*last
+            && *d == bound
+        {
+            return Some(value.clone());
+        }
+        let value = http::HeaderValue::from_maybe_shared(bytes_of(bound)?).ok()?;
+        *last = Some((bound, value.clone()));
+        Some(value)
+    })
+}
+
+/// The encoded bound in a shared buffer, so clones of its header value share it.
+#[cfg(feature = "deadline")]
+fn bytes_of(bound: Duration) -> Option<bytes::Bytes> {
+    let encoded = backstop_deadline::grpc_timeout::encode(bound)?;
+    Some(bytes::Bytes::copy_from_slice(
+        encoded.to_header_value().as_bytes(),
+    ))
 }
 
 #[cfg(not(feature = "deadline"))]
