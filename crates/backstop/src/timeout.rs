@@ -210,6 +210,7 @@ impl Shared {
 
     /// The bound as last computed, without reading the clock: the fixed one, the cached
     /// adaptive one, or the ceiling before the first computation.
+    #[cfg(feature = "deadline")]
     fn cached_bound(&self) -> Option<Duration> {
         match self.bound {
             AttemptBound::None => None,
