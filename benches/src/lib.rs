@@ -188,29 +188,26 @@ fn resilience_breaker_with(
 /// ratio budget → breaker → attempt timeout of 500 ms) around the ready service.
 pub fn backstop_preset()
 -> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+    ServiceBuilder::new()
+        .layer(preset_1s().attempt_timeout(Duration::from_millis(500)))
+        .service(replay_target())
+}
+
+/// The HTTP client preset with `PropagateDeadline`'s 1 s timeout.
+fn preset_1s() -> backstop::ClientLayer<backstop_core::HttpClassifier> {
     let deadline = PropagateDeadlineLayer::builder()
         .timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    ServiceBuilder::new()
-        .layer(
-            backstop::client::http()
-                .deadline(deadline)
-                .attempt_timeout(Duration::from_millis(500)),
-        )
-        .service(replay_target())
+    backstop::client::http().deadline(deadline)
 }
 
 /// The HTTP client preset with every default but the deadline's 1 s timeout: attempts bounded
 /// by measured latency.
 pub fn backstop_preset_adaptive()
 -> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
-    let deadline = PropagateDeadlineLayer::builder()
-        .timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
     ServiceBuilder::new()
-        .layer(backstop::client::http().deadline(deadline))
+        .layer(preset_1s())
         .service(replay_target())
 }
 

@@ -606,22 +606,12 @@ async fn grpc_outcomes_in_trailers_are_recorded_at_the_end_of_the_body() {
         .jitter(false)
         .build()
         .unwrap();
-    type Body = http_body_util::channel::Channel<Bytes, std::convert::Infallible>;
-    let (mock, mut handle) = mock::pair::<Request<String>, Response<Body>>();
+    let (mock, mut handle) = mock::pair::<Request<String>, Response<Streamed>>();
     let mut service = layer.clone().layer(mock);
 
     // A streamed response whose trailers say UNAVAILABLE: a failure, known at the end.
     for recorded in 0..2 {
-        handle.allow(1);
-        let future = service.ready().await.unwrap().call(grpc_request());
-        let (_, send) = handle.next_request().await.unwrap();
-        let (mut tx, body) = Body::new(4);
-        let mut response = Response::new(body);
-        response
-            .headers_mut()
-            .insert("content-type", HeaderValue::from_static("application/grpc"));
-        send.send_response(response);
-        let response = future.await.unwrap();
+        let (response, mut tx) = committed(&mut service, &mut handle).await;
         assert_eq!(
             layer.snapshot().calls,
             recorded,
@@ -639,37 +629,47 @@ async fn grpc_outcomes_in_trailers_are_recorded_at_the_end_of_the_body() {
 
     // A body dropped before its end counts as nothing.
     layer.reset();
-    handle.allow(1);
-    let future = service.ready().await.unwrap().call(grpc_request());
-    let (_, send) = handle.next_request().await.unwrap();
-    let (_tx, body) = Body::new(1);
-    let mut response = Response::new(body);
-    response
-        .headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/grpc"));
-    send.send_response(response);
-    drop(future.await.unwrap());
+    let (response, _tx) = committed(&mut service, &mut handle).await;
+    drop(response);
     assert_eq!(layer.snapshot().calls, 0);
 
     // Defect: a stream that ended without trailers counted as a success; gRPC treats a
     // missing status as an error.
     for _ in 0..2 {
-        handle.allow(1);
-        let future = service.ready().await.unwrap().call(grpc_request());
-        let (_, send) = handle.next_request().await.unwrap();
-        let (mut tx, body) = Body::new(4);
-        let mut response = Response::new(body);
-        response
-            .headers_mut()
-            .insert("content-type", HeaderValue::from_static("application/grpc"));
-        send.send_response(response);
-        let response = future.await.unwrap();
+        let (response, mut tx) = committed(&mut service, &mut handle).await;
         tx.send_data(Bytes::from_static(b"msg")).await.unwrap();
         drop(tx);
         response.into_body().collect().await.unwrap();
     }
     let snapshot = layer.snapshot();
     assert_eq!((snapshot.calls, snapshot.state), (2, State::Open));
+}
+
+type Streamed = http_body_util::channel::Channel<Bytes, std::convert::Infallible>;
+
+/// One gRPC call through `service` answered with headers but no status (committed, its
+/// outcome to come in trailers): the response the caller got, and the sender of its body.
+async fn committed<S>(
+    service: &mut S,
+    handle: &mut mock::Handle<Request<String>, Response<Streamed>>,
+) -> (
+    S::Response,
+    http_body_util::channel::Sender<Bytes, std::convert::Infallible>,
+)
+where
+    S: tower::Service<Request<String>>,
+    S::Error: std::fmt::Debug,
+{
+    handle.allow(1);
+    let future = service.ready().await.unwrap().call(grpc_request());
+    let (_, send) = handle.next_request().await.unwrap();
+    let (tx, body) = Streamed::new(4);
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/grpc"));
+    send.send_response(response);
+    (future.await.unwrap(), tx)
 }
 
 #[tokio::test(start_paused = true)]

@@ -18,22 +18,8 @@ use tower_test::mock;
 type Req = Request<ReplayBody<String>>;
 const MS: Duration = Duration::from_millis(1);
 
-fn grpc() -> Request<String> {
-    Request::post("http://svc/pkg.Svc/Call")
-        .header("content-type", "application/grpc")
-        .body("msg".to_owned())
-        .unwrap()
-}
-
-fn status(code: u16, pushback: Option<&str>) -> Response<String> {
-    let mut r = Response::builder()
-        .header("content-type", "application/grpc")
-        .header("grpc-status", code.to_string());
-    if let Some(p) = pushback {
-        r = r.header("grpc-retry-pushback-ms", p);
-    }
-    r.body(String::new()).unwrap()
-}
+mod support;
+use support::{grpc, status};
 
 /// Runs one gRPC call through `layer`, answering attempt `i` with `answers[i]`; returns how
 /// many attempts were made, the instants (since the call) they were sent at, and the final

@@ -14,16 +14,8 @@ use tower_test::mock;
 type Req = Request<ReplayBody<String>>;
 const MS: Duration = Duration::from_millis(1);
 
-fn grpc() -> Request<String> {
-    Request::post("http://svc/pkg.Svc/Call")
-        .header("content-type", "application/grpc")
-        .body("msg".to_owned())
-        .unwrap()
-}
-
-fn status(code: u16, pushback: Option<u32>) -> Response<String> {
-    hinted(code, pushback.map(Hint::Pushback))
-}
+mod support;
+use support::{grpc, status};
 
 /// A server's hint in a generated answer.
 #[derive(Debug, Clone, Copy)]
@@ -35,15 +27,16 @@ enum Hint {
 }
 
 fn hinted(code: u16, hint: Option<Hint>) -> Response<String> {
-    let mut r = Response::builder()
-        .header("content-type", "application/grpc")
-        .header("grpc-status", code.to_string());
     match hint {
-        Some(Hint::Pushback(ms)) => r = r.header("grpc-retry-pushback-ms", ms.to_string()),
-        Some(Hint::RetryAfter(s)) => r = r.header("retry-after", s.to_string()),
-        None => {}
+        Some(Hint::Pushback(ms)) => status(code, Some(&ms.to_string())),
+        Some(Hint::RetryAfter(s)) => {
+            let mut r = status(code, None);
+            r.headers_mut()
+                .insert("retry-after", s.to_string().parse().unwrap());
+            r
+        }
+        None => status(code, None),
     }
-    r.body(String::new()).unwrap()
 }
 
 fn header(req: &Req) -> Option<Duration> {
