@@ -3,7 +3,7 @@
 use http::{Request, Response};
 
 /// A unary gRPC request to `pkg.Svc/Call`.
-pub fn grpc() -> Request<String> {
+pub(crate) fn grpc() -> Request<String> {
     Request::post("http://svc/pkg.Svc/Call")
         .header("content-type", "application/grpc")
         .body("msg".to_owned())
@@ -11,7 +11,7 @@ pub fn grpc() -> Request<String> {
 }
 
 /// A trailers-only gRPC response with `code`, and `grpc-retry-pushback-ms` if given.
-pub fn status(code: u16, pushback: Option<&str>) -> Response<String> {
+pub(crate) fn status(code: u16, pushback: Option<&str>) -> Response<String> {
     let mut r = Response::builder()
         .header("content-type", "application/grpc")
         .header("grpc-status", code.to_string());
