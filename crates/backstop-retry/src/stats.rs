@@ -19,7 +19,8 @@ pub enum GiveUp {
     Deadline,
     /// The budget has no token.
     Budget,
-    /// The request body is longer than `max_replay_bytes`, or failed.
+    /// The request body is longer than `max_replay_bytes`, or failed, so no copy of it can be
+    /// sent again.
     NotReplayable,
     /// The response was committed (gRPC headers received without a status).
     Committed,
