@@ -163,7 +163,21 @@ impl Run {
     /// engine (a hyper server on a random port, a hyper-util client).
     async fn connect(&self, service: Svc) -> Svc {
         match self.engine {
-            Engine::Sim => service,
+            // What crosses a real wire is the head, not the extensions: a server's local
+            // rejection reaches the client as a plain status, and the client's own deadline
+            // reaches the server only through `grpc-timeout`.
+            Engine::Sim => BoxCloneService::new(
+                ServiceBuilder::new()
+                    .map_request(|mut r: Request<Body>| {
+                        r.extensions_mut().clear();
+                        r
+                    })
+                    .map_response(|mut r: http::Response<Body>| {
+                        r.extensions_mut().clear();
+                        r
+                    })
+                    .service(service),
+            ),
             Engine::Real => {
                 let addr = serve(service).await;
                 loopback_client(addr)

@@ -219,8 +219,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             let preset = backstop::client::http()
                 .deadline(deadline)
                 .retry(retry)
-                .breaker(breaker)
-                .attempt_timeout(config.deadline / 2);
+                .breaker(breaker);
             BoxCloneService::new(
                 ServiceBuilder::new()
                     .map_response(|r: Response<_>| r.map(boxed))

@@ -6,8 +6,11 @@
 //!
 //! [`AttemptBound::Adaptive`] (the presets' default): `clamp(p99 × 3, floor, ceiling)` from
 //! the dependency's own [`LatencyModel`], re-read at most every 100 ms, with a floor of 1 s
-//! and a ceiling of 10 s by default. Until the model holds 100 samples (the first seconds of
-//! traffic, or after an idle spell), the `ceiling` applies.
+//! and a ceiling of 10 s by default, and never more than 80 % of what is left of the
+//! request's deadline ([`Adaptive::deadline_share`]): an attempt to a dependency slower than
+//! its callers' deadlines then times out before the deadline, a failure the breaker counts,
+//! where an expired deadline (the caller's own) would count as nothing. Until the model holds
+//! 100 samples (the first seconds of traffic, or after an idle spell), the `ceiling` applies.
 //!
 //! Why p99 × 3: the timeout's job is to cut attempts that will not answer, without cutting
 //! the slow tail of attempts that would. At p99 × 3 an attempt is cut only when it is three
@@ -87,6 +90,7 @@ pub struct Adaptive {
     multiplier: f64,
     floor: Duration,
     ceiling: Duration,
+    deadline_share: f64,
 }
 
 impl Default for Adaptive {
@@ -104,6 +108,7 @@ impl Adaptive {
             multiplier: 3.0,
             floor: Duration::from_secs(1),
             ceiling: Duration::from_secs(10),
+            deadline_share: 0.8,
         }
     }
 
@@ -136,11 +141,23 @@ impl Adaptive {
         self
     }
 
+    /// The largest share, in (0, 1], of what is left of the request's deadline that one
+    /// attempt may take (default 0.8): the attempt then times out, and the breaker counts it,
+    /// before the deadline expires (an expired deadline is the caller's, never counted). In
+    /// the lab, 0.8 keeps the brownout's success of a fixed half-deadline bound (76.9 %) and
+    /// lifts the slow scenario's from 45.1 % to 50.0 %; 0.5 cost retries their time (76.7 %).
+    #[must_use]
+    pub fn deadline_share(mut self, share: f64) -> Self {
+        self.deadline_share = share;
+        self
+    }
+
     /// Checks every knob.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `quantile`, `multiplier`, `floor` or `ceiling`.
+    /// A [`ConfigError`] naming `quantile`, `multiplier`, `deadline_share`, `floor` or
+    /// `ceiling`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(self.quantile >= 0.5 && self.quantile < 1.0) {
             return Err(ConfigError::new(
@@ -152,6 +169,12 @@ impl Adaptive {
             return Err(ConfigError::new(
                 "multiplier",
                 format!("must be at least 1, got {}", self.multiplier),
+            ));
+        }
+        if !(self.deadline_share > 0.0 && self.deadline_share <= 1.0) {
+            return Err(ConfigError::new(
+                "deadline_share",
+                format!("must be in (0, 1], got {}", self.deadline_share),
             ));
         }
         if self.floor.is_zero() {
@@ -208,18 +231,18 @@ impl Shared {
         u64::try_from(now.saturating_duration_since(self.origin).as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// The bound as last computed, without reading the clock: the fixed one, the cached
-    /// adaptive one, or the ceiling before the first computation.
-    #[cfg(feature = "deadline")]
-    fn cached_bound(&self) -> Option<Duration> {
-        match self.bound {
-            AttemptBound::None => None,
-            AttemptBound::Fixed(d) => Some(d),
-            AttemptBound::Adaptive(a) => match self.cached.load(Ordering::Acquire) {
-                0 => Some(a.ceiling),
-                word => Some(Duration::from_micros(word & u64::from(u32::MAX))),
-            },
+    /// `bound`, at most the adaptive bound's share of what is left of the request's deadline
+    /// at `now` (a fixed bound is taken as given).
+    fn capped(&self, bound: Duration, now: Instant) -> Duration {
+        #[cfg(feature = "deadline")]
+        if let AttemptBound::Adaptive(a) = self.bound
+            && let Some(deadline) = backstop_deadline::current()
+        {
+            let left = deadline.instant().saturating_duration_since(now);
+            return bound.min(left.mul_f64(a.deadline_share));
         }
+        let _ = now;
+        bound
     }
 
     /// The bound of an attempt that starts waiting at `now`.
@@ -359,12 +382,17 @@ where
 fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<Duration> {
     use backstop_core::grpc::GRPC_TIMEOUT;
     use backstop_deadline::grpc_timeout;
-    // The bound as last computed: no clock read here (the timer refreshes it).
-    let bound = shared.cached_bound()?;
-    let fits = match backstop_deadline::wire_deadline() {
-        Some(at) => Instant::now()
-            .checked_add(bound)
-            .is_some_and(|end| end < at),
+    if matches!(shared.bound, AttemptBound::None) {
+        return None;
+    }
+    let wire = backstop_deadline::wire_deadline();
+    if wire.is_none() && !req.headers().contains_key(GRPC_TIMEOUT) {
+        return None; // nothing told to the server
+    }
+    let now = Instant::now();
+    let bound = shared.capped(shared.bound_at(now)?, now);
+    let fits = match wire {
+        Some(at) => now.checked_add(bound).is_some_and(|end| end < at),
         None => req
             .headers()
             .get(GRPC_TIMEOUT)
@@ -465,7 +493,9 @@ where
             Some(started) => started,
             None => {
                 let now = Instant::now();
-                let bound = this.bound.or_else(|| shared.bound_at(now));
+                let bound = this
+                    .bound
+                    .or_else(|| shared.bound_at(now).map(|b| shared.capped(b, now)));
                 *this.start = Some((now, bound));
                 if let Some(b) = bound {
                     this.sleep.set(Some(sleep_until(now + b)));
@@ -501,6 +531,14 @@ mod tests {
                 "multiplier",
             ),
             (AttemptBound::Adaptive(a().floor(Duration::ZERO)), "floor"),
+            (
+                AttemptBound::Adaptive(a().deadline_share(0.0)),
+                "deadline_share",
+            ),
+            (
+                AttemptBound::Adaptive(a().deadline_share(1.5)),
+                "deadline_share",
+            ),
             (
                 AttemptBound::Adaptive(
                     a().floor(Duration::from_secs(2))

@@ -316,9 +316,9 @@ async fn grpc_timeout_says_the_attempt_bound_when_it_is_shorter() {
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency);
-    // Cold: the ceiling (10 s) is longer than the 5 s left: the header says what is left.
+    // Cold: the ceiling (10 s), capped at 80 % of the 5 s left.
     client.clone().oneshot(get()).await.unwrap();
-    assert_eq!(seen.lock().unwrap()[0], Duration::from_secs(5));
+    assert_eq!(seen.lock().unwrap()[0], Duration::from_secs(4));
     assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
     tokio::time::advance(Duration::from_millis(200)).await;
     // Warm: the bound (p99 × 3 ≈ 60 ms) is what the server is told.
@@ -336,4 +336,47 @@ async fn grpc_timeout_says_the_attempt_bound_when_it_is_shorter() {
             Ok::<_, std::convert::Infallible>(Response::new(String::new()))
         }));
     bare.oneshot(get()).await.unwrap();
+}
+
+/// Under a deadline, an attempt takes at most 80 % of what is left, so a dependency slower
+/// than its callers' deadlines still shows as timeouts the breaker counts (an expired deadline
+/// is the caller's and never counted), and the server is told the same.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_takes_at_most_four_fifths_of_what_is_left() {
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let log = seen.clone();
+    let hang = service_fn(move |req: Request<ReplayBody<String>>| {
+        *log.lock().unwrap() = req.headers().get("grpc-timeout").cloned();
+        std::future::pending::<Result<Response<String>, std::convert::Infallible>>()
+    });
+    let deadline = PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let backend = backstop::client::http()
+        .deadline(deadline)
+        .retry(RetryPolicy::http().max_attempts(1).build().unwrap())
+        .breaker(
+            BreakerConfig::http()
+                .minimum_calls(2)
+                .jitter(false)
+                .build()
+                .unwrap(),
+        );
+    let client = ServiceBuilder::new().layer(backend.clone()).service(hang);
+    for _ in 0..2 {
+        let started = tokio::time::Instant::now();
+        let err = client.clone().oneshot(get()).await.unwrap_err();
+        assert!(
+            backstop_core::find::<AttemptTimedOut>(err.as_ref()).is_some(),
+            "{err}"
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(320));
+        let told = seen.lock().unwrap().clone().unwrap();
+        assert_eq!(
+            backstop::deadline::grpc_timeout::decode_header(&told).unwrap(),
+            Duration::from_millis(320)
+        );
+    }
+    assert_eq!(backend.breaker_layer().snapshot().state, State::Open);
 }
