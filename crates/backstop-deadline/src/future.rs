@@ -207,11 +207,19 @@ where
                             DeadlineBody::new(ResponseBody::new(b), Some(deadline), grpc)
                         })));
                     }
-                    // A failure after the time the server was given is the deadline's.
-                    Poll::Ready(Err(_)) if Instant::now() >= wire_deadline.instant() => *grpc,
                     Poll::Ready(Err(e)) => {
-                        state.set(Outbound::Done);
-                        return Poll::Ready(Err(e.into()));
+                        let e: BoxError = e.into();
+                        // A failure after the time the server was given is the deadline's; so
+                        // is, for a gRPC caller, an attempt that ran out of its share of the
+                        // deadline (tonic would report the error as UNKNOWN).
+                        let attempt_out = *grpc
+                            && backstop_core::find::<backstop_core::AttemptTimedOut>(&*e).is_some();
+                        if Instant::now() >= wire_deadline.instant() || attempt_out {
+                            *grpc
+                        } else {
+                            state.set(Outbound::Done);
+                            return Poll::Ready(Err(e));
+                        }
                     }
                     Poll::Pending => {
                         if sleep.is_none() {

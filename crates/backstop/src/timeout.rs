@@ -362,11 +362,11 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let handle = self.handles.current().clone();
-        let bound = tell_the_wire(&handle, &mut req);
+        let told = tell_the_wire(&handle, &mut req);
         AttemptTimeoutFuture {
             future: self.inner.call(req),
             handle,
-            bound,
+            told,
             start: None,
             sleep: None,
         }
@@ -376,10 +376,10 @@ where
 /// When the request tells the server how long it has (`grpc-timeout`, from an outer
 /// `PropagateDeadline` or the retry layer) and the attempt's bound is shorter, the header is
 /// rewritten to the bound: the server gives up when this attempt will. Returns the bound
-/// written (the attempt's timer uses the same), or `None` when none was, and the timer picks
-/// the bound when the attempt first waits.
+/// written and when it ends (the attempt's timer ends then too), or `None` when none was, and
+/// the timer picks the bound when the attempt first waits.
 #[cfg(feature = "deadline")]
-fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<Duration> {
+fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, Instant)> {
     use backstop_core::grpc::GRPC_TIMEOUT;
     use backstop_deadline::grpc_timeout;
     if matches!(shared.bound, AttemptBound::None) {
@@ -403,7 +403,7 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<Duration> {
         return None; // nothing told, or what is told is already shorter
     }
     req.headers_mut().insert(GRPC_TIMEOUT, encoded(bound)?);
-    Some(bound)
+    Some((bound, now + bound))
 }
 
 /// `bound` as a `grpc-timeout` value. A bound changes at most every 100 ms (a fixed one never),
@@ -438,7 +438,7 @@ fn bytes_of(bound: Duration) -> Option<bytes::Bytes> {
 }
 
 #[cfg(not(feature = "deadline"))]
-fn tell_the_wire<B>(_: &Shared, _: &mut Request<B>) -> Option<Duration> {
+fn tell_the_wire<B>(_: &Shared, _: &mut Request<B>) -> Option<(Duration, Instant)> {
     None
 }
 
@@ -453,8 +453,8 @@ pin_project! {
         #[pin]
         future: F,
         handle: Arc<stripe::Handle<Shared>>,
-        // The bound, when picked at the call (it was written on the wire).
-        bound: Option<Duration>,
+        // The bound and its end, when picked at the call (it was written on the wire).
+        told: Option<(Duration, Instant)>,
         start: Option<(Instant, Option<Duration>)>,
         #[pin]
         sleep: Option<Sleep>,
@@ -481,11 +481,23 @@ where
         let mut this = self.project();
         let shared: &Shared = this.handle;
         if let Poll::Ready(result) = this.future.poll(cx) {
-            if let (Some((start, _)), Ok(_)) = (*this.start, &result) {
-                let now = Instant::now();
+            let Some((start, _)) = *this.start else {
+                return Poll::Ready(result.map_err(Into::into));
+            };
+            let now = Instant::now();
+            if result.is_ok() {
                 shared
                     .model
                     .record(now.saturating_duration_since(start), shared.now_us(now));
+                return Poll::Ready(result.map_err(Into::into));
+            }
+            // A failure once the bound the server (and the transport: tonic arms a timer from
+            // the header) was told has run out is this attempt's timeout.
+            if let Some((bound, end)) = *this.told
+                && now >= end
+            {
+                shared.model.record(bound, shared.now_us(now));
+                return Poll::Ready(Err(Box::new(AttemptTimedOut::new())));
             }
             return Poll::Ready(result.map_err(Into::into));
         }
@@ -493,12 +505,16 @@ where
             Some(started) => started,
             None => {
                 let now = Instant::now();
-                let bound = this
-                    .bound
-                    .or_else(|| shared.bound_at(now).map(|b| shared.capped(b, now)));
+                let (bound, end) = match *this.told {
+                    Some((bound, end)) => (Some(bound), Some(end)),
+                    None => {
+                        let bound = shared.bound_at(now).map(|b| shared.capped(b, now));
+                        (bound, bound.map(|b| now + b))
+                    }
+                };
                 *this.start = Some((now, bound));
-                if let Some(b) = bound {
-                    this.sleep.set(Some(sleep_until(now + b)));
+                if let Some(end) = end {
+                    this.sleep.set(Some(sleep_until(end)));
                 }
                 (now, bound)
             }

@@ -380,3 +380,28 @@ async fn an_attempt_takes_at_most_four_fifths_of_what_is_left() {
     }
     assert_eq!(backend.breaker_layer().snapshot().state, State::Open);
 }
+
+/// A gRPC attempt that runs out of its share of the deadline is reported as DEADLINE_EXCEEDED
+/// (a trailers-only response), as the deadline's own expiry is: tonic would turn the error
+/// into UNKNOWN.
+#[tokio::test(start_paused = true)]
+async fn a_grpc_attempt_out_of_time_answers_deadline_exceeded() {
+    let hang = service_fn(|_req: Request<ReplayBody<String>>| {
+        std::future::pending::<Result<Response<String>, std::convert::Infallible>>()
+    });
+    let deadline = PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let client = ServiceBuilder::new()
+        .layer(backstop::client::grpc().deadline(deadline))
+        .service(hang);
+    let request = Request::post("http://dep/pkg.Svc/Call")
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let response = client.oneshot(request).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "4");
+    assert_eq!(started.elapsed(), Duration::from_millis(320));
+}
