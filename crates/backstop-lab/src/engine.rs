@@ -94,10 +94,13 @@ impl Run {
             phases: phases.clone(),
         };
         let opens = Arc::new(AtomicU64::new(0));
+        let first_open = Arc::new(AtomicU64::new(u64::MAX));
         let config = ClientConfig {
             seed: self.seed,
             deadline: self.patience,
             opens: opens.clone(),
+            first_open: first_open.clone(),
+            start: recorder.start(),
         };
         let backend = Backend::new(schedule, self.seed, recorder.clone());
         let backend = server(variant, BoxCloneService::new(backend));
@@ -147,9 +150,19 @@ impl Run {
         while recorder.work_in_flight() > 0 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let opens = (variant == Variant::Backstop)
-            .then(|| opens.load(std::sync::atomic::Ordering::Relaxed));
-        let report = recorder.report(variant.name(), &phases, opens);
+        let breaker = (variant == Variant::Backstop).then(|| {
+            let first = first_open.load(std::sync::atomic::Ordering::Relaxed);
+            (
+                opens.load(std::sync::atomic::Ordering::Relaxed),
+                (first != u64::MAX).then(|| first as f64 / 1e6),
+            )
+        });
+        let mut report = recorder.report(variant.name(), &phases, breaker);
+        if self.scenario == Scenario::Hang {
+            // The hung dependency's work never ends within the run: there is no orphaned work
+            // to count, only work still held.
+            report.orphaned_work_s = None;
+        }
         let (attempts, p99_ms) = recorder.series(self.duration.as_secs() as usize);
         let series = Series {
             name: variant.name().to_owned(),

@@ -108,7 +108,7 @@ impl Recorder {
         &self,
         name: &str,
         phases: &[Phase],
-        breaker_opens: Option<u64>,
+        breaker: Option<(u64, Option<f64>)>,
     ) -> VariantReport {
         let inner = self.lock();
         let us = |d: Duration| d.as_micros() as u64;
@@ -165,7 +165,8 @@ impl Recorder {
             peak_downstream_rps: peak as f64,
             recovery_s,
             orphaned_work_s: Some(round3(inner.orphaned.as_secs_f64())),
-            breaker_opens,
+            breaker_opens: breaker.map(|(opens, _)| opens),
+            first_open_s: breaker.and_then(|(_, first)| first.map(round3)),
             phases: phase_reports,
         }
     }

@@ -48,6 +48,9 @@ pub struct VariantReport {
     pub orphaned_work_s: Option<f64>,
     /// Times a breaker opened (`null` for variants without one).
     pub breaker_opens: Option<u64>,
+    /// Seconds from the start of the run to the first time a breaker opened (`null` for
+    /// variants without a breaker, or when it never opened).
+    pub first_open_s: Option<f64>,
     /// The same numbers per phase.
     pub phases: Vec<PhaseReport>,
 }

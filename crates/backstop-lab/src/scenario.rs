@@ -17,6 +17,9 @@ pub enum Scenario {
     /// C's latency jumps to 3 s, above the caller's 1 s deadline: how much work does C keep
     /// doing for callers that already gave up?
     Slow,
+    /// The dependency accepts every call and never answers: how soon does the caller stop
+    /// waiting on it (the breaker opening on attempt timeouts)?
+    Hang,
 }
 
 impl Scenario {
@@ -27,6 +30,7 @@ impl Scenario {
             Scenario::Outage => "outage",
             Scenario::Chain => "chain",
             Scenario::Slow => "slow",
+            Scenario::Hang => "hang",
         }
     }
 
@@ -45,6 +49,11 @@ impl Scenario {
                 error_rate: 0.0,
                 added_latency: Duration::from_secs(3),
             },
+            // An hour: for the run, never.
+            Scenario::Hang => Fault {
+                error_rate: 0.0,
+                added_latency: Duration::from_secs(3600),
+            },
         }
     }
 
@@ -56,6 +65,7 @@ impl Scenario {
             Scenario::Brownout => "brownout",
             Scenario::Outage | Scenario::Chain => "down",
             Scenario::Slow => "slow",
+            Scenario::Hang => "hang",
         };
         vec![
             Phase {

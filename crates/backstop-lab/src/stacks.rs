@@ -96,6 +96,10 @@ pub struct ClientConfig {
     pub deadline: Duration,
     /// Counts transitions to open of every backstop breaker in the run.
     pub opens: Arc<AtomicU64>,
+    /// When a backstop breaker first opened, in microseconds from `start` (`u64::MAX`: never).
+    pub first_open: Arc<AtomicU64>,
+    /// The start of the run.
+    pub start: tokio::time::Instant,
 }
 
 fn is_failure(result: &Result<Response<Body>, BoxError>) -> bool {
@@ -196,6 +200,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
         ),
         Variant::Backstop => {
             let opens = config.opens.clone();
+            let (first_open, start) = (config.first_open.clone(), config.start);
             // The preset's breaker, seeded and counted; open 1 s doubling to 5 s, because the
             // lab's outages last seconds where production's last minutes.
             let breaker = backstop::client::http_breaker()
@@ -204,6 +209,8 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                 .on_state_change(move |t| {
                     if t.to == State::Open {
                         opens.fetch_add(1, Ordering::Relaxed);
+                        let at = start.elapsed().as_micros() as u64;
+                        first_open.fetch_min(at, Ordering::Relaxed);
                     }
                 })
                 .build()

@@ -110,3 +110,29 @@ fn the_sim_is_deterministic_to_the_byte() {
     let c = simulate(Scenario::Chain, 8, 300, 12).to_json();
     assert_ne!(a, c, "the seed matters");
 }
+
+/// A dependency that accepts calls and never answers (from 15 s to 45 s): with the preset's
+/// default attempt bound, the breaker opens within 2 s of the hang and the dependency then
+/// sees probes only; without a breaker every call waits out its caller's patience.
+#[test]
+fn a_hang_opens_the_default_breaker_within_two_seconds() {
+    let report = run(Scenario::Hang);
+    let backstop = variant(&report, "backstop");
+    let hang_start = 15.0;
+    let opened = backstop.first_open_s.expect("the breaker opened");
+    assert!(
+        opened >= hang_start && opened - hang_start <= 2.0,
+        "opened {:.3} s after the hang",
+        opened - hang_start
+    );
+    assert!(
+        fault(backstop).amplification <= 0.1,
+        "{}",
+        fault(backstop).amplification
+    );
+    for name in ["none", "naive", "tower"] {
+        let v = variant(&report, name);
+        assert_eq!(v.first_open_s, None);
+        assert!(fault(v).amplification >= 1.0, "{name} keeps calling");
+    }
+}
