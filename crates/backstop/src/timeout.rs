@@ -214,6 +214,7 @@ impl AttemptBound {
 }
 
 /// `d` rounded down to three significant digits of microseconds.
+#[cfg(feature = "deadline")]
 fn three_digits(d: Duration) -> Duration {
     let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     let mut scale = 1;
@@ -267,8 +268,14 @@ impl Shared {
         bound
     }
 
-    /// The bound of an attempt that starts waiting at `now`.
+    /// The bound of an attempt that starts at `now`: the fixed one, or the adaptive one from
+    /// the model, capped by the deadline's share.
     fn bound_at(&self, now: Instant) -> Option<Duration> {
+        self.model_bound(now).map(|bound| self.capped(bound, now))
+    }
+
+    /// The fixed bound, or the adaptive one from the model (cached for 100 ms), uncapped.
+    fn model_bound(&self, now: Instant) -> Option<Duration> {
         let adaptive = match self.bound {
             AttemptBound::None => return None,
             AttemptBound::Fixed(d) => return Some(d),
@@ -345,7 +352,7 @@ impl AttemptTimeoutLayer {
             .snapshot(self.shared.now_us(Instant::now()))
     }
 
-    /// The bound an attempt starting now would get.
+    /// The bound an attempt starting now would get (under the current deadline, if any).
     pub fn current_bound(&self) -> Option<Duration> {
         self.shared.bound_at(Instant::now())
     }
@@ -407,22 +414,25 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
     if matches!(shared.bound, AttemptBound::None) {
         return None;
     }
+    // What the server is told: an outer `PropagateDeadline`'s instant, or else the header's
+    // duration (nothing told: nothing to shorten).
     let wire = backstop_deadline::wire_deadline();
-    if wire.is_none() && !req.headers().contains_key(GRPC_TIMEOUT) {
-        return None; // nothing told to the server
-    }
-    let now = Instant::now();
-    let bound = shared.capped(shared.bound_at(now)?, now);
-    let fits = match wire {
-        Some(at) => now.checked_add(bound).is_some_and(|end| end < at),
-        None => req
-            .headers()
-            .get(GRPC_TIMEOUT)
-            .and_then(|v| grpc_timeout::decode_header(v).ok())
-            .is_some_and(|left| bound < left),
+    let header = match wire {
+        Some(_) => None,
+        None => Some(
+            req.headers()
+                .get(GRPC_TIMEOUT)
+                .and_then(|v| grpc_timeout::decode_header(v).ok())?,
+        ),
     };
-    if !fits {
-        return None; // nothing told, or what is told is already shorter
+    let now = Instant::now();
+    let bound = shared.bound_at(now)?;
+    let shorter = match (wire, header) {
+        (Some(at), _) => now.checked_add(bound).is_some_and(|end| end < at),
+        (None, left) => left.is_some_and(|left| bound < left),
+    };
+    if !shorter {
+        return None; // what is told is already no longer than the bound
     }
     req.headers_mut().insert(GRPC_TIMEOUT, encoded(bound)?);
     Some((bound, now + bound))
@@ -530,7 +540,7 @@ where
                 let (bound, end) = match *this.told {
                     Some((bound, end)) => (Some(bound), Some(end)),
                     None => {
-                        let bound = shared.bound_at(now).map(|b| shared.capped(b, now));
+                        let bound = shared.bound_at(now);
                         (bound, bound.map(|b| now + b))
                     }
                 };
@@ -592,6 +602,7 @@ mod tests {
         assert!(AttemptTimeoutLayer::new(AttemptBound::None).is_ok());
     }
 
+    #[cfg(feature = "deadline")]
     #[test]
     fn shares_are_rounded_down_to_three_digits() {
         let us = Duration::from_micros;

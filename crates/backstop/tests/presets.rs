@@ -66,20 +66,10 @@ async fn an_outage_costs_the_dependency_probes_not_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_attempt_is_a_failure_the_breaker_counts() {
-    let hang = service_fn(|_req: Request<ReplayBody<String>>| async {
-        std::future::pending::<Result<Response<String>, std::convert::Infallible>>().await
-    });
-    let backend = backstop::client::http()
-        .attempt_timeout(Duration::from_millis(100))
-        .retry(RetryPolicy::http().max_attempts(1).build().unwrap())
-        .breaker(
-            BreakerConfig::http()
-                .minimum_calls(2)
-                .jitter(false)
-                .build()
-                .unwrap(),
-        );
-    let client = ServiceBuilder::new().layer(backend.clone()).service(hang);
+    let backend = one_attempt_two_to_open(
+        backstop::client::http().attempt_timeout(Duration::from_millis(100)),
+    );
+    let client = ServiceBuilder::new().layer(backend.clone()).service(hung());
     for _ in 0..2 {
         let err = client.clone().oneshot(get()).await.unwrap_err();
         assert!(
@@ -130,6 +120,42 @@ fn slow(
             Ok(Response::new(String::new()))
         }
     })
+}
+
+/// A dependency that never answers.
+fn hung() -> impl Service<
+    Request<ReplayBody<String>>,
+    Response = Response<String>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    slow(Arc::new(std::sync::Mutex::new(None)))
+}
+
+/// A deadline of `ms` milliseconds per call.
+fn deadline_of(ms: u64) -> PropagateDeadlineLayer {
+    PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_millis(ms))
+        .build()
+        .unwrap()
+}
+
+/// One attempt per request and a breaker that opens after two failures: each timed-out
+/// attempt shows in the breaker at once.
+fn one_attempt_two_to_open(
+    backend: backstop::ClientLayer<backstop_core::HttpClassifier>,
+) -> backstop::ClientLayer<backstop_core::HttpClassifier> {
+    backend
+        .retry(RetryPolicy::http().max_attempts(1).build().unwrap())
+        .breaker(
+            BreakerConfig::http()
+                .minimum_calls(2)
+                .jitter(false)
+                .build()
+                .unwrap(),
+        )
 }
 
 /// Sends `n` calls, one every `every`, each on its own task with a 3 s deadline; returns
@@ -306,12 +332,8 @@ async fn grpc_timeout_says_the_attempt_bound_when_it_is_shorter() {
             Ok::<_, std::convert::Infallible>(Response::new(String::new()))
         }
     });
-    let deadline = PropagateDeadlineLayer::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
     let backend = backstop::client::http()
-        .deadline(deadline)
+        .deadline(deadline_of(5_000))
         .attempt(low_floor());
     let client = ServiceBuilder::new()
         .layer(backend.clone())
@@ -349,20 +371,7 @@ async fn an_attempt_takes_at_most_four_fifths_of_what_is_left() {
         *log.lock().unwrap() = req.headers().get("grpc-timeout").cloned();
         std::future::pending::<Result<Response<String>, std::convert::Infallible>>()
     });
-    let deadline = PropagateDeadlineLayer::builder()
-        .timeout(Duration::from_millis(400))
-        .build()
-        .unwrap();
-    let backend = backstop::client::http()
-        .deadline(deadline)
-        .retry(RetryPolicy::http().max_attempts(1).build().unwrap())
-        .breaker(
-            BreakerConfig::http()
-                .minimum_calls(2)
-                .jitter(false)
-                .build()
-                .unwrap(),
-        );
+    let backend = one_attempt_two_to_open(backstop::client::http().deadline(deadline_of(400)));
     let client = ServiceBuilder::new().layer(backend.clone()).service(hang);
     for _ in 0..2 {
         let started = tokio::time::Instant::now();
@@ -386,16 +395,9 @@ async fn an_attempt_takes_at_most_four_fifths_of_what_is_left() {
 /// into UNKNOWN.
 #[tokio::test(start_paused = true)]
 async fn a_grpc_attempt_out_of_time_answers_deadline_exceeded() {
-    let hang = service_fn(|_req: Request<ReplayBody<String>>| {
-        std::future::pending::<Result<Response<String>, std::convert::Infallible>>()
-    });
-    let deadline = PropagateDeadlineLayer::builder()
-        .timeout(Duration::from_millis(400))
-        .build()
-        .unwrap();
     let client = ServiceBuilder::new()
-        .layer(backstop::client::grpc().deadline(deadline))
-        .service(hang);
+        .layer(backstop::client::grpc().deadline(deadline_of(400)))
+        .service(hung());
     let request = Request::post("http://dep/pkg.Svc/Call")
         .header("content-type", "application/grpc")
         .body(String::new())
