@@ -62,6 +62,10 @@ impl Error for BodySuperseded {}
 ///   stream (an error, never a shorter body that looks complete).
 /// - **Every waiting copy is woken.** A copy waiting on the original body when it is fenced
 ///   off is woken, so its transport learns at once that the stream is over.
+/// - **Once the whole body is buffered, no one is fenced off.** When the original body has
+///   ended within `max_replay_bytes`, nobody reads it, appends to the buffer or clears it any
+///   more: every copy, older or newer, replays the same frozen buffer to its end. This is what
+///   lets hedged attempts send one body side by side ([`ReplayBody::is_complete`]).
 /// - **A copy sends exactly the original bytes, or fails.** It replays the buffered chunks in
 ///   order, then reads on from where the original body was left. The buffer is only appended
 ///   to by the owner and only cleared when the owner crosses `max_replay_bytes`, and from then
@@ -197,10 +201,25 @@ impl<B> ReplayBody<B> {
         }
     }
 
-    /// Whether a newer copy has taken the original body over from this one.
+    /// Whether the whole body has been read and kept, so copies can be sent side by side
+    /// (hedging): a copy made now never fences an older one off, since none of them reads the
+    /// original body any more. Always true of an empty body; never of one passed through.
+    pub fn is_complete(&self) -> bool {
+        match &self.inner {
+            Inner::Shared { state, .. } => lock(state).is_complete(),
+            Inner::Empty => true,
+            Inner::Passthrough(_) => false,
+        }
+    }
+
+    /// Whether a newer copy has taken the original body over from this one before it was
+    /// complete, so polling this copy fails with [`BodySuperseded`].
     pub fn is_superseded(&self) -> bool {
         match &self.inner {
-            Inner::Shared { state, id, .. } => lock(state).owner != *id,
+            Inner::Shared { state, id, .. } => {
+                let state = lock(state);
+                state.owner != *id && !state.is_complete()
+            }
             _ => false,
         }
     }
@@ -224,6 +243,12 @@ impl<B> ReplayBody<B> {
 impl<B> State<B> {
     fn is_replayable(&self) -> bool {
         !self.overflowed && !self.failed
+    }
+
+    /// The whole body is in the buffer: from now on nobody reads the original body, appends
+    /// to the buffer or clears it, so every copy can replay it side by side.
+    fn is_complete(&self) -> bool {
+        self.ended && self.is_replayable()
     }
 }
 
@@ -253,7 +278,7 @@ where
             } => (state, *id, pos, trailers_sent),
         };
         let mut state = lock(state);
-        if state.owner != id {
+        if state.owner != id && !state.is_complete() {
             return Poll::Ready(Some(Err(BodySuperseded.into())));
         }
         if let Some(chunk) = state.chunks.get(*pos) {
@@ -343,7 +368,7 @@ where
                 trailers_sent,
             } => {
                 let state = lock(state);
-                if state.owner != *id {
+                if state.owner != *id && !state.is_complete() {
                     return false;
                 }
                 let replayed_all = *pos >= state.chunks.len();
@@ -557,6 +582,50 @@ mod tests {
         assert_eq!(all(three).await, b"abc");
     }
 
+    /// Hedging sends copies side by side: once the whole body is buffered, a newer copy does
+    /// not fence the older one off, and both send every byte, trailers included.
+    #[tokio::test]
+    async fn copies_of_a_complete_body_are_sent_side_by_side() {
+        let (mut tx, rx) = Channel::<Bytes, Infallible>::new(8);
+        let keeper = ReplayBody::new(rx, 1024);
+        let mut first = keeper.replay().unwrap();
+        let (_, waker) = counting();
+        tx.send_data(Bytes::from_static(b"aaaa")).await.unwrap();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-sum", "1".parse().unwrap());
+        tx.send_trailers(trailers.clone()).await.unwrap();
+        drop(tx);
+        assert_eq!(data(poll(&mut first, &waker)), "aaaa");
+        // Not complete until the original body has ended.
+        assert!(!keeper.is_complete());
+        assert!(matches!(poll(&mut first, &waker), Poll::Ready(Some(Ok(f))) if f.is_trailers()));
+        assert!(keeper.is_complete());
+        // A fresh copy and the first one, which is past its data but not yet ended.
+        let mut hedge = keeper.replay().unwrap();
+        assert!(!first.is_superseded() && !hedge.is_superseded());
+        assert!(matches!(poll(&mut first, &waker), Poll::Ready(None)));
+        let mut third = keeper.replay().unwrap();
+        for copy in [&mut hedge, &mut third] {
+            assert_eq!(data(poll(copy, &waker)), "aaaa");
+            match poll(copy, &waker) {
+                Poll::Ready(Some(Ok(f))) => assert_eq!(f.into_trailers().unwrap(), trailers),
+                other => panic!("expected trailers, got {other:?}"),
+            }
+            assert!(matches!(poll(copy, &waker), Poll::Ready(None)));
+        }
+        assert!(ReplayBody::<Full<Bytes>>::empty().is_complete());
+        assert!(!ReplayBody::passthrough(Full::new(Bytes::new())).is_complete());
+    }
+
+    /// A body that ended past the cap is not complete: its buffer was freed.
+    #[tokio::test]
+    async fn a_body_past_the_cap_is_never_complete() {
+        let keeper = ReplayBody::new(Full::new(Bytes::from_static(b"0123456789")), 4);
+        let first = keeper.replay().unwrap();
+        assert_eq!(all(first).await, b"0123456789");
+        assert!(!keeper.is_complete() && keeper.replay().is_none());
+    }
+
     #[tokio::test]
     async fn a_failed_body_is_not_replayed() {
         let (mut tx, rx) = Channel::<Bytes, &'static str>::new(4);
@@ -677,6 +746,23 @@ mod loom_models {
                 }
             });
         }
+    }
+
+    /// Hedging: a copy is made only once the body is complete, while the first copy is still
+    /// being sent on another thread. In every interleaving both send exactly the original
+    /// bytes and end cleanly: a copy of a complete body fences no one off.
+    #[test]
+    fn a_hedge_of_a_complete_body_never_cuts_the_first_short() {
+        loom::model(|| {
+            let keeper = Arc::new(ReplayBody::new(chunks(), 64));
+            let first = keeper.replay().unwrap();
+            let t = thread::spawn(move || drain(first));
+            let hedge = keeper.is_complete().then(|| keeper.replay().unwrap());
+            if let Some(hedge) = hedge {
+                assert_eq!(drain(hedge), (ORIGINAL.to_vec(), true));
+            }
+            assert_eq!(t.join().unwrap(), (ORIGINAL.to_vec(), true));
+        });
     }
 
     /// Three copies on three threads, each made while the others run: only complete, exact
