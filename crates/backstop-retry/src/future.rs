@@ -2,6 +2,7 @@ use crate::{
     ReplayBody,
     backoff::{BackoffState, Rng},
     body::RetryBody,
+    hedge::Hedges,
     layer::Handle,
     pushback::mark_exhausted,
     service::{AttemptEnd, Bounds, Template},
@@ -37,20 +38,23 @@ pin_project! {
         S: Service<Request<ReplayBody<B>>>,
     {
         retry: Option<RetryState<S, B, C>>,
+        // The attempts of a hedged request (boxed: only hedged requests pay for the space).
+        hedges: Option<Box<Hedges<S::Future, S::Response>>>,
         #[pin]
         state: State<S::Future>,
     }
 }
 
 pub(crate) struct RetryState<S, B, C> {
-    shared: Arc<Handle<C>>,
-    service: S,
-    template: Template,
-    body: ReplayBody<B>,
+    pub(crate) shared: Arc<Handle<C>>,
+    pub(crate) service: S,
+    pub(crate) template: Template,
+    pub(crate) body: ReplayBody<B>,
     /// The next attempt's copy of the body, taken over when the retry was decided.
     next: Option<ReplayBody<B>>,
-    bounds: Bounds,
-    attempts: u32,
+    pub(crate) bounds: Bounds,
+    /// Attempts sent so far, the first included.
+    pub(crate) attempts: u32,
     /// The backoff since it last started over (a gRPC pushback resets it, per A6).
     backoff: BackoffState,
     rng: Option<Rng>,
@@ -70,6 +74,7 @@ pin_project! {
             end: AttemptEnd,
         },
         Expired,
+        Hedging,
         Waiting { #[pin] sleep: Sleep },
         Ready,
         Done,
@@ -95,6 +100,7 @@ where
     pub(crate) fn once(future: S::Future) -> Self {
         Self {
             retry: None,
+            hedges: None,
             state: State::Calling {
                 future,
                 timer: None,
@@ -130,8 +136,36 @@ where
                 rng: None,
                 number,
             }),
+            hedges: None,
             state,
         }
+    }
+
+    /// A hedged request whose first attempt was sent, the first hedge due after `delay`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn hedging(
+        shared: Arc<Handle<C>>,
+        service: S,
+        template: Template,
+        body: ReplayBody<B>,
+        bounds: Bounds,
+        first: S::Future,
+        delay: Duration,
+        number: u64,
+    ) -> Self {
+        let deadline = bounds.deadline.map(|d| d.instant());
+        let mut this = Self::retrying(
+            shared,
+            service,
+            template,
+            body,
+            bounds,
+            Attempt::Expired,
+            number,
+        );
+        this.hedges = Some(Box::new(Hedges::new(first, delay, deadline)));
+        this.state = State::Hedging;
+        this
     }
 }
 
@@ -373,6 +407,17 @@ where
                         Verdict::Return => None,
                         Verdict::ReturnWatched => this.retry.as_ref().map(|r| r.shared.clone()),
                     };
+                    this.state.set(State::Done);
+                    return Poll::Ready(
+                        result.map(|response| response.map(|body| RetryBody::new(body, watch))),
+                    );
+                }
+                StateProj::Hedging => {
+                    let retry = this.retry.as_mut().expect("a hedged request");
+                    let hedges = this.hedges.as_mut().expect("a hedged request");
+                    let (result, watch) = ready!(retry.poll_hedges(hedges, cx));
+                    // The attempts still in flight are cancelled here.
+                    *this.hedges = None;
                     this.state.set(State::Done);
                     return Poll::Ready(
                         result.map(|response| response.map(|body| RetryBody::new(body, watch))),

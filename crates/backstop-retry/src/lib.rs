@@ -128,6 +128,7 @@ pub mod backoff;
 mod body;
 pub mod budget;
 mod future;
+pub mod hedge;
 mod layer;
 mod policy;
 mod pushback;

@@ -71,6 +71,7 @@ pub struct RetryPolicy<C> {
     pub(crate) idempotency: Idempotency,
     pub(crate) max_hint: Duration,
     pub(crate) seed: Option<u64>,
+    pub(crate) hedging: Option<crate::hedge::Hedging>,
 }
 
 impl RetryPolicy<HttpClassifier> {
@@ -105,6 +106,7 @@ impl<C> RetryPolicy<C> {
             idempotency: Idempotency::Standard,
             max_hint: Duration::from_secs(30),
             seed: None,
+            hedging: None,
         }
     }
 
@@ -153,6 +155,7 @@ impl<C> RetryPolicy<C> {
             idempotency: self.idempotency,
             max_hint: self.max_hint,
             seed: self.seed,
+            hedging: self.hedging,
         }
     }
 
@@ -214,6 +217,16 @@ impl<C> RetryPolicy<C> {
         self
     }
 
+    /// Hedges the requests the idempotency rule allows: further copies are sent while the
+    /// first is in flight, and the first answer that commits wins (rules in
+    /// [`hedge`](crate::hedge)). Requests that are not hedged are retried by this policy as
+    /// before. Default: no hedging.
+    #[must_use]
+    pub fn hedging(mut self, hedging: crate::hedge::Hedging) -> Self {
+        self.hedging = Some(hedging);
+        self
+    }
+
     /// Validates the policy and builds the layer.
     ///
     /// # Errors
@@ -234,6 +247,17 @@ impl<C> RetryPolicy<C> {
             return Err(ConfigError::new(
                 "attempt_timeout",
                 "must be greater than zero",
+            ));
+        }
+        if let Some(hedging) = &self.hedging
+            && !(2..=MAX_ATTEMPTS_LIMIT).contains(&hedging.max_attempts)
+        {
+            return Err(ConfigError::new(
+                "hedging.max_attempts",
+                format!(
+                    "must be in 2..={MAX_ATTEMPTS_LIMIT} (the first attempt included), got {}",
+                    hedging.max_attempts
+                ),
             ));
         }
         Ok(RetryLayer::from_policy(self))

@@ -229,14 +229,34 @@ where
             Some(_) => handle.stats.number(),
             None => 0,
         };
-        ResponseFuture::retrying(
-            handle.clone(),
-            service,
-            template,
-            body,
-            bounds,
-            attempt,
-            number,
-        )
+        // A hedged request: one the idempotency rule allows, with a delay to hedge after.
+        let hedge = policy.hedging.as_ref().and_then(|hedging| {
+            policy
+                .idempotency
+                .allows(&template.method, &template.headers)
+                .then(|| hedging.delay.delay())
+                .flatten()
+        });
+        match (hedge, attempt) {
+            (Some(delay), Attempt::Sent(first, _)) => ResponseFuture::hedging(
+                handle.clone(),
+                service,
+                template,
+                body,
+                bounds,
+                first,
+                delay,
+                number,
+            ),
+            (_, attempt) => ResponseFuture::retrying(
+                handle.clone(),
+                service,
+                template,
+                body,
+                bounds,
+                attempt,
+                number,
+            ),
+        }
     }
 }

@@ -75,6 +75,7 @@ pub(crate) struct Stats {
     /// The next request number, for seeded policies only.
     sequence: AtomicU64,
     retries: AtomicU64,
+    hedges: AtomicU64,
     gave_up: [AtomicU64; 8],
 }
 
@@ -84,6 +85,7 @@ impl Stats {
             requests: (0..stripes.max(1)).map(|_| Padded::default()).collect(),
             sequence: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            hedges: AtomicU64::new(0),
             gave_up: Default::default(),
         }
     }
@@ -102,6 +104,10 @@ impl Stats {
         self.retries.fetch_add(1, Relaxed);
     }
 
+    pub(crate) fn hedge(&self) {
+        self.hedges.fetch_add(1, Relaxed);
+    }
+
     pub(crate) fn give_up(&self, why: GiveUp) {
         self.gave_up[why as usize].fetch_add(1, Relaxed);
     }
@@ -114,6 +120,7 @@ impl Stats {
         RetryStats {
             requests: self.requests.iter().map(|r| r.load(Relaxed)).sum(),
             retries: self.retries.load(Relaxed),
+            hedges: self.hedges.load(Relaxed),
             gave_up,
         }
     }
@@ -124,8 +131,10 @@ impl Stats {
 pub struct RetryStats {
     /// Logical requests seen.
     pub requests: u64,
-    /// Retries sent (attempts after the first).
+    /// Retries sent (attempts after the first that followed a failure).
     pub retries: u64,
+    /// Hedges sent (attempts after the first sent while another was in flight).
+    pub hedges: u64,
     /// Failures returned without a retry, by reason.
     pub gave_up: [(GiveUp, u64); 8],
 }
@@ -144,6 +153,6 @@ impl RetryStats {
         if self.requests == 0 {
             return 0.0;
         }
-        (self.requests + self.retries) as f64 / self.requests as f64
+        (self.requests + self.retries + self.hedges) as f64 / self.requests as f64
     }
 }

@@ -1,0 +1,422 @@
+//! Hedging under paused time: when hedges go, which answer wins, what each hedge carries, and
+//! everything that stops a hedge (A6 pushback, the budget, the deadline, the body, the method).
+
+use backstop_core::BoxError;
+use backstop_deadline::Deadline;
+use backstop_retry::{
+    Budget, GiveUp, Idempotency, ReplayBody, RetryLayer, RetryPolicy,
+    hedge::{HedgeDelay, Hedging},
+};
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, channel::Channel};
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+use tokio::time::{Instant, sleep};
+use tower::{Layer, ServiceExt, service_fn};
+
+#[allow(dead_code)] // the gRPC request helper is not used here
+mod support;
+use support::status;
+
+/// One attempt as the dependency saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    /// When it arrived, since the call started.
+    at: Duration,
+    previous: Option<String>,
+    timeout: Option<String>,
+    body: Vec<u8>,
+}
+
+/// What the dependency saw, and how many attempts were dropped before they answered.
+#[derive(Debug, Default)]
+struct Log {
+    seen: Mutex<Vec<Seen>>,
+    cancelled: AtomicUsize,
+}
+
+impl Log {
+    fn at(&self) -> Vec<u64> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter().map(|s| s.at.as_millis() as u64).collect()
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Counts an attempt as cancelled unless it answered.
+struct Guard<'a>(&'a AtomicUsize, bool);
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+type Req<B> = Request<ReplayBody<B>>;
+
+/// A dependency that answers attempt `i` with `script[i]` (after its delay; the last entry
+/// repeats), logging every attempt. The body is read first, then the answer waits.
+fn dependency<B>(
+    script: Vec<(u64, Response<String>)>,
+) -> (
+    impl tower::Service<Req<B>, Response = Response<String>, Error = BoxError> + Clone,
+    Arc<Log>,
+)
+where
+    B: http_body::Body<Data = Bytes> + 'static,
+    B::Error: Into<BoxError>,
+{
+    let log = Arc::new(Log::default());
+    let t0 = Instant::now();
+    let script = Arc::new(script);
+    let svc_log = log.clone();
+    let svc = service_fn(move |req: Req<B>| {
+        let log = svc_log.clone();
+        let script = script.clone();
+        async move {
+            let header = |name: &str| {
+                req.headers()
+                    .get(name)
+                    .map(|v| v.to_str().unwrap().to_owned())
+            };
+            let (previous, timeout) =
+                (header("grpc-previous-rpc-attempts"), header("grpc-timeout"));
+            let at = Instant::now() - t0;
+            let i = {
+                let mut seen = log.seen.lock().unwrap();
+                seen.push(Seen {
+                    at,
+                    previous,
+                    timeout,
+                    body: Vec::new(),
+                });
+                seen.len() - 1
+            };
+            let mut guard = Guard(&log.cancelled, false);
+            let body = req.into_body().collect().await?.to_bytes();
+            log.seen.lock().unwrap()[i].body = body.to_vec();
+            let (delay, response) = script[i.min(script.len() - 1)].clone();
+            sleep(Duration::from_millis(delay)).await;
+            guard.1 = true;
+            Ok::<_, BoxError>(response)
+        }
+    });
+    (svc, log)
+}
+
+fn ok() -> Response<String> {
+    Response::new("ok".into())
+}
+
+fn http_status(code: u16) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .body(String::new())
+        .unwrap()
+}
+
+fn get() -> Request<Full<Bytes>> {
+    Request::get("http://dep/item")
+        .body(Full::default())
+        .unwrap()
+}
+
+fn hedged(delay: u64, max_attempts: u32) -> RetryLayer<backstop_core::HttpClassifier> {
+    RetryPolicy::http()
+        .hedging(Hedging::new(Duration::from_millis(delay)).max_attempts(max_attempts))
+        .no_budget()
+        .seed(1)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_first_attempt_is_overtaken_by_a_hedge() {
+    let (svc, log) = dependency(vec![(1_000, ok()), (10, ok())]);
+    let layer = hedged(100, 2);
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!((Instant::now() - t0).as_millis(), 110);
+    assert_eq!(log.at(), [0, 100]);
+    assert_eq!(
+        log.cancelled.load(Ordering::SeqCst),
+        1,
+        "the first attempt is dropped"
+    );
+    let stats = layer.stats();
+    assert_eq!((stats.hedges, stats.retries), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_before_the_delay_sends_no_hedge() {
+    let (svc, log) = dependency(vec![(50, ok())]);
+    let layer = hedged(100, 3);
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(log.at(), [0]);
+    assert_eq!(layer.stats().hedges, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedges_go_one_delay_apart_up_to_max_attempts() {
+    let (svc, log) = dependency(vec![(1_000, ok())]);
+    let layer = hedged(100, 3);
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(log.at(), [0, 100, 200]);
+    // The first attempt answers first; the two hedges are dropped.
+    assert_eq!((Instant::now() - t0).as_millis(), 1_000);
+    assert_eq!(log.cancelled.load(Ordering::SeqCst), 2);
+    assert_eq!(layer.stats().hedges, 2);
+}
+
+/// A6: "If a non-fatal status code is received from a hedged request, then the next hedged
+/// request in line is sent immediately, shortcutting its hedging delay."
+#[tokio::test(start_paused = true)]
+async fn a_retryable_failure_sends_the_next_hedge_at_once() {
+    let (svc, log) = dependency(vec![(30, http_status(503)), (1_000, ok()), (20, ok())]);
+    let layer = hedged(100, 3);
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // The 503 at 30 ms sends the second at once; the third goes one delay after it.
+    assert_eq!(log.at(), [0, 30, 130]);
+    assert_eq!((Instant::now() - t0).as_millis(), 150);
+}
+
+/// When every attempt fails and none is left, the last failure is the answer.
+#[tokio::test(start_paused = true)]
+async fn every_attempt_failing_returns_the_last_failure() {
+    let (svc, log) = dependency(vec![(10, http_status(503)), (10, http_status(502))]);
+    let layer = hedged(100, 2);
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 502);
+    assert_eq!(log.at(), [0, 10]);
+    assert_eq!(layer.stats().gave_up(GiveUp::Attempts), 1);
+}
+
+fn grpc_hedged(delay: u64, max_attempts: u32) -> RetryLayer<backstop_core::GrpcClassifier> {
+    RetryPolicy::grpc()
+        .hedging(Hedging::new(Duration::from_millis(delay)).max_attempts(max_attempts))
+        .idempotency(Idempotency::All)
+        .no_budget()
+        .build()
+        .unwrap()
+}
+
+fn grpc_call() -> Request<Full<Bytes>> {
+    Request::post("http://svc/pkg.Svc/Get")
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\x03abc")))
+        .unwrap()
+}
+
+fn grpc_status(response: &Response<impl http_body::Body>) -> &str {
+    response.headers()["grpc-status"].to_str().unwrap()
+}
+
+/// A6: a fatal status code commits the call; the hedges in flight are cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_fatal_status_commits_and_cancels_the_others() {
+    let (svc, log) = dependency(vec![(1_000, status(0, None)), (10, status(3, None))]);
+    let layer = grpc_hedged(100, 3);
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(grpc_call()).await.unwrap();
+    assert_eq!(grpc_status(&response), "3"); // INVALID_ARGUMENT
+    assert_eq!((Instant::now() - t0).as_millis(), 110);
+    assert_eq!(log.at(), [0, 100]);
+    assert_eq!(log.cancelled.load(Ordering::SeqCst), 1);
+}
+
+/// Each gRPC hedge says how many attempts went before it, the time really left, and sends
+/// the same message bytes.
+#[tokio::test(start_paused = true)]
+async fn grpc_hedges_carry_previous_attempts_the_time_left_and_the_same_body() {
+    let (svc, log) = dependency(vec![(5_000, status(0, None))]);
+    let layer = grpc_hedged(100, 3);
+    let mut req = grpc_call();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(1)));
+    let response = layer.layer(svc).oneshot(req).await;
+    // Nobody answers within the deadline.
+    assert!(
+        response
+            .unwrap_err()
+            .is::<backstop_core::DeadlineExceeded>()
+    );
+    let seen = log.seen();
+    assert_eq!(log.at(), [0, 100, 200]);
+    let previous: Vec<_> = seen.iter().map(|s| s.previous.clone()).collect();
+    assert_eq!(previous, [None, Some("1".into()), Some("2".into())]);
+    let timeouts: Vec<_> = seen.iter().map(|s| s.timeout.clone().unwrap()).collect();
+    assert_eq!(timeouts, ["1000000u", "900000u", "800000u"]);
+    for s in &seen {
+        assert_eq!(s.body, b"\0\0\0\0\x03abc");
+    }
+}
+
+/// A6: a negative pushback stops hedging; the call then waits for the attempts in flight.
+#[tokio::test(start_paused = true)]
+async fn pushback_minus_one_stops_hedging() {
+    let (svc, log) = dependency(vec![(10, status(14, Some("-1"))), (10, status(0, None))]);
+    let layer = grpc_hedged(100, 3);
+    let response = layer.layer(svc).oneshot(grpc_call()).await.unwrap();
+    assert_eq!(grpc_status(&response), "14");
+    assert_eq!(log.at(), [0]);
+    assert_eq!(layer.stats().gave_up(GiveUp::Hint), 1);
+}
+
+/// A6: a pushback of n ms sends the next hedge in exactly n ms, not after the hedging delay.
+#[tokio::test(start_paused = true)]
+async fn pushback_n_sends_the_next_hedge_in_n_ms() {
+    let (svc, log) = dependency(vec![(10, status(14, Some("300"))), (10, status(0, None))]);
+    let layer = grpc_hedged(100, 3);
+    let response = layer.layer(svc).oneshot(grpc_call()).await.unwrap();
+    assert_eq!(grpc_status(&response), "0");
+    assert_eq!(log.at(), [0, 310]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_the_idempotency_rule_refuses_is_not_hedged() {
+    let (svc, log) = dependency(vec![(1_000, ok())]);
+    let layer = hedged(100, 3);
+    let post = Request::post("http://dep/order")
+        .body(Full::new(Bytes::from_static(b"x")))
+        .unwrap();
+    let response = layer.layer(svc).oneshot(post).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(log.at(), [0]);
+}
+
+/// A budget that grants `left` tokens and counts what it is asked.
+#[derive(Debug)]
+struct Tokens {
+    left: AtomicUsize,
+    asked: AtomicUsize,
+}
+
+impl Budget for Tokens {
+    fn record_success(&self) {}
+    fn try_withdraw(&self) -> bool {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        self.left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+    fn balance(&self) -> f64 {
+        self.left.load(Ordering::SeqCst) as f64
+    }
+}
+
+/// Every hedge takes a retry token; without one, no hedge is sent.
+#[tokio::test(start_paused = true)]
+async fn every_hedge_takes_a_token_from_the_retry_budget() {
+    let tokens = Arc::new(Tokens {
+        left: AtomicUsize::new(1),
+        asked: AtomicUsize::new(0),
+    });
+    let (svc, log) = dependency(vec![(1_000, ok())]);
+    let layer = RetryPolicy::http()
+        .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(4))
+        .budget(tokens.clone())
+        .build()
+        .unwrap();
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(log.at(), [0, 100], "one token, one hedge");
+    assert_eq!(tokens.asked.load(Ordering::SeqCst), 2);
+}
+
+/// No hedge is sent without `min_attempt_time` left before the deadline.
+#[tokio::test(start_paused = true)]
+async fn no_hedge_without_time_left() {
+    let (svc, log) = dependency(vec![(1_000, ok())]);
+    let layer = RetryPolicy::http()
+        .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(3))
+        .min_attempt_time(Duration::from_millis(60))
+        .no_budget()
+        .build()
+        .unwrap();
+    let mut req = get();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_millis(150)));
+    let response = layer.layer(svc).oneshot(req).await;
+    assert!(
+        response
+            .unwrap_err()
+            .is::<backstop_core::DeadlineExceeded>()
+    );
+    assert_eq!(log.at(), [0], "at 100 ms only 50 ms were left");
+}
+
+/// A body still streaming when the hedge is due is not hedged: a copy would cut the first
+/// attempt's body short.
+#[tokio::test(start_paused = true)]
+async fn a_body_still_streaming_is_not_hedged() {
+    let (mut tx, rx) = Channel::<Bytes, Infallible>::new(4);
+    let (svc, log) = dependency(vec![(10, ok())]);
+    let layer = hedged(100, 3);
+    let req = Request::put("http://dep/item").body(rx).unwrap();
+    let send = async move {
+        tx.send_data(Bytes::from_static(b"part")).await.unwrap();
+        sleep(Duration::from_millis(500)).await;
+        tx.send_data(Bytes::from_static(b"-rest")).await.unwrap();
+    };
+    let (response, ()) = tokio::join!(layer.layer(svc).oneshot(req), send);
+    let response = response.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(log.at(), [0]);
+    assert_eq!(log.seen()[0].body, b"part-rest");
+}
+
+/// A delay source with nothing to say yet (a latency model not trusted): the request is
+/// retried as without hedging.
+#[derive(Debug)]
+struct NotYet;
+
+impl HedgeDelay for NotYet {
+    fn delay(&self) -> Option<Duration> {
+        None
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_delay_the_request_is_retried_as_before() {
+    let (svc, log) = dependency(vec![(10, http_status(503)), (10, ok())]);
+    let layer = RetryPolicy::http()
+        .hedging(Hedging::new(NotYet).max_attempts(3))
+        .no_budget()
+        .seed(3)
+        .build()
+        .unwrap();
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(log.at().len(), 2);
+    let stats = layer.stats();
+    assert_eq!((stats.retries, stats.hedges), (1, 0));
+}
+
+#[test]
+fn hedging_max_attempts_is_validated() {
+    for n in [0, 1, 11] {
+        let err = RetryPolicy::http()
+            .hedging(Hedging::new(Duration::from_millis(10)).max_attempts(n))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.knob(), "hedging.max_attempts", "{n}");
+    }
+}
