@@ -38,7 +38,7 @@
 //! # Concurrency rule
 //!
 //! A request's attempts are polled by its one response future; they share nothing but the
-//! request body's replay buffer (see [`ReplayBody`](crate::ReplayBody)) and the layer's budget
+//! request body's replay buffer (see [`ReplayBody`]) and the layer's budget
 //! and stats, which are lock-free.
 
 use crate::{

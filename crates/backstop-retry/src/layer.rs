@@ -45,6 +45,27 @@ impl<C> RetryLayer<C> {
         policy.build()
     }
 
+    /// A new layer with this one's policy (its budget shared) and `hedging`; its stats start
+    /// from zero.
+    ///
+    /// # Errors
+    ///
+    /// As [`RetryPolicy::build`].
+    pub fn with_hedging(
+        &self,
+        hedging: crate::hedge::Hedging,
+    ) -> Result<Self, backstop_core::ConfigError>
+    where
+        C: Clone,
+    {
+        self.shared.policy.clone().hedging(hedging).build()
+    }
+
+    /// The policy this layer was built from.
+    pub fn policy(&self) -> &RetryPolicy<C> {
+        &self.shared.policy
+    }
+
     pub(crate) fn from_policy(policy: RetryPolicy<C>) -> Self {
         let shared = Arc::new(Shared {
             policy,

@@ -4,7 +4,7 @@ use crate::timeout::{Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer
 use backstop_breaker::{Breaker, BreakerConfig, BreakerLayer};
 use backstop_core::{GrpcClassifier, HttpClassifier};
 use backstop_deadline::{PropagateDeadline, PropagateDeadlineLayer};
-use backstop_retry::{Retry, RetryLayer, RetryPolicy};
+use backstop_retry::{Retry, RetryLayer, RetryPolicy, hedge::Hedging};
 use std::time::Duration;
 use tower_layer::Layer;
 
@@ -20,6 +20,15 @@ pub struct ClientLayer<C> {
     retry: RetryLayer<C>,
     breaker: BreakerLayer<C>,
     attempt: AttemptTimeoutLayer,
+    hedging: Option<Hedge>,
+}
+
+/// How the preset hedges, kept so replacing the retry or attempt layer keeps it.
+#[derive(Debug, Clone)]
+enum Hedge {
+    /// Up to this many attempts, each after the measured p95.
+    Measured(u32),
+    Custom(Hedging),
 }
 
 /// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], [`RetryPolicy::http`]
@@ -76,6 +85,7 @@ impl<C> ClientLayer<C> {
             breaker,
             attempt: AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
                 .expect("the defaults are valid"),
+            hedging: None,
         }
     }
 
@@ -86,11 +96,14 @@ impl<C> ClientLayer<C> {
         self
     }
 
-    /// Replaces the retry layer.
+    /// Replaces the retry layer (hedging, when set, is kept).
     #[must_use]
-    pub fn retry(mut self, layer: RetryLayer<C>) -> Self {
+    pub fn retry(mut self, layer: RetryLayer<C>) -> Self
+    where
+        C: Clone,
+    {
         self.retry = layer;
-        self
+        self.rehedge()
     }
 
     /// Replaces the breaker.
@@ -110,17 +123,85 @@ impl<C> ClientLayer<C> {
     /// When `timeout` is zero (every attempt would fail); [`attempt`](Self::attempt) with
     /// [`AttemptTimeoutLayer::new`] returns the error instead.
     #[must_use]
-    pub fn attempt_timeout(self, timeout: Duration) -> Self {
+    pub fn attempt_timeout(self, timeout: Duration) -> Self
+    where
+        C: Clone,
+    {
         let layer = AttemptTimeoutLayer::new(AttemptBound::Fixed(timeout))
             .unwrap_or_else(|e| panic!("{e}"));
         self.attempt(layer)
     }
 
     /// Replaces the attempt bound and its latency model (tuned [`Adaptive`] knobs, a fixed
-    /// bound, or none).
+    /// bound, or none). Measured hedging, when set, then reads the new model.
     #[must_use]
-    pub fn attempt(mut self, layer: AttemptTimeoutLayer) -> Self {
+    pub fn attempt(mut self, layer: AttemptTimeoutLayer) -> Self
+    where
+        C: Clone,
+    {
         self.attempt = layer;
+        self.rehedge()
+    }
+
+    /// Hedges slow requests: while an attempt is slower than the dependency's measured p95,
+    /// another copy is sent, up to `max_attempts` in all, and the first answer that commits
+    /// wins (the rules: [`backstop_retry::hedge`]). Only requests the retry policy's
+    /// idempotency rule allows are hedged (for gRPC, opt in with
+    /// [`Idempotency::All`](backstop_retry::Idempotency::All) when every method of the
+    /// dependency is safe to run twice), only with a body that is complete in the replay
+    /// buffer, and every hedge takes a token from the retry budget, so retries and hedges
+    /// together stay within its ratio. No hedge goes before the latency model is trusted
+    /// (100 calls in its window).
+    ///
+    /// ```
+    /// let client = backstop::client::http().hedging(2);
+    /// # let _ = client;
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Unless `max_attempts` is in `2..=10`.
+    #[must_use]
+    pub fn hedging(mut self, max_attempts: u32) -> Self
+    where
+        C: Clone,
+    {
+        self.hedging = Some(Hedge::Measured(max_attempts));
+        self.rehedge()
+    }
+
+    /// Hedges as `hedging` says (e.g. a fixed delay, or another quantile of
+    /// [`AttemptTimeoutLayer::hedge_delay`]).
+    ///
+    /// # Panics
+    ///
+    /// When `hedging` is invalid (its `max_attempts` outside `2..=10`).
+    #[must_use]
+    pub fn hedging_with(mut self, hedging: Hedging) -> Self
+    where
+        C: Clone,
+    {
+        self.hedging = Some(Hedge::Custom(hedging));
+        self.rehedge()
+    }
+
+    /// Applies the hedging setting to the current retry layer.
+    fn rehedge(mut self) -> Self
+    where
+        C: Clone,
+    {
+        let hedging = match &self.hedging {
+            None => return self,
+            Some(Hedge::Custom(h)) => h.clone(),
+            Some(Hedge::Measured(n)) => {
+                Hedging::new(self.attempt.hedge_delay(0.95).expect("a valid quantile"))
+                    .max_attempts(*n)
+            }
+        };
+        self.retry = self
+            .retry
+            .with_hedging(hedging)
+            .unwrap_or_else(|e| panic!("{e}"));
         self
     }
 

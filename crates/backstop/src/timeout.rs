@@ -358,6 +358,69 @@ impl AttemptTimeoutLayer {
     }
 }
 
+#[cfg(feature = "retry")]
+impl AttemptTimeoutLayer {
+    /// A hedge delay read from this layer's latency model: the `quantile` of the calls of the
+    /// last window (the client preset's [`hedging`](crate::client::ClientLayer::hedging) uses
+    /// p95: a hedge then goes for about one call in twenty), re-read at most every 100 ms. No
+    /// hedge is sent until the model is trusted.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `hedge_quantile` unless `quantile` is in (0, 1).
+    pub fn hedge_delay(&self, quantile: f64) -> Result<MeasuredDelay, ConfigError> {
+        if !(quantile > 0.0 && quantile < 1.0) {
+            return Err(ConfigError::new(
+                "hedge_quantile",
+                format!("must be in (0, 1), got {quantile}"),
+            ));
+        }
+        Ok(MeasuredDelay {
+            shared: self.shared.clone(),
+            quantile,
+            cached: Arc::new(AtomicU64::new(0)),
+        })
+    }
+}
+
+/// A hedge delay that follows the dependency's measured latency
+/// ([`AttemptTimeoutLayer::hedge_delay`]).
+///
+/// Clones share one cached value: an atomic word `refresh at (ms) << 32 | delay (µs) + 1`,
+/// refreshed by whichever hedged request finds it stale (racing refreshes write the same
+/// value); `+ 1` keeps zero for "not trusted".
+#[cfg(feature = "retry")]
+#[derive(Debug, Clone)]
+pub struct MeasuredDelay {
+    shared: Arc<Shared>,
+    quantile: f64,
+    cached: Arc<AtomicU64>,
+}
+
+#[cfg(feature = "retry")]
+impl backstop_retry::hedge::HedgeDelay for MeasuredDelay {
+    fn delay(&self) -> Option<Duration> {
+        let now_us = self.shared.now_us(Instant::now());
+        let now_ms = now_us / 1_000;
+        let word = self.cached.load(Ordering::Acquire);
+        let value = if word != 0 && now_ms < word >> 32 {
+            word & u64::from(u32::MAX)
+        } else {
+            let measured = self.shared.model.quantile(self.quantile, now_us);
+            let value = measured.map_or(0, |d| {
+                u64::try_from(d.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .min(u64::from(u32::MAX) - 1)
+                    + 1
+            });
+            let until = (now_ms + REFRESH.as_millis() as u64).min(u64::from(u32::MAX));
+            self.cached.store((until << 32) | value, Ordering::Release);
+            value
+        };
+        value.checked_sub(1).map(Duration::from_micros)
+    }
+}
+
 impl<S> Layer<S> for AttemptTimeoutLayer {
     type Service = AttemptTimeout<S>;
 

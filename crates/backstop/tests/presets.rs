@@ -407,3 +407,62 @@ async fn a_grpc_attempt_out_of_time_answers_deadline_exceeded() {
     assert_eq!(response.headers()["grpc-status"], "4");
     assert_eq!(started.elapsed(), Duration::from_millis(320));
 }
+
+/// A dependency whose `n`th call (counting from 0) takes `latency(n)`.
+fn scripted(
+    latency: impl Fn(u32) -> Duration + Clone + Send + 'static,
+) -> impl Service<
+    Request<ReplayBody<String>>,
+    Response = Response<String>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    let calls = Arc::new(AtomicU32::new(0));
+    service_fn(move |_req: Request<ReplayBody<String>>| {
+        let delay = latency(calls.fetch_add(1, Ordering::SeqCst));
+        async move {
+            tokio::time::sleep(delay).await;
+            Ok(Response::new(String::new()))
+        }
+    })
+}
+
+/// Measured hedging: nothing is hedged before the model is trusted; once it is, an attempt
+/// slower than the measured p95 is overtaken by a hedge, and the attempt dropped is neither a
+/// breaker failure nor a latency sample.
+#[tokio::test(start_paused = true)]
+async fn measured_hedging_overtakes_a_slow_attempt_once_the_model_is_warm() {
+    let backend = backstop::client::http().hedging(2);
+    // Call 0 (cold) and call 201 (warm) take 1 s; every other one 20 ms.
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(scripted(|n| match n {
+            0 | 201 => Duration::from_secs(1),
+            _ => Duration::from_millis(20),
+        }));
+    let t0 = tokio::time::Instant::now();
+    client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(t0.elapsed(), Duration::from_secs(1), "cold: no hedge");
+    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    assert_eq!(backend.retry_layer().stats().hedges, 0);
+
+    let t0 = tokio::time::Instant::now();
+    client.clone().oneshot(get()).await.unwrap();
+    let took = t0.elapsed();
+    // The hedge goes at the measured p95 (20 ms, within a bucket) and answers in 20 ms.
+    assert!(
+        took >= Duration::from_millis(40) && took <= Duration::from_millis(42),
+        "{took:?}"
+    );
+    assert_eq!(backend.retry_layer().stats().hedges, 1);
+    let breaker = backend.breaker_layer().snapshot();
+    assert_eq!(breaker.failures, 0, "{breaker:?}");
+    assert_eq!(
+        backend.latency().count,
+        202,
+        "the dropped attempt is no sample"
+    );
+}

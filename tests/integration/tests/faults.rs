@@ -42,7 +42,7 @@ fn transport(http2: bool) -> Transport {
 }
 
 /// A client preset with a 400 ms deadline and a fast deterministic backoff.
-fn tuned<C>(preset: ClientLayer<C>, retry: RetryPolicy<C>) -> ClientLayer<C> {
+fn tuned<C: Clone>(preset: ClientLayer<C>, retry: RetryPolicy<C>) -> ClientLayer<C> {
     preset
         .deadline(
             PropagateDeadlineLayer::builder()
