@@ -187,6 +187,17 @@ impl LatencyModel {
         quantile_of(&hist, total, q, self.min_samples)
     }
 
+    /// The upper edge of the bucket that holds the `q` quantile: no sample of that bucket or
+    /// below is later than it, so at most `1 − q` of the window's samples are (up to 6.25 %
+    /// above the quantile; `quantile` reads the bucket's midpoint, which may be below the
+    /// samples it stands for). What a hedge delay needs: a hedge after it goes for no more
+    /// than `1 − q` of calls. `None` until the model is trusted.
+    pub fn quantile_ceiling(&self, q: f64, now_us: u64) -> Option<Duration> {
+        let (hist, total) = self.histogram(now_us);
+        let bucket = bucket_of(&hist, total, q, self.min_samples)?;
+        Some(Duration::from_micros(upper_edge(bucket)))
+    }
+
     /// The window's count and quantiles at `now_us`.
     pub fn snapshot(&self, now_us: u64) -> LatencySnapshot {
         let (hist, total) = self.histogram(now_us);
@@ -208,19 +219,30 @@ impl LatencyModel {
 }
 
 fn quantile_of(hist: &[u32; BUCKETS], total: u64, q: f64, min: u64) -> Option<Duration> {
+    bucket_of(hist, total, q, min).map(|b| Duration::from_micros(midpoint(b)))
+}
+
+/// The bucket of the smallest sample with at least `q × total` samples at or below it.
+fn bucket_of(hist: &[u32; BUCKETS], total: u64, q: f64, min: u64) -> Option<usize> {
     if total == 0 || total < min {
         return None;
     }
-    // The smallest sample with at least q × total samples at or below it.
     let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
     let mut seen = 0u64;
     for (b, &n) in hist.iter().enumerate() {
         seen += u64::from(n);
         if seen >= rank {
-            return Some(Duration::from_micros(midpoint(b)));
+            return Some(b);
         }
     }
-    Some(Duration::from_micros(midpoint(BUCKETS - 1)))
+    Some(BUCKETS - 1)
+}
+
+/// The first value past a bucket, in microseconds.
+pub(crate) fn upper_edge(bucket: usize) -> u64 {
+    let octave = MIN_OCTAVE + bucket as u32 / SUB;
+    let sub = u64::from(bucket as u32 % SUB);
+    (u64::from(SUB) + sub + 1) << (octave - SUB_BITS)
 }
 
 impl Default for LatencyModel {
@@ -298,6 +320,33 @@ mod tests {
         }
         assert_eq!(bucket(0), 0);
         assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn a_bucket_upper_edge_is_past_every_value_in_it_and_starts_the_next() {
+        for us in (64..(1u64 << 27) - 1).step_by(991) {
+            let b = bucket(us);
+            assert!(upper_edge(b) > us, "{us}");
+            assert!(upper_edge(b) as f64 <= us as f64 * 1.0625 + 1.0, "{us}");
+            assert_eq!(bucket(upper_edge(b)), (b + 1).min(BUCKETS - 1), "{us}");
+        }
+    }
+
+    /// 95 % of calls at 10 ms, 5 % at 1 s: p95's midpoint reads just under 10 ms, below
+    /// the samples it stands for; its ceiling is past all of them and below the slow ones.
+    #[test]
+    fn the_quantile_ceiling_is_past_the_samples_of_its_quantile() {
+        let m = LatencyModel::new();
+        for i in 0..1_000u64 {
+            let latency = if i % 20 == 0 { 1_000 * MS } else { 10 * MS };
+            m.record(Duration::from_micros(latency), i * MS);
+        }
+        let mid = m.quantile(0.95, 1_000 * MS).unwrap();
+        let ceiling = m.quantile_ceiling(0.95, 1_000 * MS).unwrap();
+        assert!(mid < Duration::from_millis(10), "{mid:?}");
+        assert!(ceiling > Duration::from_millis(10), "{ceiling:?}");
+        assert!(ceiling <= Duration::from_micros(10_625), "{ceiling:?}");
+        assert!(LatencyModel::new().quantile_ceiling(0.5, 0).is_none());
     }
 
     #[test]

@@ -361,7 +361,8 @@ impl AttemptTimeoutLayer {
 #[cfg(feature = "retry")]
 impl AttemptTimeoutLayer {
     /// A hedge delay read from this layer's latency model: the `quantile` of the calls of the
-    /// last window (the client preset's [`hedging`](crate::client::ClientLayer::hedging) uses
+    /// last window, read as the upper edge of its bucket (at most 6.25 % above it, never below
+    /// the samples it stands for; the client preset's [`hedging`](crate::client::ClientLayer::hedging) uses
     /// p95: a hedge then goes for about one call in twenty), re-read at most every 100 ms. No
     /// hedge is sent until the model is trusted.
     ///
@@ -406,7 +407,9 @@ impl backstop_retry::hedge::HedgeDelay for MeasuredDelay {
         let value = if word != 0 && now_ms < word >> 32 {
             word & u64::from(u32::MAX)
         } else {
-            let measured = self.shared.model.quantile(self.quantile, now_us);
+            // The bucket's upper edge, not its midpoint: a delay below the samples it stands
+            // for would hedge calls of the usual latency.
+            let measured = self.shared.model.quantile_ceiling(self.quantile, now_us);
             let value = measured.map_or(0, |d| {
                 u64::try_from(d.as_micros())
                     .unwrap_or(u64::MAX)
