@@ -67,8 +67,16 @@ impl Service<Request<Body>> for Backend {
         let now = Instant::now();
         state.recorder.attempt(now);
         let fault = state.schedule.fault_at(now);
-        let fail = state.rng.lock().expect("rng").f64() < fault.error_rate;
-        let work = state.service_time + fault.added_latency;
+        let (fail, tail) = {
+            let mut rng = state.rng.lock().expect("rng");
+            let fail = rng.f64() < fault.error_rate;
+            // Drawn only when there is a tail, so other scenarios keep their sequences.
+            (fail, fault.tail_rate > 0.0 && rng.f64() < fault.tail_rate)
+        };
+        let mut work = state.service_time + fault.added_latency;
+        if tail {
+            work += fault.tail_latency;
+        }
         let mut end = now + work;
         if let Some(deadline) = req.extensions().get::<Deadline>() {
             end = end.min(deadline.instant());

@@ -14,6 +14,9 @@ pub struct Series {
     pub attempts: Vec<f64>,
     /// p99 latency of the user requests of each second (ms).
     pub p99_ms: Vec<f64>,
+    /// What the variant's client measured of the dependency, once a second (empty for
+    /// variants that measure nothing).
+    pub measured: Vec<crate::MeasuredPoint>,
 }
 
 /// One panel of the chart.
@@ -40,9 +43,12 @@ pub fn draw(
     offered_rps: f64,
     series: &[Series],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
+    let measured = series.iter().any(|s| !s.measured.is_empty());
+    let height = if measured { 1100 } else { 760 };
+    let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (top, bottom) = root.split_vertically(390);
+    let (top, rest) = root.split_vertically(390);
+    let (bottom, third) = rest.split_vertically(370);
     let seconds = series.iter().map(|s| s.attempts.len()).max().unwrap_or(1) as f64;
     let fault = &phases[1];
     let (fault_start, fault_end) = (fault.start.as_secs_f64(), fault.end.as_secs_f64());
@@ -119,7 +125,71 @@ pub fn draw(
             )))?;
         }
     }
+    if measured {
+        draw_measured(&third, phases, seconds, series)?;
+    }
     root.present()?;
+    Ok(())
+}
+
+/// The third panel: the dependency's latency as each variant's client measured it (p99
+/// solid, p50 thin), once a second.
+fn draw_measured(
+    area: &Panel<'_>,
+    phases: &[Phase],
+    seconds: f64,
+    series: &[Series],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let max = series
+        .iter()
+        .flat_map(|s| s.measured.iter())
+        .flat_map(|p| [p.p50_ms, p.p99_ms])
+        .flatten()
+        .fold(1.0, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            "the dependency's latency as the client measured it (ms): p99 thick, p50 thin",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .margin_right(90)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..seconds, 0f64..max)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    let fault = &phases[1];
+    chart.draw_series(std::iter::once(Rectangle::new(
+        [
+            (fault.start.as_secs_f64(), 0.0),
+            (fault.end.as_secs_f64(), max),
+        ],
+        RGBColor(255, 200, 200).mix(0.35).filled(),
+    )))?;
+    for (n, s) in series.iter().enumerate() {
+        let color = COLORS[n % COLORS.len()];
+        type Pick = fn(&crate::MeasuredPoint) -> Option<f64>;
+        let lines: [(Pick, u32); 2] = [(|p| p.p99_ms, 2), (|p| p.p50_ms, 1)];
+        for (pick, width) in lines {
+            chart.draw_series(LineSeries::new(
+                s.measured
+                    .iter()
+                    .filter_map(|p| pick(p).map(|v| (p.t_s, v))),
+                color.stroke_width(width),
+            ))?;
+        }
+        if let Some(last) = s.measured.iter().rev().find_map(|p| p.p99_ms) {
+            chart.draw_series(std::iter::once(Text::new(
+                s.name.clone(),
+                (seconds + 0.4, last),
+                ("sans-serif", 14).into_font().color(&color),
+            )))?;
+        }
+    }
     Ok(())
 }
 

@@ -6,7 +6,7 @@ use crate::{
     backend::{Backend, Relay},
     chart::Series,
     metrics::Recorder,
-    report::VariantReport,
+    report::{MeasuredPoint, VariantReport},
     scenario::{Scenario, Schedule},
     stacks::{Body, ClientConfig, Svc, Variant, boxed, client, empty, server},
 };
@@ -101,6 +101,8 @@ impl Run {
             opens: opens.clone(),
             first_open: first_open.clone(),
             start: recorder.start(),
+            hedge: self.scenario.hedges(),
+            latency: Arc::default(),
         };
         let backend = Backend::new(schedule, self.seed, recorder.clone());
         let backend = server(variant, BoxCloneService::new(backend));
@@ -119,6 +121,26 @@ impl Run {
             client(variant, target, &config)
         };
 
+        // Once a second, what backstop's client measured of the dependency.
+        let sampler = {
+            let (latency, start) = (config.latency.clone(), recorder.start());
+            let seconds = self.duration.as_secs() as u32;
+            tokio::spawn(async move {
+                let mut points = Vec::new();
+                for t in 1..=seconds {
+                    tokio::time::sleep_until(start + Duration::from_secs(u64::from(t))).await;
+                    let layer = latency.get()?;
+                    let snap = layer.latency();
+                    let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+                    points.push(MeasuredPoint {
+                        t_s: f64::from(t),
+                        p50_ms: ms(snap.p50),
+                        p99_ms: ms(snap.p99),
+                    });
+                }
+                Some(points)
+            })
+        };
         let total = u64::from(self.rps) * self.duration.as_secs();
         let interval = Duration::from_secs(1) / self.rps;
         let start = recorder.start();
@@ -157,7 +179,9 @@ impl Run {
                 (first != u64::MAX).then(|| first as f64 / 1e6),
             )
         });
+        let measured = sampler.await.expect("the sampler does not panic");
         let mut report = recorder.report(variant.name(), &phases, breaker);
+        report.measured_latency = measured.clone();
         if self.scenario == Scenario::Hang {
             // The hung dependency's work never ends within the run: there is no orphaned work
             // to count, only work still held.
@@ -168,6 +192,7 @@ impl Run {
             name: variant.name().to_owned(),
             attempts,
             p99_ms,
+            measured: measured.unwrap_or_default(),
         };
         (report, series)
     }

@@ -33,7 +33,7 @@ pub mod scenario;
 pub mod stacks;
 
 pub use engine::{Engine, Progress, Run};
-pub use report::{PhaseReport, Report, VariantReport};
+pub use report::{MeasuredPoint, PhaseReport, Report, VariantReport};
 pub use scenario::Scenario;
 pub use stacks::Variant;
 
@@ -83,7 +83,7 @@ pub fn simulate_variants(
         seed,
         rps,
         duration: Duration::from_secs(seconds),
-        patience: Duration::from_secs(1),
+        patience: scenario.patience(),
     };
     run_all(&run, variants, Arc::new(|| {})).0
 }

@@ -81,7 +81,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         seed: args.seed,
         rps,
         duration: Duration::from_secs(seconds),
-        patience: Duration::from_secs(1),
+        patience: args.scenario.patience(),
     };
 
     let total = u64::from(rps) * seconds * args.variants.len() as u64;

@@ -161,12 +161,14 @@ impl Recorder {
             success_rate: ratio(successes, offered),
             p50_ms: ms(quantile(&mut latencies, 0.5)),
             p99_ms: ms(quantile(&mut latencies, 0.99)),
+            p999_ms: ms(quantile(&mut latencies, 0.999)),
             max_ms: ms(latencies.iter().copied().max().unwrap_or(0)),
             peak_downstream_rps: peak as f64,
             recovery_s,
             orphaned_work_s: Some(round3(inner.orphaned.as_secs_f64())),
             breaker_opens: breaker.map(|(opens, _)| opens),
             first_open_s: breaker.and_then(|(_, first)| first.map(round3)),
+            measured_latency: None,
             phases: phase_reports,
         }
     }

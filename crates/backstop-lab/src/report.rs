@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 /// A whole run: one scenario, every variant. Serialized as the `<scenario>.json` report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
-    /// `brownout`, `outage`, `chain` or `slow`.
+    /// The scenario's name (`brownout`, `outage`, `chain`, `slow`, `hang`, `tail`, `drift`).
     pub scenario: String,
     /// `real` or `sim`.
     pub engine: String,
@@ -37,6 +37,8 @@ pub struct VariantReport {
     pub p50_ms: f64,
     /// 99th percentile user latency (ms).
     pub p99_ms: f64,
+    /// 99.9th percentile user latency (ms).
+    pub p999_ms: f64,
     /// Slowest user request (ms).
     pub max_ms: f64,
     /// The busiest second the dependency saw after the fault ended (attempts per second).
@@ -53,6 +55,20 @@ pub struct VariantReport {
     pub first_open_s: Option<f64>,
     /// The same numbers per phase.
     pub phases: Vec<PhaseReport>,
+    /// What backstop's client measured of the dependency's latency, once a second (`null`
+    /// for variants that measure nothing).
+    pub measured_latency: Option<Vec<MeasuredPoint>>,
+}
+
+/// The dependency's latency as a client's latency model read it at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MeasuredPoint {
+    /// Seconds from the start of the run.
+    pub t_s: f64,
+    /// The model's median (ms), once it is trusted.
+    pub p50_ms: Option<f64>,
+    /// The model's 99th percentile (ms), once it is trusted.
+    pub p99_ms: Option<f64>,
 }
 
 /// One phase of one variant.
@@ -88,7 +104,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "{:<9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
+            "{:<9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>6}",
             "variant",
             "offered",
             "attempts",
@@ -97,6 +113,7 @@ impl Report {
             &format!("{fault_name} ampl."),
             "p50 ms",
             "p99 ms",
+            "p99.9 ms",
             "peak/s",
             "recov s",
             "orphan s",
@@ -107,7 +124,7 @@ impl Report {
             let fault_ampl = v.phases.get(1).map_or(0.0, |p| p.amplification);
             let _ = writeln!(
                 out,
-                "{:<9} {:>8} {:>9} {:>7.3} {:>7.1}% {:>9.3} {:>8.1} {:>8.1} {:>8.0} {:>8} {:>9} {:>6}",
+                "{:<9} {:>8} {:>9} {:>7.3} {:>7.1}% {:>9.3} {:>8.1} {:>8.1} {:>9.1} {:>8.0} {:>8} {:>9} {:>6}",
                 v.name,
                 v.offered,
                 v.downstream_attempts,
@@ -116,6 +133,7 @@ impl Report {
                 fault_ampl,
                 v.p50_ms,
                 v.p99_ms,
+                v.p999_ms,
                 v.peak_downstream_rps,
                 opt(v.recovery_s),
                 opt(v.orphaned_work_s),

@@ -20,6 +20,12 @@ pub enum Scenario {
     /// The dependency accepts every call and never answers: how soon does the caller stop
     /// waiting on it (the breaker opening on attempt timeouts)?
     Hang,
+    /// 5 % of responses take 1 s more (a bimodal tail, like GC pauses): how much of the tail
+    /// do users see, and at what extra load? Both `tower` (its `Hedge`) and `backstop` hedge.
+    Tail,
+    /// The dependency's latency drifts from 50 ms to 800 ms and back; users wait 3 s: does a
+    /// timeout follow the latency, or fail every call above a number picked in advance?
+    Drift,
 }
 
 impl Scenario {
@@ -31,6 +37,34 @@ impl Scenario {
             Scenario::Chain => "chain",
             Scenario::Slow => "slow",
             Scenario::Hang => "hang",
+            Scenario::Tail => "tail",
+            Scenario::Drift => "drift",
+        }
+    }
+
+    /// How long a user waits for an answer (backstop: the deadline it propagates): 3 s in
+    /// `drift`, 1 s otherwise.
+    pub fn patience(self) -> Duration {
+        match self {
+            Scenario::Drift => Duration::from_secs(3),
+            _ => Duration::from_secs(1),
+        }
+    }
+
+    /// Whether the variants that can hedge do (`tail` only).
+    pub fn hedges(self) -> bool {
+        self == Scenario::Tail
+    }
+
+    /// The dependency's state outside the fault: healthy, except in `drift`, where its
+    /// latency is 50 ms (10 ms of service time, 40 ms added).
+    pub fn baseline(self) -> Fault {
+        match self {
+            Scenario::Drift => Fault {
+                added_latency: Duration::from_millis(40),
+                ..Fault::NONE
+            },
+            _ => Fault::NONE,
         }
     }
 
@@ -40,19 +74,30 @@ impl Scenario {
             Scenario::Brownout => Fault {
                 error_rate: 0.5,
                 added_latency: Duration::from_millis(200),
+                ..Fault::NONE
             },
             Scenario::Outage | Scenario::Chain => Fault {
                 error_rate: 1.0,
-                added_latency: Duration::ZERO,
+                ..Fault::NONE
             },
             Scenario::Slow => Fault {
-                error_rate: 0.0,
                 added_latency: Duration::from_secs(3),
+                ..Fault::NONE
             },
             // An hour: for the run, never.
             Scenario::Hang => Fault {
-                error_rate: 0.0,
                 added_latency: Duration::from_secs(3600),
+                ..Fault::NONE
+            },
+            Scenario::Tail => Fault {
+                tail_rate: 0.05,
+                tail_latency: Duration::from_secs(1),
+                ..Fault::NONE
+            },
+            // 10 ms of service time + 790 ms.
+            Scenario::Drift => Fault {
+                added_latency: Duration::from_millis(790),
+                ..Fault::NONE
             },
         }
     }
@@ -66,13 +111,15 @@ impl Scenario {
             Scenario::Outage | Scenario::Chain => "down",
             Scenario::Slow => "slow",
             Scenario::Hang => "hang",
+            Scenario::Tail => "tail",
+            Scenario::Drift => "drift",
         };
         vec![
             Phase {
                 name: "healthy",
                 start: Duration::ZERO,
                 end: quarter,
-                fault: Fault::NONE,
+                fault: self.baseline(),
             },
             Phase {
                 name: fault_name,
@@ -84,7 +131,7 @@ impl Scenario {
                 name: "recovered",
                 start: duration - quarter,
                 end: duration,
-                fault: Fault::NONE,
+                fault: self.baseline(),
             },
         ]
     }
@@ -97,6 +144,10 @@ pub struct Fault {
     pub error_rate: f64,
     /// Latency added to every response.
     pub added_latency: Duration,
+    /// Share of responses that take `tail_latency` more.
+    pub tail_rate: f64,
+    /// The extra latency of the tail.
+    pub tail_latency: Duration,
 }
 
 impl Fault {
@@ -104,6 +155,8 @@ impl Fault {
     pub const NONE: Fault = Fault {
         error_rate: 0.0,
         added_latency: Duration::ZERO,
+        tail_rate: 0.0,
+        tail_latency: Duration::ZERO,
     };
 }
 

@@ -2,6 +2,7 @@
 
 use backstop::{
     BoxError, ReplayBody, breaker::State, deadline::PropagateDeadlineLayer, retry::RetryPolicy,
+    timeout::AttemptTimeoutLayer,
 };
 use bytes::Bytes;
 use http::{Request, Response};
@@ -60,10 +61,12 @@ pub enum Variant {
     /// 5 attempts, a fixed 100 ms apart, no deadline, no budget: a hand-written loop.
     Naive,
     /// tower's `retry` (3 attempts, exponential backoff from 50 ms, a shared `TpsBudget` of
-    /// 10 % over 10 s) and `timeout` (500 ms per attempt): what a careful user writes today.
+    /// 10 % over 10 s) and `timeout` (500 ms per attempt), and its `Hedge` in `tail`: what a
+    /// careful user writes today.
     Tower,
-    /// backstop's client preset (1 s deadline, 500 ms per attempt, ratio budget, breaker) and
-    /// server preset (deadline, pushback).
+    /// backstop's client preset (the user's deadline propagated, attempts bounded by measured
+    /// latency, ratio budget, breaker; measured hedging in `tail`) and server preset
+    /// (deadline, pushback).
     Backstop,
 }
 
@@ -100,6 +103,12 @@ pub struct ClientConfig {
     pub first_open: Arc<AtomicU64>,
     /// The start of the run.
     pub start: tokio::time::Instant,
+    /// Whether the variants that can hedge do (tower: its `Hedge` at p95; backstop: the
+    /// preset's measured hedging, 2 attempts).
+    pub hedge: bool,
+    /// The attempt layer of the first backstop client built, so the run can sample what it
+    /// measured.
+    pub latency: Arc<std::sync::OnceLock<AttemptTimeoutLayer>>,
 }
 
 fn is_failure(result: &Result<Response<Body>, BoxError>) -> bool {
@@ -178,6 +187,20 @@ impl Policy<Request<Body>, Response<Body>, BoxError> for TowerPolicy {
     }
 }
 
+/// tower's `Hedge` policy: every lab request is a bodiless GET, safe to send twice.
+#[derive(Debug, Clone)]
+struct HedgeGets;
+
+impl tower::hedge::Policy<Request<Body>> for HedgeGets {
+    fn clone_request(&self, req: &Request<Body>) -> Option<Request<Body>> {
+        Some(clone_get(req))
+    }
+
+    fn can_retry(&self, _req: &Request<Body>) -> bool {
+        true
+    }
+}
+
 /// The client stack of `variant` around `transport`. One per hop: its budget and breaker are
 /// shared by every request through it.
 pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
@@ -188,16 +211,38 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                 .retry(NaivePolicy { retries_left: 4 })
                 .service(transport),
         ),
-        Variant::Tower => BoxCloneService::new(
-            ServiceBuilder::new()
-                .retry(TowerPolicy {
-                    budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.1)),
-                    retries_left: 2,
-                    backoff: Duration::from_millis(50),
-                })
+        Variant::Tower => {
+            let attempt = ServiceBuilder::new()
                 .timeout(Duration::from_millis(500))
-                .service(transport),
-        ),
+                .service(transport);
+            // With hedging: a hedge after the p95 (as backstop's) of tower's rotating
+            // histogram (10 s periods: it reads the last full period, so it hedges from the
+            // end of the first one on, with 100 calls in it), between the retries and the
+            // attempt timeout. tower's `Hedge` is not
+            // `Clone` (its histogram is shared behind a `Mutex`), so it goes behind a
+            // `Buffer`, as tower's docs advise for such services.
+            let attempt = if config.hedge {
+                let hedge = tower::hedge::Hedge::new(
+                    attempt,
+                    HedgeGets,
+                    100,
+                    0.95,
+                    Duration::from_secs(10),
+                );
+                BoxCloneService::new(tower::buffer::Buffer::new(hedge, 4096))
+            } else {
+                BoxCloneService::new(attempt)
+            };
+            BoxCloneService::new(
+                ServiceBuilder::new()
+                    .retry(TowerPolicy {
+                        budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.1)),
+                        retries_left: 2,
+                        backoff: Duration::from_millis(50),
+                    })
+                    .service(attempt),
+            )
+        }
         Variant::Backstop => {
             let opens = config.opens.clone();
             let (first_open, start) = (config.first_open.clone(), config.start);
@@ -223,10 +268,14 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                 .timeout(config.deadline)
                 .build()
                 .expect("valid deadline");
-            let preset = backstop::client::http()
+            let mut preset = backstop::client::http()
                 .deadline(deadline)
                 .retry(retry)
                 .breaker(breaker);
+            if config.hedge {
+                preset = preset.hedging(3);
+            }
+            let _ = config.latency.set(preset.attempt_layer().clone());
             BoxCloneService::new(
                 ServiceBuilder::new()
                     .map_response(|r: Response<_>| r.map(boxed))

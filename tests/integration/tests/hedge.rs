@@ -19,8 +19,9 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
+use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 
 /// The first attempt the server sees answers after this long; every other one at once.
