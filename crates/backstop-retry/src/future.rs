@@ -5,11 +5,11 @@ use crate::{
     hedge::Hedges,
     layer::Handle,
     pushback::mark_exhausted,
-    service::{AttemptEnd, Bounds, Template},
+    service::{Bounds, Template},
     stats::GiveUp,
 };
 use backstop_core::{
-    AttemptTimedOut, BoxError, Classify, DeadlineExceeded, Outcome, Retryable, ServerHint,
+    BoxError, Classify, DeadlineExceeded, Outcome, Retryable, ServerHint,
     grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
 };
 use http::{HeaderValue, Request, Response};
@@ -26,7 +26,8 @@ use tower_service::Service;
 
 /// The first attempt, as `call` left it.
 pub(crate) enum Attempt<F> {
-    Sent(F, AttemptEnd),
+    /// Sent, to end by the deadline (if any).
+    Sent(F, Option<Instant>),
     Expired,
 }
 
@@ -71,7 +72,8 @@ pin_project! {
             // never touches the timer.
             #[pin]
             timer: Option<Sleep>,
-            end: AttemptEnd,
+            // The request's deadline, if any.
+            end: Option<Instant>,
         },
         Expired,
         Hedging,
@@ -104,7 +106,7 @@ where
             state: State::Calling {
                 future,
                 timer: None,
-                end: AttemptEnd::Unbounded,
+                end: None,
             },
         }
     }
@@ -169,7 +171,7 @@ where
     }
 }
 
-fn calling<F>(future: F, end: AttemptEnd) -> State<F> {
+fn calling<F>(future: F, end: Option<Instant>) -> State<F> {
     State::Calling {
         future,
         timer: None,
@@ -379,7 +381,7 @@ where
                     let result: Result<Response<R>, BoxError> = match future.poll(cx) {
                         Poll::Ready(result) => result.map_err(Into::into),
                         Poll::Pending => {
-                            let (AttemptEnd::Deadline(at) | AttemptEnd::Timeout(at)) = *end else {
+                            let Some(at) = *end else {
                                 return Poll::Pending;
                             };
                             if timer.is_none() {
@@ -387,11 +389,7 @@ where
                             }
                             let timer = timer.as_pin_mut().expect("armed above");
                             ready!(timer.poll(cx));
-                            Err(if matches!(end, AttemptEnd::Deadline(_)) {
-                                DeadlineExceeded::new().into()
-                            } else {
-                                AttemptTimedOut::new().into()
-                            })
+                            Err(DeadlineExceeded::new().into())
                         }
                     };
                     let verdict = match this.retry.as_mut() {

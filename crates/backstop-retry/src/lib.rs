@@ -70,12 +70,20 @@
 //!    returned keeps its body.
 //!
 //! **What each attempt's `grpc-timeout` says.** The time really left when the attempt is
-//! sent: `min(deadline, what the caller told the server) − now` (and the deprecated
-//! `attempt_timeout` when set; an attempt bound inside the breaker shortens it further),
-//! whoever wrote the original header. The first attempt keeps a header that already says no
+//! sent: `min(deadline, what the caller told the server) − now` (an attempt bound inside the
+//! breaker, the facade's `AttemptTimeout`, shortens it further), whoever wrote the original
+//! header. The first attempt keeps a header that already says no
 //! more (an outer `PropagateDeadline` wrote it a moment ago); every retry gets a new one. A
 //! header set by the caller with no deadline in scope is the deadline. gRPC retries carry
 //! `grpc-previous-rpc-attempts`.
+//!
+//! **No attempt timeout here.** The retry layer bounds attempts only by the deadline. A bound
+//! per attempt belongs inside the breaker, so a timed-out attempt is a failure the breaker
+//! counts (a timeout out here would cancel the attempt, which the breaker never counts): the
+//! facade's client presets measure one, or put `backstop::timeout::AttemptTimeoutLayer` under
+//! the breaker. Its [`AttemptTimedOut`](backstop_core::AttemptTimedOut) is a retryable failure
+//! for idempotent requests. (`RetryPolicy::attempt_timeout`, which bounded attempts out here,
+//! was removed.)
 //!
 //! **What the budget hears.** Each logical request that succeeds deposits once; a gRPC call
 //! committed by its response headers (no status yet; gRPC A6: never retried) deposits only

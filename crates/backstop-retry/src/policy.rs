@@ -65,7 +65,6 @@ pub struct RetryPolicy<C> {
     pub(crate) backoff: Arc<dyn Backoff>,
     pub(crate) budget: Option<Arc<dyn Budget>>,
     pub(crate) classifier: C,
-    pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) min_attempt_time: Duration,
     pub(crate) max_replay_bytes: usize,
     pub(crate) idempotency: Idempotency,
@@ -100,7 +99,6 @@ impl<C> RetryPolicy<C> {
             ),
             budget: Some(Arc::new(RatioBudget::new())),
             classifier,
-            attempt_timeout: None,
             min_attempt_time: Duration::from_millis(1),
             max_replay_bytes: 64 * 1024,
             idempotency: Idempotency::Standard,
@@ -149,7 +147,6 @@ impl<C> RetryPolicy<C> {
             backoff: self.backoff,
             budget: self.budget,
             classifier,
-            attempt_timeout: self.attempt_timeout,
             min_attempt_time: self.min_attempt_time,
             max_replay_bytes: self.max_replay_bytes,
             idempotency: self.idempotency,
@@ -157,26 +154,6 @@ impl<C> RetryPolicy<C> {
             seed: self.seed,
             hedging: self.hedging,
         }
-    }
-
-    /// Bounds each attempt by `min(timeout, remaining deadline)`; an attempt that runs out is a
-    /// retryable failure ([`AttemptTimedOut`](backstop_core::AttemptTimedOut)), and its
-    /// `grpc-timeout` says so.
-    ///
-    /// Deprecated: this bound sits outside the breaker, so a timed-out attempt is a
-    /// cancellation the breaker never counts. Bound attempts inside the breaker instead, with
-    /// the client presets' attempt bound (`backstop::client::http().attempt_timeout(d)`, or
-    /// the measured default) or `backstop::timeout::AttemptTimeoutLayer` under the breaker:
-    /// one bound, counted by the breaker, and written into `grpc-timeout` when shorter than
-    /// what is left of the deadline.
-    #[deprecated(
-        since = "0.1.0",
-        note = "bound attempts inside the breaker: the client preset's attempt bound or backstop::timeout::AttemptTimeoutLayer"
-    )]
-    #[must_use]
-    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = Some(timeout);
-        self
     }
 
     /// A retry is only started if at least this much of the deadline is left once the wait is
@@ -232,7 +209,7 @@ impl<C> RetryPolicy<C> {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the knob when `max_attempts` is 0 or more than 10, or
-    /// `attempt_timeout` is zero.
+    /// `hedging.max_attempts` is not in 2..=10.
     pub fn build(self) -> Result<RetryLayer<C>, ConfigError> {
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_LIMIT {
             return Err(ConfigError::new(
@@ -241,12 +218,6 @@ impl<C> RetryPolicy<C> {
                     "must be in 1..={MAX_ATTEMPTS_LIMIT} (the first attempt included), got {}",
                     self.max_attempts
                 ),
-            ));
-        }
-        if self.attempt_timeout.is_some_and(|t| t.is_zero()) {
-            return Err(ConfigError::new(
-                "attempt_timeout",
-                "must be greater than zero",
             ));
         }
         if let Some(hedging) = &self.hedging
@@ -296,11 +267,5 @@ mod tests {
             assert_eq!(err.knob(), "max_attempts");
         }
         assert!(RetryPolicy::grpc().max_attempts(10).build().is_ok());
-        #[allow(deprecated)]
-        let err = RetryPolicy::http()
-            .attempt_timeout(Duration::ZERO)
-            .build()
-            .unwrap_err();
-        assert_eq!(err.knob(), "attempt_timeout");
     }
 }

@@ -7,10 +7,7 @@ use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT};
 use backstop_deadline::{Deadline, current, grpc_timeout};
 use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body;
-use std::{
-    task::{Context, Poll},
-    time::Duration,
-};
+use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -96,10 +93,11 @@ fn caller_timeout(headers: &HeaderMap) -> Option<&HeaderValue> {
 /// The time bounds of a request's attempts.
 ///
 /// What each attempt's `grpc-timeout` says, whoever wrote the original header: the time
-/// really left when the attempt is sent, `min(attempt end, wire) − now`, where the attempt end
-/// is `min(now + attempt_timeout, deadline)` and `wire` is what the caller told the server (an
-/// outer `PropagateDeadline`'s header, keeping its offset, or a header the caller set). A retry
-/// is scheduled only if it can be sent with at least `min_attempt_time` left on the wire.
+/// really left when the attempt is sent, `min(deadline, wire) − now`, where `wire` is what the
+/// caller told the server (an outer `PropagateDeadline`'s header, keeping its offset, or a
+/// header the caller set). A retry is scheduled only if it can be sent with at least
+/// `min_attempt_time` left on the wire. (An attempt bound inside the breaker, the facade's
+/// `AttemptTimeout`, shortens an attempt's header further.)
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bounds {
     /// The request's deadline: the earlier of its extension and the task's current deadline,
@@ -107,18 +105,6 @@ pub(crate) struct Bounds {
     pub(crate) deadline: Option<Deadline>,
     /// What the caller told the server, as an instant (the request's `grpc-timeout`).
     pub(crate) wire: Option<Instant>,
-    pub(crate) attempt_timeout: Option<Duration>,
-}
-
-/// When an attempt must end, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AttemptEnd {
-    /// No bound: the attempt runs until it answers.
-    Unbounded,
-    /// The request's deadline ends it: expiry is [`DeadlineExceeded`](backstop_core::DeadlineExceeded).
-    Deadline(Instant),
-    /// Its own timeout ends it first: expiry is [`AttemptTimedOut`](backstop_core::AttemptTimedOut).
-    Timeout(Instant),
 }
 
 impl Bounds {
@@ -131,34 +117,25 @@ impl Bounds {
     }
 
     /// Writes the attempt's `grpc-timeout` and deadline into `req` and returns when the attempt
-    /// must end, or `Err` when nothing is left to send.
+    /// must end (the deadline; `None`: no bound), or `Err` when nothing is left to send.
     ///
     /// On the first attempt, a header that already says no more than what is left (an outer
     /// `PropagateDeadline` wrote it a moment ago, or the caller did) is left as it is.
-    pub(crate) fn arm<B>(&self, req: &mut Request<B>, first: bool) -> Result<AttemptEnd, ()> {
-        if self.deadline.is_none() && self.attempt_timeout.is_none() {
-            return Ok(AttemptEnd::Unbounded);
+    pub(crate) fn arm<B>(&self, req: &mut Request<B>, first: bool) -> Result<Option<Instant>, ()> {
+        let Some(deadline) = self.deadline else {
+            return Ok(None);
+        };
+        let at = deadline.instant();
+        if first && self.wire.is_some_and(|w| w <= at) {
+            return Ok(Some(at));
         }
         let now = Instant::now();
-        let own = self.attempt_timeout.and_then(|t| now.checked_add(t));
-        let end = match (self.deadline.map(|d| d.instant()), own) {
-            (Some(d), Some(o)) if o < d => AttemptEnd::Timeout(o),
-            (Some(d), _) => AttemptEnd::Deadline(d),
-            (None, Some(o)) => AttemptEnd::Timeout(o),
-            (None, None) => return Ok(AttemptEnd::Unbounded),
-        };
-        let (AttemptEnd::Deadline(at) | AttemptEnd::Timeout(at)) = end else {
-            unreachable!("bounded above");
-        };
-        if first && self.wire.is_some_and(|w| w <= at) {
-            return Ok(end);
-        }
         let on_wire = self.wire.map_or(at, |w| w.min(at));
         let encoded = grpc_timeout::encode(on_wire.saturating_duration_since(now)).ok_or(())?;
         req.headers_mut()
             .insert(GRPC_TIMEOUT, encoded.to_header_value());
         req.extensions_mut().insert(Deadline::at(at));
-        Ok(end)
+        Ok(Some(at))
     }
 }
 
@@ -202,7 +179,6 @@ where
         let bounds = Bounds {
             deadline: local.or(wire.map(Deadline::at)),
             wire,
-            attempt_timeout: policy.attempt_timeout,
         };
         let template = Template::new(&req);
         let (parts, body) = req.into_parts();

@@ -349,27 +349,36 @@ async fn a_body_longer_than_the_replay_cap_is_sent_once() {
     assert_eq!(layer.stats().gave_up(GiveUp::NotReplayable), 1);
 }
 
-// The deprecated outer bound keeps working until it is removed.
-#[allow(deprecated)]
+/// An attempt bound inside the breaker (the facade's `AttemptTimeout`) fails an attempt with
+/// `AttemptTimedOut`: the retry layer retries it for an idempotent request, within the
+/// deadline, and not for a POST.
 #[tokio::test(start_paused = true)]
-async fn attempt_timeouts_are_retried_and_written_on_the_wire() {
-    let layer = policy()
-        .attempt_timeout(Duration::from_millis(100))
-        .build()
-        .unwrap();
-    let mut req = get();
-    req.extensions_mut()
-        .insert(Deadline::after(Duration::from_secs(1)));
-    let mut h = start(layer, req);
-    let (first, _hanging) = h.handle.next_request().await.unwrap();
-    assert_eq!(first.headers()["grpc-timeout"], "100000u");
-    advance(100 * MS).await;
-    assert_pending!(h.call.poll());
-    advance(10 * MS).await;
-    assert_pending!(h.call.poll());
-    let second = h.answer(200).await;
-    assert_eq!(second.headers()["grpc-timeout"], "100000u");
-    assert_eq!(h.done().unwrap().status(), 200);
+async fn an_attempt_timed_out_inside_is_retried_when_idempotent() {
+    // Three attempts for the GET (the default), one for the POST.
+    for (req, attempts) in [(get(), 3), (post(), 1)] {
+        let layer = policy().build().unwrap();
+        let timed_out = tower::service_fn(|_req: Req| async {
+            Err::<Response<String>, _>(backstop_core::AttemptTimedOut::new())
+        });
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = calls.clone();
+        let svc = tower::ServiceBuilder::new()
+            .layer(layer.clone())
+            .map_request(move |r: Req| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                r
+            })
+            .service(timed_out);
+        let err = svc.oneshot(req).await.unwrap_err();
+        assert!(backstop_core::find::<backstop_core::AttemptTimedOut>(err.as_ref()).is_some());
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), attempts);
+        let why = if attempts == 1 {
+            GiveUp::NotIdempotent
+        } else {
+            GiveUp::Attempts
+        };
+        assert_eq!(layer.stats().gave_up(why), 1);
+    }
 }
 
 #[tokio::test(start_paused = true)]

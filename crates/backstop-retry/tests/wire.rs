@@ -202,15 +202,13 @@ struct Sent {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
-    /// Random bounds, offsets, attempt timeouts, backoffs, latencies, pushbacks and
-    /// `Retry-After`s: every
+    /// Random bounds, offsets, backoffs, latencies, pushbacks and `Retry-After`s: every
     /// attempt's `grpc-timeout` is at most what is really left of every bound, no attempt is
     /// sent that could not be sent within the deadline on the wire, and the result returned
     /// is the last real one.
     #[test]
     fn the_schedule_respects_the_wire(
         bound in bound(),
-        attempt_timeout_ms in prop::option::of(5u64..600),
         backoff_ms in 0u64..300,
         max_attempts in 2u32..6,
         answers in prop::collection::vec(answer(), 6),
@@ -221,18 +219,12 @@ proptest! {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let mut policy = RetryPolicy::grpc()
+            let retry = RetryPolicy::grpc()
                 .no_budget()
                 .max_attempts(max_attempts)
-                .backoff(backoff::constant(Duration::from_millis(backoff_ms)));
-            if let Some(t) = attempt_timeout_ms {
-                // The deprecated outer bound keeps working until it is removed.
-                #[allow(deprecated)]
-                {
-                    policy = policy.attempt_timeout(Duration::from_millis(t));
-                }
-            }
-            let retry = policy.build().unwrap();
+                .backoff(backoff::constant(Duration::from_millis(backoff_ms)))
+                .build()
+                .unwrap();
             let (mock, mut handle) = mock::pair::<Req, Response<String>>();
             // Each attempt is stamped with the instant it was really sent.
             let stamp: fn(Req) -> Req = |mut r| {
@@ -303,11 +295,7 @@ proptest! {
             let result = call.await.unwrap();
             prop_assert!(!sent.is_empty());
             for (i, s) in sent.iter().enumerate() {
-                let own = attempt_timeout_ms.map(|t| s.at + Duration::from_millis(t));
                 let mut left = send_by.saturating_sub(s.at);
-                if let Some(own) = own {
-                    left = left.min(own - s.at);
-                }
                 if let Some(l) = local {
                     left = left.min(l.saturating_sub(s.at));
                 }
@@ -319,27 +307,20 @@ proptest! {
                 }
             }
             let last = sent.last().unwrap();
-            let end = attempt_timeout_ms
-                .map(|t| last.at + Duration::from_millis(t))
-                .into_iter()
-                .chain(local)
-                .min()
-                .unwrap();
+            let end = local.unwrap();
             let in_time = last.answer_at < end;
             match result {
                 // The last real answer (it may also win a tie at its end).
                 Ok(Some(code)) if code.to_str().unwrap() == last.code.to_string() => {}
-                // The deadline layer's own DEADLINE_EXCEEDED, or an attempt bound: only for an
-                // attempt still in flight when its end came.
+                // The deadline layer's own DEADLINE_EXCEEDED: only for an attempt still in
+                // flight when the deadline came.
                 Ok(Some(code)) => {
                     prop_assert_eq!(code.to_str().unwrap(), "4");
                     prop_assert!(!in_time, "{sent:?}");
                 }
                 Ok(None) => prop_assert!(false, "a response without a status"),
                 Err(e) => {
-                    let ended = find::<backstop_core::DeadlineExceeded>(&*e).is_some()
-                        || find::<backstop_core::AttemptTimedOut>(&*e).is_some();
-                    prop_assert!(ended, "{e}");
+                    prop_assert!(find::<backstop_core::DeadlineExceeded>(&*e).is_some(), "{e}");
                     prop_assert!(!in_time, "answered at {:?} before its end {end:?}", last.answer_at);
                 }
             }
