@@ -2,7 +2,7 @@ use crate::{
     ReplayBody,
     backoff::{BackoffState, Rng},
     body::RetryBody,
-    hedge::Hedges,
+    hedge::HedgesBox,
     layer::Handle,
     pushback::mark_exhausted,
     service::{Bounds, Template},
@@ -25,9 +25,11 @@ use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use tower_service::Service;
 
 /// The first attempt, as `call` left it.
-pub(crate) enum Attempt<F> {
+pub(crate) enum Attempt<F, T> {
     /// Sent, to end by the deadline (if any).
     Sent(F, Option<Instant>),
+    /// Sent, and to be hedged.
+    Hedged(HedgesBox<F, T>),
     Expired,
 }
 
@@ -39,10 +41,8 @@ pin_project! {
         S: Service<Request<ReplayBody<B>>>,
     {
         retry: Option<RetryState<S, B, C>>,
-        // The attempts of a hedged request (boxed: only hedged requests pay for the space).
-        hedges: Option<Box<Hedges<S::Future, S::Response>>>,
         #[pin]
-        state: State<S::Future>,
+        state: State<S::Future, S::Response>,
     }
 }
 
@@ -64,7 +64,7 @@ pub(crate) struct RetryState<S, B, C> {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, T> {
         Calling {
             #[pin]
             future: F,
@@ -76,7 +76,9 @@ pin_project! {
             end: Option<Instant>,
         },
         Expired,
-        Hedging,
+        // The attempts of a hedged request (boxed: a request that is not hedged pays nothing
+        // for the space).
+        Hedging { hedges: HedgesBox<F, T> },
         Waiting { #[pin] sleep: Sleep },
         Ready,
         Done,
@@ -102,7 +104,6 @@ where
     pub(crate) fn once(future: S::Future) -> Self {
         Self {
             retry: None,
-            hedges: None,
             state: State::Calling {
                 future,
                 timer: None,
@@ -118,11 +119,12 @@ where
         template: Template,
         body: ReplayBody<B>,
         bounds: Bounds,
-        attempt: Attempt<S::Future>,
+        attempt: Attempt<S::Future, S::Response>,
         number: u64,
     ) -> Self {
         let state = match attempt {
             Attempt::Sent(future, end) => calling(future, end),
+            Attempt::Hedged(hedges) => State::Hedging { hedges },
             Attempt::Expired => State::Expired,
         };
         Self {
@@ -138,40 +140,12 @@ where
                 rng: None,
                 number,
             }),
-            hedges: None,
             state,
         }
     }
-
-    /// A hedged request whose first attempt was sent, the first hedge due after `delay`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn hedging(
-        shared: Arc<Handle<C>>,
-        service: S,
-        template: Template,
-        body: ReplayBody<B>,
-        bounds: Bounds,
-        first: S::Future,
-        delay: Duration,
-        number: u64,
-    ) -> Self {
-        let deadline = bounds.deadline.map(|d| d.instant());
-        let mut this = Self::retrying(
-            shared,
-            service,
-            template,
-            body,
-            bounds,
-            Attempt::Expired,
-            number,
-        );
-        this.hedges = Some(Box::new(Hedges::new(first, delay, deadline)));
-        this.state = State::Hedging;
-        this
-    }
 }
 
-fn calling<F>(future: F, end: Option<Instant>) -> State<F> {
+fn calling<F, T>(future: F, end: Option<Instant>) -> State<F, T> {
     State::Calling {
         future,
         timer: None,
@@ -410,12 +384,10 @@ where
                         result.map(|response| response.map(|body| RetryBody::new(body, watch))),
                     );
                 }
-                StateProj::Hedging => {
+                StateProj::Hedging { hedges } => {
                     let retry = this.retry.as_mut().expect("a hedged request");
-                    let hedges = this.hedges.as_mut().expect("a hedged request");
-                    let (result, watch) = ready!(retry.poll_hedges(hedges, cx));
+                    let (result, watch) = ready!(retry.poll_hedges(hedges.get(), cx));
                     // The attempts still in flight are cancelled here.
-                    *this.hedges = None;
                     this.state.set(State::Done);
                     return Poll::Ready(
                         result.map(|response| response.map(|body| RetryBody::new(body, watch))),

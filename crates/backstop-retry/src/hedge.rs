@@ -139,8 +139,11 @@ pub(crate) struct Hedges<F, T> {
 }
 
 impl<F, T> Hedges<F, T> {
-    pub(crate) fn new(first: F, delay: Duration, deadline: Option<Instant>) -> Self {
-        Self {
+    /// The hedges of a request whose first attempt was just sent. Never inlined, so a request
+    /// that is not hedged builds its future in place.
+    #[inline(never)]
+    pub(crate) fn boxed(first: F, delay: Duration, deadline: Option<Instant>) -> HedgesBox<F, T> {
+        HedgesBox(Some(Box::new(Self {
             in_flight: vec![Box::pin(first)],
             next: Instant::now().checked_add(delay),
             stopped: false,
@@ -148,7 +151,7 @@ impl<F, T> Hedges<F, T> {
             timer: None,
             last: None,
             why: None,
-        }
+        })))
     }
 
     fn stop(&mut self, why: Option<GiveUp>) {
@@ -157,6 +160,23 @@ impl<F, T> Hedges<F, T> {
         if self.why.is_none() {
             self.why = why;
         }
+    }
+}
+
+/// The boxed hedges of a request, dropped out of line: the response future of a request that
+/// is not hedged keeps the small drop it had without hedging.
+pub(crate) struct HedgesBox<F, T>(Option<Box<Hedges<F, T>>>);
+
+impl<F, T> HedgesBox<F, T> {
+    pub(crate) fn get(&mut self) -> &mut Hedges<F, T> {
+        self.0.as_mut().expect("dropped only once")
+    }
+}
+
+impl<F, T> Drop for HedgesBox<F, T> {
+    #[inline(never)]
+    fn drop(&mut self) {
+        drop(self.0.take());
     }
 }
 
@@ -285,7 +305,10 @@ impl<S, B, C> RetryState<S, B, C> {
         Poll::Ready(Ok(()))
     }
 
-    /// Drives a hedged request until one attempt commits or none is left.
+    /// Drives a hedged request until one attempt commits or none is left. Never inlined:
+    /// the response future's `poll` stays as small as it was without hedging, so requests
+    /// that are not hedged pay nothing for it.
+    #[inline(never)]
     pub(crate) fn poll_hedges<R>(
         &mut self,
         hedges: &mut Hedges<S::Future, Response<R>>,

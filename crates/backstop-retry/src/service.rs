@@ -1,6 +1,7 @@
 use crate::{
     ReplayBody, RetryBody,
     future::{Attempt, ResponseFuture},
+    hedge::Hedges,
     layer::Handles,
 };
 use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT};
@@ -195,10 +196,7 @@ where
         // The ready service makes this call; a clone waits for the retries.
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
-        let attempt = match bounds.arm(&mut req, true) {
-            Ok(end) => Attempt::Sent(service.call(req), end),
-            Err(()) => Attempt::Expired,
-        };
+        let end = bounds.arm(&mut req, true);
         // Request numbers seed the jitter of a seeded policy (and only then: counting them
         // is a shared write every request would pay for).
         let number = match policy.seed {
@@ -206,33 +204,33 @@ where
             None => 0,
         };
         // A hedged request: one the idempotency rule allows, with a delay to hedge after.
-        let hedge = policy.hedging.as_ref().and_then(|hedging| {
-            policy
-                .idempotency
-                .allows(&template.method, &template.headers)
-                .then(|| hedging.delay.delay())
-                .flatten()
-        });
-        match (hedge, attempt) {
-            (Some(delay), Attempt::Sent(first, _)) => ResponseFuture::hedging(
-                handle.clone(),
-                service,
-                template,
-                body,
-                bounds,
-                first,
-                delay,
-                number,
-            ),
-            (_, attempt) => ResponseFuture::retrying(
-                handle.clone(),
-                service,
-                template,
-                body,
-                bounds,
-                attempt,
-                number,
-            ),
-        }
+        let hedge = match &policy.hedging {
+            Some(hedging)
+                if end.is_ok()
+                    && policy
+                        .idempotency
+                        .allows(&template.method, &template.headers) =>
+            {
+                hedging.delay.delay()
+            }
+            _ => None,
+        };
+        let attempt = match (end, hedge) {
+            (Ok(_), Some(delay)) => {
+                let deadline = bounds.deadline.map(|d| d.instant());
+                Attempt::Hedged(Hedges::boxed(service.call(req), delay, deadline))
+            }
+            (Ok(end), _) => Attempt::Sent(service.call(req), end),
+            (Err(()), _) => Attempt::Expired,
+        };
+        ResponseFuture::retrying(
+            handle.clone(),
+            service,
+            template,
+            body,
+            bounds,
+            attempt,
+            number,
+        )
     }
 }
