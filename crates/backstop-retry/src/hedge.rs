@@ -33,7 +33,11 @@
 //!   `grpc-previous-rpc-attempts` (the number of attempts sent before it).
 //!
 //! Compared with tower's `Hedge`: that sends one hedge at most, needs `Clone` requests, keeps
-//! its histogram behind a `Mutex`, lets an error win the race, and is not budgeted.
+//! its histogram behind a `Mutex` (and reads only the last full period of it, so it does not
+//! hedge during its first period), lets an error win the race, and is not budgeted.
+//! tower-resilience's hedge takes a delay that is fixed or a function of the attempt number
+//! (no measured latency) and is not budgeted either: its hedges add load however many requests
+//! are slow, where these stop when the retry budget is spent.
 //!
 //! # Concurrency rule
 //!

@@ -65,7 +65,8 @@
 //!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
 //!   `.deadline(..)`, `.attempt(..)` or `.attempt_timeout(..)`). Attempts are bounded by the
 //!   dependency's measured latency by default ([`timeout`]: p99 × 3, from 1 s to 10 s), and
-//!   [`ClientLayer::latency`] shows what was measured.
+//!   [`ClientLayer::latency`] shows what was measured. [`ClientLayer::hedging`] hedges slow
+//!   idempotent requests at the measured p95, paid from the retry budget.
 //! - [`server()`]: `Deadline → Pushback`, one [`ServerLayer`] that keeps
 //!   `Error = S::Error`.
 //!
