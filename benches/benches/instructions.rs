@@ -3,24 +3,34 @@
 //!
 //! ```text
 //! cargo bench -p backstop-benches --bench instructions --no-run
-//! for s in bare tower-timeout tower resilience-stack backstop-preset backstop-preset-adaptive backstop-deadline \
-//!          backstop-retry backstop-full backstop-breaker backstop-breaker-count \
-//!          resilience-breaker resilience-breaker-count; do
-//!   valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/deps/instructions-* $s 100000 2>&1 | grep refs
-//! done
+//! python3 .ci/instructions.py          # every stack of benches/instructions.budget, checked
+//! python3 .ci/instructions.py --update # the same, and the budget rewritten
 //! ```
 //!
-//! (Instructions per call) = (refs(stack, N) − refs(stack, 0)) / N.
+//! (Instructions per call) = (refs(stack, N) − refs(stack, 0)) / N. The stacks: `bare`,
+//! `tower-timeout`, `tower`, `resilience-stack`, `resilience-breaker`,
+//! `resilience-breaker-count`, `backstop-preset`, `backstop-preset-adaptive`,
+//! `backstop-deadline`, `backstop-retry`, `backstop-full`, `backstop-breaker`,
+//! `backstop-breaker-count`, `backstop-attempt`, `backstop-server`, `backstop-server-timeout`.
 
 use backstop_benches::{
-    backstop_breaker, backstop_breaker_count, backstop_deadline, backstop_full, backstop_preset,
-    backstop_preset_adaptive, backstop_retry, bare, request, resilience_breaker,
-    resilience_breaker_count, resilience_stack, tower_stack, tower_timeout,
+    backstop_attempt, backstop_breaker, backstop_breaker_count, backstop_deadline, backstop_full,
+    backstop_preset, backstop_preset_adaptive, backstop_retry, backstop_server, bare, request,
+    request_with_timeout, resilience_breaker, resilience_breaker_count, resilience_stack,
+    tower_stack, tower_timeout,
 };
 use std::hint::black_box;
 use tower::{Service, ServiceExt};
 
 async fn drive<S>(service: S, n: u64)
+where
+    S: Service<http::Request<String>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    drive_with(service, n, request).await;
+}
+
+async fn drive_with<S>(service: S, n: u64, request: fn() -> http::Request<String>)
 where
     S: Service<http::Request<String>> + Clone,
     S::Error: std::fmt::Debug,
@@ -52,6 +62,11 @@ fn main() {
             "resilience-stack" => drive(resilience_stack(), n).await,
             "resilience-breaker" => drive(resilience_breaker(), n).await,
             "backstop-breaker-count" => drive(backstop_breaker_count(), n).await,
+            "backstop-attempt" => drive(backstop_attempt(), n).await,
+            "backstop-server" => drive(backstop_server(), n).await,
+            "backstop-server-timeout" => {
+                drive_with(backstop_server(), n, request_with_timeout).await
+            }
             "resilience-breaker-count" => drive(resilience_breaker_count(), n).await,
             other => panic!("unknown stack {other}"),
         }

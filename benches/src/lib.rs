@@ -323,3 +323,30 @@ pub fn backstop_budget_denied()
         )
         .service(failing())
 }
+
+/// The request a server sees from a caller with a deadline: [`request`] with `grpc-timeout:
+/// 1S`.
+pub fn request_with_timeout() -> Request<String> {
+    let mut req = request();
+    req.headers_mut()
+        .insert("grpc-timeout", http::HeaderValue::from_static("1S"));
+    req
+}
+
+/// backstop's server preset (`Deadline → Pushback`) around the ready service.
+pub fn backstop_server()
+-> impl Service<Request<String>, Response = impl Sized, Error = impl Debug> + Clone {
+    ServiceBuilder::new()
+        .layer(backstop::server())
+        .service(bare())
+}
+
+/// backstop's attempt bound alone (adaptive: the latency model and its cached bound).
+pub fn backstop_attempt()
+-> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+    let layer = backstop::timeout::AttemptTimeoutLayer::new(
+        backstop::timeout::AttemptBound::Adaptive(backstop::timeout::Adaptive::new()),
+    )
+    .unwrap();
+    ServiceBuilder::new().layer(layer).service(bare())
+}
