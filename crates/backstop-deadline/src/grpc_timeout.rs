@@ -15,6 +15,12 @@
 //! (10⁸ s is not a whole number of minutes), and an encoding that is not monotone would let a
 //! longer budget look shorter than a shorter one on the wire.
 //!
+//! [`encode_coarse`] (what `PropagateDeadline` and the attempt bound send) first rounds down to
+//! three significant digits: a value that repeats from call to call, so
+//! [`coarse_header_value`] hands out a shared header value instead of formatting and
+//! allocating one per call, and HPACK can index it. It is never later than the time left and
+//! at most 1 % earlier.
+//!
 //! ```
 //! use backstop_deadline::grpc_timeout::{decode, encode};
 //! use std::time::Duration;
@@ -29,8 +35,9 @@
 //! assert!(encode(Duration::ZERO).is_none());
 //! ```
 
+use bytes::Bytes;
 use http::HeaderValue;
-use std::{fmt, time::Duration};
+use std::{cell::RefCell, fmt, time::Duration};
 
 /// The largest value the grammar allows: 8 digits.
 const MAX_VALUE: u64 = 99_999_999;
@@ -131,6 +138,95 @@ impl fmt::Display for Encoded {
     }
 }
 
+/// Encodes `timeout` rounded down to three significant digits, in the coarsest of `S`, `m`,
+/// `u`, `n` that holds them exactly (`999m` for 999.9 ms, `1230m` for 1.2345 s, `50m`, `2S`):
+/// never later than `timeout` and at most 1 % earlier. A deadline sent this way repeats from
+/// call to call, so the header value can be shared ([`coarse_header_value`]) and HPACK can
+/// index it. Returns `None` when `timeout` is zero.
+///
+/// ```
+/// use backstop_deadline::grpc_timeout::encode_coarse;
+/// use std::time::Duration;
+///
+/// assert_eq!(encode_coarse(Duration::from_micros(999_999)).unwrap().as_str(), "999m");
+/// assert_eq!(encode_coarse(Duration::from_millis(1_234)).unwrap().as_str(), "1230m");
+/// assert_eq!(encode_coarse(Duration::from_secs(2)).unwrap().as_str(), "2S");
+/// assert_eq!(encode_coarse(Duration::from_nanos(7)).unwrap().as_str(), "7n");
+/// ```
+pub fn encode_coarse(timeout: Duration) -> Option<Encoded> {
+    let (digits, exponent) = quantize(timeout)?;
+    Some(
+        coarse(digits, exponent)
+            .unwrap_or_else(|| encode(timeout).expect("not zero: quantize returned digits")),
+    )
+}
+
+/// `timeout` in nanoseconds as `digits × 10^exponent`, `digits` < 1000, rounded down; `None`
+/// for zero. Comparisons and one division: this runs on every call.
+fn quantize(timeout: Duration) -> Option<(u64, u32)> {
+    let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+    if ns == 0 {
+        return None;
+    }
+    let mut exponent = 0;
+    let mut scale = 1u64;
+    while ns / 1_000 >= scale {
+        scale *= 10;
+        exponent += 1;
+    }
+    Some((ns / scale, exponent))
+}
+
+/// `digits × 10^exponent` ns in the coarsest unit that holds it, or `None` past 8 digits of
+/// seconds.
+fn coarse(mut digits: u64, mut exponent: u32) -> Option<Encoded> {
+    while digits.is_multiple_of(10) {
+        digits /= 10;
+        exponent += 1;
+    }
+    let (unit, shift) = match exponent {
+        9.. => (b'S', exponent - 9),
+        6.. => (b'm', exponent - 6),
+        3.. => (b'u', exponent - 3),
+        _ => (b'n', exponent),
+    };
+    let value = digits.checked_mul(10u64.checked_pow(shift)?)?;
+    if value > MAX_VALUE {
+        return None;
+    }
+    let ns = digits * 10u64.pow(exponent);
+    Some(write(value, unit, Duration::from_nanos(ns)))
+}
+
+/// What [`encode_coarse`] sends for `timeout`, as a header value shared with the last calls on
+/// this thread that sent the same one, and the duration the receiver will decode. Calls in a
+/// row send the same value, so the common case is a lookup and a reference count: no
+/// formatting and no allocation.
+pub fn coarse_header_value(timeout: Duration) -> Option<(HeaderValue, Duration)> {
+    const KEPT: usize = 4;
+    type Kept = ([Option<((u64, u32), HeaderValue, Duration)>; KEPT], usize);
+    thread_local! {
+        static KEPT_VALUES: RefCell<Kept> = const { RefCell::new(([const { None }; KEPT], 0)) };
+    }
+    let key = quantize(timeout)?;
+    KEPT_VALUES.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        let (values, next) = &mut *kept;
+        for (k, value, duration) in values.iter().flatten() {
+            if *k == key {
+                return Some((value.clone(), *duration));
+            }
+        }
+        let encoded = encode_coarse(timeout)?;
+        let value =
+            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(encoded.as_str().as_bytes()))
+                .ok()?;
+        values[*next] = Some((key, value.clone(), encoded.duration()));
+        *next = (*next + 1) % KEPT;
+        Some((value, encoded.duration()))
+    })
+}
+
 /// Encodes `timeout` for the `grpc-timeout` header: the finest unit that fits in 8 digits,
 /// rounding down. Returns `None` when `timeout` is zero, which must never be sent.
 pub fn encode(timeout: Duration) -> Option<Encoded> {
@@ -153,6 +249,11 @@ pub fn encode(timeout: Duration) -> Option<Encoded> {
         let v = secs.min(MAX_VALUE);
         (v, b'S', Duration::from_secs(v))
     };
+    Some(write(value, unit, duration))
+}
+
+/// `value` and `unit` as text; `duration` is what it decodes to.
+fn write(value: u64, unit: u8, duration: Duration) -> Encoded {
     let mut buf = [0u8; 9];
     let mut digits = [0u8; 8];
     let mut n = value;
@@ -169,11 +270,11 @@ pub fn encode(timeout: Duration) -> Option<Encoded> {
         buf[i] = digits[len - 1 - i];
     }
     buf[len] = unit;
-    Some(Encoded {
+    Encoded {
         buf,
         len: (len + 1) as u8,
         duration,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -342,6 +443,37 @@ mod tests {
         fn monotone(a in any_duration(), b in any_duration()) {
             let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
             prop_assert!(encode(lo).unwrap().duration() <= encode(hi).unwrap().duration());
+        }
+
+        /// The coarse encoding: never later than the time left, at most 1 % earlier (below
+        /// 99 999 999 s), three significant digits at most, and monotone.
+        #[test]
+        fn coarse_is_never_late_and_at_most_one_percent_early(
+            d in any_duration(),
+            other in any_duration(),
+        ) {
+            let e = encode_coarse(d).unwrap();
+            let back = decode(e.as_str().as_bytes()).unwrap();
+            prop_assert_eq!(back, e.duration());
+            prop_assert!(back <= d && !back.is_zero());
+            if d < Duration::from_secs(MAX_VALUE) {
+                prop_assert!(
+                    (d - back).as_nanos() * 100 <= d.as_nanos(),
+                    "{:?} -> {} loses more than 1 %", d, e
+                );
+                let digits = e.as_str()[..e.as_str().len() - 1].trim_end_matches('0').len();
+                prop_assert!(digits <= 3, "{}", e);
+            }
+            let (lo, hi) = if d <= other { (d, other) } else { (other, d) };
+            prop_assert!(
+                encode_coarse(lo).unwrap().duration() <= encode_coarse(hi).unwrap().duration()
+            );
+            // A shared header value says the same as a fresh one, twice.
+            for _ in 0..2 {
+                let (value, decoded) = coarse_header_value(d).unwrap();
+                prop_assert_eq!(&value, &e.to_header_value());
+                prop_assert_eq!(decoded, e.duration());
+            }
         }
 
         #[test]

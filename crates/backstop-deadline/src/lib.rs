@@ -49,16 +49,20 @@
 //!
 //! let request = Request::builder().header("grpc-timeout", "800m").body(String::new())?;
 //! let response = server.oneshot(request).await?;
-//! // 800 ms less the 1 ms lead is 799 ms; half of it goes to the dependency.
-//! assert_eq!(response.headers()["seen"], "399500u");
+//! // 800 ms less the 1 ms lead is 799 ms; half of it goes to the dependency: 399.5 ms, sent
+//! // rounded down to three significant digits.
+//! assert_eq!(response.headers()["seen"], "399m");
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! # Semantics
 //!
-//! **Wire format.** See [`grpc_timeout`]: 1–8 digits and a unit, decoded strictly, encoded in
-//! the finest unit that fits, rounding down, never zero.
+//! **Wire format.** See [`grpc_timeout`]: 1–8 digits and a unit, decoded strictly, never
+//! zero. `PropagateDeadline` sends what is left rounded down to three significant digits, in
+//! the coarsest unit that holds them ([`grpc_timeout::encode_coarse`]: `999m`, `1230m`, at
+//! most 1 % short and never late), so calls in a row send the same value: its header value
+//! is shared instead of allocated, and HPACK can index it.
 //!
 //! ## Inbound: `DeadlineLayer`
 //!

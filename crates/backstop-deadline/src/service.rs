@@ -217,16 +217,18 @@ where
             return PropagateFuture::unbounded(self.inner.call(req));
         };
         let remaining = deadline.remaining_at(now);
-        let encoded = grpc_timeout::encode(remaining.saturating_sub(self.config.offset));
-        let encoded = match encoded {
-            Some(e) if remaining >= self.config.min_remaining => e,
+        // Three significant digits, rounded down (at most 1 % short): consecutive calls send
+        // the same value, so its header value is shared rather than encoded and allocated
+        // again, and HPACK can index it.
+        let told = grpc_timeout::coarse_header_value(remaining.saturating_sub(self.config.offset));
+        let (value, told) = match told {
+            Some(told) if remaining >= self.config.min_remaining => told,
             _ => return PropagateFuture::expired(grpc),
         };
-        req.headers_mut()
-            .insert(GRPC_TIMEOUT, encoded.to_header_value());
+        req.headers_mut().insert(GRPC_TIMEOUT, value);
         // What the server was told: once this instant has passed, every failure of the call is
         // the deadline's (a transport timer armed from our header, or the server giving up).
-        let wire_deadline = Deadline::after_from(now, encoded.duration());
+        let wire_deadline = Deadline::after_from(now, told);
         // Layers further in (retries, breakers) see the call's deadline as `current()`, in
         // `call` and in every poll of their future: cheaper than a request extension, which
         // would cost two allocations here and more in every copy of the request.

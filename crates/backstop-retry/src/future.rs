@@ -5,8 +5,9 @@ use crate::{
     hedge::HedgesBox,
     layer::Handle,
     pushback::mark_exhausted,
-    service::{Bounds, Template},
+    service::Bounds,
     stats::GiveUp,
+    template::Template,
 };
 use backstop_core::{
     BoxError, Classify, DeadlineExceeded, Outcome, Retryable, ServerHint,
@@ -247,11 +248,7 @@ impl<S, B, C> RetryState<S, B, C> {
         if self.attempts >= policy.max_attempts {
             return Err(GiveUp::Attempts);
         }
-        if retryable == Retryable::IfIdempotent
-            && !policy
-                .idempotency
-                .allows(&self.template.method, &self.template.headers)
-        {
+        if retryable == Retryable::IfIdempotent && !self.template.idempotent(policy.idempotency) {
             return Err(GiveUp::NotIdempotent);
         }
         if hint == Some(ServerHint::DoNotRetry) {
@@ -308,7 +305,7 @@ impl<S, B, C> RetryState<S, B, C> {
     fn next_request(&mut self) -> Option<Request<ReplayBody<B>>> {
         let body = self.next.take()?;
         let mut req = self.template.request(body);
-        if is_grpc(&self.template.headers) {
+        if is_grpc(req.headers()) {
             req.headers_mut().insert(
                 GRPC_PREVIOUS_RPC_ATTEMPTS,
                 HeaderValue::from(self.attempts - 1),

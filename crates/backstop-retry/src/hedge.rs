@@ -288,7 +288,7 @@ impl<S, B, C> RetryState<S, B, C> {
         }
         let body = self.body.replay().expect("a complete body is replayable");
         let mut req = self.template.request(body);
-        if is_grpc(&self.template.headers) {
+        if is_grpc(req.headers()) {
             req.headers_mut()
                 .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.attempts));
         }

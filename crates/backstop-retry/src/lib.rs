@@ -143,6 +143,7 @@ mod pushback;
 mod replay;
 mod service;
 mod stats;
+mod template;
 
 pub use backoff::Backoff;
 pub use body::RetryBody;

@@ -34,6 +34,12 @@ pub enum Idempotency {
 impl Idempotency {
     /// Whether a request with this method and headers is idempotent under the rule.
     pub fn allows(self, method: &Method, headers: &HeaderMap) -> bool {
+        self.allows_with(method, || headers.contains_key(IDEMPOTENCY_KEY))
+    }
+
+    /// As [`allows`](Self::allows), asking `has_key` whether the request carries an
+    /// `Idempotency-Key` only when the method alone does not decide.
+    pub(crate) fn allows_with(self, method: &Method, has_key: impl FnOnce() -> bool) -> bool {
         match self {
             Idempotency::All => true,
             Idempotency::None => false,
@@ -46,7 +52,7 @@ impl Idempotency {
                         | Method::TRACE
                         | Method::PUT
                         | Method::DELETE
-                ) || headers.contains_key(IDEMPOTENCY_KEY)
+                ) || has_key()
             }
         }
     }

@@ -3,10 +3,11 @@ use crate::{
     future::{Attempt, ResponseFuture},
     hedge::Hedges,
     layer::Handles,
+    template::Template,
 };
 use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT};
 use backstop_deadline::{Deadline, current, grpc_timeout};
-use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Body;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -46,38 +47,6 @@ impl<S, C> Retry<S, C> {
     /// Unwraps the inner service.
     pub fn into_inner(self) -> S {
         self.inner
-    }
-}
-
-/// What is needed to build the request again for a retry.
-#[derive(Debug)]
-pub(crate) struct Template {
-    pub(crate) method: Method,
-    uri: Uri,
-    version: Version,
-    pub(crate) headers: HeaderMap,
-    extensions: Extensions,
-}
-
-impl Template {
-    fn new<B>(req: &Request<B>) -> Self {
-        Self {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            version: req.version(),
-            headers: req.headers().clone(),
-            extensions: req.extensions().clone(),
-        }
-    }
-
-    pub(crate) fn request<B>(&self, body: B) -> Request<B> {
-        let mut req = Request::new(body);
-        *req.method_mut() = self.method.clone();
-        *req.uri_mut() = self.uri.clone();
-        *req.version_mut() = self.version;
-        *req.headers_mut() = self.headers.clone();
-        *req.extensions_mut() = self.extensions.clone();
-        req
     }
 }
 
@@ -205,12 +174,7 @@ where
         };
         // A hedged request: one the idempotency rule allows, with a delay to hedge after.
         let hedge = match &policy.hedging {
-            Some(hedging)
-                if end.is_ok()
-                    && policy
-                        .idempotency
-                        .allows(&template.method, &template.headers) =>
-            {
+            Some(hedging) if end.is_ok() && template.idempotent(policy.idempotency) => {
                 hedging.delay.delay()
             }
             _ => None,

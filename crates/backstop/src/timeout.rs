@@ -500,39 +500,12 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
     if !shorter {
         return None; // what is told is already no longer than the bound
     }
-    req.headers_mut().insert(GRPC_TIMEOUT, encoded(bound)?);
+    // A bound changes at most every 100 ms (a fixed one never): the header value is shared
+    // with the last calls that sent the same one. It says the bound rounded down to three
+    // significant digits (at most 1 % less): the server gives up no later than this attempt.
+    let (value, _) = grpc_timeout::coarse_header_value(bound)?;
+    req.headers_mut().insert(GRPC_TIMEOUT, value);
     Some((bound, now + bound))
-}
-
-/// `bound` as a `grpc-timeout` value. A bound changes at most every 100 ms (a fixed one never),
-/// so each thread keeps the last one it encoded and hands out clones of it (a reference count,
-/// where encoding costs a few hundred instructions and an allocation).
-#[cfg(feature = "deadline")]
-fn encoded(bound: Duration) -> Option<http::HeaderValue> {
-    use std::cell::RefCell;
-    thread_local! {
-        static LAST: RefCell<Option<(Duration, http::HeaderValue)>> = const { RefCell::new(None) };
-    }
-    LAST.with(|last| {
-        let mut last = last.borrow_mut();
-        if let Some((d, value)) = &*last
-            && *d == bound
-        {
-            return Some(value.clone());
-        }
-        let value = http::HeaderValue::from_maybe_shared(bytes_of(bound)?).ok()?;
-        *last = Some((bound, value.clone()));
-        Some(value)
-    })
-}
-
-/// The encoded bound in a shared buffer, so clones of its header value share it.
-#[cfg(feature = "deadline")]
-fn bytes_of(bound: Duration) -> Option<bytes::Bytes> {
-    let encoded = backstop_deadline::grpc_timeout::encode(bound)?;
-    Some(bytes::Bytes::copy_from_slice(
-        encoded.to_header_value().as_bytes(),
-    ))
 }
 
 #[cfg(not(feature = "deadline"))]
