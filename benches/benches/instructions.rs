@@ -8,6 +8,7 @@
 //! ```
 //!
 //! (Instructions per call) = (refs(stack, N) − refs(stack, 0)) / N. The stacks: `bare`,
+//! `bare-timeout` (the request with a `grpc-timeout`),
 //! `tower-timeout`, `tower`, `resilience-stack`, `resilience-breaker`,
 //! `resilience-breaker-count`, `backstop-preset`, `backstop-preset-adaptive`,
 //! `backstop-deadline`, `backstop-retry`, `backstop-full`, `backstop-breaker`,
@@ -51,6 +52,9 @@ fn main() {
     rt.block_on(async {
         match which.as_str() {
             "bare" => drive(bare(), n).await,
+            // The floor of the server preset with a deadline: the same request, with its
+            // `grpc-timeout`, to the bare service.
+            "bare-timeout" => drive_with(bare(), n, request_with_timeout).await,
             "tower" => drive(tower_stack(), n).await,
             "backstop-retry" => drive(backstop_retry(), n).await,
             "backstop-full" => drive(backstop_full(), n).await,

@@ -327,10 +327,14 @@ pub fn backstop_budget_denied()
 /// The request a server sees from a caller with a deadline: [`request`] with `grpc-timeout:
 /// 1S`.
 pub fn request_with_timeout() -> Request<String> {
-    let mut req = request();
-    req.headers_mut()
-        .insert("grpc-timeout", http::HeaderValue::from_static("1S"));
-    req
+    Request::get("http://svc/x")
+        .header("x-request-id", "1")
+        .header(
+            backstop_core::grpc::GRPC_TIMEOUT,
+            http::HeaderValue::from_static("1S"),
+        )
+        .body(String::new())
+        .unwrap()
 }
 
 /// backstop's server preset (`Deadline → Pushback`) around the ready service.

@@ -5,8 +5,12 @@ use crate::{
     grpc_timeout::{self, MalformedTimeout},
     layer::{InboundConfig, OutboundConfig},
 };
-use backstop_core::{BoxError, Rejection, grpc::GRPC_TIMEOUT, is_grpc};
-use http::{HeaderMap, HeaderValue, Request, Response};
+use backstop_core::{
+    BoxError, Rejection,
+    grpc::{GRPC_TIMEOUT, is_grpc_content_type},
+    is_grpc,
+};
+use http::{HeaderMap, HeaderValue, Request, Response, header::CONTENT_TYPE};
 use std::{
     task::{Context, Poll},
     time::Duration,
@@ -65,18 +69,57 @@ fn parse_millis(value: &HeaderValue) -> Result<Duration, MalformedTimeout> {
     Ok(Duration::from_millis(n))
 }
 
+/// What the deadline layers read from a request's headers.
+#[derive(Debug, Default)]
+struct Head {
+    /// A gRPC request (its first `content-type`).
+    grpc: bool,
+    /// The shortest valid `grpc-timeout`.
+    timeout: Option<Duration>,
+    /// A `grpc-timeout` value did not parse.
+    malformed: bool,
+}
+
+impl Head {
+    /// One pass over a small header map (most requests carry a handful of headers): comparing
+    /// names is cheaper than hashing them for two lookups. A large map is looked up.
+    fn read(headers: &HeaderMap) -> Self {
+        let mut head = Head::default();
+        if headers.keys_len() > 8 {
+            head.grpc = is_grpc(headers);
+            for value in headers.get_all(GRPC_TIMEOUT) {
+                head.timeout_value(value);
+            }
+            return head;
+        }
+        let mut typed = false;
+        for (name, value) in headers {
+            if *name == CONTENT_TYPE {
+                if !typed {
+                    head.grpc = is_grpc_content_type(value);
+                    typed = true;
+                }
+            } else if *name == GRPC_TIMEOUT {
+                head.timeout_value(value);
+            }
+        }
+        head
+    }
+
+    fn timeout_value(&mut self, value: &HeaderValue) {
+        match grpc_timeout::decode_header(value) {
+            Ok(t) => self.timeout = Some(min_opt(self.timeout, t)),
+            Err(_) => self.malformed = true,
+        }
+    }
+}
+
 impl InboundConfig {
     /// The timeout the request asks for: the shortest of every `grpc-timeout` value and the
     /// milliseconds header. `Err` when one is malformed and malformed input is rejected.
-    fn requested(&self, headers: &HeaderMap) -> Result<Option<Duration>, Rejection> {
-        let mut timeout = None;
-        let mut malformed = false;
-        for value in headers.get_all(GRPC_TIMEOUT) {
-            match grpc_timeout::decode_header(value) {
-                Ok(t) => timeout = Some(min_opt(timeout, t)),
-                Err(_) => malformed = true,
-            }
-        }
+    fn requested(&self, head: &Head, headers: &HeaderMap) -> Result<Option<Duration>, Rejection> {
+        let mut timeout = head.timeout;
+        let mut malformed = head.malformed;
         if let Some(name) = &self.millis_header {
             for value in headers.get_all(name) {
                 match parse_millis(value) {
@@ -92,8 +135,13 @@ impl InboundConfig {
     }
 
     /// The request's deadline as this server grants it, or the rejection to answer at once.
-    fn deadline(&self, now: Instant, headers: &HeaderMap) -> Result<Option<Deadline>, Rejection> {
-        let timeout = match self.requested(headers)? {
+    fn deadline(
+        &self,
+        now: Instant,
+        head: &Head,
+        headers: &HeaderMap,
+    ) -> Result<Option<Deadline>, Rejection> {
+        let timeout = match self.requested(head, headers)? {
             Some(t) => Some(t.saturating_sub(self.lead)),
             None => self.default,
         };
@@ -120,8 +168,9 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let grpc = is_grpc(req.headers());
-        match self.config.deadline(Instant::now(), req.headers()) {
+        let head = Head::read(req.headers());
+        let grpc = head.grpc;
+        match self.config.deadline(Instant::now(), &head, req.headers()) {
             Err(rejection) => ResponseFuture::rejected(rejection, grpc),
             Ok(None) => ResponseFuture::running(self.inner.call(req), None, grpc),
             Ok(Some(deadline)) => {
@@ -175,15 +224,13 @@ impl OutboundConfig {
     /// The call's effective deadline: the earliest of the task-local deadline, the request's
     /// extension, a `grpc-timeout` the caller already set, `now + fraction × remaining` and
     /// `now + timeout`.
-    fn deadline<B>(&self, now: Instant, req: &Request<B>) -> Option<Deadline> {
+    fn deadline<B>(&self, now: Instant, head: &Head, req: &Request<B>) -> Option<Deadline> {
         let mut inherited = current();
         if let Some(&d) = req.extensions().get::<Deadline>() {
             inherited = Some(min_deadline(inherited, d));
         }
-        for value in req.headers().get_all(GRPC_TIMEOUT) {
-            if let Ok(t) = grpc_timeout::decode_header(value) {
-                inherited = Some(min_deadline(inherited, Deadline::after_from(now, t)));
-            }
+        if let Some(t) = head.timeout {
+            inherited = Some(min_deadline(inherited, Deadline::after_from(now, t)));
         }
         let mut deadline = inherited;
         if let (Some(fraction), Some(d)) = (self.fraction, inherited) {
@@ -212,8 +259,9 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let now = Instant::now();
-        let grpc = is_grpc(req.headers());
-        let Some(deadline) = self.config.deadline(now, &req) else {
+        let head = Head::read(req.headers());
+        let grpc = head.grpc;
+        let Some(deadline) = self.config.deadline(now, &head, &req) else {
             return PropagateFuture::unbounded(self.inner.call(req));
         };
         let remaining = deadline.remaining_at(now);
