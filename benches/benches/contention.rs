@@ -10,7 +10,9 @@
 // Wall-clock time is what this benchmark measures; the one-clock rule is for library code.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
-use backstop_benches::{backstop_breaker, backstop_preset, backstop_retry, bare, request};
+use backstop_benches::{
+    backstop_breaker, backstop_preset, backstop_preset_adaptive, backstop_retry, bare, request,
+};
 use std::{hint::black_box, thread, time::Instant};
 use tower::{Service, ServiceExt};
 
@@ -74,6 +76,16 @@ fn main() {
     report("bare (nothing shared)", bare());
     report("backstop breaker (shared)", backstop_breaker());
     report("backstop retry + budget (shared)", backstop_retry());
+    report(
+        "backstop client preset (shared)",
+        backstop_preset_adaptive(),
+    );
+    report("  preset, fixed bound", backstop_preset());
+    report("  deadline alone", backstop_benches::backstop_deadline());
+    report(
+        "  attempt bound alone",
+        backstop_benches::backstop_attempt(),
+    );
     let layer = backstop_breaker::BreakerConfig::http().build().unwrap();
     println!(
         "breaker shared state: {} bytes",

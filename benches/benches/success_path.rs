@@ -5,8 +5,9 @@
 //! measured is what each stack adds to a call that needs no retry.
 
 use backstop_benches::{
-    backstop_breaker, backstop_breaker_count, backstop_budget_denied, backstop_deadline,
-    backstop_full, backstop_open_breaker, backstop_preset, backstop_retry, bare, request,
+    backstop_attempt, backstop_breaker, backstop_breaker_count, backstop_budget_denied,
+    backstop_deadline, backstop_full, backstop_open_breaker, backstop_preset,
+    backstop_preset_adaptive, backstop_retry, backstop_server, bare, request, request_with_timeout,
     resilience_breaker, resilience_breaker_count, resilience_stack, tower_stack, tower_timeout,
 };
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -18,6 +19,20 @@ fn run<S>(
     rt: &tokio::runtime::Runtime,
     name: &str,
     service: S,
+) where
+    S: Service<http::Request<String>> + Clone,
+    S::Error: Debug,
+{
+    run_with(c, rt, name, service, request);
+}
+
+/// Like `run`, with requests built by `request`.
+fn run_with<S>(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    service: S,
+    request: fn() -> http::Request<String>,
 ) where
     S: Service<http::Request<String>> + Clone,
     S::Error: Debug,
@@ -64,6 +79,33 @@ fn bench(c: &mut Criterion) {
         resilience_stack(),
     );
     run(&mut group, &rt, "backstop client preset", backstop_preset());
+    run(
+        &mut group,
+        &rt,
+        "backstop client preset, measured bound",
+        backstop_preset_adaptive(),
+    );
+    run(
+        &mut group,
+        &rt,
+        "backstop attempt bound alone",
+        backstop_attempt(),
+    );
+    run(&mut group, &rt, "backstop server preset", backstop_server());
+    run_with(
+        &mut group,
+        &rt,
+        "bare, request with grpc-timeout",
+        bare(),
+        request_with_timeout,
+    );
+    run_with(
+        &mut group,
+        &rt,
+        "backstop server preset, request with grpc-timeout",
+        backstop_server(),
+        request_with_timeout,
+    );
     run(
         &mut group,
         &rt,
