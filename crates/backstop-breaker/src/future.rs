@@ -66,7 +66,11 @@ impl<C> Permit<C> {
                 failure: true,
                 slow,
             },
-            Outcome::Rejected | Outcome::Ignored => Verdict::Nothing,
+            Outcome::Throttled { .. } if self.handle.count_throttled => Verdict::Counted {
+                failure: true,
+                slow,
+            },
+            Outcome::Throttled { .. } | Outcome::Rejected | Outcome::Ignored => Verdict::Nothing,
         };
         self.handle
             .complete(self.admission, verdict, self.handle.stripe());

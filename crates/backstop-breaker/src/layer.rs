@@ -53,6 +53,7 @@ impl<C> BreakerLayer<C> {
             classifier: config.classifier,
             start: Instant::now(),
             slow,
+            count_throttled: config.count_throttled,
             hook: config.hook,
         });
         let handles = Handles::new(&shared);
@@ -91,6 +92,8 @@ pub(crate) struct Shared<C> {
     pub(crate) classifier: C,
     start: Instant,
     pub(crate) slow: Option<Duration>,
+    /// Whether throttled calls count as failures.
+    pub(crate) count_throttled: bool,
     hook: Option<Hook>,
 }
 

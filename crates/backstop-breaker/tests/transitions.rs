@@ -163,6 +163,55 @@ async fn ignored_and_rejected_results_never_count() {
     assert_eq!((snap.state, snap.calls), (State::Closed, 0));
 }
 
+/// A rate limit (429) is honoured through its `Retry-After`, not by closing the dependency
+/// off: 25 throttled calls leave the breaker closed and uncounted; with `count_throttled` the
+/// same calls open it.
+#[tokio::test(start_paused = true)]
+async fn throttled_calls_count_for_nothing_unless_asked() {
+    let mut h = harness(http());
+    for _ in 0..25 {
+        assert_eq!(h.call(429).await.unwrap(), 429);
+    }
+    let snap = h.layer.snapshot();
+    assert_eq!(
+        (snap.state, snap.calls, snap.failures),
+        (State::Closed, 0, 0)
+    );
+
+    let mut h = harness(http().count_throttled(true));
+    for _ in 0..4 {
+        assert_eq!(h.call(429).await.unwrap(), 429);
+    }
+    assert_eq!(h.layer.snapshot().state, State::Open);
+}
+
+/// gRPC RESOURCE_EXHAUSTED is throttling too; UNAVAILABLE is a failure.
+#[tokio::test(start_paused = true)]
+async fn resource_exhausted_counts_for_nothing_unavailable_counts() {
+    for (code, counted) in [("8", false), ("14", true)] {
+        let layer = BreakerConfig::grpc()
+            .minimum_calls(1)
+            .jitter(false)
+            .build()
+            .unwrap();
+        let (mock, mut handle) = mock::pair::<Request<String>, Response<String>>();
+        let mut service = layer.layer(mock);
+        handle.allow(1);
+        let future = service.ready().await.unwrap().call(grpc_request());
+        let (_, send) = handle.next_request().await.unwrap();
+        let mut failed = reply(200);
+        failed
+            .headers_mut()
+            .insert("grpc-status", HeaderValue::from_static(code));
+        send.send_response(failed);
+        future.await.unwrap();
+        let snap = layer.snapshot();
+        assert_eq!(snap.failures, u64::from(counted), "code {code}");
+        let state = if counted { State::Open } else { State::Closed };
+        assert_eq!(snap.state, state, "code {code}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn transport_errors_are_failures() {
     let mut h = harness(http());

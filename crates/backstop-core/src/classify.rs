@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`Outcome::Success`] | counts a success | returns it |
 //! | [`Outcome::Failure`] | counts a failure | may retry, per [`Retryable`] and the hint |
+//! | [`Outcome::Throttled`] (HTTP 429, gRPC RESOURCE_EXHAUSTED) | ignores it (configurable) | as a failure |
 //! | [`Outcome::Rejected`] (our own: deadline spent, breaker open) | ignores it | never retries |
 //! | [`Outcome::Ignored`] (caller errors, cancellations) | ignores it | never retries |
 //!
@@ -46,6 +47,17 @@ pub enum Outcome {
         /// What the server asked for, if anything.
         hint: Option<ServerHint>,
     },
+    /// The dependency refused the call because of load: HTTP 429, gRPC RESOURCE_EXHAUSTED. A
+    /// failure of this call, which the retry layer treats as [`Outcome::Failure`] (the same
+    /// [`Retryable`] rules, the hint honoured), but not a sign that the dependency is down:
+    /// the circuit breaker does not count it by default, so a rate limit is honoured through
+    /// its hint instead of closing the dependency off.
+    Throttled {
+        /// Whether a retry is safe.
+        retryable: Retryable,
+        /// What the server asked for, if anything.
+        hint: Option<ServerHint>,
+    },
     /// We refused the call ourselves (a deadline already spent, an open breaker).
     Rejected,
     /// Neither success nor failure of the dependency: a caller error or a cancellation.
@@ -61,9 +73,20 @@ impl Outcome {
         }
     }
 
-    /// Whether this is a failure of the dependency.
+    /// Whether this is a failure of the dependency ([`Outcome::Failure`] or
+    /// [`Outcome::Throttled`]).
     pub fn is_failure(&self) -> bool {
-        matches!(self, Outcome::Failure { .. })
+        matches!(self, Outcome::Failure { .. } | Outcome::Throttled { .. })
+    }
+
+    /// The retry rules of a failure, throttled or not: `None` for every other outcome.
+    pub fn failure_parts(&self) -> Option<(Retryable, Option<ServerHint>)> {
+        match *self {
+            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
+                Some((retryable, hint))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -142,7 +165,7 @@ fn hint_in(headers: &HeaderMap) -> Option<ServerHint> {
 
 /// The classifier for plain HTTP.
 ///
-/// Defaults: 1xx–3xx success; 429 a failure that is [`Retryable::Always`] with its
+/// Defaults: 1xx–3xx success; 429 a throttled failure ([`Outcome::Throttled`]) that is [`Retryable::Always`] with its
 /// `Retry-After`; 502, 503 and 504 failures [`Retryable::IfIdempotent`] (with any hint); other
 /// 5xx failures that are never retried; other 4xx ignored (the caller's fault). Errors as
 /// [`classify_error`]. A response carrying a [`Rejection`] is [`Outcome::Rejected`].
@@ -199,10 +222,11 @@ impl HttpClassifier {
         } else {
             return Outcome::Success;
         };
-        Outcome::Failure {
-            retryable,
-            hint: hint_in(headers),
+        let hint = hint_in(headers);
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            return Outcome::Throttled { retryable, hint };
         }
+        Outcome::Failure { retryable, hint }
     }
 }
 
@@ -226,8 +250,9 @@ impl<B> Classify<Response<B>> for HttpClassifier {
 ///   failure, [`Retryable::Always`], with any `grpc-retry-pushback-ms`;
 /// - CANCELLED, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
 ///   FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE, UNIMPLEMENTED, UNAUTHENTICATED → ignored;
-/// - DEADLINE_EXCEEDED, UNKNOWN, INTERNAL, DATA_LOSS, RESOURCE_EXHAUSTED (unless listed)
-///   → failure, never retried.
+/// - DEADLINE_EXCEEDED, UNKNOWN, INTERNAL, DATA_LOSS → failure, never retried;
+/// - RESOURCE_EXHAUSTED → throttled ([`Outcome::Throttled`]: not a breaker failure by
+///   default), never retried unless listed among the retryable codes.
 ///
 /// As gRPC A6 says, the status code alone decides whether a failure may be retried; a pushback
 /// only says when (or, negative, never): a RESOURCE_EXHAUSTED carrying a pushback is not
@@ -270,10 +295,11 @@ impl GrpcClassifier {
             return Outcome::Success;
         }
         if self.retryable.contains(&code) {
-            return Outcome::Failure {
-                retryable: Retryable::Always,
-                hint,
-            };
+            let retryable = Retryable::Always;
+            if code == Code::ResourceExhausted {
+                return Outcome::Throttled { retryable, hint };
+            }
+            return Outcome::Failure { retryable, hint };
         }
         match code {
             Code::Cancelled
@@ -286,6 +312,10 @@ impl GrpcClassifier {
             | Code::OutOfRange
             | Code::Unimplemented
             | Code::Unauthenticated => Outcome::Ignored,
+            Code::ResourceExhausted => Outcome::Throttled {
+                retryable: Retryable::Never,
+                hint,
+            },
             _ => Outcome::Failure {
                 retryable: Retryable::Never,
                 hint,
@@ -385,7 +415,7 @@ mod tests {
         }
         assert_eq!(
             http(&response(429, &[("retry-after", "7")])),
-            Outcome::Failure {
+            Outcome::Throttled {
                 retryable: Always,
                 hint: Some(ServerHint::RetryAfter(std::time::Duration::from_secs(7)))
             }
@@ -465,7 +495,10 @@ mod tests {
         );
         assert_eq!(
             grpc(&response(200, &[ct, ("grpc-status", "8")])),
-            Outcome::failure(Never)
+            Outcome::Throttled {
+                retryable: Never,
+                hint: None
+            }
         );
         // A6: the code decides, the pushback only says when.
         let pushback = Some(ServerHint::Pushback(std::time::Duration::from_millis(100)));
@@ -475,7 +508,7 @@ mod tests {
         );
         assert_eq!(
             grpc(&exhausted),
-            Outcome::Failure {
+            Outcome::Throttled {
                 retryable: Never,
                 hint: pushback
             }
@@ -483,7 +516,7 @@ mod tests {
         let only_unavailable = GrpcClassifier::new().retryable_codes([Code::Unavailable]);
         assert_eq!(
             only_unavailable.classify(Ok(&exhausted)),
-            Outcome::Failure {
+            Outcome::Throttled {
                 retryable: Never,
                 hint: pushback
             }
@@ -491,7 +524,7 @@ mod tests {
         let with_exhausted = GrpcClassifier::new().retryable_codes([Code::ResourceExhausted]);
         assert_eq!(
             with_exhausted.classify(Ok(&exhausted)),
-            Outcome::Failure {
+            Outcome::Throttled {
                 retryable: Always,
                 hint: pushback
             }

@@ -65,7 +65,7 @@ fn record<C>(handle: &Handle<C>, outcome: Outcome) {
     };
     match outcome {
         Outcome::Success => budget.record_success(),
-        Outcome::Failure { retryable, hint }
+        Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint }
             if crate::future::counts_as_failure(retryable, hint) =>
         {
             budget.record_failure();

@@ -205,7 +205,9 @@ impl<S, B, C> RetryState<S, B, C> {
                 mark_exhausted();
                 return Verdict::Return;
             }
-            Outcome::Failure { retryable, hint } => (retryable, hint),
+            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
+                (retryable, hint)
+            }
         };
         if let Some(budget) = &policy.budget
             && counts_as_failure(retryable, hint)

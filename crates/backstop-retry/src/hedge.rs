@@ -222,7 +222,7 @@ impl<S, B, C> RetryState<S, B, C> {
             // Our own rejection (an open breaker): no further hedge, but an attempt still in
             // flight may yet answer.
             Outcome::Rejected => Judged::Stop(None),
-            Outcome::Failure { retryable, hint } => {
+            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
                 if let Some(budget) = &policy.budget
                     && counts_as_failure(retryable, hint)
                 {
