@@ -23,6 +23,25 @@ pub struct ClientLayer<C> {
     hedging: Option<Hedge>,
 }
 
+/// The service [`http()`] builds around a transport `S`: name it in a struct field or axum
+/// `State` without spelling out the onion.
+pub type HttpClient<S> =
+    PropagateDeadline<Retry<Breaker<AttemptTimeout<S>, HttpClassifier>, HttpClassifier>>;
+
+/// The service [`grpc()`] builds around a transport `S` (for a tonic `Channel`, `S` is the
+/// channel behind its `map_request` adapter, as in the crate docs).
+pub type GrpcClient<S> =
+    PropagateDeadline<Retry<Breaker<AttemptTimeout<S>, GrpcClassifier>, GrpcClassifier>>;
+
+/// The response of a client preset whose transport answers `Response<B>`: the body is wrapped
+/// by the deadline (which bounds the stream), the retry layer and the breaker (which read the
+/// trailers of a gRPC stream).
+pub type ClientResponse<B, C> = http::Response<
+    backstop_deadline::DeadlineBody<
+        backstop_retry::RetryBody<backstop_breaker::BreakerBody<B, C>, C>,
+    >,
+>;
+
 /// How the preset hedges, kept so replacing the retry or attempt layer keeps it.
 #[derive(Debug, Clone)]
 enum Hedge {
@@ -87,6 +106,52 @@ impl<C> ClientLayer<C> {
                 .expect("the defaults are valid"),
             hedging: None,
         }
+    }
+
+    /// Gives every call at most `timeout` (or what is left of an inherited deadline, if less),
+    /// sent to the server in `grpc-timeout`: the short form of
+    /// `.deadline(PropagateDeadlineLayer::builder().timeout(timeout).build()?)`, with the
+    /// deadline layer's other knobs at their defaults.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let client = backstop::client::http().timeout(Duration::from_secs(2)).max_attempts(2);
+    /// # let _ = client;
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `timeout` is zero (every call would fail at once).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.deadline = PropagateDeadlineLayer::builder()
+            .timeout(timeout)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        self
+    }
+
+    /// Attempts per request, the first included (default 3): the short form of rebuilding the
+    /// retry policy with [`RetryPolicy::max_attempts`]. Keeps the policy's other knobs and
+    /// its budget; the retry stats start from zero.
+    ///
+    /// # Panics
+    ///
+    /// Unless `n` is in `1..=10`.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self
+    where
+        C: Clone,
+    {
+        self.retry = self
+            .retry
+            .policy()
+            .clone()
+            .max_attempts(n)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.rehedge()
     }
 
     /// Replaces the deadline propagation (e.g. a per-call `timeout` or a `fraction`).

@@ -70,7 +70,25 @@
 //! - [`server()`]: `Deadline → Pushback`, one [`ServerLayer`] that keeps
 //!   `Error = S::Error`.
 //!
+//! Short paths for the common knobs: `.timeout(d)` (the caller's deadline per call),
+//! `.max_attempts(n)`, `.attempt_timeout(d)`, `.hedging(n)`; the preset's service types are
+//! named [`HttpClient<S>`] and [`GrpcClient<S>`], its response [`ClientResponse<B, C>`].
+//!
 //! Plain `.layer(X::new(..))` stays first-class, and [`ServiceBuilderExt`] names each layer.
+//!
+//! # Errors
+//!
+//! What a client preset returns when it does not return the dependency's own response:
+//!
+//! | error | when | test with |
+//! |---|---|---|
+//! | [`BreakerOpen`] | the breaker refused the call (open, or half-open with its probes taken); nothing was sent | [`is_breaker_open`] |
+//! | [`DeadlineExceeded`] | the call's deadline passed (before it was sent, while waiting to retry, or in flight) | [`is_deadline_exceeded`] |
+//! | [`AttemptTimedOut`](backstop_core::AttemptTimedOut) | the last attempt ran out of its bound and no retry followed | [`is_attempt_timed_out`] |
+//! | the transport's error | the last attempt failed in transport and no retry followed | — |
+//!
+//! A gRPC request gets the first three as responses instead (trailers-only UNAVAILABLE with a
+//! pushback, DEADLINE_EXCEEDED, DEADLINE_EXCEEDED), so tonic reports them as statuses.
 //!
 //! # tonic
 //!
@@ -174,13 +192,38 @@ pub use backstop_core::{BoxError, BreakerOpen, ConfigError, DeadlineExceeded};
 #[cfg(feature = "retry")]
 pub use backstop_retry::ReplayBody;
 #[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
-pub use client::ClientLayer;
+pub use client::{ClientLayer, ClientResponse, GrpcClient, HttpClient};
 pub use ext::ServiceBuilderExt;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 pub use server::{ServerLayer, server};
 pub use timeout::{
     Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutFuture, AttemptTimeoutLayer,
 };
+
+/// Whether `err` (or an error in its source chain) is an open breaker's refusal: the call never
+/// left the process, and [`BreakerOpen::retry_after`] says when calls pass again.
+///
+/// ```
+/// use backstop::{BoxError, BreakerOpen, is_breaker_open};
+///
+/// let err: BoxError = Box::new(BreakerOpen::new(None));
+/// assert!(is_breaker_open(err.as_ref()));
+/// ```
+pub fn is_breaker_open(err: &(dyn std::error::Error + 'static)) -> bool {
+    backstop_core::find::<BreakerOpen>(err).is_some()
+}
+
+/// Whether `err` (or an error in its source chain) is the call's deadline passing: the
+/// caller's own (or inherited) deadline, never an attempt's bound.
+pub fn is_deadline_exceeded(err: &(dyn std::error::Error + 'static)) -> bool {
+    backstop_core::find::<DeadlineExceeded>(err).is_some()
+}
+
+/// Whether `err` (or an error in its source chain) is an attempt that ran out of its bound
+/// (the attempt timeout inside the breaker), returned when no retry followed.
+pub fn is_attempt_timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
+    backstop_core::find::<backstop_core::AttemptTimedOut>(err).is_some()
+}
 
 /// The names most stacks need, in one import: `use backstop::prelude::*;`.
 pub mod prelude {

@@ -466,3 +466,54 @@ async fn measured_hedging_overtakes_a_slow_attempt_once_the_model_is_warm() {
         "the dropped attempt is no sample"
     );
 }
+
+/// The short paths: `.timeout(d)` sends the deadline, `.max_attempts(1)` turns retries off,
+/// the preset's service type has a name, and a refusal is told by `is_breaker_open`.
+#[tokio::test(start_paused = true)]
+async fn the_short_paths_configure_the_same_stack() {
+    struct App<S> {
+        client: backstop::HttpClient<S>,
+    }
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = sent.clone();
+    let failing = service_fn(move |req: Request<ReplayBody<String>>| {
+        seen.lock()
+            .unwrap()
+            .push(req.headers().get("grpc-timeout").cloned());
+        async {
+            let response = Response::builder().status(503).body(String::new());
+            Ok::<_, std::convert::Infallible>(response.unwrap())
+        }
+    });
+    let backend = backstop::client::http()
+        .timeout(Duration::from_millis(250))
+        .max_attempts(1)
+        .breaker(
+            BreakerConfig::http()
+                .minimum_calls(2)
+                .jitter(false)
+                .build()
+                .unwrap(),
+        );
+    let app = App {
+        client: tower::Layer::layer(&backend, failing),
+    };
+    for _ in 0..2 {
+        let response = app.client.clone().oneshot(get()).await.unwrap();
+        assert_eq!(response.status(), 503);
+    }
+    // One attempt each, told the attempt's share of the 250 ms deadline (80 %).
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0].as_ref().unwrap(), "200m");
+    assert_eq!(backend.retry_layer().stats().retries, 0);
+    let err = app.client.clone().oneshot(get()).await.unwrap_err();
+    assert!(backstop::is_breaker_open(err.as_ref()), "{err}");
+    assert!(!backstop::is_deadline_exceeded(err.as_ref()));
+}
+
+#[test]
+#[should_panic(expected = "max_attempts")]
+fn max_attempts_out_of_range_names_the_knob() {
+    let _ = backstop::client::http().max_attempts(0);
+}
