@@ -6,6 +6,9 @@ use tower_layer::Layer;
 
 /// Largest accepted `lead`: it is a safety margin, not a budget.
 const MAX_LEAD: Duration = Duration::from_secs(1);
+/// The longest `offset` or `min_remaining` a client may keep back: more would leave no call
+/// with time to run under any realistic deadline.
+const MAX_MARGIN: Duration = Duration::from_secs(60);
 
 /// Reads the caller's deadline on a server, enforces it, and hands it to the handler.
 ///
@@ -333,7 +336,8 @@ impl PropagateDeadlineLayerBuilder {
     /// A [`ConfigError`] naming the knob when:
     /// - `timeout` is zero;
     /// - `fraction` is not in (0, 1] (NaN included);
-    /// - `offset` or `min_remaining` is not shorter than `timeout` (no call could be sent).
+    /// - `offset` or `min_remaining` is not shorter than `timeout` (no call could be sent), or
+    ///   longer than 1 min.
     pub fn build(self) -> Result<PropagateDeadlineLayer, ConfigError> {
         let config = self.config;
         if config.timeout.is_some_and(|t| t.is_zero()) {
@@ -344,6 +348,19 @@ impl PropagateDeadlineLayerBuilder {
                 "fraction",
                 format!("must be in (0, 1], got {f}"),
             ));
+        }
+        for (knob, value) in [
+            ("offset", config.offset),
+            ("min_remaining", config.min_remaining),
+        ] {
+            if value > MAX_MARGIN {
+                return Err(ConfigError::new(
+                    knob,
+                    format!(
+                        "must be at most 1 min (time kept back for the network and the reply), got {value:?}"
+                    ),
+                ));
+            }
         }
         if let Some(timeout) = config.timeout {
             for (knob, value) in [

@@ -391,6 +391,15 @@ fn configuration_is_validated_and_names_the_knob() {
                 .min_remaining(2 * s),
             "min_remaining",
         ),
+        // Without a timeout: an offset or margin past 1 min leaves no call any time.
+        (
+            PropagateDeadlineLayer::builder().offset(Duration::MAX),
+            "offset",
+        ),
+        (
+            PropagateDeadlineLayer::builder().min_remaining(61 * s),
+            "min_remaining",
+        ),
     ];
     for (builder, knob) in cases {
         let err = builder.build().unwrap_err();

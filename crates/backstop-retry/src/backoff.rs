@@ -38,9 +38,18 @@ pub trait Backoff: fmt::Debug + Send + Sync {
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration;
 }
 
+/// The longest delay a backoff may be configured with: a retry an hour later serves no caller.
+const MAX_DELAY: Duration = Duration::from_secs(3600);
+
 fn check(knob: &'static str, base: Duration, cap: Duration) -> Result<(), ConfigError> {
     if base.is_zero() {
         return Err(ConfigError::new(knob, "must be greater than zero"));
+    }
+    if cap > MAX_DELAY {
+        return Err(ConfigError::new(
+            "cap",
+            format!("must be at most 1h, got {cap:?}"),
+        ));
     }
     if cap < base {
         return Err(ConfigError::new(

@@ -163,7 +163,7 @@ impl<C> RetryPolicy<C> {
     }
 
     /// A retry is only started if at least this much of the deadline is left once the wait is
-    /// over (default 1 ms).
+    /// over (default 1 ms; at most 1 h, checked by [`build`](Self::build)).
     #[must_use]
     pub fn min_attempt_time(mut self, min: Duration) -> Self {
         self.min_attempt_time = min;
@@ -171,6 +171,7 @@ impl<C> RetryPolicy<C> {
     }
 
     /// The most request-body bytes kept for replay (default 64 KiB); a longer body is sent once.
+    /// `0` keeps nothing: only requests without a body are retried (or hedged).
     #[must_use]
     pub fn max_replay_bytes(mut self, bytes: usize) -> Self {
         self.max_replay_bytes = bytes;
@@ -214,8 +215,8 @@ impl<C> RetryPolicy<C> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming the knob when `max_attempts` is 0 or more than 10, or
-    /// `hedging.max_attempts` is not in 2..=10.
+    /// A [`ConfigError`] naming the knob when `max_attempts` is 0 or more than 10,
+    /// `min_attempt_time` is longer than 1 h, or `hedging.max_attempts` is not in 2..=10.
     pub fn build(self) -> Result<RetryLayer<C>, ConfigError> {
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_LIMIT {
             return Err(ConfigError::new(
@@ -223,6 +224,15 @@ impl<C> RetryPolicy<C> {
                 format!(
                     "must be in 1..={MAX_ATTEMPTS_LIMIT} (the first attempt included), got {}",
                     self.max_attempts
+                ),
+            ));
+        }
+        if self.min_attempt_time > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "min_attempt_time",
+                format!(
+                    "must be at most 1h (more turns retries off under any deadline), got {:?}",
+                    self.min_attempt_time
                 ),
             ));
         }
@@ -273,5 +283,59 @@ mod tests {
             assert_eq!(err.knob(), "max_attempts");
         }
         assert!(RetryPolicy::grpc().max_attempts(10).build().is_ok());
+        let err = RetryPolicy::http()
+            .min_attempt_time(Duration::MAX)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.knob(), "min_attempt_time");
+        assert!(err.to_string().contains("at most 1h"), "{err}");
+        assert!(
+            RetryPolicy::http()
+                .min_attempt_time(Duration::from_secs(3600))
+                .build()
+                .is_ok()
+        );
+        // Every backoff knob out of range is named.
+        use crate::backoff::{decorrelated, decorrelated_v2, exponential};
+        let max = Duration::MAX;
+        let ms = Duration::from_millis(1);
+        for err in [
+            decorrelated(max, max).unwrap_err(),
+            exponential(ms, max).unwrap_err(),
+            decorrelated_v2(ms, Duration::from_secs(3601)).unwrap_err(),
+        ] {
+            assert_eq!(err.knob(), "cap", "{err}");
+        }
+        assert_eq!(decorrelated(Duration::ZERO, ms).unwrap_err().knob(), "base");
+    }
+
+    /// `max_replay_bytes(0)` keeps nothing: a request with a body goes once, one without a
+    /// body is still retried.
+    #[tokio::test(start_paused = true)]
+    async fn zero_replay_bytes_retries_only_bodiless_requests() {
+        use http::{Request, Response};
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use tower::{Layer, ServiceExt, service_fn};
+        for (body, attempts) in [("", 3), ("payload", 1)] {
+            let calls = Arc::new(AtomicU32::new(0));
+            let seen = calls.clone();
+            let failing = service_fn(move |_req: Request<crate::ReplayBody<String>>| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Ok::<_, std::convert::Infallible>(
+                        Response::builder().status(503).body(String::new()).unwrap(),
+                    )
+                }
+            });
+            let layer = RetryPolicy::http()
+                .max_replay_bytes(0)
+                .no_budget()
+                .build()
+                .unwrap();
+            let req = Request::put("http://svc/x").body(body.to_owned()).unwrap();
+            let response = layer.layer(failing).oneshot(req).await.unwrap();
+            assert_eq!(response.status(), 503);
+            assert_eq!(calls.load(Ordering::SeqCst), attempts, "body {body:?}");
+        }
     }
 }
