@@ -55,6 +55,7 @@ impl<C> BreakerLayer<C> {
             slow,
             count_throttled: config.count_throttled,
             hook: config.hook,
+            opens: std::sync::atomic::AtomicU64::new(0),
         });
         let handles = Handles::new(&shared);
         Self { shared, handles }
@@ -95,6 +96,8 @@ pub(crate) struct Shared<C> {
     /// Whether throttled calls count as failures.
     pub(crate) count_throttled: bool,
     hook: Option<Hook>,
+    /// Transitions to open since the breaker was built.
+    opens: std::sync::atomic::AtomicU64,
 }
 
 impl<C> fmt::Debug for Shared<C> {
@@ -138,6 +141,10 @@ impl<C> Shared<C> {
         let Some(t) = transition else {
             return;
         };
+        if t.to == State::Open {
+            self.opens
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         match t.to {
             State::Open => tracing::warn!(
                 from = ?t.from,
@@ -177,15 +184,16 @@ impl<C> Shared<C> {
             slow_calls: counts.slow,
             failure_rate: rate(counts.failures),
             slow_call_rate: rate(counts.slow),
-            open_until: self
+            open_for: self
                 .machine
                 .open_until(word)
-                .map(|us| self.start + Duration::from_micros(us)),
+                .map(|us| Duration::from_micros(us.saturating_sub(now))),
             probes_in_flight: match word.state {
                 State::HalfOpen => word.taken - word.succeeded,
                 _ => 0,
             },
             reopens: self.machine.reopens(),
+            opens: self.opens.load(std::sync::atomic::Ordering::Relaxed),
             shared_bytes: std::mem::size_of::<Self>()
                 + self.machine.window.heap_bytes()
                 + stripe::count() * std::mem::size_of::<Handle<C>>(),
@@ -215,12 +223,15 @@ pub struct Snapshot {
     pub failure_rate: Option<f64>,
     /// `slow_calls / calls`, `None` with no calls.
     pub slow_call_rate: Option<f64>,
-    /// While open: when the first probe will be let through.
-    pub open_until: Option<Instant>,
+    /// While open: how long until the first probe is let through (a duration, so it can be
+    /// exported as is; `Duration::ZERO` once it is due).
+    pub open_for: Option<Duration>,
     /// While half-open: probes admitted whose outcome is not known yet.
     pub probes_in_flight: u16,
     /// Consecutive re-opens (failed probes) since the breaker last closed.
     pub reopens: u32,
+    /// Times the breaker opened since it was built (a counter, for export).
+    pub opens: u64,
     /// Bytes of state shared by every clone of the breaker (fixed at build time: it does not
     /// grow with traffic).
     pub shared_bytes: usize,

@@ -234,10 +234,13 @@ async fn open_refuses_at_once_and_says_when_to_come_back() {
     let mut h = harness(http());
     h.open_it().await;
     let snap = h.layer.snapshot();
-    assert!(snap.open_until.is_some());
+    // Exported as a remaining duration, with a counter of openings.
+    assert_eq!(snap.open_for, Some(5 * S));
+    assert_eq!(snap.opens, 1);
     assert_eq!(h.refused().await.retry_after(), Some(5 * S));
     advance(2 * S).await;
     assert_eq!(h.refused().await.retry_after(), Some(3 * S));
+    assert_eq!(h.layer.snapshot().open_for, Some(3 * S));
 }
 
 #[tokio::test(start_paused = true)]

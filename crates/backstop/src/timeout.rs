@@ -442,12 +442,12 @@ pub struct AttemptTimeout<S> {
     handles: stripe::Handles<Shared>,
 }
 
-impl<S, B> Service<Request<B>> for AttemptTimeout<S>
+impl<S, B, RB> Service<Request<B>> for AttemptTimeout<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = http::Response<RB>>,
     S::Error: Into<BoxError>,
 {
-    type Response = S::Response;
+    type Response = http::Response<RB>;
     type Error = BoxError;
     type Future = AttemptTimeoutFuture<S::Future>;
 
@@ -541,12 +541,12 @@ impl<F> std::fmt::Debug for AttemptTimeoutFuture<F> {
     }
 }
 
-impl<F, T, E> Future for AttemptTimeoutFuture<F>
+impl<F, B, E> Future for AttemptTimeoutFuture<F>
 where
-    F: Future<Output = Result<T, E>>,
+    F: Future<Output = Result<http::Response<B>, E>>,
     E: Into<BoxError>,
 {
-    type Output = Result<T, BoxError>;
+    type Output = Result<http::Response<B>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -556,21 +556,27 @@ where
                 return Poll::Ready(result.map_err(Into::into));
             };
             let now = Instant::now();
-            if result.is_ok() {
-                shared
-                    .model
-                    .record(now.saturating_duration_since(start), shared.now_us(now));
+            // A failure once the bound the server (and the transport: tonic arms a timer from
+            // the header) was told has run out is this attempt's timeout, whichever side's
+            // timer fired first: a transport error, or the server's own DEADLINE_EXCEEDED.
+            // So the same situation is always the same failure, retried (or not) and counted
+            // for the same reason.
+            let expired = match &result {
+                Ok(response) => is_deadline_exceeded(response),
+                Err(_) => true,
+            };
+            if !expired || this.told.is_none_or(|(_, end)| now < end) {
+                if result.is_ok() {
+                    shared
+                        .model
+                        .record(now.saturating_duration_since(start), shared.now_us(now));
+                }
                 return Poll::Ready(result.map_err(Into::into));
             }
-            // A failure once the bound the server (and the transport: tonic arms a timer from
-            // the header) was told has run out is this attempt's timeout.
-            if let Some((bound, end)) = *this.told
-                && now >= end
-            {
+            if let Some((bound, _)) = *this.told {
                 shared.model.record(bound, shared.now_us(now));
-                return Poll::Ready(Err(Box::new(AttemptTimedOut::new())));
             }
-            return Poll::Ready(result.map_err(Into::into));
+            return Poll::Ready(Err(Box::new(AttemptTimedOut::new())));
         }
         let (start, bound) = match *this.start {
             Some(started) => started,
@@ -599,6 +605,14 @@ where
         shared.model.record(bound, shared.now_us(start + bound));
         Poll::Ready(Err(Box::new(AttemptTimedOut::new())))
     }
+}
+
+/// A trailers-only gRPC DEADLINE_EXCEEDED (`grpc-status: 4` in the response headers).
+fn is_deadline_exceeded<B>(response: &http::Response<B>) -> bool {
+    response
+        .headers()
+        .get(backstop_core::grpc::GRPC_STATUS)
+        .is_some_and(|code| code.as_bytes() == b"4")
 }
 
 #[cfg(test)]

@@ -517,3 +517,61 @@ async fn the_short_paths_configure_the_same_stack() {
 fn max_attempts_out_of_range_names_the_knob() {
     let _ = backstop::client::http().max_attempts(0);
 }
+
+/// An attempt that runs out of its bound is the same failure whichever timer fires first: the
+/// client's (the dependency hangs) or the server's (it answers DEADLINE_EXCEEDED when the
+/// `grpc-timeout` it was told runs out). Both give up for the same reason, and the caller sees
+/// DEADLINE_EXCEEDED both times.
+#[tokio::test(start_paused = true)]
+async fn an_expired_grpc_attempt_gives_up_for_the_same_reason_either_way() {
+    let answers_at_its_deadline = service_fn(|req: Request<ReplayBody<String>>| {
+        let told = req.headers()["grpc-timeout"].clone();
+        async move {
+            let told = backstop::deadline::grpc_timeout::decode_header(&told).unwrap();
+            tokio::time::sleep(told).await;
+            let response = Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "4")
+                .body(String::new());
+            Ok::<_, std::convert::Infallible>(response.unwrap())
+        }
+    });
+    let request = || {
+        Request::post("http://dep/pkg.Svc/Call")
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap()
+    };
+    let preset = || {
+        backstop::client::grpc()
+            .timeout(Duration::from_secs(1))
+            .attempt_timeout(Duration::from_millis(100))
+    };
+    let (server_side, client_side) = (preset(), preset());
+    let by_server = ServiceBuilder::new()
+        .layer(server_side.clone())
+        .service(answers_at_its_deadline)
+        .oneshot(request())
+        .await
+        .unwrap();
+    let by_client = ServiceBuilder::new()
+        .layer(client_side.clone())
+        .service(hung())
+        .oneshot(request())
+        .await
+        .unwrap();
+    for (response, backend) in [(by_server, &server_side), (by_client, &client_side)] {
+        assert_eq!(response.headers()["grpc-status"], "4");
+        let stats = backend.retry_layer().stats();
+        assert_eq!(
+            stats.gave_up(backstop::retry::GiveUp::NotIdempotent),
+            1,
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats.gave_up(backstop::retry::GiveUp::NotRetryable),
+            0,
+            "{stats:?}"
+        );
+    }
+}
