@@ -153,11 +153,25 @@ impl Recorder {
             second += 1_000_000;
         }
 
+        // The busiest second of the fault, relative to the load offered in it: what a budget
+        // banked before the fault lets through at its onset.
+        let fault = &phases[1];
+        let mut second = us(fault.start);
+        let mut fault_peak = 0.0f64;
+        while second + 1_000_000 <= us(fault.end) {
+            let within = |t: u64| t >= second && t < second + 1_000_000;
+            let offered = inner.users.iter().filter(|u| within(u.0)).count() as u64;
+            let sent = inner.attempts_us.iter().filter(|&&t| within(t)).count() as u64;
+            fault_peak = fault_peak.max(ratio(sent, offered));
+            second += 1_000_000;
+        }
+
         VariantReport {
             name: name.to_owned(),
             offered,
             downstream_attempts: attempts,
             amplification: ratio(attempts, offered),
+            peak_fault_amplification: round3(fault_peak),
             success_rate: ratio(successes, offered),
             p50_ms: ms(quantile(&mut latencies, 0.5)),
             p99_ms: ms(quantile(&mut latencies, 0.99)),

@@ -31,6 +31,9 @@ pub struct VariantReport {
     pub downstream_attempts: u64,
     /// `downstream_attempts / offered`.
     pub amplification: f64,
+    /// The busiest second of the fault: attempts over the user requests offered in it (what
+    /// a budget banked before the fault lets through at its onset).
+    pub peak_fault_amplification: f64,
     /// Share of user requests answered with a 2xx before the user gave up.
     pub success_rate: f64,
     /// Median user latency (ms).

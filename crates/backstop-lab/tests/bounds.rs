@@ -211,3 +211,23 @@ fn drift_is_followed_by_the_measured_bound() {
     }
     assert!(variant(&report, "none").measured_latency.is_none());
 }
+
+/// A brownout's first seconds at 200 requests/s: the earnings a healthy window banked are not
+/// spent at once. No second of the fault carries more than 1.25× the offered load with
+/// backstop's budget (its `max_burst`); tower's `TpsBudget` spends its bank in the first
+/// seconds.
+#[test]
+fn a_brownout_onset_stays_within_a_quarter_more_load_in_any_second() {
+    let report = backstop_lab::simulate(Scenario::Brownout, 1, 200, 60);
+    println!("{}", report.table());
+    let (backstop, tower) = (variant(&report, "backstop"), variant(&report, "tower"));
+    assert!(
+        backstop.peak_fault_amplification <= 1.25,
+        "{}",
+        backstop.peak_fault_amplification
+    );
+    assert!(
+        tower.peak_fault_amplification > 1.25,
+        "tower must break the bound"
+    );
+}

@@ -184,8 +184,14 @@ impl fmt::Debug for Ring {
 /// - Each logical request that succeeds deposits `ratio` of a token (default 0.1).
 /// - Each retry withdraws one token.
 /// - Deposits expire after `ttl` (default 10 s), counted in 10 slots of `ttl / 10`.
-/// - A reserve of `min_per_sec × ttl` retries (default 10 per second) is always there, so a
-///   client with little traffic can still retry.
+/// - A reserve of `min_per_sec` retries a second (default 10) is always there, so a client
+///   with little traffic can still retry. It is a rate, not a bank: beyond what earnings
+///   cover, at most `min_per_sec` retries go in any second of the budget's clock (its slots,
+///   `ttl / 10`, rounded up to a whole second), and `min_per_sec × ttl` over the window
+///   (withdrawals count one slot longer than deposits, so a client that keeps failing
+///   retries `min_per_sec × 10 / 11` times a second on average).
+/// - Earnings are spent no faster than `max_burst` (default 2) × their average rate in any
+///   one second: at a fault's onset the window's earnings do not all go at once.
 ///
 /// So over any window of `ttl`, retries ≤ `ratio ×` successes of the last `ttl` (plus one
 /// slot) `+ min_per_sec × ttl`, however many threads withdraw at once: during a total outage
@@ -195,10 +201,12 @@ impl fmt::Debug for Ring {
 /// use backstop_retry::{Budget, RatioBudget};
 /// use std::time::Duration;
 ///
+/// // No reserve, and a burst as large as the window, to show the ratio alone.
 /// let budget = RatioBudget::builder()
 ///     .ratio(0.2)
 ///     .ttl(Duration::from_secs(10))
 ///     .min_per_sec(0)
+///     .max_burst(10.0)
 ///     .build()
 ///     .unwrap();
 /// assert!(!budget.try_withdraw());
@@ -214,6 +222,14 @@ pub struct RatioBudget {
     slot_nanos: u64,
     ratio: f64,
     reserve: f64,
+    /// The reserve of the most recent second (in whole slots): what the reserve may give in
+    /// it, beyond what earnings still cover.
+    reserve_recent: f64,
+    /// Slots making up that second.
+    recent_slots: u64,
+    /// The most of the window's earnings one second may spend: `max_burst` × that second's
+    /// share of the window.
+    burst_share: f64,
     deposits: Ring,
     withdrawals: Ring,
     /// Every withdrawal passes through this word after writing its slot, so of two racing
@@ -227,6 +243,7 @@ pub struct RatioBudgetBuilder {
     ratio: f64,
     ttl: Duration,
     min_per_sec: u32,
+    max_burst: f64,
 }
 
 impl RatioBudget {
@@ -241,6 +258,7 @@ impl RatioBudget {
             ratio: 0.1,
             ttl: Duration::from_secs(10),
             min_per_sec: 10,
+            max_burst: 2.0,
         }
     }
 
@@ -281,12 +299,31 @@ impl RatioBudgetBuilder {
         self
     }
 
+    /// The most retries paid from earnings in any one second, as a multiple of the window's
+    /// average per second (default 2, at least 1): at the onset of a fault, the earnings of
+    /// the whole window would otherwise go at once (up to `ratio × ttl` seconds of extra load
+    /// in one second: double the load at the defaults). At 2 and the default ratio, no second
+    /// carries more than 20 % extra load plus the reserve; a long fault is not slowed (it
+    /// spends no faster than it earns).
+    #[must_use]
+    pub fn max_burst(mut self, max_burst: f64) -> Self {
+        self.max_burst = max_burst;
+        self
+    }
+
     /// Validates the configuration.
     ///
     /// # Errors
     ///
-    /// When `ratio` is not in (0, 1], or `ttl` is shorter than 10 ms or longer than a day.
+    /// When `ratio` is not in (0, 1], `ttl` is shorter than 10 ms or longer than a day, or
+    /// `max_burst` is less than 1 (or NaN).
     pub fn build(self) -> Result<RatioBudget, ConfigError> {
+        if self.max_burst.is_nan() || self.max_burst < 1.0 {
+            return Err(ConfigError::new(
+                "max_burst",
+                format!("must be at least 1, got {}", self.max_burst),
+            ));
+        }
         if !(self.ratio > 0.0 && self.ratio <= 1.0) {
             return Err(ConfigError::new(
                 "ratio",
@@ -300,11 +337,15 @@ impl RatioBudgetBuilder {
             ));
         }
         let slot_nanos = (self.ttl / SLOTS as u32).as_nanos() as u64;
+        let recent_slots = 1_000_000_000u64.div_ceil(slot_nanos).clamp(1, SLOTS);
         Ok(RatioBudget {
             start: Instant::now(),
             slot_nanos,
             ratio: self.ratio,
             reserve: f64::from(self.min_per_sec) * self.ttl.as_secs_f64(),
+            reserve_recent: f64::from(self.min_per_sec) * (recent_slots * slot_nanos) as f64 / 1e9,
+            recent_slots,
+            burst_share: self.max_burst * recent_slots as f64 / SLOTS as f64,
             deposits: Ring::new(SLOTS as usize, backstop_core::stripe::count(), slot_nanos),
             withdrawals: Ring::new(SLOTS as usize + 1, 1, slot_nanos),
             fence: AtomicU64::new(0),
@@ -313,10 +354,24 @@ impl RatioBudgetBuilder {
 }
 
 impl RatioBudget {
+    /// The retries available at `epoch`: the lesser of what the window allows (earnings plus
+    /// the whole reserve, less every withdrawal) and what the last second allows (what the
+    /// earnings still cover, at most `max_burst` × a second's share of them, plus one second
+    /// of reserve, less that second's withdrawals). So the reserve is a rate (a client with
+    /// nothing earned retries at most `min_per_sec` times a second, never the whole window's
+    /// reserve at once), and the earnings of a healthy window are not spent in one second.
     fn balance_at(&self, epoch: u64) -> f64 {
-        let deposits = self.deposits.sum(epoch, SLOTS, false) as f64;
-        let withdrawals = self.withdrawals.sum(epoch, SLOTS + 1, true) as f64;
-        self.ratio * deposits + self.reserve - withdrawals
+        let earned = self.ratio * self.deposits.sum(epoch, SLOTS, false) as f64;
+        let spent = self.withdrawals.sum(epoch, SLOTS + 1, true) as f64;
+        let window = earned + self.reserve - spent;
+        let recent = self.withdrawals.sum(epoch, self.recent_slots, true) as f64;
+        // At least one token a second, so a client with little traffic can spend what it
+        // earned even when its burst share is a fraction.
+        let from_earnings = (earned - (spent - recent))
+            .max(0.0)
+            .min((self.burst_share * earned).max(1.0));
+        let second = from_earnings + self.reserve_recent - recent;
+        window.min(second)
     }
 
     /// Reserve, verify, refund: the withdrawal is written first and the balance then read
@@ -583,6 +638,77 @@ mod tests {
         assert!(b.try_withdraw());
     }
 
+    /// Defect: the reserve was `min_per_sec × ttl` at once, so a cold client sent 107 retries
+    /// in 0.56 s. It is a rate: at most 10 in any second of the budget's clock, 10 a second
+    /// while the window fills, and at least 10 × 10 / 11 a second after.
+    #[tokio::test(start_paused = true)]
+    async fn the_reserve_is_a_rate_not_a_bank() {
+        let b = RatioBudget::new(); // 10 s, 10 per second
+        let mut total = 0;
+        for second in 0..33 {
+            let mut granted = 0;
+            while b.try_withdraw() {
+                granted += 1;
+                assert!(
+                    granted <= 10,
+                    "second {second}: more than the reserve's rate"
+                );
+            }
+            if second < 10 {
+                assert_eq!(granted, 10, "second {second}");
+            }
+            total += granted;
+            advance(Duration::from_secs(1)).await;
+        }
+        assert!(total >= 300 && total <= 330, "{total} retries in 33 s");
+    }
+
+    /// What was earned can still be spent at once: the rate limits the reserve only.
+    #[tokio::test(start_paused = true)]
+    async fn earnings_are_not_rate_limited() {
+        let b = RatioBudget::builder().min_per_sec(1).build().unwrap();
+        for _ in 0..100 {
+            b.record_success();
+        }
+        // 10 earned, of which one second may spend 2 × its share (2 of 10), + 1 of this
+        // second's reserve.
+        let mut granted = 0;
+        while b.try_withdraw() {
+            granted += 1;
+        }
+        assert_eq!(granted, 3);
+    }
+
+    /// At a fault's onset, a healthy window's earnings are spent at most `max_burst` × their
+    /// average rate a second, never all at once.
+    #[tokio::test(start_paused = true)]
+    async fn earnings_are_spent_at_most_twice_as_fast_as_they_came() {
+        let b = RatioBudget::builder().min_per_sec(0).build().unwrap();
+        // 10 s at 100 successes a second: 100 tokens earned, 10 a second on average.
+        for _ in 0..10 {
+            for _ in 0..100 {
+                b.record_success();
+            }
+            advance(Duration::from_secs(1)).await;
+        }
+        advance(Duration::from_millis(1)).await;
+        let mut per_second = Vec::new();
+        for _ in 0..6 {
+            let mut granted = 0;
+            while b.try_withdraw() {
+                granted += 1;
+            }
+            per_second.push(granted);
+            advance(Duration::from_secs(1)).await;
+        }
+        // The first slot's deposits have just expired: 90 tokens, 9 a second on average, so
+        // 18 in the first second, and as the rest expire with no new earnings, 2 × what is left
+        // of the average, until the window's bound ends it.
+        assert_eq!(per_second, [18, 16, 14, 12, 0, 0]);
+        let rejected = RatioBudget::builder().max_burst(0.5).build().unwrap_err();
+        assert_eq!(rejected.knob(), "max_burst");
+    }
+
     /// Defect: 24-bit slot tags aliased after 2^24 slots, so an idle budget resurrected old
     /// deposits (and forgot withdrawals). Laps now have every bit the clock can reach.
     #[tokio::test(start_paused = true)]
@@ -663,9 +789,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_ratio_of_0_6_allows_60_percent_not_100() {
+        // A burst as large as the window (10 seconds' share): the window's bound alone.
         let b = RatioBudget::builder()
             .ratio(0.6)
             .min_per_sec(0)
+            .max_burst(10.0)
             .build()
             .unwrap();
         for _ in 0..100 {

@@ -195,7 +195,16 @@ async fn committed_call(budget: Arc<dyn Budget>, end: Option<u16>) {
 /// counted a success at the headers, so the budget gained a token for a failed RPC.
 #[tokio::test(start_paused = true)]
 async fn a_failure_in_trailers_is_no_success() {
-    let ratio = || Arc::new(RatioBudget::builder().min_per_sec(0).build().unwrap());
+    // No reserve, and a burst as large as the window: the balance is what was deposited.
+    let ratio = || {
+        Arc::new(
+            RatioBudget::builder()
+                .min_per_sec(0)
+                .max_burst(10.0)
+                .build()
+                .unwrap(),
+        )
+    };
     let ok = ratio();
     committed_call(ok.clone(), Some(0)).await;
     assert!((ok.balance() - 0.1).abs() < 1e-9, "OK in trailers deposits");

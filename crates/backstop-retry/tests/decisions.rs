@@ -117,7 +117,14 @@ impl Harness {
 
 #[tokio::test(start_paused = true)]
 async fn success_is_returned_and_deposits_in_the_budget() {
-    let budget = Arc::new(RatioBudget::builder().min_per_sec(0).build().unwrap());
+    // No reserve, and a burst as large as the window: the balance is what was deposited.
+    let budget = Arc::new(
+        RatioBudget::builder()
+            .min_per_sec(0)
+            .max_burst(10.0)
+            .build()
+            .unwrap(),
+    );
     let mut h = start(policy().budget(budget.clone()).build().unwrap(), get());
     h.answer(200).await;
     assert_eq!(h.done().unwrap().status(), 200);
