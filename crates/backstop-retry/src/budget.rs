@@ -660,7 +660,7 @@ mod tests {
             total += granted;
             advance(Duration::from_secs(1)).await;
         }
-        assert!(total >= 300 && total <= 330, "{total} retries in 33 s");
+        assert!((300..=330).contains(&total), "{total} retries in 33 s");
     }
 
     /// What was earned can still be spent at once: the rate limits the reserve only.
