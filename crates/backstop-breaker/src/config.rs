@@ -427,8 +427,8 @@ fn random_seed() -> u64 {
 mod tests {
     use super::*;
 
-    fn knob<C>(config: BreakerConfig<C>) -> &'static str {
-        config.build().map(drop).unwrap_err().knob()
+    fn knob<C>(config: BreakerConfig<C>) -> String {
+        config.build().map(drop).unwrap_err().knob().to_owned()
     }
 
     #[test]

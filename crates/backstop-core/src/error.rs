@@ -10,22 +10,24 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// ``invalid `fraction`: must be in (0, 1], got 1.5``.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
-    knob: &'static str,
+    knob: std::borrow::Cow<'static, str>,
     reason: String,
 }
 
 impl ConfigError {
     /// A configuration error for `knob`, with the rule it broke.
-    pub fn new(knob: &'static str, reason: impl Into<String>) -> Self {
+    pub fn new(knob: impl Into<std::borrow::Cow<'static, str>>, reason: impl Into<String>) -> Self {
         Self {
-            knob,
+            knob: knob.into(),
             reason: reason.into(),
         }
     }
 
-    /// The name of the knob at fault, as its builder method spells it.
-    pub fn knob(&self) -> &'static str {
-        self.knob
+    /// The name of the knob at fault, as its builder method spells it (or, for a
+    /// configuration read from a document, the path to the field, e.g.
+    /// `methodConfig[2].retryPolicy.maxAttempts`).
+    pub fn knob(&self) -> &str {
+        &self.knob
     }
 
     /// Why the value was refused.

@@ -102,6 +102,14 @@ impl Code {
         self as i32
     }
 
+    /// The code named `name` as the gRPC specification spells it (`"UNAVAILABLE"`), or
+    /// `None`.
+    pub fn from_name(name: &str) -> Option<Code> {
+        (0..=16)
+            .map(Code::from_i32)
+            .find(|code| code.name() == name)
+    }
+
     /// The canonical name, e.g. `DEADLINE_EXCEEDED`.
     pub fn name(self) -> &'static str {
         match self {

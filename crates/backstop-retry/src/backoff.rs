@@ -119,10 +119,14 @@ pub struct Exponential {
     base: Duration,
     cap: Duration,
     jitter: Jitter,
+    multiplier: f64,
 }
 
 /// Exponential backoff: the envelope `e = min(cap, base·2ⁿ⁻¹)`, with [`Jitter::Full`]; change it
-/// with [`Exponential::jitter`].
+/// with [`Exponential::jitter`] and the growth with [`Exponential::multiplier`].
+///
+/// With full jitter and a multiplier this is gRFC A6's own formula: retry `n` waits
+/// `random(0, min(initialBackoff × backoffMultiplier^(n−1), maxBackoff))`.
 ///
 /// # Errors
 ///
@@ -133,6 +137,7 @@ pub fn exponential(base: Duration, cap: Duration) -> Result<Exponential, ConfigE
         base,
         cap,
         jitter: Jitter::Full,
+        multiplier: 2.0,
     })
 }
 
@@ -156,14 +161,43 @@ impl Exponential {
     }
 }
 
+impl Exponential {
+    /// The envelope's growth per retry (default 2): `e = min(cap, base·multiplierⁿ⁻¹)`.
+    ///
+    /// # Errors
+    ///
+    /// Unless `multiplier` is a finite number greater than zero (gRFC A6's
+    /// `backoffMultiplier` rule).
+    pub fn multiplier(mut self, multiplier: f64) -> Result<Self, ConfigError> {
+        if !(multiplier.is_finite() && multiplier > 0.0) {
+            return Err(ConfigError::new(
+                "multiplier",
+                format!("must be a finite number greater than zero, got {multiplier}"),
+            ));
+        }
+        self.multiplier = multiplier;
+        Ok(self)
+    }
+
+    /// The envelope of retry `retry` (counted from 1).
+    fn envelope(&self, retry: u32) -> Duration {
+        let shift = retry.saturating_sub(1).min(62);
+        if self.multiplier == 2.0 {
+            // Exact integer arithmetic for the common case.
+            let e = self
+                .base
+                .saturating_mul(1u32 << shift.min(31))
+                .min(self.cap);
+            return if shift > 31 { self.cap } else { e };
+        }
+        let secs = self.base.as_secs_f64() * self.multiplier.powi(shift as i32);
+        Duration::try_from_secs_f64(secs).map_or(self.cap, |e| e.min(self.cap))
+    }
+}
+
 impl Backoff for Exponential {
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
-        let shift = state.retry.saturating_sub(1).min(62);
-        let e = self
-            .base
-            .saturating_mul(1u32 << shift.min(31))
-            .min(self.cap);
-        let e = if shift > 31 { self.cap } else { e };
+        let e = self.envelope(state.retry);
         let d = match self.jitter {
             Jitter::None => e,
             Jitter::Full => uniform(rng, Duration::ZERO, e),
@@ -256,6 +290,47 @@ mod tests {
         let b = decorrelated(10 * MS, 1000 * MS).unwrap();
         assert_eq!(run(&b, 7, 6), run(&b, 7, 6));
         assert_ne!(run(&b, 7, 6), run(&b, 8, 6));
+    }
+
+    /// gRFC A6's formula: retry n waits random(0, min(initial × multiplier^(n−1), max)).
+    #[test]
+    fn a6_backoff_is_exponential_with_a_multiplier_and_full_jitter() {
+        let envelope = exponential(100 * MS, 1000 * MS)
+            .unwrap()
+            .multiplier(1.5)
+            .unwrap()
+            .jitter(Jitter::None)
+            .unwrap();
+        assert_eq!(
+            run(&envelope, 1, 7),
+            [
+                100_000, 150_000, 225_000, 337_500, 506_250, 759_375, 1_000_000
+            ]
+            .map(Duration::from_micros)
+            .to_vec()
+        );
+        let a6 = exponential(100 * MS, 1000 * MS)
+            .unwrap()
+            .multiplier(1.5)
+            .unwrap();
+        for seed in 0..50 {
+            for (n, d) in run(&a6, seed, 7).into_iter().enumerate() {
+                let e = envelope.envelope(n as u32 + 1);
+                assert!(d <= e, "retry {}: {d:?} above {e:?}", n + 1);
+            }
+        }
+        // A multiplier below 1 shrinks, far retries do not overflow, and bad ones are named.
+        let shrink = exponential(100 * MS, 1000 * MS)
+            .unwrap()
+            .multiplier(0.5)
+            .unwrap();
+        assert_eq!(shrink.envelope(2), 50 * MS);
+        let huge = exponential(MS, 1000 * MS).unwrap().multiplier(1e9).unwrap();
+        assert_eq!(huge.envelope(u32::MAX), 1000 * MS);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let err = exponential(MS, MS).unwrap().multiplier(bad).unwrap_err();
+            assert_eq!(err.knob(), "multiplier");
+        }
     }
 
     #[test]

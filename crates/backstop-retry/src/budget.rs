@@ -446,7 +446,9 @@ impl GrpcThrottle {
     ///
     /// # Errors
     ///
-    /// When `max_tokens` is 0 or over 1000, or `token_ratio` is not in (0, 1].
+    /// When `max_tokens` is 0 or over 1000, or `token_ratio` is not a number greater than zero
+    /// (A6: "typically between 0 and 1"; a larger one refills faster, up to `max_tokens`) and
+    /// at most `max_tokens`.
     pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Self, ConfigError> {
         if max_tokens == 0 || max_tokens > 1000 {
             return Err(ConfigError::new(
@@ -454,10 +456,10 @@ impl GrpcThrottle {
                 format!("must be in 1..=1000, got {max_tokens}"),
             ));
         }
-        if !(token_ratio > 0.0 && token_ratio <= 1.0) {
+        if !(token_ratio > 0.0 && token_ratio <= f64::from(max_tokens)) {
             return Err(ConfigError::new(
                 "token_ratio",
-                format!("must be in (0, 1], got {token_ratio}"),
+                format!("must be in (0, max_tokens = {max_tokens}], got {token_ratio}"),
             ));
         }
         let max = u64::from(max_tokens) * 1000;

@@ -172,6 +172,8 @@
 #[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
 pub mod client;
 mod ext;
+#[cfg(feature = "service-config")]
+pub mod grpc;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 mod server;
 pub mod timeout;

@@ -1,0 +1,393 @@
+//! gRPC service config: the examples of gRFC A6 and gRPC's service-config document read as
+//! gRPC's clients read them, every validation rule named by its JSON path, and the matching
+//! order.
+#![cfg(feature = "service-config")]
+
+use backstop::grpc::{
+    HedgingPolicyConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
+    ServiceConfig,
+};
+use backstop_core::Code;
+use std::time::Duration;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn one_method(method_fields: &str) -> String {
+    format!(r#"{{ "methodConfig": [ {{ "name": [{{ "service": "s.S" }}], {method_fields} }} ] }}"#)
+}
+
+fn retry(policy: &str) -> String {
+    one_method(&format!(r#""retryPolicy": {{ {policy} }}"#))
+}
+
+const GOOD_RETRY: &str = r#""maxAttempts": 4, "initialBackoff": ".1s", "maxBackoff": "1s",
+    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#;
+
+/// The path a rejected config names.
+fn rejected(json: &str) -> String {
+    ServiceConfig::from_json(json)
+        .expect_err("must be rejected")
+        .knob()
+        .to_owned()
+}
+
+#[test]
+fn the_a6_examples_read_as_written() {
+    let config = ServiceConfig::from_json(
+        r#"{
+          "loadBalancingPolicy": "round_robin",
+          "methodConfig": [
+            { "name": [{ "service": "a.Retry" }],
+              "waitForReady": true, "maxRequestMessageBytes": 1024,
+              "retryPolicy": { "maxAttempts": 4, "initialBackoff": ".1s", "maxBackoff": "1s",
+                               "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] } },
+            { "name": [{ "service": "a.Hedge" }],
+              "hedgingPolicy": { "maxAttempts": 4, "hedgingDelay": ".5s",
+                                 "nonFatalStatusCodes": ["UNAVAILABLE", "INTERNAL", "ABORTED"] } },
+            { "name": [{ "service": "a.AllAtOnce" }],
+              "hedgingPolicy": { "maxAttempts": 4, "hedgingDelay": "0s",
+                                 "nonFatalStatusCodes": ["UNAVAILABLE", "INTERNAL", "ABORTED"] } }
+          ],
+          "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+        }"#,
+    )
+    .unwrap();
+    assert_eq!(
+        config.methods[0].policy,
+        Some(MethodPolicy::Retry(RetryPolicyConfig {
+            max_attempts: 4,
+            initial_backoff: 100 * MS,
+            max_backoff: 1000 * MS,
+            backoff_multiplier: 2.0,
+            retryable_status_codes: vec![Code::Unavailable],
+        }))
+    );
+    let non_fatal = vec![Code::Unavailable, Code::Internal, Code::Aborted];
+    assert_eq!(
+        config.methods[1].policy,
+        Some(MethodPolicy::Hedging(HedgingPolicyConfig {
+            max_attempts: 4,
+            hedging_delay: 500 * MS,
+            non_fatal_status_codes: non_fatal.clone(),
+        }))
+    );
+    assert_eq!(
+        config.methods[2].policy,
+        Some(MethodPolicy::Hedging(HedgingPolicyConfig {
+            max_attempts: 4,
+            hedging_delay: Duration::ZERO,
+            non_fatal_status_codes: non_fatal,
+        }))
+    );
+    assert_eq!(
+        config.retry_throttling,
+        Some(RetryThrottling {
+            max_tokens: 10,
+            token_ratio: 0.1
+        })
+    );
+}
+
+#[test]
+fn the_most_specific_entry_wins() {
+    let config = ServiceConfig::from_json(
+        r#"{ "methodConfig": [
+            { "name": [{}], "timeout": "1s" },
+            { "name": [{ "service": "bank.Accounts" }], "timeout": "2s" },
+            { "name": [{ "service": "bank.Accounts", "method": "Charge" },
+                       { "service": "bank.Cards", "method": "Charge" }], "timeout": "3s" }
+        ] }"#,
+    )
+    .unwrap();
+    let timeout = |path: &str| config.method(path).and_then(|m| m.timeout);
+    assert_eq!(timeout("/bank.Accounts/Charge"), Some(3000 * MS));
+    assert_eq!(timeout("/bank.Cards/Charge"), Some(3000 * MS));
+    assert_eq!(timeout("/bank.Accounts/GetBalance"), Some(2000 * MS));
+    assert_eq!(timeout("/bank.Cards/Refund"), Some(1000 * MS));
+    assert_eq!(timeout("/other.Svc/Call"), Some(1000 * MS));
+    // Not a gRPC path.
+    assert!(config.method("bank.Accounts/Charge").is_none());
+    assert!(config.method("/justone").is_none());
+    // Without a default entry, an unnamed method has none: no retries, as gRPC does.
+    let narrow =
+        ServiceConfig::from_json(r#"{ "methodConfig": [ { "name": [{ "service": "a.A" }] } ] }"#)
+            .unwrap();
+    assert!(narrow.method("/b.B/Call").is_none());
+    assert_eq!(
+        narrow.methods[0].names,
+        [MethodName {
+            service: Some("a.A".into()),
+            method: None
+        }]
+    );
+}
+
+#[test]
+fn durations_are_proto3_json() {
+    let timeout = |t: &str| {
+        ServiceConfig::from_json(&one_method(&format!(r#""timeout": "{t}""#)))
+            .map(|c| c.methods[0].timeout.unwrap())
+    };
+    assert_eq!(timeout("1.5s"), Ok(1500 * MS));
+    assert_eq!(timeout(".1s"), Ok(100 * MS));
+    assert_eq!(timeout("0s"), Ok(Duration::ZERO));
+    assert_eq!(timeout("2.000000001s"), Ok(Duration::new(2, 1)));
+    assert_eq!(timeout("120s"), Ok(Duration::from_secs(120)));
+    for bad in [
+        "1",
+        "1ms",
+        "-1s",
+        "1.0000000001s",
+        "s",
+        ".s",
+        "1.5 s",
+        "one s",
+        "1e3s",
+    ] {
+        let err = timeout(bad).unwrap_err();
+        assert_eq!(err.knob(), "methodConfig[0].timeout", "{bad}");
+    }
+    let err = ServiceConfig::from_json(&one_method(r#""timeout": 1.5"#)).unwrap_err();
+    assert_eq!(err.knob(), "methodConfig[0].timeout");
+}
+
+#[test]
+fn every_retry_policy_rule_names_its_path() {
+    let p = "methodConfig[0].retryPolicy";
+    let cases: &[(&str, &str)] = &[
+        (
+            r#""initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "maxAttempts",
+        ),
+        (
+            r#""maxAttempts": 1, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "maxAttempts",
+        ),
+        (
+            r#""maxAttempts": "3", "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "maxAttempts",
+        ),
+        (
+            r#""maxAttempts": 2.5, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "maxAttempts",
+        ),
+        (
+            r#""maxAttempts": 3, "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "initialBackoff",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": "0s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "initialBackoff",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "0s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "maxBackoff",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "maxBackoff",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "backoffMultiplier",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 0, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "backoffMultiplier",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": -2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+            "backoffMultiplier",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2"#,
+            "retryableStatusCodes",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": []"#,
+            "retryableStatusCodes",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE", "NOPE"]"#,
+            "retryableStatusCodes[1]",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [0]"#,
+            "retryableStatusCodes[0]",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [17]"#,
+            "retryableStatusCodes[0]",
+        ),
+        (
+            r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [true]"#,
+            "retryableStatusCodes[0]",
+        ),
+    ];
+    for (fields, knob) in cases {
+        assert_eq!(rejected(&retry(fields)), format!("{p}.{knob}"), "{fields}");
+    }
+    // Codes by number too.
+    let config = ServiceConfig::from_json(&retry(
+        r#""maxAttempts": 3, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 1.5, "retryableStatusCodes": [14, "RESOURCE_EXHAUSTED"]"#,
+    ))
+    .unwrap();
+    let Some(MethodPolicy::Retry(r)) = &config.methods[0].policy else {
+        panic!("a retry policy");
+    };
+    assert_eq!(
+        r.retryable_status_codes,
+        [Code::Unavailable, Code::ResourceExhausted]
+    );
+}
+
+#[test]
+fn max_attempts_is_clamped_to_the_cap_unless_raised() {
+    let seven = retry(&GOOD_RETRY.replace("\"maxAttempts\": 4", "\"maxAttempts\": 7"));
+    let attempts = |config: ServiceConfig| match &config.methods[0].policy {
+        Some(MethodPolicy::Retry(r)) => r.max_attempts,
+        _ => panic!("a retry policy"),
+    };
+    assert_eq!(attempts(ServiceConfig::from_json(&seven).unwrap()), 5);
+    assert_eq!(
+        attempts(ServiceConfig::from_json_with_max_attempts(&seven, 10).unwrap()),
+        7
+    );
+    for cap in [1, 11] {
+        let err = ServiceConfig::from_json_with_max_attempts(&seven, cap).unwrap_err();
+        assert_eq!(err.knob(), "max_attempts_cap");
+    }
+}
+
+#[test]
+fn every_hedging_and_throttling_rule_names_its_path() {
+    let hedge = |fields: &str| one_method(&format!(r#""hedgingPolicy": {{ {fields} }}"#));
+    assert_eq!(
+        rejected(&hedge(r#""hedgingDelay": "1s""#)),
+        "methodConfig[0].hedgingPolicy.maxAttempts"
+    );
+    assert_eq!(
+        rejected(&hedge(r#""maxAttempts": 1"#)),
+        "methodConfig[0].hedgingPolicy.maxAttempts"
+    );
+    assert_eq!(
+        rejected(&hedge(r#""maxAttempts": 2, "hedgingDelay": "1""#)),
+        "methodConfig[0].hedgingPolicy.hedgingDelay"
+    );
+    assert_eq!(
+        rejected(&hedge(r#""maxAttempts": 2, "nonFatalStatusCodes": []"#)),
+        "methodConfig[0].hedgingPolicy.nonFatalStatusCodes"
+    );
+    // Unset delay: all attempts at once; unset codes: every failure is fatal.
+    let config = ServiceConfig::from_json(&hedge(r#""maxAttempts": 3"#)).unwrap();
+    assert_eq!(
+        config.methods[0].policy,
+        Some(MethodPolicy::Hedging(HedgingPolicyConfig {
+            max_attempts: 3,
+            hedging_delay: Duration::ZERO,
+            non_fatal_status_codes: vec![],
+        }))
+    );
+    // Retry and hedging are exclusive.
+    let both = one_method(&format!(
+        r#""retryPolicy": {{ {GOOD_RETRY} }}, "hedgingPolicy": {{ "maxAttempts": 2 }}"#
+    ));
+    assert_eq!(rejected(&both), "methodConfig[0].hedgingPolicy");
+
+    let throttle = |fields: &str| format!(r#"{{ "retryThrottling": {{ {fields} }} }}"#);
+    for (fields, knob) in [
+        (r#""tokenRatio": 0.1"#, "maxTokens"),
+        (r#""maxTokens": 0, "tokenRatio": 0.1"#, "maxTokens"),
+        (r#""maxTokens": 1001, "tokenRatio": 0.1"#, "maxTokens"),
+        (r#""maxTokens": 1.5, "tokenRatio": 0.1"#, "maxTokens"),
+        (r#""maxTokens": 10"#, "tokenRatio"),
+        (r#""maxTokens": 10, "tokenRatio": 0"#, "tokenRatio"),
+        (r#""maxTokens": 10, "tokenRatio": -0.5"#, "tokenRatio"),
+        (r#""maxTokens": 10, "tokenRatio": 0.1234"#, "tokenRatio"),
+    ] {
+        assert_eq!(
+            rejected(&throttle(fields)),
+            format!("retryThrottling.{knob}"),
+            "{fields}"
+        );
+    }
+    let ok =
+        ServiceConfig::from_json(&throttle(r#""maxTokens": 1000, "tokenRatio": 0.125"#)).unwrap();
+    assert_eq!(
+        ok.retry_throttling,
+        Some(RetryThrottling {
+            max_tokens: 1000,
+            token_ratio: 0.125
+        })
+    );
+}
+
+#[test]
+fn names_are_checked_and_never_repeated() {
+    let dup = r#"{ "methodConfig": [
+        { "name": [{ "service": "a.A", "method": "M" }] },
+        { "name": [{ "service": "b.B" }, { "service": "a.A", "method": "M" }] }
+    ] }"#;
+    let err = ServiceConfig::from_json(dup).unwrap_err();
+    assert_eq!(err.knob(), "methodConfig[1].name[1]");
+    assert!(err.to_string().contains("methodConfig[0]"), "{err}");
+    // Two defaults are a duplicate too.
+    let two_defaults = r#"{ "methodConfig": [ { "name": [{}] }, { "name": [{}] } ] }"#;
+    assert_eq!(rejected(two_defaults), "methodConfig[1].name[0]");
+    let method_alone = r#"{ "methodConfig": [ { "name": [{ "method": "M" }] } ] }"#;
+    assert_eq!(rejected(method_alone), "methodConfig[0].name[0].service");
+    let not_string = r#"{ "methodConfig": [ { "name": [{ "service": 7 }] } ] }"#;
+    assert_eq!(rejected(not_string), "methodConfig[0].name[0].service");
+    assert_eq!(rejected(r#"{ "methodConfig": {} }"#), "methodConfig");
+    assert_eq!(rejected("[]"), "service config");
+    assert_eq!(rejected("{ nope"), "service config");
+    // An empty config is valid: nothing is retried.
+    assert!(ServiceConfig::from_json("{}").unwrap().methods.is_empty());
+}
+
+/// Each policy becomes the building blocks the retry layer takes: A6's backoff, the
+/// retryable codes, hedging with its delay, and the throttle.
+#[test]
+fn policies_become_retry_policies_hedging_and_a_throttle() {
+    let config = ServiceConfig::from_json(
+        r#"{ "methodConfig": [
+            { "name": [{ "service": "a.R" }],
+              "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.2s", "maxBackoff": "2s",
+                               "backoffMultiplier": 3, "retryableStatusCodes": ["UNAVAILABLE"] } },
+            { "name": [{ "service": "a.H" }],
+              "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.05s" } }
+          ],
+          "retryThrottling": { "maxTokens": 10, "tokenRatio": 2.5 } }"#,
+    )
+    .unwrap();
+    let Some(MethodPolicy::Retry(r)) = &config.methods[0].policy else {
+        panic!("a retry policy")
+    };
+    assert!(r.retry_policy().build().is_ok());
+    assert_eq!(
+        format!("{:?}", r.backoff()),
+        format!(
+            "{:?}",
+            backstop::retry::backoff::exponential(200 * MS, 2000 * MS)
+                .unwrap()
+                .multiplier(3.0)
+                .unwrap()
+        )
+    );
+    let Some(MethodPolicy::Hedging(h)) = &config.methods[1].policy else {
+        panic!("a hedging policy")
+    };
+    assert!(
+        backstop::retry::RetryPolicy::grpc()
+            .hedging(h.hedging())
+            .build()
+            .is_ok()
+    );
+    use backstop::retry::Budget;
+    let throttle = config.retry_throttling.unwrap().throttle();
+    assert_eq!(throttle.balance(), 10.0);
+    assert_eq!(
+        rejected(r#"{ "retryThrottling": { "maxTokens": 2, "tokenRatio": 2.5 } }"#),
+        "retryThrottling.tokenRatio"
+    );
+}
