@@ -234,15 +234,21 @@ impl ServiceConfig {
     /// entry naming that method, the one naming its service, and the default. `None`: no entry
     /// applies (the call is neither retried nor hedged, as gRPC's clients do).
     pub fn method(&self, path: &str) -> Option<&MethodConfig> {
+        self.method_index(path).map(|i| &self.methods[i])
+    }
+
+    /// The index in [`methods`](Self::methods) of [`method`](Self::method)'s entry. A scan of
+    /// the names, without allocating.
+    pub fn method_index(&self, path: &str) -> Option<usize> {
         let (service, method) = path.strip_prefix('/')?.split_once('/')?;
         let mut by_service = None;
         let mut default = None;
-        for entry in &self.methods {
+        for (i, entry) in self.methods.iter().enumerate() {
             for name in &entry.names {
                 match (name.service.as_deref(), name.method.as_deref()) {
-                    (Some(s), Some(m)) if s == service && m == method => return Some(entry),
-                    (Some(s), None) if s == service => by_service = by_service.or(Some(entry)),
-                    (None, None) => default = default.or(Some(entry)),
+                    (Some(s), Some(m)) if s == service && m == method => return Some(i),
+                    (Some(s), None) if s == service => by_service = by_service.or(Some(i)),
+                    (None, None) => default = default.or(Some(i)),
                     _ => {}
                 }
             }

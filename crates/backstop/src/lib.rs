@@ -174,6 +174,8 @@ pub mod client;
 mod ext;
 #[cfg(feature = "service-config")]
 pub mod grpc;
+#[cfg(feature = "service-config")]
+pub mod methods;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 mod server;
 pub mod timeout;

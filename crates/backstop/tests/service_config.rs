@@ -391,3 +391,110 @@ fn policies_become_retry_policies_hedging_and_a_throttle() {
         "retryThrottling.tokenRatio"
     );
 }
+
+mod dispatch {
+    use super::*;
+    use backstop::ReplayBody;
+    use http::{Request, Response};
+    use std::sync::{Arc, Mutex};
+    use tower::{Layer, ServiceExt, service_fn};
+
+    /// What the dependency saw: each attempt's path, `grpc-timeout` and when it came.
+    type Seen = Arc<Mutex<Vec<(String, Option<String>, Duration)>>>;
+
+    /// A dependency that answers every call UNAVAILABLE at once.
+    fn unavailable(
+        seen: Seen,
+    ) -> impl tower::Service<
+        Request<ReplayBody<String>>,
+        Response = Response<String>,
+        Error = std::convert::Infallible,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static {
+        let t0 = tokio::time::Instant::now();
+        service_fn(move |req: Request<ReplayBody<String>>| {
+            let timeout = req
+                .headers()
+                .get("grpc-timeout")
+                .map(|v| v.to_str().unwrap().to_owned());
+            seen.lock()
+                .unwrap()
+                .push((req.uri().path().to_owned(), timeout, t0.elapsed()));
+            async {
+                let response = Response::builder()
+                    .header("content-type", "application/grpc")
+                    .header("grpc-status", "14")
+                    .body(String::new());
+                Ok(response.unwrap())
+            }
+        })
+    }
+
+    fn call(path: &str) -> Request<String> {
+        Request::post(format!("http://bank{path}"))
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap()
+    }
+
+    /// One JSON, three behaviours: `GetBalance` retried 4 times with A6's backoff, `Charge`
+    /// never retried, every other method on the default entry's timeout, unretried.
+    #[tokio::test(start_paused = true)]
+    async fn each_method_gets_its_own_policy() {
+        let config = ServiceConfig::from_json(
+            r#"{ "methodConfig": [
+                { "name": [{}], "timeout": "2s" },
+                { "name": [{ "service": "bank.Accounts", "method": "GetBalance" }],
+                  "timeout": "5s",
+                  "retryPolicy": { "maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                                   "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] } },
+                { "name": [{ "service": "bank.Accounts", "method": "Charge" }] }
+              ],
+              "retryThrottling": { "maxTokens": 100, "tokenRatio": 0.1 } }"#,
+        )
+        .unwrap();
+        let layer = backstop::client::grpc().service_config(config).unwrap();
+        let seen: Seen = Arc::default();
+        let client = layer.layer(unavailable(seen.clone()));
+        for path in [
+            "/bank.Accounts/GetBalance",
+            "/bank.Accounts/Charge",
+            "/bank.Cards/List",
+        ] {
+            let response = client.clone().oneshot(call(path)).await.unwrap();
+            assert_eq!(response.headers()["grpc-status"], "14", "{path}");
+        }
+        let seen = seen.lock().unwrap().clone();
+        let paths: Vec<_> = seen.iter().map(|(p, ..)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/bank.Accounts/GetBalance",
+                "/bank.Accounts/GetBalance",
+                "/bank.Accounts/GetBalance",
+                "/bank.Accounts/GetBalance",
+                "/bank.Accounts/Charge",
+                "/bank.Cards/List",
+            ]
+        );
+        // GetBalance: its 5 s timeout, of which the attempt may take 80 % (the preset's
+        // attempt bound); retries within A6's envelopes (0.1, 0.2, 0.4 s).
+        assert_eq!(seen[0].1.as_deref(), Some("4S"));
+        let mut envelope = Duration::from_millis(100);
+        for pair in seen[..4].windows(2) {
+            let gap = pair[1].2 - pair[0].2;
+            assert!(gap <= envelope, "{gap:?} above {envelope:?}");
+            envelope *= 2;
+        }
+        // Charge has an entry of its own, without a timeout: no deadline at all (the default
+        // entry's does not apply to it).
+        assert_eq!(seen[4].1, None);
+        // Everything else: the default entry's 2 s (80 % of it for the attempt).
+        assert_eq!(seen[5].1.as_deref(), Some("1600m"));
+        let stats = layer.retry_layer(1).unwrap().stats();
+        assert_eq!(stats.retries, 3);
+        assert_eq!(layer.retry_layer(2).unwrap().stats().retries, 0);
+    }
+}

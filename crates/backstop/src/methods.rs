@@ -1,0 +1,192 @@
+//! The gRPC client preset with its policies per method, from a service config:
+//! [`ClientLayer::service_config`](crate::ClientLayer::service_config).
+//!
+//! ```text
+//! MethodTimeout → PropagateDeadline → Methods (one Retry per methodConfig entry) → Breaker → attempt bound → transport
+//! ```
+//!
+//! - **The method's `timeout`** becomes the call's deadline (a request extension, the earlier
+//!   of it and any deadline the caller already has), so `PropagateDeadline` sends it in
+//!   `grpc-timeout` and every attempt shares it.
+//! - **Its `retryPolicy` or `hedgingPolicy`** is a retry layer of its own, chosen by the
+//!   request's `:path` (a scan of the entries' names, no allocation): the method's entry,
+//!   then its service's, then the default; none: one attempt, as gRPC's clients do.
+//! - **One budget for the whole client**: the config's `retryThrottling` (gRFC A6: per server
+//!   name), or, without one, backstop's ratio budget (a deliberate difference: gRPC's clients
+//!   then retry unthrottled; backstop never lets retries storm).
+//! - **One breaker and one attempt bound** for the dependency, as in the preset.
+//!
+//! # Concurrency rule
+//!
+//! The layers share the config (read-only) and the budget (lock-free, see its docs); each
+//! method's retry layer keeps its own stats.
+
+use crate::{
+    ClientLayer,
+    grpc::{MethodPolicy, ServiceConfig},
+};
+use backstop_core::{BoxError, GrpcClassifier};
+use backstop_deadline::Deadline;
+use backstop_retry::{Budget, Idempotency, RatioBudget, Retry, RetryLayer, RetryPolicy};
+use http::Request;
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// A gRPC client stack with its policies per method; built by
+/// [`ClientLayer::service_config`](crate::ClientLayer::service_config).
+#[derive(Debug, Clone)]
+pub struct MethodsLayer {
+    config: Arc<ServiceConfig>,
+    client: ClientLayer<GrpcClassifier>,
+    /// One retry layer per `methodConfig` entry, then one for calls no entry names.
+    retries: Arc<[RetryLayer<GrpcClassifier>]>,
+}
+
+impl MethodsLayer {
+    pub(crate) fn new(
+        client: ClientLayer<GrpcClassifier>,
+        config: ServiceConfig,
+    ) -> Result<Self, crate::ConfigError> {
+        let budget: Arc<dyn Budget> = match &config.retry_throttling {
+            Some(throttling) => Arc::new(throttling.throttle()),
+            None => Arc::new(RatioBudget::new()),
+        };
+        let mut retries = Vec::with_capacity(config.methods.len() + 1);
+        for entry in &config.methods {
+            let policy = match &entry.policy {
+                Some(MethodPolicy::Retry(r)) => r.retry_policy().budget(budget.clone()),
+                Some(MethodPolicy::Hedging(h)) => RetryPolicy::with_classifier(
+                    GrpcClassifier::new().retryable_codes(h.non_fatal_status_codes.iter().copied()),
+                )
+                .max_attempts(h.max_attempts)
+                .hedging(h.hedging())
+                // The service owner chose hedging for these methods (A6: that is the opt-in).
+                .idempotency(Idempotency::All)
+                .budget(budget.clone()),
+                None => RetryPolicy::grpc().max_attempts(1),
+            };
+            retries.push(policy.build()?);
+        }
+        retries.push(RetryPolicy::grpc().max_attempts(1).build()?);
+        Ok(Self {
+            config: Arc::new(config),
+            client,
+            retries: retries.into(),
+        })
+    }
+
+    /// The retry layer of `methodConfig[i]` (for its [`stats`](RetryLayer::stats)), or, for
+    /// `i` = the number of entries, the one of calls no entry names.
+    pub fn retry_layer(&self, i: usize) -> Option<&RetryLayer<GrpcClassifier>> {
+        self.retries.get(i)
+    }
+
+    /// The config.
+    pub fn config(&self) -> &ServiceConfig {
+        &self.config
+    }
+}
+
+impl<S: Clone> Layer<S> for MethodsLayer {
+    type Service = MethodTimeout<
+        backstop_deadline::PropagateDeadline<
+            Methods<backstop_breaker::Breaker<crate::AttemptTimeout<S>, GrpcClassifier>>,
+        >,
+    >;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let inner = self
+            .client
+            .breaker_layer()
+            .layer(self.client.attempt_layer().layer(inner));
+        let routes = self
+            .retries
+            .iter()
+            .map(|retry| retry.layer(inner.clone()))
+            .collect::<Vec<_>>();
+        let methods = Methods {
+            routes,
+            config: self.config.clone(),
+        };
+        MethodTimeout {
+            inner: self.client.deadline_layer().layer(methods),
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// Routes each call to its method's retry layer; see [`MethodsLayer`].
+#[derive(Debug, Clone)]
+pub struct Methods<S> {
+    routes: Vec<Retry<S, GrpcClassifier>>,
+    config: Arc<ServiceConfig>,
+}
+
+impl<S, B> Service<Request<B>> for Methods<S>
+where
+    Retry<S, GrpcClassifier>: Service<Request<B>, Error = BoxError>,
+{
+    type Response = <Retry<S, GrpcClassifier> as Service<Request<B>>>::Response;
+    type Error = BoxError;
+    type Future = <Retry<S, GrpcClassifier> as Service<Request<B>>>::Future;
+
+    /// Ready when every route is (as tower's `Steer`: the call's route is known only at
+    /// `call`).
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        let mut pending = false;
+        for route in &mut self.routes {
+            match route.poll_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => pending = true,
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let none = self.routes.len() - 1;
+        let i = self.config.method_index(req.uri().path()).unwrap_or(none);
+        self.routes[i].call(req)
+    }
+}
+
+/// Gives each call its method's `timeout` as a deadline; see [`MethodsLayer`].
+#[derive(Debug, Clone)]
+pub struct MethodTimeout<S> {
+    inner: S,
+    config: Arc<ServiceConfig>,
+}
+
+impl<S, B> Service<Request<B>> for MethodTimeout<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> S::Future {
+        if let Some(timeout) = self.config.method(req.uri().path()).and_then(|m| m.timeout) {
+            let deadline = Deadline::after(timeout);
+            let deadline = match req.extensions().get::<Deadline>() {
+                Some(&earlier) => earlier.min(deadline),
+                None => deadline,
+            };
+            req.extensions_mut().insert(deadline);
+        }
+        self.inner.call(req)
+    }
+}
