@@ -90,6 +90,16 @@ where
     }
 }
 
+impl<B> ResponseBody<B> {
+    /// The inner body; `None` for a local rejection's body.
+    pub fn get_ref(&self) -> Option<&B> {
+        match &self.kind {
+            Kind::Inner { body } => Some(body),
+            Kind::Local { .. } => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

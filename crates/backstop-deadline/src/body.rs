@@ -47,6 +47,11 @@ impl<B> DeadlineBody<B> {
     pub fn is_expired(&self) -> bool {
         self.expired
     }
+
+    /// The inner body; `None` when this layer answered on its own (a local rejection).
+    pub fn get_ref(&self) -> Option<&B> {
+        self.body.get_ref()
+    }
 }
 
 fn deadline_trailers() -> HeaderMap {

@@ -57,6 +57,8 @@ pub(crate) struct RetryState<S, B, C> {
     pub(crate) bounds: Bounds,
     /// Attempts sent so far, the first included.
     pub(crate) attempts: u32,
+    /// Why the result returned was not retried, when it was a candidate.
+    pub(crate) gave_up: Option<GiveUp>,
     /// The backoff since it last started over (a gRPC pushback resets it, per A6).
     backoff: BackoffState,
     rng: Option<Rng>,
@@ -137,6 +139,7 @@ where
                 next: None,
                 bounds,
                 attempts: 1,
+                gave_up: None,
                 backoff: BackoffState::default(),
                 rng: None,
                 number,
@@ -226,6 +229,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 Verdict::Retry(wait)
             }
             Err(why) => {
+                self.gave_up = Some(why);
                 self.shared.stats.give_up(why);
                 if why.exhausts_retries() {
                     mark_exhausted();
@@ -317,6 +321,11 @@ impl<S, B, C> RetryState<S, B, C> {
     }
 }
 
+/// What a response tells its caller of the call: attempts, and why it was not retried.
+fn info<S, B, C>(retry: Option<&RetryState<S, B, C>>) -> (u32, Option<GiveUp>) {
+    retry.map_or((1, None), |r| (r.attempts, r.gave_up))
+}
+
 /// The next backoff delay; `state.retry` counts the retries since the backoff started over.
 fn next_backoff<C>(
     policy: &crate::RetryPolicy<C>,
@@ -379,18 +388,20 @@ where
                         Verdict::ReturnWatched => this.retry.as_ref().map(|r| r.shared.clone()),
                     };
                     this.state.set(State::Done);
-                    return Poll::Ready(
-                        result.map(|response| response.map(|body| RetryBody::new(body, watch))),
-                    );
+                    let (attempts, gave_up) = info(this.retry.as_ref());
+                    return Poll::Ready(result.map(|response| {
+                        response.map(|body| RetryBody::new(body, watch, attempts, gave_up))
+                    }));
                 }
                 StateProj::Hedging { hedges } => {
                     let retry = this.retry.as_mut().expect("a hedged request");
                     let (result, watch) = ready!(retry.poll_hedges(hedges.get(), cx));
                     // The attempts still in flight are cancelled here.
                     this.state.set(State::Done);
-                    return Poll::Ready(
-                        result.map(|response| response.map(|body| RetryBody::new(body, watch))),
-                    );
+                    let (attempts, gave_up) = info(this.retry.as_ref());
+                    return Poll::Ready(result.map(|response| {
+                        response.map(|body| RetryBody::new(body, watch, attempts, gave_up))
+                    }));
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);

@@ -198,7 +198,7 @@ enum Judged {
 pub(crate) type Settled<R, C> = (Result<Response<R>, BoxError>, Option<Arc<Handle<C>>>);
 
 impl<S, B, C> RetryState<S, B, C> {
-    fn judge<R>(&self, result: Result<&Response<R>, &BoxError>) -> Judged
+    fn judge<R>(&mut self, result: Result<&Response<R>, &BoxError>) -> Judged
     where
         C: Classify<Response<R>>,
     {
@@ -230,6 +230,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 }
                 match (retryable, hint) {
                     (backstop_core::Retryable::Never, _) => {
+                        self.gave_up = Some(GiveUp::NotRetryable);
                         self.shared.stats.give_up(GiveUp::NotRetryable);
                         Judged::Commit(false)
                     }
@@ -388,6 +389,7 @@ impl<S, B, C> RetryState<S, B, C> {
             .expect("an attempt finished before none was left");
         match hedges.why {
             Some(why) => {
+                self.gave_up = Some(why);
                 self.shared.stats.give_up(why);
                 if why.exhausts_retries() {
                     mark_exhausted();

@@ -42,6 +42,26 @@ pub type ClientResponse<B, C> = http::Response<
     >,
 >;
 
+/// What a client preset's response says of its call: how many attempts it took (the first
+/// included) and, when the response is a failure that was not retried, why
+/// ([`GiveUp`](backstop_retry::GiveUp)). `None` when the stack answered on its own (a local
+/// rejection, e.g. the deadline spent before the call was sent).
+///
+/// ```
+/// # use backstop::{ClientResponse, client::call_info};
+/// # fn log<B, C>(response: &ClientResponse<B, C>) {
+/// if let Some((attempts, gave_up)) = call_info(response) {
+///     println!("{attempts} attempts, gave up: {gave_up:?}");
+/// }
+/// # }
+/// ```
+pub fn call_info<B, C>(
+    response: &ClientResponse<B, C>,
+) -> Option<(u32, Option<backstop_retry::GiveUp>)> {
+    let retry = response.body().get_ref()?;
+    Some((retry.attempts(), retry.gave_up()))
+}
+
 /// How the preset hedges, kept so replacing the retry or attempt layer keeps it.
 #[derive(Debug, Clone)]
 enum Hedge {

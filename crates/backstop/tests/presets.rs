@@ -575,3 +575,41 @@ async fn an_expired_grpc_attempt_gives_up_for_the_same_reason_either_way() {
         );
     }
 }
+
+/// Each response tells how many attempts its call took and, when it gave up, why — the same
+/// reason the stats count.
+#[tokio::test(start_paused = true)]
+async fn each_response_tells_its_attempts_and_why_it_gave_up() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    // The first call fails, then every other one.
+    let flaky = service_fn(move |_req: Request<ReplayBody<String>>| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let status = if n == 0 || n >= 2 { 503 } else { 200 };
+            let response = Response::builder().status(status).body(String::new());
+            Ok::<_, std::convert::Infallible>(response.unwrap())
+        }
+    });
+    let backend = backstop::client::http();
+    let client = ServiceBuilder::new().layer(backend).service(flaky);
+    let info = |r: &backstop::ClientResponse<String, backstop_core::HttpClassifier>| {
+        backstop::client::call_info(r).unwrap()
+    };
+    // 503 then 200: two attempts, nothing given up.
+    let ok = client.clone().oneshot(get()).await.unwrap();
+    assert_eq!((ok.status().as_u16(), info(&ok)), (200, (2, None)));
+    // 503 three times: the attempts ran out.
+    let out = client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(
+        (out.status().as_u16(), info(&out)),
+        (503, (3, Some(backstop::retry::GiveUp::Attempts)))
+    );
+    // A POST is not retried.
+    let post = Request::post("http://dep/x").body(String::new()).unwrap();
+    let once = client.clone().oneshot(post).await.unwrap();
+    assert_eq!(
+        info(&once),
+        (1, Some(backstop::retry::GiveUp::NotIdempotent))
+    );
+}
