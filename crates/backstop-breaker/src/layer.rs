@@ -56,9 +56,25 @@ impl<C> BreakerLayer<C> {
             count_throttled: config.count_throttled,
             hook: config.hook,
             opens: std::sync::atomic::AtomicU64::new(0),
+            name: backstop_core::DependencyName::default(),
         });
         let handles = Handles::new(&shared);
         Self { shared, handles }
+    }
+
+    /// Names the dependency: every event this breaker emits carries it as `dependency`
+    /// (unnamed: `""`).
+    ///
+    /// # Errors
+    ///
+    /// When the breaker already has another name.
+    pub fn set_name(&self, name: &str) -> Result<(), backstop_core::ConfigError> {
+        self.shared.name.set(name)
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.shared.name.get()
     }
 
     /// The breaker's state, rates and counts now.
@@ -98,6 +114,7 @@ pub(crate) struct Shared<C> {
     hook: Option<Hook>,
     /// Transitions to open since the breaker was built.
     opens: std::sync::atomic::AtomicU64,
+    pub(crate) name: backstop_core::DependencyName,
 }
 
 impl<C> fmt::Debug for Shared<C> {
@@ -147,6 +164,7 @@ impl<C> Shared<C> {
         }
         match t.to {
             State::Open => tracing::warn!(
+                dependency = self.name.get(),
                 from = ?t.from,
                 reason = ?t.reason,
                 generation = t.generation,
@@ -154,11 +172,13 @@ impl<C> Shared<C> {
                 "circuit breaker opened"
             ),
             State::HalfOpen => tracing::info!(
+                dependency = self.name.get(),
                 reason = ?t.reason,
                 generation = t.generation,
                 "circuit breaker half-open: probing"
             ),
             State::Closed => tracing::info!(
+                dependency = self.name.get(),
                 from = ?t.from,
                 reason = ?t.reason,
                 generation = t.generation,

@@ -79,6 +79,7 @@ mod error;
 pub mod grpc;
 pub mod hint;
 pub mod latency;
+mod name;
 pub mod reject;
 pub mod stripe;
 
@@ -90,4 +91,5 @@ pub use error::{
 };
 pub use grpc::{Code, is_grpc};
 pub use hint::ServerHint;
+pub use name::DependencyName;
 pub use reject::Rejection;

@@ -97,6 +97,7 @@ where
                     sleep.set(Some(sleep_until(d.instant())));
                 }
                 ready!(sleep.as_pin_mut().expect("armed above").poll(cx));
+                tracing::debug!(grpc = *grpc, "deadline expired: the handler is cancelled");
                 (Rejection::DeadlineExceeded, *grpc)
             }
             InboundProj::Rejected { rejection, grpc } => (*rejection, *grpc),

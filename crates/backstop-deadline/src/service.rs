@@ -171,7 +171,23 @@ where
         let head = Head::read(req.headers());
         let grpc = head.grpc;
         match self.config.deadline(Instant::now(), &head, req.headers()) {
-            Err(rejection) => ResponseFuture::rejected(rejection, grpc),
+            Err(rejection) => {
+                if rejection == Rejection::MalformedTimeout {
+                    tracing::warn!(
+                        method = %req.method(),
+                        path = req.uri().path(),
+                        "malformed grpc-timeout: rejected"
+                    );
+                } else {
+                    tracing::debug!(
+                        method = %req.method(),
+                        path = req.uri().path(),
+                        rejection = ?rejection,
+                        "rejected on arrival: no time left"
+                    );
+                }
+                ResponseFuture::rejected(rejection, grpc)
+            }
             Ok(None) => ResponseFuture::running(self.inner.call(req), None, grpc),
             Ok(Some(deadline)) => {
                 req.extensions_mut().insert(deadline);

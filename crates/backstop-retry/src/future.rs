@@ -222,7 +222,11 @@ impl<S, B, C> RetryState<S, B, C> {
                 self.attempts += 1;
                 self.shared.stats.retry();
                 tracing::debug!(
+                    dependency = self.shared.name.get(),
+                    method = %self.template.method,
+                    path = self.template.path(),
                     attempt = self.attempts,
+                    failed = %Failed(result),
                     wait_ms = wait.as_millis() as u64,
                     "retrying request"
                 );
@@ -235,8 +239,12 @@ impl<S, B, C> RetryState<S, B, C> {
                     mark_exhausted();
                 }
                 tracing::debug!(
-                    reason = why.as_str(),
+                    dependency = self.shared.name.get(),
+                    method = %self.template.method,
+                    path = self.template.path(),
                     attempts = self.attempts,
+                    failed = %Failed(result),
+                    reason = why.as_str(),
                     "not retrying"
                 );
                 Verdict::Return
@@ -318,6 +326,21 @@ impl<S, B, C> RetryState<S, B, C> {
             );
         }
         Some(req)
+    }
+}
+
+/// How an attempt failed, for events: the gRPC status, the HTTP status, or the error.
+pub(crate) struct Failed<'a, R>(pub(crate) Result<&'a Response<R>, &'a BoxError>);
+
+impl<R> std::fmt::Display for Failed<'_, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Ok(response) => match response.headers().get(backstop_core::grpc::GRPC_STATUS) {
+                Some(code) => write!(f, "grpc-status {}", code.to_str().unwrap_or("?")),
+                None => write!(f, "status {}", response.status().as_u16()),
+            },
+            Err(e) => write!(f, "error: {e}"),
+        }
     }
 }
 

@@ -302,7 +302,13 @@ impl<S, B, C> RetryState<S, B, C> {
         }
         self.attempts += 1;
         self.shared.stats.hedge();
-        tracing::debug!(attempt = self.attempts, "hedging request");
+        tracing::debug!(
+            dependency = self.shared.name.get(),
+            method = %self.template.method,
+            path = self.template.path(),
+            attempt = self.attempts,
+            "hedging request"
+        );
         hedges.in_flight.push(Box::pin(self.service.call(req)));
         // No delay (a model not trusted any more): no hedge on a timer, but a retryable
         // failure still sends the next one.
@@ -395,6 +401,9 @@ impl<S, B, C> RetryState<S, B, C> {
                     mark_exhausted();
                 }
                 tracing::debug!(
+                    dependency = self.shared.name.get(),
+                    method = %self.template.method,
+                    path = self.template.path(),
                     reason = why.as_str(),
                     attempts = self.attempts,
                     "not hedging"

@@ -26,6 +26,7 @@ impl<C> Clone for RetryLayer<C> {
 pub(crate) struct Shared<C> {
     pub(crate) policy: RetryPolicy<C>,
     pub(crate) stats: Stats,
+    pub(crate) name: backstop_core::DependencyName,
 }
 
 /// One handle per stripe to the layer's shared state, shared by every service of the layer
@@ -61,6 +62,21 @@ impl<C> RetryLayer<C> {
         self.shared.policy.clone().hedging(hedging).build()
     }
 
+    /// Names the dependency: every event this layer emits carries it as `dependency`
+    /// (unnamed: `""`).
+    ///
+    /// # Errors
+    ///
+    /// When the layer already has another name.
+    pub fn set_name(&self, name: &str) -> Result<(), backstop_core::ConfigError> {
+        self.shared.name.set(name)
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.shared.name.get()
+    }
+
     /// The policy this layer was built from.
     pub fn policy(&self) -> &RetryPolicy<C> {
         &self.shared.policy
@@ -70,6 +86,7 @@ impl<C> RetryLayer<C> {
         let shared = Arc::new(Shared {
             policy,
             stats: Stats::new(stripe::count()),
+            name: backstop_core::DependencyName::default(),
         });
         let handles = Handles::new(&shared);
         Self { shared, handles }

@@ -156,6 +156,23 @@ impl Template {
         false
     }
 
+    /// The request's path, without the query (for events).
+    pub(crate) fn path(&self) -> &str {
+        let mut reader = Reader {
+            head: &self.head,
+            at: 0,
+        };
+        let (_, uri) = reader.next();
+        let uri = std::str::from_utf8(uri).unwrap_or("");
+        let after_authority = match uri.split_once("://") {
+            Some((_, rest)) => rest.find('/').map_or("/", |i| &rest[i..]),
+            None => uri,
+        };
+        after_authority
+            .split_once('?')
+            .map_or(after_authority, |(path, _)| path)
+    }
+
     /// Whether `idempotency` lets this request be sent twice.
     pub(crate) fn idempotent(&self, idempotency: Idempotency) -> bool {
         idempotency.allows_with(&self.method, || self.has_header(IDEMPOTENCY_KEY))
@@ -242,6 +259,9 @@ mod tests {
             };
             prop_assert_eq!(seen(&again), seen(&req));
             prop_assert_eq!(again.extensions().get::<u32>(), Some(&7));
+            if req.uri().path_and_query().is_some() && req.method() != Method::CONNECT {
+                prop_assert_eq!(template.path(), req.uri().path());
+            }
             let keyed = headers.iter().any(|(n, ..)| n == "idempotency-key");
             prop_assert_eq!(template.has_header(IDEMPOTENCY_KEY), keyed);
             prop_assert_eq!(

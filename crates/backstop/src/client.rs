@@ -21,6 +21,8 @@ pub struct ClientLayer<C> {
     breaker: BreakerLayer<C>,
     attempt: AttemptTimeoutLayer,
     hedging: Option<Hedge>,
+    /// The dependency's name, applied again to a replaced retry layer or breaker.
+    name: Option<std::sync::Arc<str>>,
 }
 
 /// The service [`http()`] builds around a transport `S`: name it in a struct field or axum
@@ -49,6 +51,7 @@ pub type ClientResponse<B, C> = http::Response<
 ///
 /// ```
 /// # use backstop::{ClientResponse, client::call_info};
+/// # #[allow(dead_code)]
 /// # fn log<B, C>(response: &ClientResponse<B, C>) {
 /// if let Some((attempts, gave_up)) = call_info(response) {
 ///     println!("{attempts} attempts, gave up: {gave_up:?}");
@@ -125,7 +128,38 @@ impl<C> ClientLayer<C> {
             attempt: AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
                 .expect("the defaults are valid"),
             hedging: None,
+            name: None,
         }
+    }
+
+    /// Names the dependency: every event the stack's retry layer and breaker emit carries it
+    /// as `dependency` (with the request's method and path, the attempt, and the status or
+    /// error). A stack left unnamed is allowed; its events carry `dependency = ""`.
+    ///
+    /// ```
+    /// let inventory = backstop::client::http().name("inventory");
+    /// assert_eq!(inventory.dependency(), "inventory");
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When a layer of this stack is already named otherwise (layers shared between two
+    /// stacks cannot tell two dependencies apart).
+    #[must_use]
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.into());
+        self.renamed()
+    }
+
+    /// Applies the name to the current retry layer and breaker.
+    fn renamed(self) -> Self {
+        if let Some(name) = &self.name {
+            self.retry
+                .set_name(name)
+                .and_then(|()| self.breaker.set_name(name))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        self
     }
 
     /// Gives every call at most `timeout` (or what is left of an inherited deadline, if less),
@@ -171,7 +205,7 @@ impl<C> ClientLayer<C> {
             .max_attempts(n)
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
-        self.rehedge()
+        self.rehedge().renamed()
     }
 
     /// Replaces the deadline propagation (e.g. a per-call `timeout` or a `fraction`).
@@ -188,14 +222,14 @@ impl<C> ClientLayer<C> {
         C: Clone,
     {
         self.retry = layer;
-        self.rehedge()
+        self.rehedge().renamed()
     }
 
     /// Replaces the breaker.
     #[must_use]
     pub fn breaker(mut self, layer: BreakerLayer<C>) -> Self {
         self.breaker = layer;
-        self
+        self.renamed()
     }
 
     /// Bounds each attempt by a fixed `timeout` instead of measured latency, inside the
@@ -287,7 +321,7 @@ impl<C> ClientLayer<C> {
             .retry
             .with_hedging(hedging)
             .unwrap_or_else(|e| panic!("{e}"));
-        self
+        self.renamed()
     }
 
     /// The attempt bound's layer: [`latency`](AttemptTimeoutLayer::latency) is the
@@ -300,6 +334,11 @@ impl<C> ClientLayer<C> {
     /// The dependency's measured latency: count and quantiles over the model's window.
     pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
         self.attempt.latency()
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn dependency(&self) -> &str {
+        self.retry.name()
     }
 
     /// The deadline propagation layer.

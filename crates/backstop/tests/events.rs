@@ -1,0 +1,135 @@
+//! The events an operator reads: every client event names its dependency, the request's
+//! method and path (no query), the attempt and how it failed; the server deadline layer tells
+//! of malformed headers and of what it rejects.
+
+use backstop::{ReplayBody, prelude::*};
+use http::{Request, Response};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tracing::{
+    Event, Metadata, Subscriber,
+    field::{Field, Visit},
+    span,
+};
+
+/// Every event: its message and its fields, as text.
+type Events = Arc<Mutex<Vec<HashMap<String, String>>>>;
+
+struct Recorder(Events);
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl Subscriber for Recorder {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+        span::Id::from_u64(1)
+    }
+    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = HashMap::new();
+        fields.insert("level".to_owned(), event.metadata().level().to_string());
+        event.record(&mut Fields(&mut fields));
+        self.0.lock().unwrap().push(fields);
+    }
+    fn enter(&self, _: &span::Id) {}
+    fn exit(&self, _: &span::Id) {}
+}
+
+fn find(events: &Events, message: &str) -> HashMap<String, String> {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|e| e.get("message").map(String::as_str) == Some(message))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {message:?} event in {:?}", events.lock().unwrap()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_events_name_the_dependency_the_request_and_the_failure() {
+    let events: Events = Arc::default();
+    let _guard = tracing::subscriber::set_default(Recorder(events.clone()));
+    let down = service_fn(|_req: Request<ReplayBody<String>>| async {
+        let response = Response::builder().status(503).body(String::new());
+        Ok::<_, std::convert::Infallible>(response.unwrap())
+    });
+    let backend = backstop::client::http()
+        .max_attempts(2)
+        .breaker(
+            BreakerConfig::http()
+                .minimum_calls(2)
+                .jitter(false)
+                .build()
+                .unwrap(),
+        )
+        .name("inventory");
+    let client = ServiceBuilder::new().layer(backend).service(down);
+    let req = Request::get("http://inventory/item/1?token=secret")
+        .body(String::new())
+        .unwrap();
+    let response = client.oneshot(req).await.unwrap();
+    assert_eq!(response.status(), 503);
+
+    let retrying = find(&events, "retrying request");
+    assert_eq!(retrying["dependency"], "inventory");
+    assert_eq!(retrying["method"], "GET");
+    assert_eq!(retrying["path"], "/item/1", "no query string");
+    assert_eq!(retrying["attempt"], "2");
+    assert_eq!(retrying["failed"], "status 503");
+    let gave_up = find(&events, "not retrying");
+    assert_eq!(gave_up["dependency"], "inventory");
+    assert_eq!(gave_up["reason"], "attempts");
+    assert_eq!(gave_up["attempts"], "2");
+    let opened = find(&events, "circuit breaker opened");
+    assert_eq!(opened["dependency"], "inventory");
+    assert_eq!(opened["level"], "WARN");
+    assert!(
+        !format!("{:?}", events.lock().unwrap()).contains("secret"),
+        "the query string never reaches an event"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_server_deadline_layer_tells_what_it_rejects() {
+    let events: Events = Arc::default();
+    let _guard = tracing::subscriber::set_default(Recorder(events.clone()));
+    let handler = service_fn(|_req: Request<String>| async {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    });
+    let server = ServiceBuilder::new()
+        .layer(backstop::server())
+        .service(handler);
+    let grpc = |timeout: &str| {
+        Request::post("http://svc/pkg.Svc/Call")
+            .header("content-type", "application/grpc")
+            .header("grpc-timeout", timeout)
+            .body(String::new())
+            .unwrap()
+    };
+    server.clone().oneshot(grpc("bogus")).await.unwrap();
+    let malformed = find(&events, "malformed grpc-timeout: rejected");
+    assert_eq!(malformed["level"], "WARN");
+    assert_eq!(malformed["path"], "/pkg.Svc/Call");
+    server.clone().oneshot(grpc("100m")).await.unwrap();
+    let expired = find(&events, "deadline expired: the handler is cancelled");
+    assert_eq!(expired["level"], "DEBUG");
+    server.clone().oneshot(grpc("0n")).await.unwrap();
+    let spent = find(&events, "rejected on arrival: no time left");
+    assert_eq!(spent["level"], "DEBUG");
+}
