@@ -59,6 +59,8 @@ pub(crate) struct RetryState<S, B, C> {
     pub(crate) attempts: u32,
     /// Why the result returned was not retried, when it was a candidate.
     pub(crate) gave_up: Option<GiveUp>,
+    /// This request's overrides of the policy.
+    pub(crate) overrides: crate::RetryOverrides,
     /// The backoff since it last started over (a gRPC pushback resets it, per A6).
     backoff: BackoffState,
     rng: Option<Rng>,
@@ -124,6 +126,7 @@ where
         bounds: Bounds,
         attempt: Attempt<S::Future, S::Response>,
         number: u64,
+        overrides: crate::RetryOverrides,
     ) -> Self {
         let state = match attempt {
             Attempt::Sent(future, end) => calling(future, end),
@@ -140,6 +143,7 @@ where
                 bounds,
                 attempts: 1,
                 gave_up: None,
+                overrides,
                 backoff: BackoffState::default(),
                 rng: None,
                 number,
@@ -259,10 +263,15 @@ impl<S, B, C> RetryState<S, B, C> {
         if retryable == Retryable::Never {
             return Err(GiveUp::NotRetryable);
         }
-        if self.attempts >= policy.max_attempts {
+        if self.attempts >= self.overrides.max_attempts.unwrap_or(policy.max_attempts) {
             return Err(GiveUp::Attempts);
         }
-        if retryable == Retryable::IfIdempotent && !self.template.idempotent(policy.idempotency) {
+        if retryable == Retryable::IfIdempotent
+            && !self
+                .overrides
+                .idempotent
+                .unwrap_or_else(|| self.template.idempotent(policy.idempotency))
+        {
             return Err(GiveUp::NotIdempotent);
         }
         if hint == Some(ServerHint::DoNotRetry) {

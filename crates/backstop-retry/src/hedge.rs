@@ -264,7 +264,11 @@ impl<S, B, C> RetryState<S, B, C> {
         }
         let policy = &self.shared.policy;
         let hedging = policy.hedging.as_ref().expect("a hedged request");
-        if self.attempts >= hedging.max_attempts {
+        let cap = self
+            .overrides
+            .max_attempts
+            .map_or(hedging.max_attempts, |n| n.min(hedging.max_attempts));
+        if self.attempts >= cap {
             hedges.stop(Some(GiveUp::Attempts));
             return Poll::Ready(Ok(()));
         }

@@ -150,7 +150,7 @@ pub use body::RetryBody;
 pub use budget::{Budget, GrpcThrottle, RatioBudget, RatioBudgetBuilder};
 pub use future::ResponseFuture;
 pub use layer::RetryLayer;
-pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryPolicy};
+pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryOverrides, RetryPolicy};
 pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};
 pub use replay::{BodySuperseded, ReplayBody};
 pub use service::Retry;

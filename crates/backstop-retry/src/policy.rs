@@ -13,6 +13,60 @@ use std::{sync::Arc, time::Duration};
 /// The most attempts a policy may allow (the first one included).
 pub const MAX_ATTEMPTS_LIMIT: u32 = 10;
 
+/// Per-request overrides of the retry policy, as a request extension: retries off, the
+/// request's idempotency decided by the caller, a different number of attempts, or no
+/// hedging, for this request only.
+///
+/// ```
+/// use backstop_retry::RetryOverrides;
+///
+/// let mut req = http::Request::post("http://svc/orders").body(()).unwrap();
+/// // This POST carries its own idempotency token: safe to send twice, at most twice.
+/// req.extensions_mut()
+///     .insert(RetryOverrides::new().idempotent(true).max_attempts(2));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RetryOverrides {
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) idempotent: Option<bool>,
+    pub(crate) hedge: Option<bool>,
+}
+
+impl RetryOverrides {
+    /// No override.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One attempt: this request is never retried nor hedged.
+    pub fn no_retries() -> Self {
+        Self::new().max_attempts(1)
+    }
+
+    /// Attempts for this request, the first included (at most the policy's limit of 10; 0 or
+    /// 1: a single attempt).
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n.clamp(1, crate::MAX_ATTEMPTS_LIMIT));
+        self
+    }
+
+    /// Whether this request may be sent twice, whatever its method (`false`: only failures
+    /// that prove it was not processed are retried, and it is not hedged).
+    #[must_use]
+    pub fn idempotent(mut self, idempotent: bool) -> Self {
+        self.idempotent = Some(idempotent);
+        self
+    }
+
+    /// Whether this request may be hedged (when the policy hedges).
+    #[must_use]
+    pub fn hedge(mut self, hedge: bool) -> Self {
+        self.hedge = Some(hedge);
+        self
+    }
+}
+
 /// Which requests may be retried after a failure that *may* have been processed
 /// ([`Retryable::IfIdempotent`](backstop_core::Retryable::IfIdempotent)).
 ///

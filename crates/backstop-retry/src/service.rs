@@ -128,8 +128,15 @@ where
         let handle = self.handles.current();
         handle.stats.request(handle.stripe());
         let policy = &handle.policy;
+        // An empty extension map answers at once: most requests pay one branch for this.
+        let overrides = req
+            .extensions()
+            .get::<crate::RetryOverrides>()
+            .copied()
+            .unwrap_or_default();
+        let max_attempts = overrides.max_attempts.unwrap_or(policy.max_attempts);
         let replay_ok = req.body().size_hint().lower() <= policy.max_replay_bytes as u64;
-        if policy.max_attempts <= 1 || !replay_ok {
+        if max_attempts <= 1 || !replay_ok {
             // Retries are off for this request: no buffering, no copy of the request.
             let req = req.map(ReplayBody::passthrough);
             return ResponseFuture::once(self.inner.call(req));
@@ -174,7 +181,13 @@ where
         };
         // A hedged request: one the idempotency rule allows, with a delay to hedge after.
         let hedge = match &policy.hedging {
-            Some(hedging) if end.is_ok() && template.idempotent(policy.idempotency) => {
+            Some(hedging)
+                if end.is_ok()
+                    && overrides.hedge != Some(false)
+                    && overrides
+                        .idempotent
+                        .unwrap_or_else(|| template.idempotent(policy.idempotency)) =>
+            {
                 hedging.delay.delay()
             }
             _ => None,
@@ -195,6 +208,7 @@ where
             bounds,
             attempt,
             number,
+            overrides,
         )
     }
 }

@@ -510,3 +510,52 @@ async fn post_is_never_sent_twice_for_grpc_without_a_safe_code() {
         std::task::Poll::Ready(Some(_))
     ));
 }
+
+/// Per-request overrides of the policy, as a request extension.
+#[tokio::test(start_paused = true)]
+async fn a_request_can_override_retries_and_idempotency() {
+    use backstop_retry::RetryOverrides;
+    let attempts = |overrides: Option<RetryOverrides>, req: Request<String>| async move {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = calls.clone();
+        let failing = tower::service_fn(move |_req: Req| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<_, BoxError>(reply(503)) }
+        });
+        let mut req = req;
+        if let Some(o) = overrides {
+            req.extensions_mut().insert(o);
+        }
+        let layer = policy().build().unwrap();
+        let response = tower::ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(failing)
+            .oneshot(req)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 503);
+        calls.load(std::sync::atomic::Ordering::SeqCst)
+    };
+    // The policy's 3 attempts for a GET, 1 for a POST.
+    assert_eq!(attempts(None, get()).await, 3);
+    assert_eq!(attempts(None, post()).await, 1);
+    // Retries off for this GET; a POST the caller declares idempotent; a cap of 2.
+    assert_eq!(attempts(Some(RetryOverrides::no_retries()), get()).await, 1);
+    assert_eq!(
+        attempts(Some(RetryOverrides::new().idempotent(true)), post()).await,
+        3
+    );
+    assert_eq!(
+        attempts(Some(RetryOverrides::new().idempotent(false)), get()).await,
+        1
+    );
+    assert_eq!(
+        attempts(Some(RetryOverrides::new().max_attempts(2)), get()).await,
+        2
+    );
+    // More than the policy allows is allowed per request, up to the crate's limit.
+    assert_eq!(
+        attempts(Some(RetryOverrides::new().max_attempts(50)), get()).await,
+        10
+    );
+}

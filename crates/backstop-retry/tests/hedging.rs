@@ -420,3 +420,23 @@ fn hedging_max_attempts_is_validated() {
         assert_eq!(err.knob(), "hedging.max_attempts", "{n}");
     }
 }
+
+/// Per-request overrides: no hedging for this request, or a cap on its attempts.
+#[tokio::test(start_paused = true)]
+async fn a_request_can_turn_hedging_off_or_cap_its_attempts() {
+    use backstop_retry::RetryOverrides;
+    let (svc, log) = dependency(vec![(1_000, ok())]);
+    let layer = hedged(100, 3);
+    let mut req = get();
+    req.extensions_mut()
+        .insert(RetryOverrides::new().hedge(false));
+    layer.layer(svc).oneshot(req).await.unwrap();
+    assert_eq!(log.at(), [0], "not hedged");
+
+    let (svc, log) = dependency(vec![(1_000, ok())]);
+    let mut req = get();
+    req.extensions_mut()
+        .insert(RetryOverrides::new().max_attempts(2));
+    layer.layer(svc).oneshot(req).await.unwrap();
+    assert_eq!(log.at(), [0, 100], "capped at two attempts");
+}

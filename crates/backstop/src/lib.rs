@@ -74,6 +74,9 @@
 //! `.max_attempts(n)`, `.attempt_timeout(d)`, `.hedging(n)`; the preset's service types are
 //! named [`HttpClient<S>`] and [`GrpcClient<S>`], its response [`ClientResponse<B, C>`].
 //!
+//! Per request, a [`RetryOverrides`](backstop_retry::RetryOverrides) extension turns retries
+//! off, declares the request idempotent (or not), caps its attempts or turns hedging off.
+//!
 //! Plain `.layer(X::new(..))` stays first-class, and [`ServiceBuilderExt`] names each layer.
 //!
 //! # Errors
