@@ -237,23 +237,30 @@ impl<S, B, C> RetryState<S, B, C> {
                 Verdict::Retry(wait)
             }
             Err(why) => {
-                self.gave_up = Some(why);
-                self.shared.stats.give_up(why);
-                if why.exhausts_retries() {
-                    mark_exhausted();
-                }
-                tracing::debug!(
-                    dependency = self.shared.name.get(),
-                    method = %self.template.method,
-                    path = self.template.path(),
-                    attempts = self.attempts,
-                    failed = %Failed(result),
-                    reason = why.as_str(),
-                    "not retrying"
-                );
+                self.give_up(why, result);
                 Verdict::Return
             }
         }
+    }
+
+    /// The result is returned without a further attempt, for `why`: told to the response,
+    /// the stats, callers upstream (when the retries are spent) and the event log. One place
+    /// for retries and hedges.
+    pub(crate) fn give_up<R>(&mut self, why: GiveUp, result: Result<&Response<R>, &BoxError>) {
+        self.gave_up = Some(why);
+        self.shared.stats.give_up(why);
+        if why.exhausts_retries() {
+            mark_exhausted();
+        }
+        tracing::debug!(
+            dependency = self.shared.name.get(),
+            method = %self.template.method,
+            path = self.template.path(),
+            attempts = self.attempts,
+            failed = %Failed(result),
+            reason = why.as_str(),
+            "not retrying"
+        );
     }
 
     /// Steps 1 to 8 of the decision order; on success the budget token is taken and the body

@@ -230,8 +230,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 }
                 match (retryable, hint) {
                     (backstop_core::Retryable::Never, _) => {
-                        self.gave_up = Some(GiveUp::NotRetryable);
-                        self.shared.stats.give_up(GiveUp::NotRetryable);
+                        self.give_up(GiveUp::NotRetryable, result);
                         Judged::Commit(false)
                     }
                     (_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
@@ -365,7 +364,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 continue; // a hedge was just sent: poll it
             }
             if hedges.in_flight.is_empty() && hedges.next.is_none() {
-                return Poll::Ready(self.give_up(hedges));
+                return Poll::Ready(self.settle(hedges));
             }
             let now = Instant::now();
             if hedges.deadline.is_some_and(|d| d <= now) {
@@ -389,7 +388,7 @@ impl<S, B, C> RetryState<S, B, C> {
     }
 
     /// Nothing in flight and no hedge to come: the last failure is the answer.
-    fn give_up<R>(&mut self, hedges: &mut Hedges<S::Future, Response<R>>) -> Settled<R, C>
+    fn settle<R>(&mut self, hedges: &mut Hedges<S::Future, Response<R>>) -> Settled<R, C>
     where
         S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
     {
@@ -398,21 +397,7 @@ impl<S, B, C> RetryState<S, B, C> {
             .take()
             .expect("an attempt finished before none was left");
         match hedges.why {
-            Some(why) => {
-                self.gave_up = Some(why);
-                self.shared.stats.give_up(why);
-                if why.exhausts_retries() {
-                    mark_exhausted();
-                }
-                tracing::debug!(
-                    dependency = self.shared.name.get(),
-                    method = %self.template.method,
-                    path = self.template.path(),
-                    reason = why.as_str(),
-                    attempts = self.attempts,
-                    "not hedging"
-                );
-            }
+            Some(why) => self.give_up(why, result.as_ref()),
             // Our own rejection: callers upstream must not retry it either.
             None => mark_exhausted(),
         }
