@@ -211,14 +211,11 @@ fn timer_word(generation: u32, at_us: u64) -> u64 {
     ((u64::from(generation) & TAG_MASK) << TIMER_TAG_SHIFT) | at_us.min(TIMER_MASK)
 }
 
-/// A 64-bit mix of the seed and a generation (splitmix64's finaliser): the jitter of each
-/// open time is a pure function of the two, so a seeded breaker is reproducible and needs no
-/// random-number state shared between threads.
+/// The seed mixed with a generation: the jitter of each open time is a pure function of the
+/// two, so a seeded breaker is reproducible and needs no random-number state shared between
+/// threads.
 fn mix(seed: u64, generation: u32) -> u64 {
-    let mut z = seed.wrapping_add(u64::from(generation).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    backstop_core::mix::splitmix(seed, u64::from(generation))
 }
 
 /// The result of asking to be let in.

@@ -79,6 +79,7 @@ mod error;
 pub mod grpc;
 pub mod hint;
 pub mod latency;
+pub mod mix;
 mod name;
 pub mod reject;
 pub mod stripe;

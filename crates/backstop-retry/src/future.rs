@@ -161,14 +161,6 @@ fn calling<F, T>(future: F, end: Option<Instant>) -> State<F, T> {
     }
 }
 
-/// splitmix64: turns (seed, request number) into a well-mixed generator seed.
-fn mix(seed: u64, n: u64) -> u64 {
-    let mut z = seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// What to do with a finished attempt.
 enum Verdict {
     /// Return the result.
@@ -288,11 +280,10 @@ impl<S, B, C> RetryState<S, B, C> {
             return Err(GiveUp::NotReplayable);
         }
         let rng = self.rng.get_or_insert_with(|| {
-            Rng::with_seed(
-                policy
-                    .seed
-                    .map_or_else(|| fastrand::u64(..), |s| mix(s, self.number)),
-            )
+            Rng::with_seed(policy.seed.map_or_else(
+                || fastrand::u64(..),
+                |s| backstop_core::mix::splitmix(s, self.number),
+            ))
         });
         let wait =
             match hint {

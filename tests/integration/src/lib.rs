@@ -19,6 +19,40 @@ pub async fn listener() -> (TcpListener, SocketAddr) {
     (listener, addr)
 }
 
+/// Serves `handle` with hyper on a loopback port, HTTP/1.1 or HTTP/2 only (prior knowledge),
+/// until the runtime stops; returns the address. Each request gets `handle(request, state)`.
+pub async fn serve_hyper<T, F, Fut, B>(http2: bool, state: T, handle: F) -> SocketAddr
+where
+    T: Clone + Send + Sync + 'static,
+    F: Fn(Request<hyper::body::Incoming>, T) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<http::Response<B>, std::convert::Infallible>>
+        + Send
+        + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (listener, addr) = listener().await;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (state, handle) = (state.clone(), handle.clone());
+            let service = hyper::service::service_fn(move |req| handle(req, state.clone()));
+            let io = hyper_util::rt::TokioIo::new(stream);
+            tokio::spawn(async move {
+                let _ = if http2 {
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await
+                } else {
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await
+                };
+            });
+        }
+    });
+    addr
+}
+
 /// Starts an `example-tonic-server` Greeter (optionally calling `upstream`) behind the default
 /// `DeadlineLayer`, and returns its `http://` URI.
 pub async fn start_greeter(upstream: Option<&str>) -> String {

@@ -3,16 +3,13 @@
 //! with the same body, and wins. A body still streaming when the hedge is due is not hedged,
 //! so no attempt's body is ever cut short.
 
-use backstop_integration::listener;
+use backstop_integration::serve_hyper;
 use backstop_retry::{ReplayBody, RetryPolicy, hedge::Hedging};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, channel::Channel};
 use hyper::body::Incoming;
-use hyper_util::{
-    client::legacy::Client,
-    rt::{TokioExecutor, TokioIo},
-};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use std::{
     convert::Infallible,
     sync::{
@@ -57,27 +54,8 @@ async fn handle(
 }
 
 async fn serve(http2: bool) -> (String, Arc<Seen>) {
-    let (listener, addr) = listener().await;
     let seen = Arc::new(Seen::default());
-    let state = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let state = state.clone();
-            let service = hyper::service::service_fn(move |req| handle(req, state.clone()));
-            let io = TokioIo::new(stream);
-            tokio::spawn(async move {
-                let _ = if http2 {
-                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(io, service)
-                        .await
-                } else {
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(io, service)
-                        .await
-                };
-            });
-        }
-    });
+    let addr = serve_hyper(http2, seen.clone(), handle).await;
     (format!("http://{addr}/item"), seen)
 }
 
