@@ -172,9 +172,25 @@ enum Verdict {
     Retry(Duration),
 }
 
+/// A finished attempt, classified once and told to the budget: what retries and hedges both
+/// decide from.
+pub(crate) enum Heard {
+    /// A success; `watched`: its trailers will tell the budget (a gRPC response committed by
+    /// its headers), so its body must watch them.
+    Success { watched: bool },
+    /// Neither success nor failure (a caller error).
+    Ignored,
+    /// Our own rejection (an open breaker, a spent deadline).
+    Rejected,
+    /// A failure (throttled or not), with its retry rules.
+    Failure(Retryable, Option<ServerHint>),
+}
+
 impl<S, B, C> RetryState<S, B, C> {
-    /// The decision order for a finished attempt.
-    fn decide<R>(&mut self, result: Result<&Response<R>, &BoxError>) -> Verdict
+    /// Classifies a finished attempt and tells the budget: a success deposits (or, committed
+    /// by its headers, is left to its trailers), a failure the policy could retry or a "do not
+    /// retry" is recorded (gRPC A6 throttling).
+    pub(crate) fn hear<R>(&self, result: Result<&Response<R>, &BoxError>) -> Heard
     where
         C: Classify<Response<R>>,
     {
@@ -182,37 +198,50 @@ impl<S, B, C> RetryState<S, B, C> {
         let outcome = policy
             .classifier
             .classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
-        let (retryable, hint) = match outcome {
+        match outcome {
             Outcome::Success => {
                 let Some(budget) = &policy.budget else {
-                    return Verdict::Return;
+                    return Heard::Success { watched: false };
                 };
                 // A gRPC response committed by its headers: the trailers tell success from
                 // failure, so the budget hears of it at the end of the body.
                 if let Ok(response) = result
                     && policy.classifier.awaits_trailers(response)
                 {
-                    return Verdict::ReturnWatched;
+                    return Heard::Success { watched: true };
                 }
                 budget.record_success();
-                return Verdict::Return;
+                Heard::Success { watched: false }
             }
-            Outcome::Ignored => return Verdict::Return,
-            Outcome::Rejected => {
+            Outcome::Ignored => Heard::Ignored,
+            Outcome::Rejected => Heard::Rejected,
+            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
+                if let Some(budget) = &policy.budget
+                    && counts_as_failure(retryable, hint)
+                {
+                    budget.record_failure();
+                }
+                Heard::Failure(retryable, hint)
+            }
+        }
+    }
+
+    /// The decision order for a finished attempt.
+    fn decide<R>(&mut self, result: Result<&Response<R>, &BoxError>) -> Verdict
+    where
+        C: Classify<Response<R>>,
+    {
+        let (retryable, hint) = match self.hear(result) {
+            Heard::Success { watched: true } => return Verdict::ReturnWatched,
+            Heard::Success { watched: false } | Heard::Ignored => return Verdict::Return,
+            Heard::Rejected => {
                 // Our own rejection (an open breaker, a spent deadline): callers upstream must
                 // not retry it either.
                 mark_exhausted();
                 return Verdict::Return;
             }
-            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
-                (retryable, hint)
-            }
+            Heard::Failure(retryable, hint) => (retryable, hint),
         };
-        if let Some(budget) = &policy.budget
-            && counts_as_failure(retryable, hint)
-        {
-            budget.record_failure();
-        }
         match self.wait(retryable, hint) {
             Ok(wait) => {
                 self.attempts += 1;

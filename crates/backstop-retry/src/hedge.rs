@@ -47,14 +47,13 @@
 
 use crate::{
     ReplayBody,
-    future::{RetryState, counts_as_failure},
+    future::{Heard, RetryState},
     layer::Handle,
     pushback::mark_exhausted,
     stats::GiveUp,
 };
 use backstop_core::{
-    BoxError, Classify, DeadlineExceeded, Outcome, ServerHint, grpc::GRPC_PREVIOUS_RPC_ATTEMPTS,
-    is_grpc,
+    BoxError, Classify, DeadlineExceeded, ServerHint, grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
 };
 use http::{HeaderValue, Request, Response};
 use std::{
@@ -202,44 +201,21 @@ impl<S, B, C> RetryState<S, B, C> {
     where
         C: Classify<Response<R>>,
     {
-        let policy = &self.shared.policy;
-        let outcome = policy
-            .classifier
-            .classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
-        match outcome {
-            Outcome::Success => {
-                if let Ok(response) = result
-                    && policy.classifier.awaits_trailers(response)
-                {
-                    return Judged::Commit(policy.budget.is_some());
-                }
-                if let Some(budget) = &policy.budget {
-                    budget.record_success();
-                }
-                Judged::Commit(false)
-            }
-            Outcome::Ignored => Judged::Commit(false),
+        match self.hear(result) {
+            Heard::Success { watched } => Judged::Commit(watched),
+            Heard::Ignored => Judged::Commit(false),
             // Our own rejection (an open breaker): no further hedge, but an attempt still in
             // flight may yet answer.
-            Outcome::Rejected => Judged::Stop(None),
-            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
-                if let Some(budget) = &policy.budget
-                    && counts_as_failure(retryable, hint)
-                {
-                    budget.record_failure();
-                }
-                match (retryable, hint) {
-                    (backstop_core::Retryable::Never, _) => {
-                        self.give_up(GiveUp::NotRetryable, result);
-                        Judged::Commit(false)
-                    }
-                    (_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
-                    (_, Some(ServerHint::Pushback(asked))) => {
-                        Judged::HedgeAfter(asked.min(policy.max_hint))
-                    }
-                    _ => Judged::HedgeAfter(Duration::ZERO),
-                }
+            Heard::Rejected => Judged::Stop(None),
+            Heard::Failure(backstop_core::Retryable::Never, _) => {
+                self.give_up(GiveUp::NotRetryable, result);
+                Judged::Commit(false)
             }
+            Heard::Failure(_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
+            Heard::Failure(_, Some(ServerHint::Pushback(asked))) => {
+                Judged::HedgeAfter(asked.min(self.shared.policy.max_hint))
+            }
+            Heard::Failure(..) => Judged::HedgeAfter(Duration::ZERO),
         }
     }
 
