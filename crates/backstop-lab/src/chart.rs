@@ -2,7 +2,7 @@
 //! labelled where it ends, the fault shaded.
 
 use crate::scenario::Phase;
-use plotters::prelude::*;
+use plotters::{coord::types::RangedCoordf64, prelude::*};
 use std::path::Path;
 
 /// One variant's per-second series.
@@ -51,7 +51,7 @@ pub fn draw(
     let (bottom, third) = rest.split_vertically(370);
     let seconds = series.iter().map(|s| s.attempts.len()).max().unwrap_or(1) as f64;
     let fault = &phases[1];
-    let (fault_start, fault_end) = (fault.start.as_secs_f64(), fault.end.as_secs_f64());
+    let fault_start = fault.start.as_secs_f64();
 
     let panels: [(&Panel<'_>, &str, Pick); 2] = [
         (&top, "attempts reaching the dependency per second", |s| {
@@ -70,22 +70,7 @@ pub fn draw(
         } else {
             caption.to_owned()
         };
-        let mut chart = ChartBuilder::on(area)
-            .caption(caption, ("sans-serif", 18))
-            .margin(12)
-            .margin_right(90)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..seconds, 0f64..max)?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds")
-            .light_line_style(WHITE.mix(0.0))
-            .draw()?;
-        chart.draw_series(std::iter::once(Rectangle::new(
-            [(fault_start, 0.0), (fault_end, max)],
-            RGBColor(255, 200, 200).mix(0.35).filled(),
-        )))?;
+        let mut chart = framed(area, caption, seconds, max, fault)?;
         chart.draw_series(std::iter::once(Text::new(
             fault.name.to_owned(),
             (fault_start + 0.3, max * 0.95),
@@ -132,6 +117,40 @@ pub fn draw(
     Ok(())
 }
 
+/// A panel's chart: its caption, axes from 0 to `seconds` and to `max`, the mesh, and the
+/// fault's time shaded.
+fn framed<'a, 'b>(
+    area: &'a Panel<'b>,
+    caption: String,
+    seconds: f64,
+    max: f64,
+    fault: &Phase,
+) -> Result<
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    Box<dyn std::error::Error>,
+> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .margin_right(90)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..seconds, 0f64..max)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    chart.draw_series(std::iter::once(Rectangle::new(
+        [
+            (fault.start.as_secs_f64(), 0.0),
+            (fault.end.as_secs_f64(), max),
+        ],
+        RGBColor(255, 200, 200).mix(0.35).filled(),
+    )))?;
+    Ok(chart)
+}
+
 /// The third panel: the dependency's latency as each variant's client measured it (p99
 /// solid, p50 thin), once a second.
 fn draw_measured(
@@ -147,29 +166,8 @@ fn draw_measured(
         .flatten()
         .fold(1.0, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            "the dependency's latency as the client measured it (ms): p99 thick, p50 thin",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .margin_right(90)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..seconds, 0f64..max)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .light_line_style(WHITE.mix(0.0))
-        .draw()?;
-    let fault = &phases[1];
-    chart.draw_series(std::iter::once(Rectangle::new(
-        [
-            (fault.start.as_secs_f64(), 0.0),
-            (fault.end.as_secs_f64(), max),
-        ],
-        RGBColor(255, 200, 200).mix(0.35).filled(),
-    )))?;
+    let caption = "the dependency's latency as the client measured it (ms): p99 thick, p50 thin";
+    let mut chart = framed(area, caption.to_owned(), seconds, max, &phases[1])?;
     for (n, s) in series.iter().enumerate() {
         let color = COLORS[n % COLORS.len()];
         type Pick = fn(&crate::MeasuredPoint) -> Option<f64>;
