@@ -57,6 +57,8 @@ impl<C> BreakerLayer<C> {
             hook: config.hook,
             opens: std::sync::atomic::AtomicU64::new(0),
             name: backstop_core::DependencyName::default(),
+            #[cfg(feature = "metrics")]
+            metrics: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
         Self { shared, handles }
@@ -115,6 +117,50 @@ pub(crate) struct Shared<C> {
     /// Transitions to open since the breaker was built.
     opens: std::sync::atomic::AtomicU64,
     pub(crate) name: backstop_core::DependencyName,
+    #[cfg(feature = "metrics")]
+    metrics: std::sync::OnceLock<BreakerMetrics>,
+}
+
+/// The breaker's metric handles (feature `metrics`; names in `backstop_core::metrics`),
+/// registered on first use.
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct BreakerMetrics {
+    state: metrics::Gauge,
+    /// By the state entered: closed, open, half-open.
+    transitions: [metrics::Counter; 3],
+    rejections: metrics::Counter,
+}
+
+/// The gauge's value of a state: 0 closed, 1 open, 2 half-open.
+#[cfg(feature = "metrics")]
+fn state_code(state: State) -> f64 {
+    match state {
+        State::Closed => 0.0,
+        State::Open => 1.0,
+        State::HalfOpen => 2.0,
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl BreakerMetrics {
+    fn new(dependency: &str) -> Self {
+        use backstop_core::metrics as names;
+        names::describe();
+        Self {
+            state: metrics::gauge!(names::BREAKER_STATE, "dependency" => dependency.to_owned()),
+            transitions: names::counters(
+                names::BREAKER_TRANSITIONS,
+                dependency,
+                "to",
+                ["closed", "open", "half_open"],
+            ),
+            rejections: metrics::counter!(
+                names::BREAKER_REJECTIONS,
+                "dependency" => dependency.to_owned()
+            ),
+        }
+    }
 }
 
 impl<C> fmt::Debug for Shared<C> {
@@ -137,11 +183,27 @@ impl<C> Shared<C> {
             .saturating_add(u64::from(elapsed.subsec_micros()))
     }
 
+    #[cfg(feature = "metrics")]
+    fn metrics(&self) -> &BreakerMetrics {
+        self.metrics.get_or_init(|| {
+            let metrics = BreakerMetrics::new(self.name.get());
+            metrics.state.set(state_code(self.machine.load().state));
+            metrics
+        })
+    }
+
     /// Asks to let a call in: the admission, or how long until calls pass again (`None`: no
     /// time can be promised).
     pub(crate) fn admit(&self) -> Result<Admission, Option<Duration>> {
         let admit = self.machine.admit(|| self.now_us());
         self.emit(admit.transition);
+        // Registered on the first call, so the state gauge reads 0 from then on.
+        #[cfg(feature = "metrics")]
+        let metrics = self.metrics();
+        #[cfg(feature = "metrics")]
+        if admit.admission.is_err() {
+            metrics.rejections.increment(1);
+        }
         admit.admission.map_err(|us| us.map(Duration::from_micros))
     }
 
@@ -161,6 +223,13 @@ impl<C> Shared<C> {
         if t.to == State::Open {
             self.opens
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        #[cfg(feature = "metrics")]
+        {
+            let code = state_code(t.to);
+            let metrics = self.metrics();
+            metrics.transitions[code as usize].increment(1);
+            metrics.state.set(code);
         }
         match t.to {
             State::Open => tracing::warn!(

@@ -62,6 +62,8 @@
 //!
 //! # Feature flags
 //!
+//! - `metrics` (off by default): [`metrics`](mod@metrics), the names and labels every layer
+//!   records through the `metrics` facade.
 //! - `h2` (off by default): recognise HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` errors
 //!   from the `h2` crate (under hyper and tonic) in [`classify::classify_error`].
 #![warn(
@@ -79,6 +81,8 @@ mod error;
 pub mod grpc;
 pub mod hint;
 pub mod latency;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod mix;
 mod name;
 pub mod reject;

@@ -10,6 +10,27 @@ use std::{
 };
 use tokio::time::{Instant, Sleep, sleep_until};
 
+/// What counts a bounded outbound call's expiry: the dependency's counter with the `metrics`
+/// feature, nothing otherwise.
+#[cfg(feature = "metrics")]
+pub(crate) type Meter = metrics::Counter;
+/// What counts a bounded outbound call's expiry: nothing without the `metrics` feature.
+#[cfg(not(feature = "metrics"))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Meter;
+
+/// Counts a server-side rejection: a malformed `grpc-timeout`, or a deadline that expired (at
+/// arrival, or with the handler cancelled).
+#[cfg(feature = "metrics")]
+pub(crate) fn meter_server(rejection: Rejection) {
+    use backstop_core::metrics as names;
+    names::describe();
+    match rejection {
+        Rejection::MalformedTimeout => metrics::counter!(names::DEADLINE_MALFORMED).increment(1),
+        _ => metrics::counter!(names::DEADLINE_EXPIRED, "side" => "server").increment(1),
+    }
+}
+
 fn local<B>(rejection: Rejection, grpc: bool) -> Response<DeadlineBody<B>> {
     rejection
         .into_response(grpc)
@@ -98,6 +119,8 @@ where
                 }
                 ready!(sleep.as_pin_mut().expect("armed above").poll(cx));
                 tracing::debug!(grpc = *grpc, "deadline expired: the handler is cancelled");
+                #[cfg(feature = "metrics")]
+                meter_server(Rejection::DeadlineExceeded);
                 (Rejection::DeadlineExceeded, *grpc)
             }
             InboundProj::Rejected { rejection, grpc } => (*rejection, *grpc),
@@ -135,8 +158,9 @@ pin_project! {
             deadline: Deadline,
             wire_deadline: Deadline,
             grpc: bool,
+            meter: Meter,
         },
-        Expired { grpc: bool },
+        Expired { grpc: bool, meter: Meter },
         Done,
     }
 }
@@ -153,6 +177,7 @@ impl<F> PropagateFuture<F> {
         deadline: Deadline,
         wire_deadline: Deadline,
         grpc: bool,
+        meter: Meter,
     ) -> Self {
         Self {
             state: Outbound::Bounded {
@@ -161,13 +186,14 @@ impl<F> PropagateFuture<F> {
                 deadline,
                 wire_deadline,
                 grpc,
+                meter,
             },
         }
     }
 
-    pub(crate) fn expired(grpc: bool) -> Self {
+    pub(crate) fn expired(grpc: bool, meter: Meter) -> Self {
         Self {
-            state: Outbound::Expired { grpc },
+            state: Outbound::Expired { grpc, meter },
         }
     }
 }
@@ -181,7 +207,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
-        let grpc = match state.as_mut().project() {
+        let (grpc, meter) = match state.as_mut().project() {
             OutboundProj::Unbounded { future } => {
                 let result = ready!(future.poll(cx));
                 state.set(Outbound::Done);
@@ -198,6 +224,7 @@ where
                 deadline,
                 wire_deadline,
                 grpc,
+                meter,
             } => {
                 let deadline_now = *deadline;
                 match with_current(deadline_now, || future.poll(cx)) {
@@ -216,7 +243,7 @@ where
                         let attempt_out = *grpc
                             && backstop_core::find::<backstop_core::AttemptTimedOut>(&*e).is_some();
                         if Instant::now() >= wire_deadline.instant() || attempt_out {
-                            *grpc
+                            (*grpc, meter)
                         } else {
                             state.set(Outbound::Done);
                             return Poll::Ready(Err(e));
@@ -227,13 +254,17 @@ where
                             sleep.set(Some(sleep_until(deadline.instant())));
                         }
                         ready!(sleep.as_pin_mut().expect("armed above").poll(cx));
-                        *grpc
+                        (*grpc, meter)
                     }
                 }
             }
-            OutboundProj::Expired { grpc } => *grpc,
+            OutboundProj::Expired { grpc, meter } => (*grpc, meter),
             OutboundProj::Done => panic!("PropagateFuture polled after completion"),
         };
+        #[cfg(feature = "metrics")]
+        meter.increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let Meter = *meter;
         // Drops the call's future: the request is cancelled, not left running.
         state.project_replace(Outbound::Done);
         Poll::Ready(if grpc {

@@ -1,7 +1,7 @@
 use crate::{DeadlineService, PropagateDeadline};
 use backstop_core::ConfigError;
 use http::HeaderName;
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 use tower_layer::Layer;
 
 /// Largest accepted `lead`: it is a safety margin, not a budget.
@@ -226,6 +226,32 @@ impl DeadlineLayerBuilder {
 #[derive(Debug, Clone)]
 pub struct PropagateDeadlineLayer {
     pub(crate) config: OutboundConfig,
+    pub(crate) name: Arc<Named>,
+}
+
+/// The dependency's name and, with the `metrics` feature, its `backstop.deadline.expired`
+/// counter (registered on the first call that needs it), shared by the layer's services.
+#[derive(Debug, Default)]
+pub(crate) struct Named {
+    pub(crate) name: backstop_core::DependencyName,
+    #[cfg(feature = "metrics")]
+    expired: std::sync::OnceLock<metrics::Counter>,
+}
+
+impl Named {
+    /// The client side's expiry counter.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn expired(&self) -> &metrics::Counter {
+        self.expired.get_or_init(|| {
+            use backstop_core::metrics as names;
+            names::describe();
+            metrics::counter!(
+                names::DEADLINE_EXPIRED,
+                "side" => "client",
+                "dependency" => self.name.get().to_owned()
+            )
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -247,7 +273,23 @@ impl PropagateDeadlineLayer {
                 offset: Duration::ZERO,
                 min_remaining: Duration::ZERO,
             },
+            name: Arc::default(),
         }
+    }
+
+    /// Names the dependency: with the `metrics` feature, its expired deadlines are counted as
+    /// `backstop.deadline.expired{side="client", dependency}` (unnamed: `""`).
+    ///
+    /// # Errors
+    ///
+    /// When the layer already has another name.
+    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
+        self.name.name.set(name)
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.name.name.get()
     }
 
     /// A builder for a tuned `PropagateDeadlineLayer`.
@@ -268,7 +310,7 @@ impl<S> Layer<S> for PropagateDeadlineLayer {
     type Service = PropagateDeadline<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        PropagateDeadline::from_config(inner, self.config)
+        PropagateDeadline::from_config(inner, self.config, self.name.clone())
     }
 }
 
@@ -377,6 +419,9 @@ impl PropagateDeadlineLayerBuilder {
                 }
             }
         }
-        Ok(PropagateDeadlineLayer { config })
+        Ok(PropagateDeadlineLayer {
+            config,
+            name: Arc::default(),
+        })
     }
 }

@@ -3,7 +3,7 @@ use crate::{
     deadline::{current, scale, with_wire},
     future::{PropagateFuture, ResponseFuture},
     grpc_timeout::{self, MalformedTimeout},
-    layer::{InboundConfig, OutboundConfig},
+    layer::{InboundConfig, Named, OutboundConfig},
 };
 use backstop_core::{
     BoxError, Rejection,
@@ -12,6 +12,7 @@ use backstop_core::{
 };
 use http::{HeaderMap, HeaderValue, Request, Response, header::CONTENT_TYPE};
 use std::{
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
@@ -172,6 +173,8 @@ where
         let grpc = head.grpc;
         match self.config.deadline(Instant::now(), &head, req.headers()) {
             Err(rejection) => {
+                #[cfg(feature = "metrics")]
+                crate::future::meter_server(rejection);
                 if rejection == Rejection::MalformedTimeout {
                     tracing::warn!(
                         method = %req.method(),
@@ -203,17 +206,29 @@ where
 pub struct PropagateDeadline<S> {
     inner: S,
     config: OutboundConfig,
+    /// The dependency's name and counter, with the `metrics` feature (nothing otherwise: a
+    /// clone of the service, made per request by many frameworks, then copies no `Arc`).
+    #[cfg(feature = "metrics")]
+    name: Arc<Named>,
 }
 
 impl<S> PropagateDeadline<S> {
     /// Wraps `inner` with the default configuration of
     /// [`PropagateDeadlineLayer::new`](crate::PropagateDeadlineLayer::new).
     pub fn new(inner: S) -> Self {
-        Self::from_config(inner, crate::PropagateDeadlineLayer::new().config)
+        let layer = crate::PropagateDeadlineLayer::new();
+        Self::from_config(inner, layer.config, layer.name)
     }
 
-    pub(crate) fn from_config(inner: S, config: OutboundConfig) -> Self {
-        Self { inner, config }
+    pub(crate) fn from_config(inner: S, config: OutboundConfig, name: Arc<Named>) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = name;
+        Self {
+            inner,
+            config,
+            #[cfg(feature = "metrics")]
+            name,
+        }
     }
 
     /// The inner service.
@@ -287,7 +302,7 @@ where
         let told = grpc_timeout::coarse_header_value(remaining.saturating_sub(self.config.offset));
         let (value, told) = match told {
             Some(told) if remaining >= self.config.min_remaining => told,
-            _ => return PropagateFuture::expired(grpc),
+            _ => return PropagateFuture::expired(grpc, self.meter()),
         };
         req.headers_mut().insert(GRPC_TIMEOUT, value);
         // What the server was told: once this instant has passed, every failure of the call is
@@ -299,7 +314,19 @@ where
         let future = with_wire(deadline, Some(wire_deadline.instant()), || {
             self.inner.call(req)
         });
-        PropagateFuture::bounded(future, deadline, wire_deadline, grpc)
+        PropagateFuture::bounded(future, deadline, wire_deadline, grpc, self.meter())
+    }
+}
+
+impl<S> PropagateDeadline<S> {
+    /// What a bounded call's future counts its expiry with (feature `metrics`; otherwise
+    /// nothing).
+    #[inline(always)]
+    fn meter(&self) -> crate::future::Meter {
+        #[cfg(feature = "metrics")]
+        return self.name.expired().clone();
+        #[cfg(not(feature = "metrics"))]
+        crate::future::Meter
     }
 }
 

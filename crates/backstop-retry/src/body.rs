@@ -27,6 +27,8 @@ pin_project! {
         #[pin]
         inner: B,
         watch: Option<Arc<Handle<C>>>,
+        // Whether the watched trailers go to the budget (otherwise only to the metrics).
+        budget: bool,
         attempts: u32,
         gave_up: Option<GiveUp>,
     }
@@ -36,12 +38,14 @@ impl<B, C> RetryBody<B, C> {
     pub(crate) fn new(
         inner: B,
         watch: Option<Arc<Handle<C>>>,
+        budget: bool,
         attempts: u32,
         gave_up: Option<GiveUp>,
     ) -> Self {
         Self {
             inner,
             watch,
+            budget,
             attempts,
             gave_up,
         }
@@ -87,8 +91,9 @@ impl<B: fmt::Debug, C> fmt::Debug for RetryBody<B, C> {
     }
 }
 
-fn record<C>(handle: &Handle<C>, outcome: Outcome) {
-    let Some(budget) = &handle.policy.budget else {
+fn record<C>(handle: &Handle<C>, outcome: Outcome, to_budget: bool) {
+    handle.meter_outcome(outcome);
+    let Some(budget) = handle.policy.budget.as_ref().filter(|_| to_budget) else {
         return;
     };
     match outcome {
@@ -100,6 +105,7 @@ fn record<C>(handle: &Handle<C>, outcome: Outcome) {
         }
         _ => {}
     }
+    handle.meter_budget();
 }
 
 impl<B, C> Body for RetryBody<B, C>
@@ -122,13 +128,19 @@ where
                 Some(Ok(f)) => match f.trailers_ref() {
                     Some(trailers) => {
                         let outcome = handle.policy.classifier.classify_trailers(trailers);
-                        record(&handle, outcome.unwrap_or(missing));
+                        record(&handle, outcome.unwrap_or(missing), *this.budget);
                     }
-                    None if this.inner.is_end_stream() => record(&handle, missing),
+                    None if this.inner.is_end_stream() => record(&handle, missing, *this.budget),
                     None => *this.watch = Some(handle),
                 },
-                Some(Err(_)) => record(&handle, Outcome::failure(Retryable::IfIdempotent)),
-                None => record(&handle, missing),
+                Some(Err(_)) => {
+                    record(
+                        &handle,
+                        Outcome::failure(Retryable::IfIdempotent),
+                        *this.budget,
+                    );
+                }
+                None => record(&handle, missing, *this.budget),
             }
         }
         Poll::Ready(frame)

@@ -4,6 +4,7 @@ use crate::{
     body::RetryBody,
     hedge::HedgesBox,
     layer::Handle,
+    metrics::AttemptKind,
     pushback::mark_exhausted,
     service::Bounds,
     stats::GiveUp,
@@ -42,10 +43,18 @@ pin_project! {
         S: Service<Request<ReplayBody<B>>>,
     {
         retry: Option<RetryState<S, B, C>>,
+        // A call that is never retried keeps its layer's handle only to record its outcome
+        // (feature `metrics`; otherwise nothing).
+        meter: Meter<C>,
         #[pin]
         state: State<S::Future, S::Response>,
     }
 }
+
+#[cfg(feature = "metrics")]
+type Meter<C> = Option<Arc<Handle<C>>>;
+#[cfg(not(feature = "metrics"))]
+type Meter<C> = std::marker::PhantomData<fn() -> C>;
 
 pub(crate) struct RetryState<S, B, C> {
     pub(crate) shared: Arc<Handle<C>>,
@@ -106,9 +115,17 @@ impl<S, B, C> ResponseFuture<S, B, C>
 where
     S: Service<Request<ReplayBody<B>>>,
 {
-    pub(crate) fn once(future: S::Future) -> Self {
+    pub(crate) fn once(future: S::Future, handle: &Arc<Handle<C>>) -> Self {
+        #[cfg(feature = "metrics")]
+        let meter = Some(handle.clone());
+        #[cfg(not(feature = "metrics"))]
+        let meter = {
+            let _ = handle;
+            std::marker::PhantomData
+        };
         Self {
             retry: None,
+            meter,
             state: State::Calling {
                 future,
                 timer: None,
@@ -134,6 +151,7 @@ where
             Attempt::Expired => State::Expired,
         };
         Self {
+            meter: Meter::default(),
             retry: Some(RetryState {
                 shared,
                 service,
@@ -211,6 +229,7 @@ impl<S, B, C> RetryState<S, B, C> {
                     return Heard::Success { watched: true };
                 }
                 budget.record_success();
+                self.shared.meter_budget();
                 Heard::Success { watched: false }
             }
             Outcome::Ignored => Heard::Ignored,
@@ -220,6 +239,7 @@ impl<S, B, C> RetryState<S, B, C> {
                     && counts_as_failure(retryable, hint)
                 {
                     budget.record_failure();
+                    self.shared.meter_budget();
                 }
                 Heard::Failure(retryable, hint)
             }
@@ -246,6 +266,7 @@ impl<S, B, C> RetryState<S, B, C> {
             Ok(wait) => {
                 self.attempts += 1;
                 self.shared.stats.retry();
+                self.shared.meter_attempt(AttemptKind::Retry);
                 tracing::debug!(
                     dependency = self.shared.name.get(),
                     method = %self.template.method,
@@ -270,6 +291,7 @@ impl<S, B, C> RetryState<S, B, C> {
     pub(crate) fn give_up<R>(&mut self, why: GiveUp, result: Result<&Response<R>, &BoxError>) {
         self.gave_up = Some(why);
         self.shared.stats.give_up(why);
+        self.shared.meter_give_up(why);
         if why.exhausts_retries() {
             mark_exhausted();
         }
@@ -335,16 +357,19 @@ impl<S, B, C> RetryState<S, B, C> {
                 return Err(GiveUp::Deadline);
             }
         }
-        if let Some(budget) = &policy.budget
-            && !budget.try_withdraw()
-        {
-            return Err(GiveUp::Budget);
+        if let Some(budget) = &policy.budget {
+            let granted = budget.try_withdraw();
+            self.shared.meter_budget();
+            if !granted {
+                return Err(GiveUp::Budget);
+            }
         }
         // Last, so an attempt whose result is returned keeps its body: the next attempt's
         // copy takes the body over from this attempt's, which may still be sending it.
         let Some(next) = self.body.replay() else {
             if let Some(budget) = &policy.budget {
                 budget.refund();
+                self.shared.meter_budget();
             }
             return Err(GiveUp::NotReplayable);
         };
@@ -380,9 +405,55 @@ impl<R> std::fmt::Display for Failed<'_, R> {
     }
 }
 
-/// What a response tells its caller of the call: attempts, and why it was not retried.
-fn info<S, B, C>(retry: Option<&RetryState<S, B, C>>) -> (u32, Option<GiveUp>) {
-    retry.map_or((1, None), |r| (r.attempts, r.gave_up))
+/// The call's result as the layer returns it: its body tells the caller how many attempts
+/// the call took and why it was not retried, and watches the trailers when the outcome is
+/// still to come (for the budget, and for the metrics).
+#[inline(always)]
+fn finish<S, B, C, R>(
+    retry: Option<&RetryState<S, B, C>>,
+    meter: &Meter<C>,
+    result: Result<Response<R>, BoxError>,
+    watch: Option<Arc<Handle<C>>>,
+) -> Result<Response<RetryBody<R, C>>, BoxError>
+where
+    C: Classify<Response<R>>,
+{
+    let (attempts, gave_up) = retry.map_or((1, None), |r| (r.attempts, r.gave_up));
+    #[cfg(feature = "metrics")]
+    let (watch, budget) = match retry.map(|r| &r.shared).or(meter.as_ref()) {
+        Some(handle) => meter_end(handle, result.as_ref(), watch),
+        None => (watch, true),
+    };
+    #[cfg(not(feature = "metrics"))]
+    let (budget, _) = (true, meter);
+    result
+        .map(|response| response.map(|body| RetryBody::new(body, watch, budget, attempts, gave_up)))
+}
+
+/// Counts the call's outcome, or, when it is still to come in the trailers, leaves it to the
+/// body: the watch to give the body, and whether its trailers also go to the budget.
+#[cfg(feature = "metrics")]
+fn meter_end<C, R>(
+    handle: &Arc<Handle<C>>,
+    result: Result<&Response<R>, &BoxError>,
+    watch: Option<Arc<Handle<C>>>,
+) -> (Option<Arc<Handle<C>>>, bool)
+where
+    C: Classify<Response<R>>,
+{
+    let classifier = &handle.policy.classifier;
+    if let Ok(response) = result
+        && classifier.awaits_trailers(response)
+    {
+        return match watch {
+            Some(watch) => (Some(watch), true),
+            None => (Some(handle.clone()), false),
+        };
+    }
+    let outcome =
+        classifier.classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
+    handle.meter_outcome(outcome);
+    (watch, true)
 }
 
 /// The next backoff delay; `state.retry` counts the retries since the backoff started over.
@@ -447,24 +518,19 @@ where
                         Verdict::ReturnWatched => this.retry.as_ref().map(|r| r.shared.clone()),
                     };
                     this.state.set(State::Done);
-                    let (attempts, gave_up) = info(this.retry.as_ref());
-                    return Poll::Ready(result.map(|response| {
-                        response.map(|body| RetryBody::new(body, watch, attempts, gave_up))
-                    }));
+                    return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, watch));
                 }
                 StateProj::Hedging { hedges } => {
                     let retry = this.retry.as_mut().expect("a hedged request");
                     let (result, watch) = ready!(retry.poll_hedges(hedges.get(), cx));
                     // The attempts still in flight are cancelled here.
                     this.state.set(State::Done);
-                    let (attempts, gave_up) = info(this.retry.as_ref());
-                    return Poll::Ready(result.map(|response| {
-                        response.map(|body| RetryBody::new(body, watch, attempts, gave_up))
-                    }));
+                    return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, watch));
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);
-                    return Poll::Ready(Err(DeadlineExceeded::new().into()));
+                    let result = Err(DeadlineExceeded::new().into());
+                    return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, None));
                 }
                 StateProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));
@@ -474,7 +540,8 @@ where
                     let retry = this.retry.as_mut().expect("only retries wait");
                     if let Err(e) = ready!(retry.service.poll_ready(cx)) {
                         this.state.set(State::Done);
-                        return Poll::Ready(Err(e.into()));
+                        let result = Err(e.into());
+                        return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, None));
                     }
                     let mut req = retry
                         .next_request()

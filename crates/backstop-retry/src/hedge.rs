@@ -49,6 +49,7 @@ use crate::{
     ReplayBody,
     future::{Heard, RetryState},
     layer::Handle,
+    metrics::AttemptKind,
     pushback::mark_exhausted,
     stats::GiveUp,
 };
@@ -260,11 +261,13 @@ impl<S, B, C> RetryState<S, B, C> {
             return Poll::Ready(Ok(()));
         }
         ready!(self.service.poll_ready(cx)).map_err(Into::into)?;
-        if let Some(budget) = &policy.budget
-            && !budget.try_withdraw()
-        {
-            hedges.stop(Some(GiveUp::Budget));
-            return Poll::Ready(Ok(()));
+        if let Some(budget) = &policy.budget {
+            let granted = budget.try_withdraw();
+            self.shared.meter_budget();
+            if !granted {
+                hedges.stop(Some(GiveUp::Budget));
+                return Poll::Ready(Ok(()));
+            }
         }
         let body = self.body.replay().expect("a complete body is replayable");
         let mut req = self.template.request(body);
@@ -275,12 +278,14 @@ impl<S, B, C> RetryState<S, B, C> {
         if self.bounds.arm(&mut req, false).is_err() {
             if let Some(budget) = &policy.budget {
                 budget.refund();
+                self.shared.meter_budget();
             }
             hedges.stop(Some(GiveUp::Deadline));
             return Poll::Ready(Ok(()));
         }
         self.attempts += 1;
         self.shared.stats.hedge();
+        self.shared.meter_attempt(AttemptKind::Hedge);
         tracing::debug!(
             dependency = self.shared.name.get(),
             method = %self.template.method,

@@ -27,6 +27,8 @@ pub(crate) struct Shared<C> {
     pub(crate) policy: RetryPolicy<C>,
     pub(crate) stats: Stats,
     pub(crate) name: backstop_core::DependencyName,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: std::sync::OnceLock<crate::metrics::RetryMetrics>,
 }
 
 /// One handle per stripe to the layer's shared state, shared by every service of the layer
@@ -87,6 +89,8 @@ impl<C> RetryLayer<C> {
             policy,
             stats: Stats::new(stripe::count()),
             name: backstop_core::DependencyName::default(),
+            #[cfg(feature = "metrics")]
+            metrics: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
         Self { shared, handles }

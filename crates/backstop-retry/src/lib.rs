@@ -138,6 +138,11 @@ pub mod budget;
 mod future;
 pub mod hedge;
 mod layer;
+#[cfg(feature = "metrics")]
+mod metrics;
+#[cfg(not(feature = "metrics"))]
+#[path = "metrics_off.rs"]
+mod metrics;
 mod policy;
 mod pushback;
 mod replay;

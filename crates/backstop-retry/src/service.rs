@@ -127,6 +127,7 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let handle = self.handles.current();
         handle.stats.request(handle.stripe());
+        handle.meter_attempt(crate::metrics::AttemptKind::First);
         let policy = &handle.policy;
         // An empty extension map answers at once: most requests pay one branch for this.
         let overrides = req
@@ -139,7 +140,7 @@ where
         if max_attempts <= 1 || !replay_ok {
             // Retries are off for this request: no buffering, no copy of the request.
             let req = req.map(ReplayBody::passthrough);
-            return ResponseFuture::once(self.inner.call(req));
+            return ResponseFuture::once(self.inner.call(req), handle);
         }
 
         let local = match (req.extensions().get::<Deadline>().copied(), current()) {

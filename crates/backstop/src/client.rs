@@ -157,6 +157,8 @@ impl<C> ClientLayer<C> {
             self.retry
                 .set_name(name)
                 .and_then(|()| self.breaker.set_name(name))
+                .and_then(|()| self.deadline.set_name(name))
+                .and_then(|()| self.attempt.set_name(name))
                 .unwrap_or_else(|e| panic!("{e}"));
         }
         self
@@ -183,7 +185,7 @@ impl<C> ClientLayer<C> {
             .timeout(timeout)
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
-        self
+        self.renamed()
     }
 
     /// Attempts per request, the first included (default 3): the short form of rebuilding the
@@ -212,7 +214,7 @@ impl<C> ClientLayer<C> {
     #[must_use]
     pub fn deadline(mut self, layer: PropagateDeadlineLayer) -> Self {
         self.deadline = layer;
-        self
+        self.renamed()
     }
 
     /// Replaces the retry layer (hedging, when set, is kept).
@@ -259,7 +261,7 @@ impl<C> ClientLayer<C> {
         C: Clone,
     {
         self.attempt = layer;
-        self.rehedge()
+        self.rehedge().renamed()
     }
 
     /// Hedges slow requests: while an attempt is slower than the dependency's measured p95,

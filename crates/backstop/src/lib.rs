@@ -163,6 +163,10 @@
 //!   `server` preset needs `deadline` and `retry`.
 //! - `h2` (off): HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` count as "not processed", so
 //!   they are retried for every method.
+//! - `metrics` (off): every layer records counters, gauges and a latency histogram through
+//!   the [`metrics`](https://docs.rs/metrics) facade, for the exporter you already use; the
+//!   names and labels are in [`metrics`](mod@metrics).
+//! - `service-config` (off): gRPC's service config JSON ([`grpc`]).
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -188,6 +192,9 @@ pub mod timeout;
 pub use backstop_breaker as breaker;
 /// The shared model: classification, gRPC codes, local rejections, errors.
 pub use backstop_core as core;
+/// The metrics every layer records (feature `metrics`): names, labels, when each moves.
+#[cfg(feature = "metrics")]
+pub use backstop_core::metrics;
 /// Deadlines: `Deadline`, the `grpc-timeout` codec, `DeadlineLayer`, `PropagateDeadlineLayer`.
 #[cfg(feature = "deadline")]
 pub use backstop_deadline as deadline;

@@ -72,6 +72,10 @@ impl MethodsLayer {
             retries.push(policy.build()?);
         }
         retries.push(RetryPolicy::grpc().max_attempts(1).build()?);
+        // Every method's events and metrics carry the dependency's name.
+        for retry in &retries {
+            retry.set_name(client.dependency())?;
+        }
         Ok(Self {
             config: Arc::new(config),
             client,

@@ -236,9 +236,31 @@ pub(crate) struct Shared {
     bound: AttemptBound,
     /// `refresh at (ms since origin) << 32 | bound (µs)`; zero: never computed.
     cached: AtomicU64,
+    name: backstop_core::DependencyName,
+    /// `backstop.client.attempt.duration`, registered on the first attempt that waited.
+    #[cfg(feature = "metrics")]
+    duration: std::sync::OnceLock<metrics::Histogram>,
 }
 
 impl Shared {
+    /// An attempt that waited ended after `took` (feature `metrics`; otherwise nothing).
+    #[inline(always)]
+    fn meter_duration(&self, took: Duration) {
+        #[cfg(feature = "metrics")]
+        self.duration
+            .get_or_init(|| {
+                use backstop_core::metrics as names;
+                names::describe();
+                metrics::histogram!(
+                    names::CLIENT_ATTEMPT_DURATION,
+                    "dependency" => self.name.get().to_owned()
+                )
+            })
+            .record(took.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = took;
+    }
+
     fn now_us(&self, now: Instant) -> u64 {
         u64::try_from(now.saturating_duration_since(self.origin).as_micros()).unwrap_or(u64::MAX)
     }
@@ -334,11 +356,24 @@ impl AttemptTimeoutLayer {
             origin: Instant::now(),
             bound,
             cached: AtomicU64::new(0),
+            name: backstop_core::DependencyName::default(),
+            #[cfg(feature = "metrics")]
+            duration: std::sync::OnceLock::new(),
         });
         Ok(Self {
             handles: stripe::Handles::new(&shared),
             shared,
         })
+    }
+
+    /// Names the dependency: with the `metrics` feature, attempt durations are recorded as
+    /// `backstop.client.attempt.duration{dependency}` (unnamed: `""`).
+    ///
+    /// # Errors
+    ///
+    /// When the layer already has another name.
+    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
+        self.shared.name.set(name)
     }
 
     /// How attempts are bounded.
@@ -557,6 +592,7 @@ where
                 return Poll::Ready(result.map_err(Into::into));
             };
             let now = Instant::now();
+            shared.meter_duration(now.saturating_duration_since(start));
             // A failure once the bound the server (and the transport: tonic arms a timer from
             // the header) was told has run out is this attempt's timeout, whichever side's
             // timer fired first: a transport error, or the server's own DEADLINE_EXCEEDED.
@@ -604,6 +640,7 @@ where
         let bound = bound.expect("a timer only with a bound");
         // Censored: it took at least its bound.
         shared.model.record(bound, shared.now_us(start + bound));
+        shared.meter_duration(bound);
         Poll::Ready(Err(Box::new(AttemptTimedOut::new())))
     }
 }

@@ -1,11 +1,15 @@
 //! An axum app behind [`DeadlineLayer`] whose handler calls another service through
-//! [`PropagateDeadlineLayer`] (a hyper-util client): the outbound call inherits the request's
-//! deadline without anything being passed by hand.
+//! backstop's client preset, named `upstream` (a hyper-util client under
+//! [`PropagateDeadlineLayer`], retries and a breaker): the outbound call inherits the
+//! request's deadline without anything being passed by hand, and every layer records its
+//! metrics, served in Prometheus' text format.
 //!
 //! Routes:
 //! - `GET /deadline`: `deadline N ms` (what the handler has left) or `no deadline`.
 //! - `GET /sleep/{ms}`: sleeps, then answers `slept`; a deadline cuts it with a 504.
 //! - `GET /chain`: calls `{upstream}/deadline` and answers `deadline N ms; upstream: REPLY`.
+//! - `GET /metrics`: what the layers recorded (`backstop_client_requests{dependency="upstream",
+//!   outcome="success"} 1`, …), from the recorder the caller of [`app`] installed.
 //!
 //! A request's deadline comes from its `grpc-timeout` header or `x-timeout-ms` (decimal
 //! milliseconds); requests without one get 5 s, and no request gets more than 30 s.
@@ -16,7 +20,10 @@ use axum::{
     http::StatusCode,
     routing::get,
 };
-use backstop_deadline::{DeadlineLayer, PropagateDeadline, PropagateDeadlineLayer, current};
+use backstop::{
+    ReplayBody,
+    deadline::{DeadlineLayer, PropagateDeadlineLayer, current},
+};
 use bytes::Bytes;
 use http::{Request, Uri};
 use http_body_util::{BodyExt, Empty};
@@ -24,34 +31,39 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
 };
+use metrics_exporter_prometheus::PrometheusHandle;
 use std::time::Duration;
 use tower::{ServiceBuilder, ServiceExt};
 
-/// The outbound client: a hyper-util client under [`PropagateDeadline`].
-pub type HttpClient = PropagateDeadline<Client<HttpConnector, Empty<Bytes>>>;
+/// The outbound client: a hyper-util client under backstop's client preset.
+pub type HttpClient = backstop::HttpClient<Client<HttpConnector, ReplayBody<Empty<Bytes>>>>;
 
 #[derive(Debug, Clone)]
 struct AppState {
     client: HttpClient,
     upstream: Uri,
+    metrics: PrometheusHandle,
 }
 
-/// The app, calling `upstream` from `/chain`.
+/// The app, calling `upstream` from `/chain` and serving `metrics` (the handle of the
+/// Prometheus recorder installed before: layers register with the recorder installed when
+/// they first record).
 ///
 /// # Panics
 ///
 /// Never: the layer configurations are fixed and valid (and checked by the tests).
-pub fn app(upstream: Uri) -> Router {
+pub fn app(upstream: Uri, metrics: PrometheusHandle) -> Router {
+    let outbound = backstop::client::http().name("upstream").deadline(
+        // Keep 10 % of what is left for ourselves, and tell the upstream 2 ms less than that
+        // to cover the network.
+        PropagateDeadlineLayer::builder()
+            .fraction(0.9)
+            .offset(Duration::from_millis(2))
+            .build()
+            .expect("valid outbound configuration"),
+    );
     let client = ServiceBuilder::new()
-        // Keep 10 % of what is left for ourselves, and tell the upstream 2 ms less than
-        // that to cover the network.
-        .layer(
-            PropagateDeadlineLayer::builder()
-                .fraction(0.9)
-                .offset(Duration::from_millis(2))
-                .build()
-                .expect("valid outbound configuration"),
-        )
+        .layer(outbound)
         .service(Client::builder(TokioExecutor::new()).build_http());
     let inbound = DeadlineLayer::builder()
         .default_timeout(Duration::from_secs(5))
@@ -63,7 +75,12 @@ pub fn app(upstream: Uri) -> Router {
         .route("/deadline", get(deadline))
         .route("/sleep/{ms}", get(sleep))
         .route("/chain", get(chain))
-        .with_state(AppState { client, upstream })
+        .route("/metrics", get(render))
+        .with_state(AppState {
+            client,
+            upstream,
+            metrics,
+        })
         // No HandleErrorLayer: DeadlineLayer answers 504 itself and keeps `Error = Infallible`.
         .layer(inbound)
 }
@@ -73,6 +90,10 @@ fn describe() -> String {
         Some(d) => format!("deadline {} ms", d.remaining().as_millis()),
         None => "no deadline".to_owned(),
     }
+}
+
+async fn render(State(state): State<AppState>) -> String {
+    state.metrics.render()
 }
 
 async fn deadline() -> String {
@@ -88,7 +109,7 @@ async fn chain(State(state): State<AppState>) -> Result<String, (StatusCode, Str
     let own = describe();
     let uri = format!("{}deadline", state.upstream);
     let request = Request::get(uri)
-        .body(Empty::new())
+        .body(Empty::<Bytes>::new())
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let response = state
         .client

@@ -76,7 +76,11 @@ pub async fn start_axum(upstream: Option<&str>) -> String {
     let own = format!("http://{addr}/");
     let upstream = upstream.unwrap_or(&own).parse().expect("upstream URI");
     tokio::spawn(async move {
-        axum::serve(listener, example_axum_server::app(upstream))
+        // A recorder of its own, not installed: `/metrics` answers, with nothing recorded.
+        let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .build_recorder()
+            .handle();
+        axum::serve(listener, example_axum_server::app(upstream, metrics))
             .await
             .expect("axum server");
     });

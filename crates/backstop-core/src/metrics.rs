@@ -1,0 +1,149 @@
+//! The metrics backstop records through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`): names, labels, and the handles of one dependency.
+//!
+//! Install the exporter you already use (Prometheus, StatsD, OpenTelemetry) as the `metrics`
+//! recorder **before the first call** through a stack: each layer registers its handles with
+//! the recorder installed when a call first needs them, and keeps them.
+//!
+//! Names follow OpenTelemetry's style (dot-separated, the unit in the description, durations
+//! in seconds); a Prometheus exporter writes the dots as underscores
+//! (`backstop_client_requests`).
+//!
+//! | name | kind | labels | moves when |
+//! |------|------|--------|------------|
+//! | `backstop.client.requests` | counter | `dependency`, `outcome` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx) |
+//! | `backstop.client.attempts` | counter | `dependency`, `kind` | an attempt is sent: `first`, `retry`, `hedge` |
+//! | `backstop.client.attempt.duration` | histogram (s) | `dependency` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
+//! | `backstop.retry.give_ups` | counter | `dependency`, `reason` | a failure is returned without a retry; `reason` as [`GiveUp`](https://docs.rs/backstop-retry) in snake case: `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `budget`, `not_replayable`, `committed` |
+//! | `backstop.retry.budget.balance` | gauge | `dependency` | the retry budget changes (its tokens: retries it would allow now) |
+//! | `backstop.breaker.state` | gauge | `dependency` | the breaker changes state: 0 closed, 1 open, 2 half-open |
+//! | `backstop.breaker.transitions` | counter | `dependency`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` |
+//! | `backstop.breaker.rejections` | counter | `dependency` | the breaker refuses a call |
+//! | `backstop.deadline.expired` | counter | `side`, `dependency` (client side) | a deadline expires: `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
+//! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
+//!
+//! A stack left unnamed records `dependency = ""`. A call its caller drops before it ends is
+//! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
+//!
+//! # Concurrency rule
+//!
+//! Handles are registered once per layer (a `OnceLock`) and shared by every clone; recording
+//! through a handle is the recorder's business (the usual exporters use atomics).
+
+use crate::Outcome;
+
+/// `backstop.client.requests`
+pub const CLIENT_REQUESTS: &str = "backstop.client.requests";
+/// `backstop.client.attempts`
+pub const CLIENT_ATTEMPTS: &str = "backstop.client.attempts";
+/// `backstop.client.attempt.duration`
+pub const CLIENT_ATTEMPT_DURATION: &str = "backstop.client.attempt.duration";
+/// `backstop.retry.give_ups`
+pub const RETRY_GIVE_UPS: &str = "backstop.retry.give_ups";
+/// `backstop.retry.budget.balance`
+pub const RETRY_BUDGET_BALANCE: &str = "backstop.retry.budget.balance";
+/// `backstop.breaker.state`
+pub const BREAKER_STATE: &str = "backstop.breaker.state";
+/// `backstop.breaker.transitions`
+pub const BREAKER_TRANSITIONS: &str = "backstop.breaker.transitions";
+/// `backstop.breaker.rejections`
+pub const BREAKER_REJECTIONS: &str = "backstop.breaker.rejections";
+/// `backstop.deadline.expired`
+pub const DEADLINE_EXPIRED: &str = "backstop.deadline.expired";
+/// `backstop.deadline.malformed`
+pub const DEADLINE_MALFORMED: &str = "backstop.deadline.malformed";
+
+/// Every name above, for exporters' allow-lists and tests.
+pub const ALL: [&str; 10] = [
+    CLIENT_REQUESTS,
+    CLIENT_ATTEMPTS,
+    CLIENT_ATTEMPT_DURATION,
+    RETRY_GIVE_UPS,
+    RETRY_BUDGET_BALANCE,
+    BREAKER_STATE,
+    BREAKER_TRANSITIONS,
+    BREAKER_REJECTIONS,
+    DEADLINE_EXPIRED,
+    DEADLINE_MALFORMED,
+];
+
+/// The `outcome` labels of `backstop.client.requests`, in [`outcome_index`] order.
+pub const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", "ignored"];
+
+/// Where an outcome's label sits in [`OUTCOMES`].
+pub fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Success => 0,
+        Outcome::Failure { .. } => 1,
+        Outcome::Throttled { .. } => 2,
+        Outcome::Rejected => 3,
+        Outcome::Ignored => 4,
+    }
+}
+
+/// One counter per label value: `name{dependency, key = value}` for each value.
+pub fn counters<const N: usize>(
+    name: &'static str,
+    dependency: &str,
+    key: &'static str,
+    values: [&'static str; N],
+) -> [metrics::Counter; N] {
+    values.map(|value| metrics::counter!(name, "dependency" => dependency.to_owned(), key => value))
+}
+
+/// Describes every name to the installed recorder (the help text a Prometheus exporter prints);
+/// each layer calls it when it registers its handles.
+pub fn describe() {
+    metrics::describe_counter!(CLIENT_REQUESTS, "Calls through a client stack, by outcome");
+    metrics::describe_counter!(
+        CLIENT_ATTEMPTS,
+        "Attempts sent, by kind (first, retry, hedge)"
+    );
+    metrics::describe_histogram!(
+        CLIENT_ATTEMPT_DURATION,
+        metrics::Unit::Seconds,
+        "Duration of attempts that waited for their answer"
+    );
+    metrics::describe_counter!(
+        RETRY_GIVE_UPS,
+        "Failures returned without a retry, by reason"
+    );
+    metrics::describe_gauge!(RETRY_BUDGET_BALANCE, "Retries the budget would allow now");
+    metrics::describe_gauge!(
+        BREAKER_STATE,
+        "Breaker state: 0 closed, 1 open, 2 half-open"
+    );
+    metrics::describe_counter!(BREAKER_TRANSITIONS, "Breaker state changes, by new state");
+    metrics::describe_counter!(BREAKER_REJECTIONS, "Calls refused by an open breaker");
+    metrics::describe_counter!(DEADLINE_EXPIRED, "Deadlines expired, by side");
+    metrics::describe_counter!(
+        DEADLINE_MALFORMED,
+        "Malformed grpc-timeout headers received"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Retryable;
+
+    #[test]
+    fn each_outcome_has_its_label() {
+        let cases = [
+            (Outcome::Success, "success"),
+            (Outcome::failure(Retryable::Always), "failure"),
+            (
+                Outcome::Throttled {
+                    retryable: Retryable::Always,
+                    hint: None,
+                },
+                "throttled",
+            ),
+            (Outcome::Rejected, "rejected"),
+            (Outcome::Ignored, "ignored"),
+        ];
+        for (outcome, label) in cases {
+            assert_eq!(OUTCOMES[outcome_index(outcome)], label);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The retry layer's metric handles (feature `metrics`; names and labels in
+//! `backstop_core::metrics`).
+//!
+//! # Concurrency rule
+//!
+//! Registered once per layer, on the first call that records (a `OnceLock` in the layer's
+//! shared state), then shared by every clone.
+
+use crate::{layer::Shared, stats::GiveUp};
+use backstop_core::{Outcome, metrics as names};
+use metrics::{Counter, Gauge};
+
+/// The `reason` label of each [`GiveUp`], in [`GiveUp::ALL`] order.
+const REASONS: [&str; 8] = [
+    "not_retryable",
+    "attempts",
+    "not_idempotent",
+    "hint",
+    "deadline",
+    "budget",
+    "not_replayable",
+    "committed",
+];
+
+/// Which attempt was sent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AttemptKind {
+    First = 0,
+    Retry = 1,
+    Hedge = 2,
+}
+
+#[derive(Debug)]
+pub(crate) struct RetryMetrics {
+    requests: [Counter; 5],
+    attempts: [Counter; 3],
+    give_ups: [Counter; 8],
+    balance: Gauge,
+}
+
+impl RetryMetrics {
+    fn new(dependency: &str) -> Self {
+        names::describe();
+        Self {
+            requests: names::counters(
+                names::CLIENT_REQUESTS,
+                dependency,
+                "outcome",
+                names::OUTCOMES,
+            ),
+            attempts: names::counters(
+                names::CLIENT_ATTEMPTS,
+                dependency,
+                "kind",
+                ["first", "retry", "hedge"],
+            ),
+            give_ups: names::counters(names::RETRY_GIVE_UPS, dependency, "reason", REASONS),
+            balance: metrics::gauge!(names::RETRY_BUDGET_BALANCE, "dependency" => dependency.to_owned()),
+        }
+    }
+}
+
+impl<C> Shared<C> {
+    fn metrics(&self) -> &RetryMetrics {
+        self.metrics
+            .get_or_init(|| RetryMetrics::new(self.name.get()))
+    }
+
+    /// A call ended with this outcome.
+    pub(crate) fn meter_outcome(&self, outcome: Outcome) {
+        self.metrics().requests[names::outcome_index(outcome)].increment(1);
+    }
+
+    /// An attempt was sent.
+    pub(crate) fn meter_attempt(&self, kind: AttemptKind) {
+        self.metrics().attempts[kind as usize].increment(1);
+    }
+
+    /// A failure was returned without a retry.
+    pub(crate) fn meter_give_up(&self, why: GiveUp) {
+        self.metrics().give_ups[why as usize].increment(1);
+    }
+
+    /// The budget changed: the gauge reads its balance again.
+    pub(crate) fn meter_budget(&self) {
+        if let Some(budget) = &self.policy.budget {
+            self.metrics().balance.set(budget.balance());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_reason_has_its_label_in_order() {
+        for (why, label) in GiveUp::ALL.into_iter().zip(REASONS) {
+            assert_eq!(why.as_str().replace(' ', "_"), label);
+            assert_eq!(REASONS[why as usize], label);
+        }
+    }
+}

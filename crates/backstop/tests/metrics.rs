@@ -1,0 +1,372 @@
+//! Each documented metric moves when its event happens (feature `metrics`), read through a
+//! recording recorder: the facade's names and labels are what an exporter would publish.
+#![cfg(feature = "metrics")]
+
+use backstop::{ReplayBody, prelude::*};
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::{BodyExt, Full};
+use metrics_util::{
+    CompositeKey,
+    debugging::{DebugValue, DebuggingRecorder},
+};
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+
+/// What the recorder held at the end of a test (read once: reading resets the counters).
+type Recorded = Vec<(CompositeKey, DebugValue)>;
+
+/// Runs `test` on a paused current-thread runtime with a recorder of its own (local to this
+/// thread, so tests running at once do not see each other's metrics).
+fn recorded<F: std::future::Future<Output = ()>>(test: impl FnOnce() -> F) -> Recorded {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(test());
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    snapshot
+        .into_iter()
+        .map(|(key, _, _, value)| (key, value))
+        .collect()
+}
+
+/// The value of `name` with exactly these labels (in any order).
+fn value<'a>(
+    recorded: &'a Recorded,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<&'a DebugValue> {
+    recorded
+        .iter()
+        .find(|(key, _)| {
+            let key = key.key();
+            let mut got: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
+            let mut want = labels.to_vec();
+            got.sort_unstable();
+            want.sort_unstable();
+            key.name() == name && got == want
+        })
+        .map(|(_, value)| value)
+}
+
+fn counter(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> u64 {
+    match value(recorded, name, labels) {
+        Some(DebugValue::Counter(n)) => *n,
+        other => panic!("{name} {labels:?}: {other:?}"),
+    }
+}
+
+fn gauge(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> f64 {
+    match value(recorded, name, labels) {
+        Some(DebugValue::Gauge(v)) => v.into_inner(),
+        other => panic!("{name} {labels:?}: {other:?}"),
+    }
+}
+
+const INVENTORY: (&str, &str) = ("dependency", "inventory");
+
+fn status(code: u16) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .body(String::new())
+        .unwrap()
+}
+
+/// Answers the statuses in `script`, then 200.
+fn scripted(
+    script: &'static [u16],
+) -> impl tower::Service<
+    Request<ReplayBody<String>>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    let calls = Arc::new(AtomicUsize::new(0));
+    service_fn(move |_req: Request<ReplayBody<String>>| {
+        let n = calls.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, Infallible>(status(script.get(n).copied().unwrap_or(200))) }
+    })
+}
+
+#[test]
+fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
+    let metrics = recorded(|| async {
+        let client = ServiceBuilder::new()
+            .layer(backstop::client::http().name("inventory"))
+            .service(scripted(&[503]));
+        let response = client
+            .oneshot(Request::get("/item/1").body(String::new()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    });
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "success")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "failure")]),
+        0
+    );
+    assert_eq!(
+        counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, attempts, &[INVENTORY, ("kind", "retry")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, attempts, &[INVENTORY, ("kind", "hedge")]),
+        0
+    );
+    // The ratio budget's reserve, less the retry, plus a tenth for the success.
+    let balance = gauge(
+        &metrics,
+        backstop::metrics::RETRY_BUDGET_BALANCE,
+        &[INVENTORY],
+    );
+    assert!(balance > 0.0, "balance {balance}");
+}
+
+#[test]
+fn a_failure_that_is_not_retried_counts_why() {
+    let metrics = recorded(|| async {
+        let client = ServiceBuilder::new()
+            .layer(backstop::client::http().name("inventory"))
+            .service(scripted(&[503]));
+        let response = client
+            .oneshot(Request::post("/orders").body("{}".to_owned()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 503);
+    });
+    let give_ups = backstop::metrics::RETRY_GIVE_UPS;
+    assert_eq!(
+        counter(
+            &metrics,
+            give_ups,
+            &[INVENTORY, ("reason", "not_idempotent")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, give_ups, &[INVENTORY, ("reason", "budget")]),
+        0
+    );
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "failure")]),
+        1
+    );
+}
+
+#[test]
+fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
+    let metrics = recorded(|| async {
+        let mut client = ServiceBuilder::new()
+            .layer(backstop::client::http().name("inventory").max_attempts(1))
+            .service(scripted(&[429, 404]));
+        for _ in 0..2 {
+            let req = Request::get("/item/1").body(String::new()).unwrap();
+            client.ready().await.unwrap().call(req).await.unwrap();
+        }
+    });
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "throttled")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "ignored")]),
+        1
+    );
+    // One attempt each, never retried: counted as first attempts all the same.
+    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    assert_eq!(
+        counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
+        2
+    );
+}
+
+#[test]
+fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
+    let metrics = recorded(|| async {
+        let breaker = BreakerConfig::http()
+            .consecutive_failures(2)
+            .jitter(false)
+            .build()
+            .unwrap();
+        let mut client = ServiceBuilder::new()
+            .layer(
+                backstop::client::http()
+                    .name("inventory")
+                    .max_attempts(1)
+                    .breaker(breaker),
+            )
+            .service(scripted(&[503, 503]));
+        for _ in 0..3 {
+            let req = Request::get("/item/1").body(String::new()).unwrap();
+            let _ = client.ready().await.unwrap().call(req).await;
+        }
+    });
+    let state = backstop::metrics::BREAKER_STATE;
+    assert_eq!(gauge(&metrics, state, &[INVENTORY]), 1.0, "open");
+    let transitions = backstop::metrics::BREAKER_TRANSITIONS;
+    assert_eq!(
+        counter(&metrics, transitions, &[INVENTORY, ("to", "open")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, transitions, &[INVENTORY, ("to", "half_open")]),
+        0
+    );
+    assert_eq!(
+        counter(
+            &metrics,
+            backstop::metrics::BREAKER_REJECTIONS,
+            &[INVENTORY]
+        ),
+        1
+    );
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "rejected")]),
+        1
+    );
+}
+
+#[test]
+fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines() {
+    let metrics = recorded(|| async {
+        let slow = service_fn(|req: Request<ReplayBody<String>>| async move {
+            let wait = if req.uri().path() == "/slow" {
+                1_000
+            } else {
+                20
+            };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            Ok::<_, Infallible>(status(200))
+        });
+        let mut client = ServiceBuilder::new()
+            .layer(
+                backstop::client::http()
+                    .name("inventory")
+                    .timeout(Duration::from_millis(100))
+                    // No attempt bound of its own: the deadline ends the slow call (with the
+                    // preset's, the attempt would time out first, at 80 % of the deadline).
+                    .attempt(AttemptTimeoutLayer::new(AttemptBound::None).unwrap()),
+            )
+            .service(slow);
+        for path in ["/fast", "/slow"] {
+            let req = Request::get(path).body(String::new()).unwrap();
+            let _ = client.ready().await.unwrap().call(req).await;
+        }
+    });
+    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    assert_eq!(
+        counter(&metrics, expired, &[INVENTORY, ("side", "client")]),
+        1
+    );
+    let duration = backstop::metrics::CLIENT_ATTEMPT_DURATION;
+    match value(&metrics, duration, &[INVENTORY]) {
+        // The fast call's 20 ms; the slow one was cancelled by its deadline (not an attempt
+        // that ended).
+        Some(DebugValue::Histogram(samples)) => {
+            let samples: Vec<f64> = samples.iter().map(|s| s.into_inner()).collect();
+            assert_eq!(samples, [0.02]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "success")]),
+        1
+    );
+    // The expired call is the stack's own answer.
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "rejected")]),
+        1
+    );
+}
+
+/// A gRPC response committed by its headers: the outcome is counted when the trailers come
+/// (UNAVAILABLE here: a failure, where the headers alone looked like a success).
+#[test]
+fn a_grpc_status_in_the_trailers_is_counted_at_the_end_of_the_body() {
+    let metrics = recorded(|| async {
+        let grpc = service_fn(|_req: Request<ReplayBody<Full<Bytes>>>| async {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", "14".parse().unwrap());
+            let body = Full::new(Bytes::from_static(b"\0\0\0\0\0"))
+                .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
+            let response = Response::builder()
+                .header("content-type", "application/grpc")
+                .body(body)
+                .unwrap();
+            Ok::<_, Infallible>(response)
+        });
+        let client = ServiceBuilder::new()
+            .layer(backstop::client::grpc().name("inventory"))
+            .service(grpc);
+        let req = Request::post("/inventory.Stock/Get")
+            .header("content-type", "application/grpc")
+            .body(Full::new(Bytes::from_static(b"\0\0\0\0\0")))
+            .unwrap();
+        let response = client.oneshot(req).await.unwrap();
+        let collected = response.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "14");
+    });
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "failure")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, requests, &[INVENTORY, ("outcome", "success")]),
+        0
+    );
+}
+
+#[test]
+fn the_server_counts_malformed_headers_and_expired_deadlines() {
+    let metrics = recorded(|| async {
+        let handler = service_fn(|_req: Request<String>| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<_, Infallible>(status(200))
+        });
+        let mut server = ServiceBuilder::new()
+            .layer(backstop::server())
+            .service(handler);
+        for timeout in ["1x", "50m"] {
+            let req = Request::post("/svc/Method")
+                .header("content-type", "application/grpc")
+                .header("grpc-timeout", timeout)
+                .body(String::new())
+                .unwrap();
+            let response = server.ready().await.unwrap().call(req).await.unwrap();
+            assert_ne!(response.headers()["grpc-status"], "0");
+        }
+    });
+    assert_eq!(
+        counter(&metrics, backstop::metrics::DEADLINE_MALFORMED, &[]),
+        1
+    );
+    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    assert_eq!(counter(&metrics, expired, &[("side", "server")]), 1);
+}
