@@ -1,3 +1,4 @@
+use crate::keyed::BreakerKey;
 use crate::{
     BreakerLayer, Mode, Transition,
     state::Settings,
@@ -45,6 +46,9 @@ pub struct BreakerConfig<C> {
     slow_start: Option<Duration>,
     pub(crate) mode: Mode,
     pub(crate) hook: Option<Hook>,
+    key: Option<BreakerKey>,
+    max_keys: usize,
+    key_idle: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -72,6 +76,9 @@ impl<C: fmt::Debug> fmt::Debug for BreakerConfig<C> {
             .field("slow_start", &self.slow_start)
             .field("mode", &self.mode)
             .field("on_state_change", &self.hook.is_some())
+            .field("per_key", &self.key)
+            .field("max_keys", &self.max_keys)
+            .field("idle_keys_after", &self.key_idle)
             .finish()
     }
 }
@@ -116,6 +123,9 @@ impl<C> BreakerConfig<C> {
             slow_start: None,
             mode: Mode::Normal,
             hook: None,
+            key: None,
+            max_keys: 64,
+            key_idle: Duration::from_secs(300),
         }
     }
 
@@ -138,6 +148,9 @@ impl<C> BreakerConfig<C> {
             seed: self.seed,
             slow_start: self.slow_start,
             mode: self.mode,
+            key: self.key,
+            max_keys: self.max_keys,
+            key_idle: self.key_idle,
             hook: self.hook,
         }
     }
@@ -264,8 +277,42 @@ impl<C> BreakerConfig<C> {
         self
     }
 
+    /// A breaker per key of the request instead of one for the whole dependency: per host
+    /// ([`BreakerKey::Authority`]), per path, or per route ([`BreakerKey::custom`]), each with
+    /// this configuration, at most [`max_keys`](Self::max_keys) of them; see
+    /// [`keyed`](crate::keyed) for the bounds.
+    ///
+    /// ```
+    /// use backstop_breaker::{BreakerConfig, BreakerKey};
+    ///
+    /// let per_host = BreakerConfig::http().per_key(BreakerKey::Authority).max_keys(16).build().unwrap();
+    /// assert!(per_host.is_keyed());
+    /// ```
+    #[must_use]
+    pub fn per_key(mut self, key: BreakerKey) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// The most keys with a breaker of their own (default 64, at most 10 000); further keys
+    /// take the place of idle ones, or share the overflow breaker.
+    #[must_use]
+    pub fn max_keys(mut self, n: usize) -> Self {
+        self.max_keys = n;
+        self
+    }
+
+    /// How long a key must go without a call before its breaker may be evicted to make room
+    /// (default 5 min; from 1 s to one day).
+    #[must_use]
+    pub fn idle_keys_after(mut self, idle: Duration) -> Self {
+        self.key_idle = idle;
+        self
+    }
+
     /// Validates the configuration and builds the layer. Clones of the layer, and every
-    /// service it builds, share one breaker.
+    /// service it builds, share one breaker (or, [`per_key`](Self::per_key), one table of
+    /// breakers).
     ///
     /// # Errors
     ///
@@ -279,14 +326,43 @@ impl<C> BreakerConfig<C> {
     /// - `open_multiplier` is below 1 or not finite;
     /// - `time_window` has 0 or more than 1000 buckets, or buckets shorter than 1 ms;
     /// - `count_window` is not in 1..=100 000;
-    /// - `slow_start` is zero or longer than one day.
-    pub fn build(self) -> Result<BreakerLayer<C>, ConfigError> {
+    /// - `slow_start` is zero or longer than one day;
+    /// - `max_keys` is not in 1..=10 000, or `idle_keys_after` is not between 1 s and one day.
+    pub fn build(mut self) -> Result<BreakerLayer<C>, ConfigError>
+    where
+        C: Clone,
+    {
         let (settings, window) = self.validate()?;
-        Ok(BreakerLayer::from_parts(self, settings, window))
+        let Some(key) = self.key.take() else {
+            return Ok(BreakerLayer::from_parts(self, settings, window));
+        };
+        let template = self.clone();
+        let mut layer = BreakerLayer::from_parts(self, settings, window);
+        let keyed = crate::keyed::Keyed::new(
+            key,
+            template.clone(),
+            template.max_keys,
+            template.key_idle,
+            layer.clone(),
+        );
+        layer.keyed = Some(Arc::new(keyed));
+        Ok(layer)
     }
 
     fn validate(&self) -> Result<(Settings, Window), ConfigError> {
         const DAY: Duration = Duration::from_secs(86_400);
+        if !(1..=10_000).contains(&self.max_keys) {
+            return Err(ConfigError::new(
+                "max_keys",
+                format!("must be in 1..=10000, got {}", self.max_keys),
+            ));
+        }
+        if self.key_idle < Duration::from_secs(1) || self.key_idle > DAY {
+            return Err(ConfigError::new(
+                "idle_keys_after",
+                format!("must be between 1s and one day, got {:?}", self.key_idle),
+            ));
+        }
         let ppm = |knob: &'static str, rate: f64| {
             if rate > 0.0 && rate <= 1.0 {
                 Ok(((rate * 1_000_000.0).round() as u64).max(1))
@@ -427,7 +503,7 @@ fn random_seed() -> u64 {
 mod tests {
     use super::*;
 
-    fn knob<C>(config: BreakerConfig<C>) -> String {
+    fn knob<C: Clone>(config: BreakerConfig<C>) -> String {
         config.build().map(drop).unwrap_err().knob().to_owned()
     }
 
@@ -468,6 +544,13 @@ mod tests {
         assert_eq!(knob(c().count_window(0)), "count_window");
         assert_eq!(knob(c().count_window(100_001)), "count_window");
         assert_eq!(knob(c().slow_start(ms(0))), "slow_start");
+        assert_eq!(knob(c().max_keys(0)), "max_keys");
+        assert_eq!(knob(c().max_keys(10_001)), "max_keys");
+        assert_eq!(knob(c().idle_keys_after(ms(999))), "idle_keys_after");
+        assert_eq!(
+            knob(c().idle_keys_after(Duration::from_secs(86_401))),
+            "idle_keys_after"
+        );
         let err = c().failure_rate(2.0).build().map(drop).unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -14,8 +14,11 @@ use tower_layer::Layer;
 /// every [`Breaker`] service it builds, share one breaker: one state, one window.
 #[derive(Debug)]
 pub struct BreakerLayer<C> {
+    /// The breaker (keyed: the overflow breaker).
     pub(crate) shared: Arc<Shared<C>>,
-    handles: Handles<C>,
+    pub(crate) handles: Handles<C>,
+    /// The breakers per key, when built [`per_key`](BreakerConfig::per_key).
+    pub(crate) keyed: Option<Arc<crate::keyed::Keyed<C>>>,
 }
 
 impl<C> Clone for BreakerLayer<C> {
@@ -23,6 +26,7 @@ impl<C> Clone for BreakerLayer<C> {
         Self {
             shared: self.shared.clone(),
             handles: self.handles.clone(),
+            keyed: self.keyed.clone(),
         }
     }
 }
@@ -41,7 +45,10 @@ impl<C> BreakerLayer<C> {
     /// # Errors
     ///
     /// As [`BreakerConfig::build`].
-    pub fn new(config: BreakerConfig<C>) -> Result<Self, backstop_core::ConfigError> {
+    pub fn new(config: BreakerConfig<C>) -> Result<Self, backstop_core::ConfigError>
+    where
+        C: Clone,
+    {
         config.build()
     }
 
@@ -57,11 +64,16 @@ impl<C> BreakerLayer<C> {
             hook: config.hook,
             opens: std::sync::atomic::AtomicU64::new(0),
             name: backstop_core::DependencyName::default(),
+            key: std::sync::OnceLock::new(),
             #[cfg(feature = "metrics")]
             metrics: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
-        Self { shared, handles }
+        Self {
+            shared,
+            handles,
+            keyed: None,
+        }
     }
 
     /// Names the dependency: every event this breaker emits carries it as `dependency`
@@ -71,7 +83,37 @@ impl<C> BreakerLayer<C> {
     ///
     /// When the breaker already has another name.
     pub fn set_name(&self, name: &str) -> Result<(), backstop_core::ConfigError> {
-        self.shared.name.set(name)
+        self.shared.name.set(name)?;
+        for (_, layer) in self.keys_now() {
+            layer.shared.name.set(name)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the layer holds a breaker per key ([`BreakerConfig::per_key`]).
+    pub fn is_keyed(&self) -> bool {
+        self.keyed.is_some()
+    }
+
+    /// Every key's breaker now, by key (sorted), for a keyed layer; empty otherwise. The
+    /// calls no key's breaker took are in [`snapshot`](Self::snapshot) (the overflow breaker).
+    pub fn keys(&self) -> Vec<(String, Snapshot)> {
+        self.keys_now()
+            .into_iter()
+            .map(|(key, layer)| (key, layer.snapshot()))
+            .collect()
+    }
+
+    /// `key`'s breaker now, if a keyed layer has one for it.
+    pub fn key_snapshot(&self, key: &str) -> Option<Snapshot> {
+        self.keyed
+            .as_ref()?
+            .layer(key)
+            .map(|layer| layer.snapshot())
+    }
+
+    fn keys_now(&self) -> Vec<(String, BreakerLayer<C>)> {
+        self.keyed.as_ref().map_or_else(Vec::new, |k| k.layers())
     }
 
     /// The dependency's name (`""` when unnamed).
@@ -84,16 +126,24 @@ impl<C> BreakerLayer<C> {
         self.shared.snapshot()
     }
 
-    /// Changes the [`Mode`] at run time (the state is kept).
+    /// Changes the [`Mode`] at run time (the state is kept); a keyed layer changes every
+    /// key's, and the keys added later start in it.
     pub fn set_mode(&self, mode: Mode) {
         self.shared.machine.set_mode(mode);
+        for (_, layer) in self.keys_now() {
+            layer.shared.machine.set_mode(mode);
+        }
     }
 
     /// Closes the breaker and forgets its window, whatever its state, as an operator would;
     /// calls in flight from before decide nothing. Reported with [`Reason::Reset`](crate::Reason).
+    /// A keyed layer resets every key.
     pub fn reset(&self) {
         let transition = self.shared.machine.reset(|| self.shared.now_us());
         self.shared.emit(transition);
+        for (_, layer) in self.keys_now() {
+            layer.reset();
+        }
     }
 }
 
@@ -101,7 +151,7 @@ impl<S, C> Layer<S> for BreakerLayer<C> {
     type Service = Breaker<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Breaker::from_handles(inner, self.handles.clone())
+        Breaker::from_handles(inner, self.handles.clone(), self.keyed.clone())
     }
 }
 
@@ -117,6 +167,8 @@ pub(crate) struct Shared<C> {
     /// Transitions to open since the breaker was built.
     opens: std::sync::atomic::AtomicU64,
     pub(crate) name: backstop_core::DependencyName,
+    /// The key, for a breaker of a keyed layer: its events and metrics carry it.
+    key: std::sync::OnceLock<Box<str>>,
     #[cfg(feature = "metrics")]
     metrics: std::sync::OnceLock<BreakerMetrics>,
 }
@@ -144,21 +196,26 @@ fn state_code(state: State) -> f64 {
 
 #[cfg(feature = "metrics")]
 impl BreakerMetrics {
-    fn new(dependency: &str) -> Self {
+    /// The handles of a breaker, with a `key` label for a breaker of a keyed layer.
+    fn new(dependency: &str, key: Option<&str>) -> Self {
         use backstop_core::metrics as names;
+        use metrics::Label;
         names::describe();
+        let labels = |extra: Option<(&'static str, &'static str)>| {
+            let mut labels = vec![Label::new("dependency", dependency.to_owned())];
+            if let Some(key) = key {
+                labels.push(Label::new("key", key.to_owned()));
+            }
+            if let Some((k, v)) = extra {
+                labels.push(Label::new(k, v));
+            }
+            labels
+        };
         Self {
-            state: metrics::gauge!(names::BREAKER_STATE, "dependency" => dependency.to_owned()),
-            transitions: names::counters(
-                names::BREAKER_TRANSITIONS,
-                dependency,
-                "to",
-                ["closed", "open", "half_open"],
-            ),
-            rejections: metrics::counter!(
-                names::BREAKER_REJECTIONS,
-                "dependency" => dependency.to_owned()
-            ),
+            state: metrics::gauge!(names::BREAKER_STATE, labels(None)),
+            transitions: ["closed", "open", "half_open"]
+                .map(|to| metrics::counter!(names::BREAKER_TRANSITIONS, labels(Some(("to", to))))),
+            rejections: metrics::counter!(names::BREAKER_REJECTIONS, labels(None)),
         }
     }
 }
@@ -186,10 +243,22 @@ impl<C> Shared<C> {
     #[cfg(feature = "metrics")]
     fn metrics(&self) -> &BreakerMetrics {
         self.metrics.get_or_init(|| {
-            let metrics = BreakerMetrics::new(self.name.get());
+            let metrics = BreakerMetrics::new(self.name.get(), self.key.get().map(|k| &**k));
             metrics.state.set(state_code(self.machine.load().state));
             metrics
         })
+    }
+
+    /// Makes this the breaker of `key` in a keyed layer of dependency `name`.
+    pub(crate) fn keyed_as(&self, name: &str, key: &str) {
+        // A new breaker: neither is set yet.
+        let _ = self.name.set(name);
+        let _ = self.key.set(key.into());
+    }
+
+    /// The key of a keyed layer's breaker (`""` otherwise).
+    fn key(&self) -> &str {
+        self.key.get().map_or("", |k| k)
     }
 
     /// Asks to let a call in: the admission, or how long until calls pass again (`None`: no
@@ -234,6 +303,7 @@ impl<C> Shared<C> {
         match t.to {
             State::Open => tracing::warn!(
                 dependency = self.name.get(),
+                key = self.key(),
                 from = ?t.from,
                 reason = ?t.reason,
                 generation = t.generation,
@@ -242,12 +312,14 @@ impl<C> Shared<C> {
             ),
             State::HalfOpen => tracing::info!(
                 dependency = self.name.get(),
+                key = self.key(),
                 reason = ?t.reason,
                 generation = t.generation,
                 "circuit breaker half-open: probing"
             ),
             State::Closed => tracing::info!(
                 dependency = self.name.get(),
+                key = self.key(),
                 from = ?t.from,
                 reason = ?t.reason,
                 generation = t.generation,

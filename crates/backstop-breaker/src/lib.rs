@@ -139,6 +139,7 @@
 mod body;
 mod config;
 mod future;
+pub mod keyed;
 mod layer;
 mod service;
 mod state;
@@ -152,6 +153,7 @@ pub use backstop_core::BreakerOpen;
 pub use body::BreakerBody;
 pub use config::BreakerConfig;
 pub use future::ResponseFuture;
+pub use keyed::BreakerKey;
 pub use layer::{BreakerLayer, Snapshot};
 pub use service::Breaker;
 pub use state::{Mode, Reason, State, Transition};

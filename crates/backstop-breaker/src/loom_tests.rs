@@ -224,3 +224,55 @@ fn loom_a_close_racing_an_old_generation_failure() {
         assert!(totals.calls <= 1);
     });
 }
+
+/// A keyed table with room for `max_keys`, built as a layer would build it.
+fn keyed(max_keys: usize) -> Arc<crate::keyed::Keyed<backstop_core::HttpClassifier>> {
+    let config = crate::BreakerConfig::http()
+        .count_window(2)
+        .minimum_calls(1);
+    let overflow = config.clone().build().unwrap();
+    Arc::new(crate::keyed::Keyed::new(
+        crate::BreakerKey::Path,
+        config,
+        max_keys,
+        std::time::Duration::from_secs(60),
+        overflow,
+    ))
+}
+
+#[test]
+fn loom_two_calls_racing_for_a_new_key_share_one_breaker() {
+    loom::model(|| {
+        let table = keyed(4);
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let table = table.clone();
+                thread::spawn(move || table.entry_for_test("a").expect("room for it"))
+            })
+            .collect();
+        let entries: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(std::sync::Arc::ptr_eq(&entries[0], &entries[1]));
+        assert_eq!(table.layers().len(), 1);
+    });
+}
+
+#[test]
+fn loom_a_full_table_never_grows_past_its_bound() {
+    loom::model(|| {
+        let table = keyed(1);
+        let threads: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|key| {
+                let table = table.clone();
+                thread::spawn(move || table.entry_for_test(key).is_some())
+            })
+            .collect();
+        let got: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(
+            got.iter().filter(|g| **g).count(),
+            1,
+            "one key got the room"
+        );
+        assert_eq!(table.layers().len(), 1);
+    });
+}

@@ -1,10 +1,12 @@
 use crate::{
     BreakerBody,
     future::{Permit, ResponseFuture},
+    keyed::Keyed,
     layer::Handles,
 };
 use backstop_core::{BoxError, Classify, is_grpc};
 use http::{Request, Response};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -14,6 +16,7 @@ use tower_service::Service;
 pub struct Breaker<S, C> {
     inner: S,
     handles: Handles<C>,
+    keyed: Option<Arc<Keyed<C>>>,
 }
 
 impl<S: Clone, C> Clone for Breaker<S, C> {
@@ -21,13 +24,22 @@ impl<S: Clone, C> Clone for Breaker<S, C> {
         Self {
             inner: self.inner.clone(),
             handles: self.handles.clone(),
+            keyed: self.keyed.clone(),
         }
     }
 }
 
 impl<S, C> Breaker<S, C> {
-    pub(crate) fn from_handles(inner: S, handles: Handles<C>) -> Self {
-        Self { inner, handles }
+    pub(crate) fn from_handles(
+        inner: S,
+        handles: Handles<C>,
+        keyed: Option<Arc<Keyed<C>>>,
+    ) -> Self {
+        Self {
+            inner,
+            handles,
+            keyed,
+        }
     }
 
     /// The inner service.
@@ -50,7 +62,7 @@ impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for Breaker<S, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
-    C: Classify<Response<ResBody>>,
+    C: Classify<Response<ResBody>> + Clone,
 {
     type Response = Response<BreakerBody<ResBody, C>>;
     type Error = BoxError;
@@ -63,7 +75,14 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let handle = self.handles.current();
+        let by_key;
+        let handle = match &self.keyed {
+            None => self.handles.current(),
+            Some(keyed) => {
+                by_key = keyed.handle(req.method(), req.uri());
+                &by_key
+            }
+        };
         match handle.admit() {
             Ok(admission) => {
                 let start = handle.slow.map(|_| Instant::now());

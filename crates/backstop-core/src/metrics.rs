@@ -22,7 +22,9 @@
 //! | `backstop.deadline.expired` | counter | `side`, `dependency` (client side) | a deadline expires: `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
 //!
-//! A stack left unnamed records `dependency = ""`. A call its caller drops before it ends is
+//! The breaker's series of a layer built [`per_key`](https://docs.rs/backstop-breaker) carry a
+//! `key` label too (the host, path or route of the key's breaker). A stack left unnamed
+//! records `dependency = ""`. A call its caller drops before it ends is
 //! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
 //!
 //! # Concurrency rule

@@ -370,3 +370,32 @@ fn the_server_counts_malformed_headers_and_expired_deadlines() {
     let expired = backstop::metrics::DEADLINE_EXPIRED;
     assert_eq!(counter(&metrics, expired, &[("side", "server")]), 1);
 }
+
+#[test]
+fn a_keyed_breaker_reports_under_its_key() {
+    let metrics = recorded(|| async {
+        let breaker = backstop::client::http_breaker()
+            .consecutive_failures(2)
+            .jitter(false)
+            .per_key(backstop::breaker::BreakerKey::Path)
+            .build()
+            .unwrap();
+        let mut client = ServiceBuilder::new()
+            .layer(
+                backstop::client::http()
+                    .name("inventory")
+                    .max_attempts(1)
+                    .breaker(breaker),
+            )
+            .service(scripted(&[503, 503]));
+        for path in ["/down", "/down", "/down", "/up"] {
+            let req = Request::get(path).body(String::new()).unwrap();
+            let _ = client.ready().await.unwrap().call(req).await;
+        }
+    });
+    let state = backstop::metrics::BREAKER_STATE;
+    assert_eq!(gauge(&metrics, state, &[INVENTORY, ("key", "/down")]), 1.0);
+    assert_eq!(gauge(&metrics, state, &[INVENTORY, ("key", "/up")]), 0.0);
+    let rejections = backstop::metrics::BREAKER_REJECTIONS;
+    assert_eq!(counter(&metrics, rejections, &[INVENTORY, ("key", "/down")]), 1);
+}
