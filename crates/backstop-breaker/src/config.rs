@@ -333,20 +333,17 @@ impl<C> BreakerConfig<C> {
         C: Clone,
     {
         let (settings, window) = self.validate()?;
-        let Some(key) = self.key.take() else {
-            return Ok(BreakerLayer::from_parts(self, settings, window));
-        };
-        let template = self.clone();
-        let mut layer = BreakerLayer::from_parts(self, settings, window);
-        let keyed = crate::keyed::Keyed::new(
-            key,
-            template.clone(),
-            template.max_keys,
-            template.key_idle,
-            layer.clone(),
-        );
-        layer.keyed = Some(Arc::new(keyed));
-        Ok(layer)
+        let keyed = self.key.take().map(|key| {
+            // Each new key's breaker: this configuration, unkeyed.
+            let template = self.clone();
+            Arc::new(crate::keyed::Keyed::new(
+                key,
+                template,
+                self.max_keys,
+                self.key_idle,
+            ))
+        });
+        Ok(BreakerLayer::from_parts(self, settings, window, keyed))
     }
 
     fn validate(&self) -> Result<(Settings, Window), ConfigError> {

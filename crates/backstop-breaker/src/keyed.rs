@@ -115,8 +115,6 @@ pub(crate) struct Keyed<C> {
     max_keys: usize,
     idle_s: u64,
     start: Instant,
-    /// Calls with no key, and keys past `max_keys` while none is idle.
-    pub(crate) overflow: BreakerLayer<C>,
 }
 
 impl<C> fmt::Debug for Keyed<C> {
@@ -135,7 +133,6 @@ impl<C: Clone> Keyed<C> {
         template: BreakerConfig<C>,
         max_keys: usize,
         idle: Duration,
-        overflow: BreakerLayer<C>,
     ) -> Self {
         Self {
             key,
@@ -145,7 +142,6 @@ impl<C: Clone> Keyed<C> {
             max_keys,
             idle_s: idle.as_secs().max(1),
             start: Instant::now(),
-            overflow,
         }
     }
 
@@ -155,20 +151,18 @@ impl<C: Clone> Keyed<C> {
             .as_secs()
     }
 
-    /// The handle of the breaker of a request with this method and URI.
-    pub(crate) fn handle(&self, method: &Method, uri: &Uri) -> Arc<Handle<C>> {
-        let layer = match self.key.of(method, uri) {
-            Some(key) => self.entry(&key),
-            None => None,
-        };
-        match layer {
-            Some(entry) => entry.layer.handles.current().clone(),
-            None => self.overflow.handles.current().clone(),
-        }
+    /// The handle of the breaker of a request with this method and URI, for dependency
+    /// `name`; `None`: the request has no key, or the table is full of keys in use (the
+    /// layer's own breaker, the overflow breaker, takes it).
+    #[inline(never)]
+    pub(crate) fn handle(&self, method: &Method, uri: &Uri, name: &str) -> Option<Arc<Handle<C>>> {
+        let key = self.key.of(method, uri)?;
+        let entry = self.entry(&key, name)?;
+        Some(entry.layer.handles.current().clone())
     }
 
     /// `key`'s entry, added if need be; `None` when the table is full of keys in use.
-    fn entry(&self, key: &str) -> Option<Arc<Entry<C>>> {
+    fn entry(&self, key: &str, name: &str) -> Option<Arc<Entry<C>>> {
         let now = self.now_s();
         if let Some(entry) = self.table.load().get(key) {
             if entry.last_used.load(Ordering::Relaxed) != now {
@@ -176,18 +170,18 @@ impl<C: Clone> Keyed<C> {
             }
             return Some(entry.clone());
         }
-        self.add(key, now)
+        self.add(key, name, now)
     }
 
     /// `key`'s entry, for the loom models.
     #[cfg(loom)]
     pub(crate) fn entry_for_test(&self, key: &str) -> Option<Arc<Entry<C>>> {
-        self.entry(key)
+        self.entry(key, "")
     }
 
     #[cold]
     #[inline(never)]
-    fn add(&self, key: &str, now: u64) -> Option<Arc<Entry<C>>> {
+    fn add(&self, key: &str, name: &str, now: u64) -> Option<Arc<Entry<C>>> {
         let _grow = self.grow.lock().unwrap_or_else(|e| e.into_inner());
         let table = self.table.load_full();
         if let Some(entry) = table.get(key) {
@@ -206,7 +200,7 @@ impl<C: Clone> Keyed<C> {
             .clone()
             .build()
             .expect("the template was validated with the keyed layer");
-        layer.shared.keyed_as(self.overflow.name(), key);
+        layer.shared.keyed_as(name, key);
         let entry = Arc::new(Entry {
             layer,
             last_used: AtomicU64::new(now),

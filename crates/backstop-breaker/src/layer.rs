@@ -17,8 +17,6 @@ pub struct BreakerLayer<C> {
     /// The breaker (keyed: the overflow breaker).
     pub(crate) shared: Arc<Shared<C>>,
     pub(crate) handles: Handles<C>,
-    /// The breakers per key, when built [`per_key`](BreakerConfig::per_key).
-    pub(crate) keyed: Option<Arc<crate::keyed::Keyed<C>>>,
 }
 
 impl<C> Clone for BreakerLayer<C> {
@@ -26,7 +24,6 @@ impl<C> Clone for BreakerLayer<C> {
         Self {
             shared: self.shared.clone(),
             handles: self.handles.clone(),
-            keyed: self.keyed.clone(),
         }
     }
 }
@@ -52,7 +49,12 @@ impl<C> BreakerLayer<C> {
         config.build()
     }
 
-    pub(crate) fn from_parts(config: BreakerConfig<C>, settings: Settings, window: Window) -> Self {
+    pub(crate) fn from_parts(
+        config: BreakerConfig<C>,
+        settings: Settings,
+        window: Window,
+        keyed: Option<Arc<crate::keyed::Keyed<C>>>,
+    ) -> Self {
         let slow = config.slow_duration();
         let machine = Machine::new(settings, window, config.mode);
         let shared = Arc::new(Shared {
@@ -65,15 +67,12 @@ impl<C> BreakerLayer<C> {
             opens: std::sync::atomic::AtomicU64::new(0),
             name: backstop_core::DependencyName::default(),
             key: std::sync::OnceLock::new(),
+            keyed,
             #[cfg(feature = "metrics")]
             metrics: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
-        Self {
-            shared,
-            handles,
-            keyed: None,
-        }
+        Self { shared, handles }
     }
 
     /// Names the dependency: every event this breaker emits carries it as `dependency`
@@ -92,7 +91,7 @@ impl<C> BreakerLayer<C> {
 
     /// Whether the layer holds a breaker per key ([`BreakerConfig::per_key`]).
     pub fn is_keyed(&self) -> bool {
-        self.keyed.is_some()
+        self.shared.keyed.is_some()
     }
 
     /// Every key's breaker now, by key (sorted), for a keyed layer; empty otherwise. The
@@ -106,14 +105,18 @@ impl<C> BreakerLayer<C> {
 
     /// `key`'s breaker now, if a keyed layer has one for it.
     pub fn key_snapshot(&self, key: &str) -> Option<Snapshot> {
-        self.keyed
+        self.shared
+            .keyed
             .as_ref()?
             .layer(key)
             .map(|layer| layer.snapshot())
     }
 
     fn keys_now(&self) -> Vec<(String, BreakerLayer<C>)> {
-        self.keyed.as_ref().map_or_else(Vec::new, |k| k.layers())
+        self.shared
+            .keyed
+            .as_ref()
+            .map_or_else(Vec::new, |k| k.layers())
     }
 
     /// The dependency's name (`""` when unnamed).
@@ -151,7 +154,7 @@ impl<S, C> Layer<S> for BreakerLayer<C> {
     type Service = Breaker<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Breaker::from_handles(inner, self.handles.clone(), self.keyed.clone())
+        Breaker::from_handles(inner, self.handles.clone())
     }
 }
 
@@ -169,6 +172,9 @@ pub(crate) struct Shared<C> {
     pub(crate) name: backstop_core::DependencyName,
     /// The key, for a breaker of a keyed layer: its events and metrics carry it.
     key: std::sync::OnceLock<Box<str>>,
+    /// A keyed layer's breakers per key; this breaker then takes the calls with no key
+    /// (and keys past the bound). Read by every call: one load of a word already in cache.
+    pub(crate) keyed: Option<Arc<crate::keyed::Keyed<C>>>,
     #[cfg(feature = "metrics")]
     metrics: std::sync::OnceLock<BreakerMetrics>,
 }

@@ -1,12 +1,10 @@
 use crate::{
     BreakerBody,
     future::{Permit, ResponseFuture},
-    keyed::Keyed,
     layer::Handles,
 };
 use backstop_core::{BoxError, Classify, is_grpc};
 use http::{Request, Response};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -16,7 +14,6 @@ use tower_service::Service;
 pub struct Breaker<S, C> {
     inner: S,
     handles: Handles<C>,
-    keyed: Option<Arc<Keyed<C>>>,
 }
 
 impl<S: Clone, C> Clone for Breaker<S, C> {
@@ -24,22 +21,13 @@ impl<S: Clone, C> Clone for Breaker<S, C> {
         Self {
             inner: self.inner.clone(),
             handles: self.handles.clone(),
-            keyed: self.keyed.clone(),
         }
     }
 }
 
 impl<S, C> Breaker<S, C> {
-    pub(crate) fn from_handles(
-        inner: S,
-        handles: Handles<C>,
-        keyed: Option<Arc<Keyed<C>>>,
-    ) -> Self {
-        Self {
-            inner,
-            handles,
-            keyed,
-        }
+    pub(crate) fn from_handles(inner: S, handles: Handles<C>) -> Self {
+        Self { inner, handles }
     }
 
     /// The inner service.
@@ -75,14 +63,16 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let mut handle = self.handles.current();
+        // A keyed layer: the key's breaker (the layer's own takes calls with no key, and keys
+        // past the bound).
         let by_key;
-        let handle = match &self.keyed {
-            None => self.handles.current(),
-            Some(keyed) => {
-                by_key = keyed.handle(req.method(), req.uri());
-                &by_key
-            }
-        };
+        if let Some(keyed) = &handle.keyed
+            && let Some(h) = keyed.handle(req.method(), req.uri(), handle.name.get())
+        {
+            by_key = h;
+            handle = &by_key;
+        }
         match handle.admit() {
             Ok(admission) => {
                 let start = handle.slow.map(|_| Instant::now());

@@ -397,5 +397,8 @@ fn a_keyed_breaker_reports_under_its_key() {
     assert_eq!(gauge(&metrics, state, &[INVENTORY, ("key", "/down")]), 1.0);
     assert_eq!(gauge(&metrics, state, &[INVENTORY, ("key", "/up")]), 0.0);
     let rejections = backstop::metrics::BREAKER_REJECTIONS;
-    assert_eq!(counter(&metrics, rejections, &[INVENTORY, ("key", "/down")]), 1);
+    assert_eq!(
+        counter(&metrics, rejections, &[INVENTORY, ("key", "/down")]),
+        1
+    );
 }
