@@ -65,8 +65,15 @@ impl Service<Request<Body>> for Backend {
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let state = self.state.clone();
         let now = Instant::now();
-        state.recorder.attempt(now);
         let fault = state.schedule.fault_at(now);
+        let faulty = fault.applies_to(req.uri().path());
+        let route = crate::scenario::route_of(req.uri().path());
+        state.recorder.attempt(now, route);
+        let fault = if faulty {
+            fault
+        } else {
+            state.schedule.phases[0].fault
+        };
         let (fail, tail) = {
             let mut rng = state.rng.lock().expect("rng");
             let fail = rng.f64() < fault.error_rate;

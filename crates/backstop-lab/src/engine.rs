@@ -102,6 +102,7 @@ impl Run {
             first_open: first_open.clone(),
             start: recorder.start(),
             hedge: self.scenario.hedges(),
+            per_route: self.scenario.routes() > 1,
             latency: Arc::default(),
         };
         let backend = Backend::new(schedule, self.seed, recorder.clone());
@@ -148,9 +149,11 @@ impl Run {
         for i in 0..total {
             tokio::time::sleep_until(start + interval * i as u32).await;
             let (edge, recorder, patience) = (edge.clone(), recorder.clone(), self.patience);
+            let path = self.scenario.path(i);
             users.push(tokio::spawn(async move {
                 let sent = Instant::now();
-                let request = Request::get("http://dependency/work")
+                let route = crate::scenario::route_of(&path);
+                let request = Request::get(format!("http://dependency{path}"))
                     .body(empty())
                     .expect("a valid request");
                 // Boxed with its type spelled out: rustc cannot prove the `Send` of this
@@ -159,7 +162,7 @@ impl Run {
                     Box::pin(edge.oneshot(request));
                 let result = tokio::time::timeout(patience, call).await;
                 let success = matches!(&result, Ok(Ok(r)) if r.status().is_success());
-                recorder.user(sent, sent.elapsed(), success);
+                recorder.user(sent, sent.elapsed(), success, route);
             }));
             progress();
         }
@@ -263,11 +266,18 @@ fn loopback_client(addr: SocketAddr) -> Svc {
     let client = Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build::<_, Body>(connector);
-    let base: Uri = format!("http://{addr}/work").parse().expect("a valid URI");
+    let authority: http::uri::Authority = addr.to_string().parse().expect("a valid authority");
     BoxCloneService::new(
         ServiceBuilder::new()
+            // The loopback server's address, the request's own path (the routes of `partial`).
             .map_request(move |mut r: Request<Body>| {
-                *r.uri_mut() = base.clone();
+                let mut parts = r.uri().clone().into_parts();
+                parts.scheme = Some(http::uri::Scheme::HTTP);
+                parts.authority = Some(authority.clone());
+                if parts.path_and_query.is_none() {
+                    parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/work"));
+                }
+                *r.uri_mut() = Uri::from_parts(parts).expect("a valid URI");
                 r
             })
             .map_response(|r: http::Response<hyper::body::Incoming>| r.map(boxed))

@@ -20,6 +20,9 @@ struct Inner {
     attempts_us: Vec<u64>,
     /// Each user request: arrival (µs), latency (µs), success.
     users: Vec<(u64, u64, bool)>,
+    /// In `partial`: the route of each attempt and each user request (same order as above).
+    attempt_routes: Vec<Option<u64>>,
+    user_routes: Vec<Option<u64>>,
     orphaned: Duration,
     work_in_flight: u64,
 }
@@ -46,18 +49,20 @@ impl Recorder {
         self.inner.lock().expect("recorder")
     }
 
-    /// An attempt reached the dependency.
-    pub fn attempt(&self, at: Instant) {
+    /// An attempt reached the dependency (for `/route/N`: `route`).
+    pub fn attempt(&self, at: Instant, route: Option<u64>) {
         let t = self.since(at);
-        self.lock().attempts_us.push(t);
+        let mut inner = self.lock();
+        inner.attempts_us.push(t);
+        inner.attempt_routes.push(route);
     }
 
-    /// A user request that arrived at `at` ended after `latency`.
-    pub fn user(&self, at: Instant, latency: Duration, success: bool) {
+    /// A user request (for `/route/N`: `route`) that arrived at `at` ended after `latency`.
+    pub fn user(&self, at: Instant, latency: Duration, success: bool, route: Option<u64>) {
         let t = self.since(at);
-        self.lock()
-            .users
-            .push((t, latency.as_micros() as u64, success));
+        let mut inner = self.lock();
+        inner.users.push((t, latency.as_micros() as u64, success));
+        inner.user_routes.push(route);
     }
 
     /// The dependency started a piece of work.
@@ -110,6 +115,7 @@ impl Recorder {
         phases: &[Phase],
         breaker: Option<(u64, Option<f64>)>,
     ) -> VariantReport {
+        let (healthy_success_rate, failing_route_load) = self.routes(&phases[1]);
         let inner = self.lock();
         let us = |d: Duration| d.as_micros() as u64;
         let offered = inner.users.len() as u64;
@@ -183,8 +189,42 @@ impl Recorder {
             breaker_opens: breaker.map(|(opens, _)| opens),
             first_open_s: breaker.and_then(|(_, first)| first.map(round3)),
             measured_latency: None,
+            healthy_success_rate,
+            failing_route_load,
             phases: phase_reports,
         }
+    }
+
+    /// With a failing route (`partial`): the success of the user requests to the other
+    /// routes over the whole run, and the attempts the failing route received during the
+    /// fault per user request to it. `None` in the other scenarios.
+    fn routes(&self, fault: &Phase) -> (Option<f64>, Option<f64>) {
+        let Some(failing) = fault.fault.failing_route else {
+            return (None, None);
+        };
+        let inner = self.lock();
+        let us = |d: Duration| d.as_micros() as u64;
+        let during = |t: u64| t >= us(fault.start) && t < us(fault.end);
+        let users = inner.users.iter().zip(&inner.user_routes);
+        let healthy: Vec<bool> = users
+            .clone()
+            .filter(|(_, route)| **route != Some(failing))
+            .map(|(u, _)| u.2)
+            .collect();
+        let ok = healthy.iter().filter(|s| **s).count() as u64;
+        let asked = users
+            .filter(|(u, route)| **route == Some(failing) && during(u.0))
+            .count() as u64;
+        let sent = inner
+            .attempts_us
+            .iter()
+            .zip(&inner.attempt_routes)
+            .filter(|(t, route)| **route == Some(failing) && during(**t))
+            .count() as u64;
+        (
+            Some(ratio(ok, healthy.len() as u64)),
+            Some(ratio(sent, asked)),
+        )
     }
 }
 

@@ -56,6 +56,12 @@ pub struct VariantReport {
     /// Seconds from the start of the run to the first time a breaker opened (`null` for
     /// variants without a breaker, or when it never opened).
     pub first_open_s: Option<f64>,
+    /// In `partial`: the share of user requests to the routes that stayed up answered with a
+    /// 2xx, over the whole run (`null` in other scenarios).
+    pub healthy_success_rate: Option<f64>,
+    /// In `partial`: attempts the failing route received during the fault, per user request
+    /// to it (below 1: most of them failed fast, without reaching it; `null` elsewhere).
+    pub failing_route_load: Option<f64>,
     /// The same numbers per phase.
     pub phases: Vec<PhaseReport>,
     /// What backstop's client measured of the dependency's latency, once a second (`null`

@@ -26,6 +26,10 @@ pub enum Scenario {
     /// The dependency's latency drifts from 50 ms to 800 ms and back; users wait 3 s: does a
     /// timeout follow the latency, or fail every call above a number picked in advance?
     Drift,
+    /// One of the dependency's four routes fails every call; the other three stay healthy:
+    /// do the healthy routes stay up while the bad one fails fast? (backstop: a breaker per
+    /// path.)
+    Partial,
 }
 
 impl Scenario {
@@ -39,6 +43,24 @@ impl Scenario {
             Scenario::Hang => "hang",
             Scenario::Tail => "tail",
             Scenario::Drift => "drift",
+            Scenario::Partial => "partial",
+        }
+    }
+
+    /// How many routes the users' requests spread over, round-robin (`/route/0` …): 4 in
+    /// `partial`, where route 0 is the one that fails; 1 (`/work`) otherwise.
+    pub fn routes(self) -> u64 {
+        match self {
+            Scenario::Partial => 4,
+            _ => 1,
+        }
+    }
+
+    /// The path of user request number `i`.
+    pub fn path(self, i: u64) -> String {
+        match self.routes() {
+            1 => "/work".to_owned(),
+            n => format!("/route/{}", i % n),
         }
     }
 
@@ -80,6 +102,11 @@ impl Scenario {
                 error_rate: 1.0,
                 ..Fault::NONE
             },
+            Scenario::Partial => Fault {
+                error_rate: 1.0,
+                failing_route: Some(0),
+                ..Fault::NONE
+            },
             Scenario::Slow => Fault {
                 added_latency: Duration::from_secs(3),
                 ..Fault::NONE
@@ -113,6 +140,7 @@ impl Scenario {
             Scenario::Hang => "hang",
             Scenario::Tail => "tail",
             Scenario::Drift => "drift",
+            Scenario::Partial => "route down",
         };
         vec![
             Phase {
@@ -148,6 +176,8 @@ pub struct Fault {
     pub tail_rate: f64,
     /// The extra latency of the tail.
     pub tail_latency: Duration,
+    /// The route the fault applies to (`/route/N`); `None`: every request.
+    pub failing_route: Option<u64>,
 }
 
 impl Fault {
@@ -157,7 +187,21 @@ impl Fault {
         added_latency: Duration::ZERO,
         tail_rate: 0.0,
         tail_latency: Duration::ZERO,
+        failing_route: None,
     };
+
+    /// Whether the fault applies to a request for `path`.
+    pub fn applies_to(&self, path: &str) -> bool {
+        match self.failing_route {
+            None => true,
+            Some(route) => route_of(path) == Some(route),
+        }
+    }
+}
+
+/// The route number of a `/route/N` path.
+pub fn route_of(path: &str) -> Option<u64> {
+    path.strip_prefix("/route/")?.parse().ok()
 }
 
 /// One phase of a scenario.

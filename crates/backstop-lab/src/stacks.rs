@@ -106,6 +106,9 @@ pub struct ClientConfig {
     /// Whether the variants that can hedge do (tower: its `Hedge` at p95; backstop: the
     /// preset's measured hedging, 2 attempts).
     pub hedge: bool,
+    /// Whether backstop keeps a breaker per path (`partial`: the dependency's routes fail
+    /// apart).
+    pub per_route: bool,
     /// The attempt layer of the first backstop client built, so the run can sample what it
     /// measured.
     pub latency: Arc<std::sync::OnceLock<AttemptTimeoutLayer>>,
@@ -248,7 +251,11 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             let (first_open, start) = (config.first_open.clone(), config.start);
             // The preset's breaker, seeded and counted; open 1 s doubling to 5 s, because the
             // lab's outages last seconds where production's last minutes.
-            let breaker = backstop::client::http_breaker()
+            let mut breaker = backstop::client::http_breaker();
+            if config.per_route {
+                breaker = breaker.per_key(backstop::breaker::BreakerKey::Path);
+            }
+            let breaker = breaker
                 .open_duration(Duration::from_secs(1), Duration::from_secs(5))
                 .seed(config.seed)
                 .on_state_change(move |t| {

@@ -231,3 +231,27 @@ fn a_brownout_onset_stays_within_a_quarter_more_load_in_any_second() {
         "tower must break the bound"
     );
 }
+
+#[test]
+fn one_route_down_fails_fast_alone() {
+    let report = run(Scenario::Partial);
+    let (backstop, naive) = (variant(&report, "backstop"), variant(&report, "naive"));
+    let healthy = backstop.healthy_success_rate.expect("partial reports it");
+    assert!(healthy >= 0.999, "healthy routes: {healthy}");
+    let load = backstop.failing_route_load.expect("partial reports it");
+    assert!(
+        load <= 0.1,
+        "the failing route got {load} attempts per call"
+    );
+    assert!(
+        naive.failing_route_load.unwrap() > 1.0,
+        "naive retries must break the bound"
+    );
+    assert!(
+        backstop.breaker_opens.unwrap() >= 1,
+        "the route's breaker opened"
+    );
+    // Other scenarios have no routes.
+    let brownout = run(Scenario::Brownout);
+    assert_eq!(variant(&brownout, "backstop").healthy_success_rate, None);
+}
