@@ -230,13 +230,11 @@ fn keyed(max_keys: usize) -> Arc<crate::keyed::Keyed<backstop_core::HttpClassifi
     let config = crate::BreakerConfig::http()
         .count_window(2)
         .minimum_calls(1);
-    let overflow = config.clone().build().unwrap();
     Arc::new(crate::keyed::Keyed::new(
         crate::BreakerKey::Path,
         config,
         max_keys,
         std::time::Duration::from_secs(60),
-        overflow,
     ))
 }
 

@@ -405,9 +405,10 @@ impl<R> std::fmt::Display for Failed<'_, R> {
     }
 }
 
-/// The call's result as the layer returns it: its body tells the caller how many attempts
-/// the call took and why it was not retried, and watches the trailers when the outcome is
-/// still to come (for the budget, and for the metrics).
+/// The call's result as the layer returns it: its body (or its error, a
+/// [`RetryError`](crate::RetryError)) tells the caller how many attempts the call took and why
+/// it was not retried; the body watches the trailers when the outcome is still to come (for
+/// the budget, and for the metrics).
 #[inline(always)]
 fn finish<S, B, C, R>(
     retry: Option<&RetryState<S, B, C>>,
@@ -426,8 +427,19 @@ where
     };
     #[cfg(not(feature = "metrics"))]
     let (budget, _) = (true, meter);
-    result
-        .map(|response| response.map(|body| RetryBody::new(body, watch, budget, attempts, gave_up)))
+    match result {
+        Ok(response) => {
+            Ok(response.map(|body| RetryBody::new(body, watch, budget, attempts, gave_up)))
+        }
+        // Out of line: the success path keeps its size.
+        Err(e) => Err(wrap(attempts, gave_up, e)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn wrap(attempts: u32, gave_up: Option<GiveUp>, e: BoxError) -> BoxError {
+    Box::new(crate::RetryError::new(attempts, gave_up, e))
 }
 
 /// Counts the call's outcome, or, when it is still to come in the trailers, leaves it to the
@@ -529,6 +541,10 @@ where
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);
+                    // The attempt counted when it was decided was never sent.
+                    if let Some(retry) = this.retry.as_mut() {
+                        retry.attempts -= 1;
+                    }
                     let result = Err(DeadlineExceeded::new().into());
                     return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, None));
                 }

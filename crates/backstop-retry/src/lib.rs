@@ -135,6 +135,7 @@
 pub mod backoff;
 mod body;
 pub mod budget;
+mod error;
 mod future;
 pub mod hedge;
 mod layer;
@@ -153,6 +154,7 @@ mod template;
 pub use backoff::Backoff;
 pub use body::RetryBody;
 pub use budget::{Budget, GrpcThrottle, RatioBudget, RatioBudgetBuilder};
+pub use error::RetryError;
 pub use future::ResponseFuture;
 pub use layer::RetryLayer;
 pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryOverrides, RetryPolicy};

@@ -559,3 +559,57 @@ async fn a_request_can_override_retries_and_idempotency() {
         10
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_error_says_how_many_attempts_the_call_took_and_why_it_stopped() {
+    let reset = || std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+    let mut h = start(policy().max_attempts(3).build().unwrap(), get());
+    for _ in 0..3 {
+        let (_, send) = h.handle.next_request().await.expect("an attempt");
+        send.send_error(reset());
+        h.poll();
+        h.advance(10 * MS).await;
+    }
+    let err = h.done().unwrap_err();
+    let info = err
+        .downcast_ref::<backstop_retry::RetryError>()
+        .expect("a RetryError");
+    assert_eq!(
+        (info.attempts(), info.gave_up()),
+        (3, Some(GiveUp::Attempts))
+    );
+    assert_eq!(err.to_string(), "3 attempts, not retried: attempts");
+    // The last attempt's error is its source, where classifiers and `find` look.
+    let io = backstop_core::find::<std::io::Error>(&*err).expect("the transport's error");
+    assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+
+    // A POST that may have been processed: one attempt, and why.
+    let mut h = start(policy().build().unwrap(), post());
+    let (_, send) = h.handle.next_request().await.expect("an attempt");
+    send.send_error(reset());
+    h.poll();
+    let err = h.done().unwrap_err();
+    let info = err.downcast_ref::<backstop_retry::RetryError>().unwrap();
+    assert_eq!(
+        (info.attempts(), info.gave_up()),
+        (1, Some(GiveUp::NotIdempotent))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_whose_deadline_passed_before_it_was_sent_took_no_attempt() {
+    let (mock, _handle) = mock::pair::<Request<ReplayBody<String>>, Response<String>>();
+    let mut req = get();
+    req.extensions_mut()
+        .insert(backstop_deadline::Deadline::after(Duration::ZERO));
+    let err = policy()
+        .build()
+        .unwrap()
+        .layer(mock)
+        .oneshot(req)
+        .await
+        .unwrap_err();
+    let info = err.downcast_ref::<backstop_retry::RetryError>().unwrap();
+    assert_eq!((info.attempts(), info.gave_up()), (0, None));
+    assert!(backstop_core::is_deadline_exceeded(&*err));
+}

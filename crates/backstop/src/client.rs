@@ -65,6 +65,26 @@ pub fn call_info<B, C>(
     Some((retry.attempts(), retry.gave_up()))
 }
 
+/// What a client preset's error says of its call: how many attempts it took (0 when its
+/// deadline had passed before any was sent) and, when the last error was one the stack could
+/// have retried, why it did not ([`GiveUp`](backstop_retry::GiveUp)). `None` for an error the
+/// retry layer did not return (the deadline layer's own [`DeadlineExceeded`](crate::DeadlineExceeded) once the
+/// time told to the server has passed).
+///
+/// ```
+/// use backstop::client::error_info;
+/// use backstop::retry::{GiveUp, RetryError};
+///
+/// let err: backstop::BoxError = Box::new(RetryError::new(2, Some(GiveUp::Budget), "reset".into()));
+/// assert_eq!(error_info(&*err), Some((2, Some(GiveUp::Budget))));
+/// ```
+pub fn error_info(
+    err: &(dyn std::error::Error + 'static),
+) -> Option<(u32, Option<backstop_retry::GiveUp>)> {
+    let info = backstop_core::find::<backstop_retry::RetryError>(err)?;
+    Some((info.attempts(), info.gave_up()))
+}
+
 /// How the preset hedges, kept so replacing the retry or attempt layer keeps it.
 #[derive(Debug, Clone)]
 enum Hedge {

@@ -93,6 +93,13 @@
 //! A gRPC request gets the first three as responses instead (trailers-only UNAVAILABLE with a
 //! pushback, DEADLINE_EXCEEDED, DEADLINE_EXCEEDED), so tonic reports them as statuses.
 //!
+//! Every error the retry layer returns comes wrapped in a
+//! [`RetryError`](backstop_retry::RetryError): how many attempts the call took and why it
+//! was not retried ([`client::error_info`]), with the error above as its source. So test with
+//! the functions of the table (they search the source chain), not with a downcast of the
+//! outer error; print the chain to see both. (A response says the same through
+//! [`client::call_info`].)
+//!
 //! # tonic
 //!
 //! A tonic client: the retry layer hands the channel a replayable body, mapped back with

@@ -51,7 +51,7 @@ async fn main() -> Result<(), BoxError> {
                 let body = response.into_body().collect().await?.to_bytes();
                 println!("{n}: {status} {}", String::from_utf8_lossy(&body).trim());
             }
-            Err(err) => println!("{n}: error: {err}"),
+            Err(err) => println!("{n}: error: {}", chain(&*err)),
         }
     }
     let breaker = backend.breaker_layer().snapshot();
@@ -62,4 +62,17 @@ async fn main() -> Result<(), BoxError> {
         breaker.calls
     );
     Ok(())
+}
+
+/// An error and its sources, `: `-separated (backstop's `RetryError` says how many attempts the
+/// call took; its source says what the last one ran into).
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut next = err.source();
+    while let Some(e) = next {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        next = e.source();
+    }
+    text
 }
