@@ -22,7 +22,8 @@
 //! | `backstop.deadline.expired` | counter | `side`, `dependency` (client side) | a deadline expires: `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
 //!
-//! The breaker's series of a layer built [`per_key`](https://docs.rs/backstop-breaker) carry a
+//! The client series of a gRPC stack built from a service config carry a `method` label
+//! (the `methodConfig` entry's names that served the call). The breaker's series of a layer built [`per_key`](https://docs.rs/backstop-breaker) carry a
 //! `key` label too (the host, path or route of the key's breaker). A stack left unnamed
 //! records `dependency = ""`. A call its caller drops before it ends is
 //! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
@@ -81,16 +82,6 @@ pub fn outcome_index(outcome: Outcome) -> usize {
         Outcome::Rejected => 3,
         Outcome::Ignored => 4,
     }
-}
-
-/// One counter per label value: `name{dependency, key = value}` for each value.
-pub fn counters<const N: usize>(
-    name: &'static str,
-    dependency: &str,
-    key: &'static str,
-    values: [&'static str; N],
-) -> [metrics::Counter; N] {
-    values.map(|value| metrics::counter!(name, "dependency" => dependency.to_owned(), key => value))
 }
 
 /// Describes every name to the installed recorder (the help text a Prometheus exporter prints);

@@ -27,6 +27,9 @@ pub(crate) struct Shared<C> {
     pub(crate) policy: RetryPolicy<C>,
     pub(crate) stats: Stats,
     pub(crate) name: backstop_core::DependencyName,
+    /// Which of the dependency's methods this layer serves (a gRPC service config's entry):
+    /// its events and metrics carry it as `method`.
+    pub(crate) methods: std::sync::OnceLock<Box<str>>,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: std::sync::OnceLock<crate::metrics::RetryMetrics>,
 }
@@ -79,6 +82,18 @@ impl<C> RetryLayer<C> {
         self.shared.name.get()
     }
 
+    /// Says which of the dependency's methods this layer serves (e.g. the names of a gRPC
+    /// service config entry): with the `metrics` feature its series carry a `method` label
+    /// (set once, before the first call; later calls are ignored).
+    pub fn set_methods(&self, methods: &str) {
+        let _ = self.shared.methods.set(methods.into());
+    }
+
+    /// Which methods this layer serves, if said.
+    pub fn methods(&self) -> Option<&str> {
+        self.shared.methods.get().map(|m| &**m)
+    }
+
     /// The policy this layer was built from.
     pub fn policy(&self) -> &RetryPolicy<C> {
         &self.shared.policy
@@ -89,6 +104,7 @@ impl<C> RetryLayer<C> {
             policy,
             stats: Stats::new(stripe::count()),
             name: backstop_core::DependencyName::default(),
+            methods: std::sync::OnceLock::new(),
             #[cfg(feature = "metrics")]
             metrics: std::sync::OnceLock::new(),
         });

@@ -39,23 +39,31 @@ pub(crate) struct RetryMetrics {
 }
 
 impl RetryMetrics {
-    fn new(dependency: &str) -> Self {
+    /// The handles, with a `method` label when the layer serves some of the dependency's
+    /// methods (a service config entry).
+    fn new(dependency: &str, method: Option<&str>) -> Self {
+        use metrics::Label;
         names::describe();
+        let labels = |key: &'static str, value: &'static str| {
+            let mut labels = vec![Label::new("dependency", dependency.to_owned())];
+            if let Some(method) = method {
+                labels.push(Label::new("method", method.to_owned()));
+            }
+            labels.push(Label::new(key, value));
+            labels
+        };
         Self {
-            requests: names::counters(
-                names::CLIENT_REQUESTS,
-                dependency,
-                "outcome",
-                names::OUTCOMES,
+            requests: names::OUTCOMES
+                .map(|o| metrics::counter!(names::CLIENT_REQUESTS, labels("outcome", o))),
+            attempts: ["first", "retry", "hedge"]
+                .map(|k| metrics::counter!(names::CLIENT_ATTEMPTS, labels("kind", k))),
+            give_ups: REASONS
+                .map(|r| metrics::counter!(names::RETRY_GIVE_UPS, labels("reason", r))),
+            // One budget per dependency, whatever the method.
+            balance: metrics::gauge!(
+                names::RETRY_BUDGET_BALANCE,
+                "dependency" => dependency.to_owned()
             ),
-            attempts: names::counters(
-                names::CLIENT_ATTEMPTS,
-                dependency,
-                "kind",
-                ["first", "retry", "hedge"],
-            ),
-            give_ups: names::counters(names::RETRY_GIVE_UPS, dependency, "reason", REASONS),
-            balance: metrics::gauge!(names::RETRY_BUDGET_BALANCE, "dependency" => dependency.to_owned()),
         }
     }
 }
@@ -63,7 +71,7 @@ impl RetryMetrics {
 impl<C> Shared<C> {
     fn metrics(&self) -> &RetryMetrics {
         self.metrics
-            .get_or_init(|| RetryMetrics::new(self.name.get()))
+            .get_or_init(|| RetryMetrics::new(self.name.get(), self.methods.get().map(|m| &**m)))
     }
 
     /// A call ended with this outcome.

@@ -16,6 +16,10 @@
 //!   then retry unthrottled; backstop never lets retries storm).
 //! - **One breaker and one attempt bound** for the dependency, as in the preset.
 //!
+//! - **Per method, in the metrics**: each entry's retry layer labels its series with
+//!   `method` (the entry's names, `*` for the default, `(none)` for calls no entry names),
+//!   and [`MethodsLayer::retry_layer`] gives its stats.
+//!
 //! # Concurrency rule
 //!
 //! The layers share the config (read-only) and the budget (lock-free, see its docs); each
@@ -73,8 +77,12 @@ impl MethodsLayer {
         }
         retries.push(RetryPolicy::grpc().max_attempts(1).build()?);
         // Every method's events and metrics carry the dependency's name.
-        for retry in &retries {
+        for (i, retry) in retries.iter().enumerate() {
             retry.set_name(client.dependency())?;
+            retry.set_methods(&match config.methods.get(i) {
+                Some(entry) => methods_of(entry),
+                None => "(none)".to_owned(),
+            });
         }
         Ok(Self {
             config: Arc::new(config),
@@ -93,6 +101,22 @@ impl MethodsLayer {
     pub fn config(&self) -> &ServiceConfig {
         &self.config
     }
+}
+
+/// An entry's names as its retry layer's `method` label: `pkg.Service/Method`, `pkg.Service`
+/// (every method of it), `*` (the default entry), comma-separated; calls no entry names are
+/// `(none)`.
+fn methods_of(entry: &crate::grpc::MethodConfig) -> String {
+    let names: Vec<String> = entry
+        .names
+        .iter()
+        .map(|n| match (&n.service, &n.method) {
+            (Some(s), Some(m)) => format!("{s}/{m}"),
+            (Some(s), None) => s.clone(),
+            _ => "*".to_owned(),
+        })
+        .collect();
+    names.join(",")
 }
 
 impl<S: Clone> Layer<S> for MethodsLayer {

@@ -402,3 +402,66 @@ fn a_keyed_breaker_reports_under_its_key() {
         1
     );
 }
+
+/// A trailers-only gRPC response with `code`.
+fn grpc_status(code: u8) -> Response<String> {
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", code.to_string())
+        .body(String::new())
+        .unwrap()
+}
+
+#[cfg(feature = "service-config")]
+#[test]
+fn a_service_config_labels_each_entry_by_its_methods() {
+    let json = r#"{
+        "methodConfig": [{
+            "name": [{"service": "pkg.Billing", "method": "GetBalance"}],
+            "retryPolicy": {
+                "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
+            }
+        }]
+    }"#;
+    let metrics = recorded(|| async {
+        let config = backstop::grpc::ServiceConfig::from_json(json).unwrap();
+        let layer = backstop::client::grpc()
+            .name("billing")
+            .service_config(config)
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, Infallible>(grpc_status(if n == 0 { 14 } else { 0 })) }
+        });
+        let mut client = ServiceBuilder::new().layer(layer).service(transport);
+        for path in ["/pkg.Billing/GetBalance", "/pkg.Billing/Charge"] {
+            let req = Request::post(path)
+                .header("content-type", "application/grpc")
+                .body(String::new())
+                .unwrap();
+            client.ready().await.unwrap().call(req).await.unwrap();
+        }
+    });
+    let billing = ("dependency", "billing");
+    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    let get_balance = ("method", "pkg.Billing/GetBalance");
+    assert_eq!(
+        counter(
+            &metrics,
+            attempts,
+            &[billing, get_balance, ("kind", "retry")]
+        ),
+        1
+    );
+    let unnamed = ("method", "(none)");
+    assert_eq!(
+        counter(&metrics, attempts, &[billing, unnamed, ("kind", "first")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, attempts, &[billing, unnamed, ("kind", "retry")]),
+        0
+    );
+}
