@@ -1,0 +1,175 @@
+//! backstop's gRPC client with a service config, refereed by an independent implementation:
+//! grpcio (gRPC C-core) reads the same JSON (`tests/integration/interop/service_config.json`) and calls the
+//! same scripted server (`tests/integration/interop/grpcio_referee.py`); per method, backstop must send the
+//! same number of attempts, with the same `grpc-previous-rpc-attempts`, end with the same
+//! status, and space its retries within gRFC A6's backoff envelope.
+//!
+//! Needs `python3` with `grpcio`, so it is ignored by default; `.ci/run` installs grpcio and runs
+//! it: `cargo test -p backstop-integration --test interop -- --ignored`.
+
+use backstop::{ReplayBody, grpc::ServiceConfig};
+use bytes::Bytes;
+use http::{HeaderMap, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use serde_json::Value;
+use std::{
+    io::{BufRead, BufReader, Read},
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+fn interop_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("interop")
+}
+
+fn referee() -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(interop_dir().join("grpcio_referee.py"));
+    cmd
+}
+
+/// The status of a gRPC response: in its headers (trailers-only) or its trailers.
+fn status_in(headers: &HeaderMap) -> Option<String> {
+    let code: u8 = headers.get("grpc-status")?.to_str().ok()?.parse().ok()?;
+    Some(
+        match code {
+            0 => "OK",
+            13 => "INTERNAL",
+            14 => "UNAVAILABLE",
+            8 => "RESOURCE_EXHAUSTED",
+            _ => return Some(format!("code {code}")),
+        }
+        .to_owned(),
+    )
+}
+
+/// A6's envelope for retry `n` (from 1): the backoff is random in
+/// `[0, min(initialBackoff × multiplier^(n−1), maxBackoff)]`.
+fn envelope_ms(policy: &Value, n: i32) -> f64 {
+    let secs = |v: &Value| {
+        v.as_str()
+            .unwrap()
+            .trim_end_matches('s')
+            .parse::<f64>()
+            .unwrap()
+    };
+    let initial = secs(&policy["initialBackoff"]);
+    let max = secs(&policy["maxBackoff"]);
+    let multiplier = policy["backoffMultiplier"].as_f64().unwrap();
+    (initial * multiplier.powi(n - 1)).min(max) * 1000.0
+}
+
+#[tokio::test]
+#[ignore = "needs python3 with grpcio; run by .ci/run"]
+async fn backstop_makes_the_attempts_grpcio_makes_method_by_method() {
+    let json = std::fs::read_to_string(interop_dir().join("service_config.json")).unwrap();
+
+    // The referee's own client first.
+    let out = referee().arg("grpcio").output().expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let grpcio: Value = serde_json::from_slice(&out.stdout).expect("the referee's JSON");
+
+    // Then backstop's, against a fresh scripted server.
+    let mut server = referee()
+        .arg("serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut stdout = BufReader::new(server.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let port: u16 = line.trim().strip_prefix("PORT ").unwrap().parse().unwrap();
+
+    let config = ServiceConfig::from_json(&json).unwrap();
+    let transport = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<ReplayBody<Full<Bytes>>>();
+    let mut client = ServiceBuilder::new()
+        .layer(backstop::client::grpc().service_config(config).unwrap())
+        .service(transport);
+    let methods: Vec<String> = grpcio.as_object().unwrap().keys().cloned().collect();
+    let mut finals = serde_json::Map::new();
+    for method in &methods {
+        let request = Request::post(format!("http://127.0.0.1:{port}{method}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+            .unwrap();
+        let response = client.ready().await.unwrap().call(request).await.unwrap();
+        let status = match status_in(response.headers()) {
+            Some(status) => status,
+            None => {
+                let collected = response.into_body().collect().await.unwrap();
+                status_in(collected.trailers().expect("trailers")).expect("a grpc-status")
+            }
+        };
+        finals.insert(method.clone(), Value::String(status));
+    }
+    drop(server.stdin.take()); // the server reports and exits
+    let mut report = String::new();
+    stdout.read_to_string(&mut report).unwrap();
+    assert!(server.wait().unwrap().success());
+    let backstop: Value = serde_json::from_str(&report).expect("the server's JSON");
+
+    let config: Value = serde_json::from_str(&json).unwrap();
+    let policy_of = |method: &str| -> Option<Value> {
+        let (service, name) = method.trim_start_matches('/').split_once('/').unwrap();
+        let entries = config["methodConfig"].as_array().unwrap();
+        let named = |exact: bool| {
+            entries.iter().find(|e| {
+                e["name"].as_array().unwrap().iter().any(|n| {
+                    n["service"] == service
+                        && (if exact {
+                            n["method"] == name
+                        } else {
+                            n.get("method").is_none()
+                        })
+                })
+            })
+        };
+        named(true)
+            .or_else(|| named(false))?
+            .get("retryPolicy")
+            .cloned()
+    };
+    for method in &methods {
+        let (ours, theirs) = (&backstop[method], &grpcio[method]);
+        println!(
+            "{method}: backstop {ours}\n{:>w$}  grpcio   {theirs}",
+            "",
+            w = method.len()
+        );
+        assert_eq!(ours["attempts"], theirs["attempts"], "{method}: attempts");
+        assert_eq!(
+            ours["previous"], theirs["previous"],
+            "{method}: previous attempts"
+        );
+        assert_eq!(
+            ours["status"], theirs["status"],
+            "{method}: the server's last status"
+        );
+        assert_eq!(
+            finals[method], theirs["status"],
+            "{method}: what the caller got"
+        );
+        if let Some(policy) = policy_of(method) {
+            for (n, gap) in ours["gaps_ms"].as_array().unwrap().iter().enumerate() {
+                // The backoff, plus a round trip and scheduling on a loaded machine.
+                let bound = envelope_ms(&policy, n as i32 + 1) + 100.0;
+                let gap = gap.as_f64().unwrap();
+                assert!(
+                    gap <= bound,
+                    "{method}: retry {} after {gap} ms (A6: ≤ {bound})",
+                    n + 1
+                );
+            }
+        }
+    }
+}
