@@ -338,6 +338,12 @@ where
                             state.chunks = Vec::new();
                             *pos = 0;
                         }
+                        // A body that says it has ended is never polled again by hyper or
+                        // h2 (they send END_STREAM with this frame): it is complete now.
+                        if state.body.as_ref().is_some_and(|b| b.is_end_stream()) {
+                            state.ended = true;
+                            state.body = None;
+                        }
                         Frame::data(data)
                     }
                     Err(frame) => match frame.into_trailers() {
@@ -615,6 +621,25 @@ mod tests {
         }
         assert!(ReplayBody::<Full<Bytes>>::empty().is_complete());
         assert!(!ReplayBody::passthrough(Full::new(Bytes::new())).is_complete());
+    }
+
+    /// A body whose last data frame says it has ended (hyper and h2 then send END_STREAM and
+    /// never poll it again) is complete at once: a hedge of a one-frame gRPC message over
+    /// tonic or hyper must not wait for a poll that never comes.
+    #[test]
+    fn a_body_that_says_it_has_ended_is_complete_after_its_last_frame() {
+        let keeper = ReplayBody::new(Full::new(Bytes::from_static(b"\0\0\0\0\0")), 1024);
+        let mut first = keeper.replay().unwrap();
+        let (_, waker) = counting();
+        assert!(!keeper.is_complete());
+        assert_eq!(data(poll(&mut first, &waker)), "\0\0\0\0\0");
+        assert!(first.is_end_stream());
+        assert!(keeper.is_complete(), "no poll for the end is needed");
+        let mut hedge = keeper.replay().unwrap();
+        assert!(!first.is_superseded());
+        assert_eq!(data(poll(&mut hedge, &waker)), "\0\0\0\0\0");
+        assert!(matches!(poll(&mut hedge, &waker), Poll::Ready(None)));
+        assert!(matches!(poll(&mut first, &waker), Poll::Ready(None)));
     }
 
     /// A body that ended past the cap is not complete: its buffer was freed.

@@ -30,6 +30,7 @@ SCRIPT = {
     "/pkg.Ledger/Read": ["UNAVAILABLE", "UNAVAILABLE", "OK"],
     "/pkg.Ledger/Audit": ["INTERNAL", "OK"],
     "/other.Svc/Ping": ["UNAVAILABLE", "OK"],
+    "/pkg.Search/Find": ["UNAVAILABLE", "OK"],
 }
 
 

@@ -4,6 +4,13 @@
 //! same number of attempts, with the same `grpc-previous-rpc-attempts`, end with the same
 //! status, and space its retries within gRFC A6's backoff envelope.
 //!
+//! The config (`tests/integration/interop/service_config.json`): a method with a retry policy,
+//! a method with a timeout only, a service-wide policy (with a status it does not retry), a
+//! method with a hedging policy, the default entry, and the throttle. The transport is tonic's
+//! `Channel`, as a tonic user stacks it. One deliberate difference: C-core does not implement
+//! hedging (it accepts `hedgingPolicy` and sends one attempt), so the hedged method is checked
+//! against gRFC A6 itself (a non-fatal failure sends the next hedge at once) instead.
+//!
 //! Needs `python3` with `grpcio`, so it is ignored by default; `.ci/run` installs grpcio and runs
 //! it: `cargo test -p backstop-integration --test interop -- --ignored`.
 
@@ -11,7 +18,6 @@ use backstop::{ReplayBody, grpc::ServiceConfig};
 use bytes::Bytes;
 use http::{HeaderMap, Request};
 use http_body_util::{BodyExt, Full};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde_json::Value;
 use std::{
     io::{BufRead, BufReader, Read},
@@ -88,12 +94,15 @@ async fn backstop_makes_the_attempts_grpcio_makes_method_by_method() {
     let port: u16 = line.trim().strip_prefix("PORT ").unwrap().parse().unwrap();
 
     let config = ServiceConfig::from_json(&json).unwrap();
-    let transport = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http::<ReplayBody<Full<Bytes>>>();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("tonic connects");
     let mut client = ServiceBuilder::new()
         .layer(backstop::client::grpc().service_config(config).unwrap())
-        .service(transport);
+        .map_request(|r: Request<ReplayBody<Full<Bytes>>>| r.map(tonic::body::Body::new))
+        .service(channel);
     let methods: Vec<String> = grpcio.as_object().unwrap().keys().cloned().collect();
     let mut finals = serde_json::Map::new();
     for method in &methods {
@@ -134,12 +143,39 @@ async fn backstop_makes_the_attempts_grpcio_makes_method_by_method() {
                 })
             })
         };
+        let default = || {
+            entries.iter().find(|e| {
+                e["name"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|n| n.get("service").is_none())
+            })
+        };
         named(true)
-            .or_else(|| named(false))?
+            .or_else(|| named(false))
+            .or_else(default)?
             .get("retryPolicy")
             .cloned()
     };
-    for method in &methods {
+    // C-core ignores hedging: A6 says a non-fatal failure sends the next hedge at once.
+    let hedged = "/pkg.Search/Find";
+    assert_eq!(grpcio[hedged]["attempts"], 1, "grpcio does not hedge");
+    let ours = &backstop[hedged];
+    println!("{hedged}: backstop {ours} (hedged)");
+    assert_eq!(
+        ours["attempts"], 2,
+        "{hedged}: the failure sent the next hedge"
+    );
+    assert_eq!(ours["previous"], serde_json::json!([null, "1"]));
+    assert_eq!(ours["status"], "OK");
+    assert_eq!(finals[hedged], "OK");
+    let gap = ours["gaps_ms"][0].as_f64().unwrap();
+    assert!(
+        gap < 50.0,
+        "{hedged}: the next hedge went {gap} ms later, not at once"
+    );
+    for method in methods.iter().filter(|m| *m != hedged) {
         let (ours, theirs) = (&backstop[method], &grpcio[method]);
         println!(
             "{method}: backstop {ours}\n{:>w$}  grpcio   {theirs}",
