@@ -5,7 +5,11 @@ use std::{
 };
 
 /// Why a retry layer returned a failure instead of retrying it.
+///
+/// Adding a reason: its variant here, its place in `ALL` and its name in `as_str`; the
+/// counters, the stats and the metrics follow from those.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum GiveUp {
     /// The classifier says the failure is final.
     NotRetryable,
@@ -22,12 +26,11 @@ pub enum GiveUp {
     /// The request body is longer than `max_replay_bytes`, or failed, so no copy of it can be
     /// sent again.
     NotReplayable,
-    /// The response was committed (gRPC headers received without a status).
-    Committed,
 }
 
 impl GiveUp {
-    pub(crate) const ALL: [GiveUp; 8] = [
+    /// Every reason, in declaration order (`why as usize` indexes it).
+    pub(crate) const ALL: [GiveUp; 7] = [
         GiveUp::NotRetryable,
         GiveUp::Attempts,
         GiveUp::NotIdempotent,
@@ -35,20 +38,27 @@ impl GiveUp {
         GiveUp::Deadline,
         GiveUp::Budget,
         GiveUp::NotReplayable,
-        GiveUp::Committed,
     ];
 
-    /// A short name, as in tracing events: `attempts`, `budget`, `deadline` …
+    /// How many reasons there are.
+    pub(crate) const COUNT: usize = Self::ALL.len();
+
+    /// Every reason.
+    pub fn all() -> impl Iterator<Item = GiveUp> {
+        Self::ALL.into_iter()
+    }
+
+    /// A short name, as in tracing events and the `reason` label of the metrics:
+    /// `attempts`, `budget`, `deadline`, `not_idempotent` …
     pub fn as_str(self) -> &'static str {
         match self {
-            GiveUp::NotRetryable => "not retryable",
+            GiveUp::NotRetryable => "not_retryable",
             GiveUp::Attempts => "attempts",
-            GiveUp::NotIdempotent => "not idempotent",
+            GiveUp::NotIdempotent => "not_idempotent",
             GiveUp::Hint => "hint",
             GiveUp::Deadline => "deadline",
             GiveUp::Budget => "budget",
-            GiveUp::NotReplayable => "not replayable",
-            GiveUp::Committed => "committed",
+            GiveUp::NotReplayable => "not_replayable",
         }
     }
 
@@ -76,7 +86,7 @@ pub(crate) struct Stats {
     sequence: AtomicU64,
     retries: AtomicU64,
     hedges: AtomicU64,
-    gave_up: [AtomicU64; 8],
+    gave_up: [AtomicU64; GiveUp::COUNT],
 }
 
 impl Stats {
@@ -113,15 +123,11 @@ impl Stats {
     }
 
     pub(crate) fn snapshot(&self) -> RetryStats {
-        let mut gave_up = [(GiveUp::Attempts, 0); 8];
-        for (slot, why) in gave_up.iter_mut().zip(GiveUp::ALL) {
-            *slot = (why, self.gave_up[why as usize].load(Relaxed));
-        }
         RetryStats {
             requests: self.requests.iter().map(|r| r.load(Relaxed)).sum(),
             retries: self.retries.load(Relaxed),
             hedges: self.hedges.load(Relaxed),
-            gave_up,
+            gave_up: std::array::from_fn(|i| self.gave_up[i].load(Relaxed)),
         }
     }
 }
@@ -135,17 +141,19 @@ pub struct RetryStats {
     pub retries: u64,
     /// Hedges sent (attempts after the first sent while another was in flight).
     pub hedges: u64,
-    /// Failures returned without a retry, by reason.
-    pub gave_up: [(GiveUp, u64); 8],
+    /// Failures returned without a retry, by reason (`why as usize`).
+    gave_up: [u64; GiveUp::COUNT],
 }
 
 impl RetryStats {
     /// Failures returned without a retry for this reason.
     pub fn gave_up(&self, why: GiveUp) -> u64 {
-        self.gave_up
-            .iter()
-            .find(|(w, _)| *w == why)
-            .map_or(0, |(_, n)| *n)
+        self.gave_up[why as usize]
+    }
+
+    /// Failures returned without a retry, for every reason.
+    pub fn gave_ups(&self) -> impl Iterator<Item = (GiveUp, u64)> + '_ {
+        GiveUp::all().map(|why| (why, self.gave_up(why)))
     }
 
     /// Downstream attempts per logical request.
@@ -154,5 +162,29 @@ impl RetryStats {
             return 0.0;
         }
         (self.requests + self.retries + self.hedges) as f64 / self.requests as f64
+    }
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_its_own_counter_and_name() {
+        let stats = Stats::new(1);
+        for (i, why) in GiveUp::all().enumerate() {
+            assert_eq!(why as usize, i, "ALL is in declaration order");
+            for _ in 0..=i {
+                stats.give_up(why);
+            }
+        }
+        let snapshot = stats.snapshot();
+        let counts: Vec<u64> = snapshot.gave_ups().map(|(_, n)| n).collect();
+        assert_eq!(counts, (1..=GiveUp::COUNT as u64).collect::<Vec<_>>());
+        let mut names: Vec<&str> = GiveUp::all().map(GiveUp::as_str).collect();
+        assert!(names.iter().all(|n| n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), GiveUp::COUNT, "names are unique");
     }
 }
