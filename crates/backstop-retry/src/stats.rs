@@ -182,7 +182,11 @@ mod reason_tests {
         let counts: Vec<u64> = snapshot.gave_ups().map(|(_, n)| n).collect();
         assert_eq!(counts, (1..=GiveUp::COUNT as u64).collect::<Vec<_>>());
         let mut names: Vec<&str> = GiveUp::all().map(GiveUp::as_str).collect();
-        assert!(names.iter().all(|n| n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')));
+        assert!(
+            names
+                .iter()
+                .all(|n| n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        );
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), GiveUp::COUNT, "names are unique");

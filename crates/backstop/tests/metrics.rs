@@ -78,6 +78,12 @@ fn gauge(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 const INVENTORY: (&str, &str) = ("dependency", "inventory");
 
+/// `backstop.client.requests` of the `inventory` stack with this outcome.
+fn outcome(recorded: &Recorded, outcome: &str) -> u64 {
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    counter(recorded, requests, &[INVENTORY, ("outcome", outcome)])
+}
+
 fn status(code: u16) -> Response<String> {
     Response::builder()
         .status(code)
@@ -113,16 +119,9 @@ fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
             .unwrap();
         assert_eq!(response.status(), 200);
     });
-    let requests = backstop::metrics::CLIENT_REQUESTS;
     let attempts = backstop::metrics::CLIENT_ATTEMPTS;
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "success")]),
-        1
-    );
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "failure")]),
-        0
-    );
+    assert_eq!(outcome(&metrics, "success"), 1);
+    assert_eq!(outcome(&metrics, "failure"), 0);
     assert_eq!(
         counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
         1
@@ -169,11 +168,7 @@ fn a_failure_that_is_not_retried_counts_why() {
         counter(&metrics, give_ups, &[INVENTORY, ("reason", "budget")]),
         0
     );
-    let requests = backstop::metrics::CLIENT_REQUESTS;
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "failure")]),
-        1
-    );
+    assert_eq!(outcome(&metrics, "failure"), 1);
 }
 
 #[test]
@@ -187,15 +182,8 @@ fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
             client.ready().await.unwrap().call(req).await.unwrap();
         }
     });
-    let requests = backstop::metrics::CLIENT_REQUESTS;
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "throttled")]),
-        1
-    );
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "ignored")]),
-        1
-    );
+    assert_eq!(outcome(&metrics, "throttled"), 1);
+    assert_eq!(outcome(&metrics, "ignored"), 1);
     // One attempt each, never retried: counted as first attempts all the same.
     let attempts = backstop::metrics::CLIENT_ATTEMPTS;
     assert_eq!(
@@ -244,11 +232,7 @@ fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
         ),
         1
     );
-    let requests = backstop::metrics::CLIENT_REQUESTS;
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "rejected")]),
-        1
-    );
+    assert_eq!(outcome(&metrics, "rejected"), 1);
 }
 
 #[test]
@@ -293,16 +277,9 @@ fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines()
         }
         other => panic!("{other:?}"),
     }
-    let requests = backstop::metrics::CLIENT_REQUESTS;
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "success")]),
-        1
-    );
+    assert_eq!(outcome(&metrics, "success"), 1);
     // The expired call is the stack's own answer.
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "rejected")]),
-        1
-    );
+    assert_eq!(outcome(&metrics, "rejected"), 1);
 }
 
 /// A gRPC response committed by its headers: the outcome is counted when the trailers come
@@ -332,15 +309,8 @@ fn a_grpc_status_in_the_trailers_is_counted_at_the_end_of_the_body() {
         let collected = response.into_body().collect().await.unwrap();
         assert_eq!(collected.trailers().unwrap()["grpc-status"], "14");
     });
-    let requests = backstop::metrics::CLIENT_REQUESTS;
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "failure")]),
-        1
-    );
-    assert_eq!(
-        counter(&metrics, requests, &[INVENTORY, ("outcome", "success")]),
-        0
-    );
+    assert_eq!(outcome(&metrics, "failure"), 1);
+    assert_eq!(outcome(&metrics, "success"), 0);
 }
 
 #[test]
