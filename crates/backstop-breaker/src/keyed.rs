@@ -115,6 +115,11 @@ pub(crate) struct Keyed<C> {
     max_keys: usize,
     idle_s: u64,
     start: Instant,
+    /// While the table is full: the earliest second at which a key can have gone idle (the
+    /// oldest last use seen, plus `idle_s`; last uses only grow, so none is idle before).
+    /// Until then a new key goes to the overflow breaker at once, without the lock or a
+    /// scan of the table.
+    full_until: AtomicU64,
 }
 
 impl<C> fmt::Debug for Keyed<C> {
@@ -142,6 +147,7 @@ impl<C: Clone> Keyed<C> {
             max_keys,
             idle_s: idle.as_secs().max(1),
             start: Instant::now(),
+            full_until: AtomicU64::new(0),
         }
     }
 
@@ -170,6 +176,9 @@ impl<C: Clone> Keyed<C> {
             }
             return Some(entry.clone());
         }
+        if now < self.full_until.load(Ordering::Relaxed) {
+            return None; // full, and no key can be idle yet
+        }
         self.add(key, name, now)
     }
 
@@ -187,13 +196,21 @@ impl<C: Clone> Keyed<C> {
         if let Some(entry) = table.get(key) {
             return Some(entry.clone()); // added by a call that raced this one
         }
+        let idle =
+            |e: &Entry<C>| now.saturating_sub(e.last_used.load(Ordering::Relaxed)) >= self.idle_s;
+        if table.len() >= self.max_keys && !table.values().any(|e| idle(e)) {
+            let oldest = table
+                .values()
+                .map(|e| e.last_used.load(Ordering::Relaxed))
+                .min()
+                .unwrap_or(now);
+            self.full_until
+                .store(oldest.saturating_add(self.idle_s), Ordering::Relaxed);
+            return None;
+        }
         let mut next: Table<C> = (*table).clone();
         if next.len() >= self.max_keys {
-            let idle = self.idle_s;
-            next.retain(|_, e| now.saturating_sub(e.last_used.load(Ordering::Relaxed)) < idle);
-            if next.len() >= self.max_keys {
-                return None;
-            }
+            next.retain(|_, e| !idle(e));
         }
         let layer = self
             .template

@@ -159,6 +159,13 @@ async fn the_table_is_bounded_and_idle_keys_make_room() {
     assert_eq!(layer.keys().len(), 2);
     assert_eq!(layer.snapshot().calls, 1);
     assert!(layer.key_snapshot("/c").is_none());
+    // However many keys come while the table is full and none is idle (ids in paths, say),
+    // they share the overflow breaker and the table keeps its bound.
+    for id in 0..100 {
+        send(&mut service, &format!("http://svc/item/{id}")).await;
+    }
+    assert_eq!(layer.keys().len(), 2);
+    assert_eq!(layer.snapshot().calls, 101);
 
     // `/a` stays in use; `/b` goes idle.
     for _ in 0..2 {
