@@ -18,6 +18,8 @@
 //!   dependency as quantiles over a rolling window, from which time bounds are derived.
 //! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
 //!   the retry budget's deposits).
+//! - [`timer`]: [`LazySleep`](timer::LazySleep), the timer a future arms only when it must
+//!   wait.
 //! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault;
 //!   [`DeadlineExceeded`], [`AttemptTimedOut`] and [`BreakerOpen`], the errors our layers add.
 //!
@@ -87,6 +89,7 @@ pub mod mix;
 mod name;
 pub mod reject;
 pub mod stripe;
+pub mod timer;
 
 pub use body::ResponseBody;
 pub use classify::{Classify, GrpcClassifier, HttpClassifier, Outcome, Retryable};

@@ -26,6 +26,8 @@ pin_project! {
         #[pin]
         body: ResponseBody<B>,
         deadline: Option<Deadline>,
+        // Boxed, not a `backstop_core::timer::LazySleep` (which is not `Unpin`): the body
+        // stays `Unpin` whenever the inner body is, as hyper and tonic bodies are used.
         sleep: Option<Pin<Box<Sleep>>>,
         grpc: bool,
         expired: bool,

@@ -1,5 +1,6 @@
 use crate::{Deadline, DeadlineBody, deadline::with_current};
 use backstop_core::DeadlineExceeded;
+use backstop_core::timer::LazySleep;
 use backstop_core::{BoxError, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
@@ -8,7 +9,7 @@ use std::{
     pin::Pin,
     task::{Context, Poll, ready},
 };
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::Instant;
 
 /// What counts a bounded outbound call's expiry: the dependency's counter with the `metrics`
 /// feature, nothing otherwise.
@@ -57,7 +58,7 @@ pin_project! {
             future: F,
             // Created the first time the handler is not ready.
             #[pin]
-            sleep: Option<Sleep>,
+            sleep: LazySleep,
             deadline: Option<Deadline>,
             grpc: bool,
         },
@@ -71,7 +72,7 @@ impl<F> ResponseFuture<F> {
         Self {
             state: Inbound::Running {
                 future,
-                sleep: None,
+                sleep: LazySleep::new(),
                 deadline,
                 grpc,
             },
@@ -96,7 +97,7 @@ where
         let (rejection, grpc) = match state.as_mut().project() {
             InboundProj::Running {
                 future,
-                mut sleep,
+                sleep,
                 deadline,
                 grpc,
             } => {
@@ -114,10 +115,7 @@ where
                 let Some(d) = *deadline else {
                     return Poll::Pending;
                 };
-                if sleep.is_none() {
-                    sleep.set(Some(sleep_until(d.instant())));
-                }
-                ready!(sleep.as_pin_mut().expect("armed above").poll(cx));
+                ready!(sleep.poll_until(cx, d.instant()));
                 tracing::debug!(grpc = *grpc, "deadline expired: the handler is cancelled");
                 #[cfg(feature = "metrics")]
                 meter_server(Rejection::DeadlineExceeded);
@@ -154,7 +152,7 @@ pin_project! {
             // Created the first time the call is not ready: a call answered at once never
             // touches the timer.
             #[pin]
-            sleep: Option<Sleep>,
+            sleep: LazySleep,
             deadline: Deadline,
             wire_deadline: Deadline,
             grpc: bool,
@@ -182,7 +180,7 @@ impl<F> PropagateFuture<F> {
         Self {
             state: Outbound::Bounded {
                 future,
-                sleep: None,
+                sleep: LazySleep::new(),
                 deadline,
                 wire_deadline,
                 grpc,
@@ -220,7 +218,7 @@ where
             }
             OutboundProj::Bounded {
                 future,
-                mut sleep,
+                sleep,
                 deadline,
                 wire_deadline,
                 grpc,
@@ -250,10 +248,7 @@ where
                         }
                     }
                     Poll::Pending => {
-                        if sleep.is_none() {
-                            sleep.set(Some(sleep_until(deadline.instant())));
-                        }
-                        ready!(sleep.as_pin_mut().expect("armed above").poll(cx));
+                        ready!(sleep.poll_until(cx, deadline.instant()));
                         (*grpc, meter)
                     }
                 }

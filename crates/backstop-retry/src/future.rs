@@ -10,6 +10,7 @@ use crate::{
     stats::GiveUp,
     template::Template,
 };
+use backstop_core::timer::LazySleep;
 use backstop_core::{
     BoxError, Classify, DeadlineExceeded, Outcome, Retryable, ServerHint,
     grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
@@ -23,7 +24,7 @@ use std::{
     task::{Context, Poll, ready},
     time::Duration,
 };
-use tokio::time::{Instant, Sleep, sleep, sleep_until};
+use tokio::time::{Instant, Sleep, sleep};
 use tower_service::Service;
 
 /// The first attempt, as `call` left it.
@@ -85,7 +86,7 @@ pin_project! {
             // Created the first time the attempt is not ready, so a call answered at once
             // never touches the timer.
             #[pin]
-            timer: Option<Sleep>,
+            timer: LazySleep,
             // The request's deadline, if any.
             end: Option<Instant>,
         },
@@ -128,7 +129,7 @@ where
             meter,
             state: State::Calling {
                 future,
-                timer: None,
+                timer: LazySleep::new(),
                 end: None,
             },
         }
@@ -174,7 +175,7 @@ where
 fn calling<F, T>(future: F, end: Option<Instant>) -> State<F, T> {
     State::Calling {
         future,
-        timer: None,
+        timer: LazySleep::new(),
         end,
     }
 }
@@ -427,13 +428,10 @@ where
     };
     #[cfg(not(feature = "metrics"))]
     let (budget, _) = (true, meter);
-    match result {
-        Ok(response) => {
-            Ok(response.map(|body| RetryBody::new(body, watch, budget, attempts, gave_up)))
-        }
-        // Out of line: the success path keeps its size.
-        Err(e) => Err(wrap(attempts, gave_up, e)),
-    }
+    // The error is wrapped out of line: the success path keeps its size.
+    result
+        .map(|response| response.map(|body| RetryBody::new(body, watch, budget, attempts, gave_up)))
+        .map_err(|e| wrap(attempts, gave_up, e))
 }
 
 #[cold]
@@ -497,22 +495,14 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Calling {
-                    future,
-                    mut timer,
-                    end,
-                } => {
+                StateProj::Calling { future, timer, end } => {
                     let result: Result<Response<R>, BoxError> = match future.poll(cx) {
                         Poll::Ready(result) => result.map_err(Into::into),
                         Poll::Pending => {
                             let Some(at) = *end else {
                                 return Poll::Pending;
                             };
-                            if timer.is_none() {
-                                timer.set(Some(sleep_until(at)));
-                            }
-                            let timer = timer.as_pin_mut().expect("armed above");
-                            ready!(timer.poll(cx));
+                            ready!(timer.poll_until(cx, at));
                             Err(DeadlineExceeded::new().into())
                         }
                     };

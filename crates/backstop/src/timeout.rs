@@ -39,6 +39,7 @@
 //! nothing (it took no measurable time); every other attempt reads the clock when it first
 //! waits and when it ends.
 
+use backstop_core::timer::LazySleep;
 use backstop_core::{AttemptTimedOut, BoxError, ConfigError, latency::LatencyModel, stripe};
 use http::Request;
 use pin_project_lite::pin_project;
@@ -52,7 +53,7 @@ use std::{
     task::{Context, Poll, ready},
     time::Duration,
 };
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -499,7 +500,7 @@ where
             handle,
             told,
             start: None,
-            sleep: None,
+            sleep: LazySleep::new(),
         }
     }
 }
@@ -564,7 +565,7 @@ pin_project! {
         told: Option<(Duration, Instant)>,
         start: Option<(Instant, Option<Duration>)>,
         #[pin]
-        sleep: Option<Sleep>,
+        sleep: LazySleep,
     }
 }
 
@@ -628,15 +629,12 @@ where
                 };
                 *this.start = Some((now, bound));
                 if let Some(end) = end {
-                    this.sleep.set(Some(sleep_until(end)));
+                    this.sleep.as_mut().arm(end);
                 }
                 (now, bound)
             }
         };
-        let Some(sleep) = this.sleep.as_pin_mut() else {
-            return Poll::Pending;
-        };
-        ready!(sleep.poll(cx));
+        ready!(this.sleep.poll_armed(cx));
         let bound = bound.expect("a timer only with a bound");
         // Censored: it took at least its bound.
         shared.model.record(bound, shared.now_us(start + bound));
