@@ -254,11 +254,11 @@ impl<C> BreakerConfig<C> {
         self
     }
 
-    /// After closing, admit a share of calls rising linearly from 10 % to 100 % over `ramp`
+    /// After closing, admit a share of calls rising linearly from 10 % to 100 % over `length`
     /// (off by default); the rest are refused with no `retry_after` (do not retry).
     #[must_use]
-    pub fn slow_start(mut self, ramp: Duration) -> Self {
-        self.slow_start = Some(ramp);
+    pub fn slow_start(mut self, length: Duration) -> Self {
+        self.slow_start = Some(length);
         self
     }
 
@@ -417,12 +417,12 @@ impl<C> BreakerConfig<C> {
                 ),
             ));
         }
-        if let Some(ramp) = self.slow_start
-            && (ramp.is_zero() || ramp > DAY)
+        if let Some(length) = self.slow_start
+            && (length.is_zero() || length > DAY)
         {
             return Err(ConfigError::new(
                 "slow_start",
-                format!("must be between 1µs and one day, got {ramp:?}"),
+                format!("must be between 1µs and one day, got {length:?}"),
             ));
         }
         let window = match self.window {

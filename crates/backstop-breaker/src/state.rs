@@ -236,7 +236,7 @@ pub(crate) struct Machine {
     timer: AtomicU64,
     reopens: AtomicU32,
     consecutive: AtomicU32,
-    ramp_calls: AtomicU64,
+    slow_start_calls: AtomicU64,
     pub(crate) window: Window,
     pub(crate) settings: Settings,
 }
@@ -252,11 +252,11 @@ impl Machine {
         };
         Self {
             word: AtomicU64::new(word.encode()),
-            // Generation 0, slow start over at time 0: a new breaker does not ramp.
+            // Generation 0, slow start over at time 0: a new breaker is not in slow start.
             timer: AtomicU64::new(timer_word(0, 0)),
             reopens: AtomicU32::new(0),
             consecutive: AtomicU32::new(0),
-            ramp_calls: AtomicU64::new(0),
+            slow_start_calls: AtomicU64::new(0),
             window,
             settings,
         }
@@ -292,7 +292,9 @@ impl Machine {
                 (Mode::Disabled, _) => Ok(Admission::Passive),
                 (Mode::ForcedOpen, _) => Err(None),
                 (_, State::Closed) => match self.settings.slow_start_us {
-                    Some(ramp) if !self.ramp_admits(word.generation, ramp, &now) => Err(None),
+                    Some(length) if !self.slow_start_admits(word.generation, length, &now) => {
+                        Err(None)
+                    }
                     _ => Ok(Admission::Closed(word.generation)),
                 },
                 (_, State::Open) => {
@@ -353,17 +355,17 @@ impl Machine {
         }
     }
 
-    /// Slow start: while closed and ramping, admits a share of calls rising linearly from
-    /// 10 % to 100 % over the ramp, spread evenly (call `n` passes when `⌊n·share⌋` moves).
-    fn ramp_admits(&self, generation: u32, ramp: u64, now: &impl Fn() -> u64) -> bool {
+    /// Slow start: while closed and in slow start, admits a share of calls rising linearly from
+    /// 10 % to 100 % over the slow start, spread evenly (call `n` passes when `⌊n·share⌋` moves).
+    fn slow_start_admits(&self, generation: u32, length: u64, now: &impl Fn() -> u64) -> bool {
         let t = now();
         let left = match self.timer_for(generation) {
             Some(until) if t >= until => return true,
             Some(until) => until - t,
-            None => ramp, // just closed; the closer has not stored the end yet
+            None => length, // just closed; the closer has not stored the end yet
         };
-        let share_ppm = 100_000 + 900_000 * (ramp - left.min(ramp)) / ramp;
-        let n = self.ramp_calls.fetch_add(1, Ordering::Relaxed);
+        let share_ppm = 100_000 + 900_000 * (length - left.min(length)) / length;
+        let n = self.slow_start_calls.fetch_add(1, Ordering::Relaxed);
         (n + 1) * share_ppm / 1_000_000 > n * share_ppm / 1_000_000
     }
 
@@ -540,17 +542,19 @@ impl Machine {
             // calls of older generations; clear it before the new generation can be seen.
             self.window.clear();
             self.consecutive.store(0, Ordering::Release);
-            self.ramp_calls.store(0, Ordering::Release);
+            self.slow_start_calls.store(0, Ordering::Release);
             let next = word.next(State::Closed);
             match self.swap(word, next) {
                 Ok(()) => {
                     self.reopens.store(0, Ordering::Release);
-                    let ramp_end = match self.settings.slow_start_us {
-                        Some(ramp) => now().saturating_add(ramp),
+                    let slow_start_end = match self.settings.slow_start_us {
+                        Some(length) => now().saturating_add(length),
                         None => 0,
                     };
-                    self.timer
-                        .store(timer_word(next.generation, ramp_end), Ordering::Release);
+                    self.timer.store(
+                        timer_word(next.generation, slow_start_end),
+                        Ordering::Release,
+                    );
                     return Some(Transition {
                         from,
                         to: State::Closed,
