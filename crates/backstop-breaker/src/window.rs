@@ -4,16 +4,18 @@
 //! memory a breaker uses does not grow with traffic:
 //!
 //! - [`TimeRing`]: the calls of the last `window`, in `buckets` buckets of `window / buckets`.
-//!   Each bucket is one 64-bit word `(epoch tag, calls, failures, slow)`; writing to a bucket
-//!   whose tag is stale resets it in the same compare-and-swap. The window slides one bucket
-//!   at a time: it covers between `window - window / buckets` and `window` of history. The
-//!   ring is striped: each thread writes to its own copy of the buckets (on cache lines of its
-//!   own), and readers add the stripes up, so threads recording at once do not fight over
-//!   one cache line.
+//!   Each bucket is one 64-bit word `(epoch tag, calls, failures, slow)` of a
+//!   [`backstop_core::stripe::Ring`] (the retry budget's ring too): writing to a bucket whose
+//!   tag is stale resets it in the same compare-and-swap. The window slides one bucket at a
+//!   time: it covers between `window - window / buckets` and `window` of history. The ring is
+//!   striped: each thread writes to its own copy of the buckets (on cache lines of its own),
+//!   and readers add the stripes up, so threads recording at once do not fight over one cache
+//!   line.
 //! - [`CountRing`]: exactly the last `n` calls, one byte each, plus one word holding the
 //!   totals, updated with the slot so that rates are read in O(1).
 
 use crate::sync::{AtomicU8, AtomicU64, Ordering};
+use backstop_core::stripe::Ring;
 use std::fmt;
 
 /// Calls, failures and slow calls seen by a window.
@@ -65,7 +67,7 @@ impl Window {
     /// Bytes of shared state the window holds (its words and slots).
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
-            Window::Time(ring) => ring.words.len() * std::mem::size_of::<AtomicU64>(),
+            Window::Time(ring) => ring.ring.heap_bytes(),
             Window::Count(ring) => ring.slots.len() * std::mem::size_of::<AtomicU8>(),
         }
     }
@@ -73,86 +75,59 @@ impl Window {
 
 const FIELD_BITS: u32 = 16;
 const FIELD_MAX: u64 = (1 << FIELD_BITS) - 1;
-const TAG_SHIFT: u32 = 48;
 const CALLS_SHIFT: u32 = 32;
 const FAILURES_SHIFT: u32 = 16;
 
-/// The time window: a ring of buckets, each one atomic word
-/// `tag:16 | calls:16 | failures:16 | slow:16`, in one copy per stripe.
+/// The time window: a [`Ring`] of buckets whose values are `calls:16 | failures:16 | slow:16`
+/// (the ring's tag takes the top 16 bits of each word), one copy per stripe.
 ///
-/// A bucket counts at most 65 535 calls; further calls in the same bucket are not sampled (the
-/// rates stay those of the first 65 535 calls of that bucket, which at the default 1 s buckets
-/// means more than 65 000 calls per second through one breaker). The 16-bit tag tells the
-/// current epoch from one `65 536 × buckets` epochs ago; a bucket untouched for exactly such a
-/// multiple could be read as fresh, once.
+/// A bucket counts at most 65 535 calls per stripe; further calls in the same bucket are not
+/// sampled (the rates stay those of the first 65 535 calls of that bucket, which at the
+/// default 1 s buckets means more than 65 000 calls per second on one core through one
+/// breaker). The 16-bit tags would repeat every 65 536 buckets (18 hours at 1 s); the ring
+/// sweeps buckets too old to count before that can happen, so an idle bucket never comes
+/// back.
 pub(crate) struct TimeRing {
     bucket_us: u64,
-    buckets: usize,
-    stripes: usize,
-    /// Words from one stripe's buckets to the next's (`backstop_core::stripe::stride`).
-    stride: usize,
-    words: Box<[AtomicU64]>,
+    ring: Ring<{ 3 * FIELD_BITS }>,
 }
 
 impl TimeRing {
     pub(crate) fn new(bucket_us: u64, buckets: usize, stripes: usize) -> Self {
-        let stripes = stripes.max(1);
-        let stride = backstop_core::stripe::stride(buckets, stripes);
+        let bucket_us = bucket_us.max(1);
         Self {
             bucket_us,
-            buckets,
-            stripes,
-            stride,
-            words: (0..stride * stripes).map(|_| AtomicU64::new(0)).collect(),
+            ring: Ring::new(buckets, stripes),
         }
-    }
-
-    fn slot(&self, stripe: usize, epoch: u64) -> &AtomicU64 {
-        let bucket = (epoch % self.buckets as u64) as usize;
-        &self.words[(stripe % self.stripes) * self.stride + bucket]
     }
 
     fn record(&self, stripe: usize, now: u64, failure: bool, slow: bool) {
-        let epoch = now / self.bucket_us;
-        let tag = epoch & FIELD_MAX;
         let add = (1 << CALLS_SHIFT) | (u64::from(failure) << FAILURES_SHIFT) | u64::from(slow);
-        let _ =
-            self.slot(stripe, epoch)
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                    if word >> TAG_SHIFT != tag {
-                        return Some((tag << TAG_SHIFT) | add);
-                    }
-                    if (word >> CALLS_SHIFT) & FIELD_MAX == FIELD_MAX {
-                        return None; // full: this call is not sampled
-                    }
-                    Some(word + add)
-                });
+        // A full bucket declines: this call is not sampled. A late one (its clock read a lap
+        // ago) is dropped too.
+        self.ring.update(stripe, now / self.bucket_us, |value| {
+            ((value >> CALLS_SHIFT) & FIELD_MAX < FIELD_MAX).then_some(value + add)
+        });
     }
 
     fn counts(&self, now: u64) -> Counts {
-        let epoch = now / self.bucket_us;
-        let mut counts = Counts::default();
-        for stripe in 0..self.stripes {
-            for back in 0..self.buckets as u64 {
-                let Some(e) = epoch.checked_sub(back) else {
-                    break;
-                };
-                let word = self.slot(stripe, e).load(Ordering::Acquire);
-                if word >> TAG_SHIFT == e & FIELD_MAX {
-                    counts.calls += (word >> CALLS_SHIFT) & FIELD_MAX;
-                    counts.failures += (word >> FAILURES_SHIFT) & FIELD_MAX;
-                    counts.slow += word & FIELD_MAX;
-                }
-            }
-        }
-        counts
+        let span = self.ring.len() as u64;
+        self.ring.fold(
+            now / self.bucket_us,
+            span,
+            false,
+            Counts::default(),
+            |mut counts, value| {
+                counts.calls += (value >> CALLS_SHIFT) & FIELD_MAX;
+                counts.failures += (value >> FAILURES_SHIFT) & FIELD_MAX;
+                counts.slow += value & FIELD_MAX;
+                counts
+            },
+        )
     }
 
     fn clear(&self) {
-        for bucket in self.words.iter() {
-            // A tag no epoch near zero has, with no calls: reads as empty either way.
-            bucket.store(0, Ordering::Release);
-        }
+        self.ring.clear();
     }
 }
 
@@ -160,8 +135,8 @@ impl fmt::Debug for TimeRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TimeRing")
             .field("bucket_us", &self.bucket_us)
-            .field("buckets", &self.buckets)
-            .field("stripes", &self.stripes)
+            .field("buckets", &self.ring.len())
+            .field("stripes", &self.ring.stripes())
             .finish()
     }
 }

@@ -5,6 +5,12 @@
 //! every thread moves between cores on each write, and two threads then make barely more calls
 //! than one. Striped, each thread writes to the copy of its stripe and readers add the copies
 //! up: reads (rare: a failure, a snapshot) cost more, writes (every call) scale.
+//!
+//! [`Ring`] is the striped ring of time slots both of those are built on.
+
+pub mod ring;
+
+pub use ring::{Ring, Update, Word};
 
 use std::{
     cell::Cell,
