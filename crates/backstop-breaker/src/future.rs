@@ -1,6 +1,6 @@
 use crate::{
     BreakerBody,
-    layer::Handle,
+    shared::Handle,
     state::{Admission, Verdict},
 };
 use backstop_core::{BoxError, BreakerOpen, Classify, Outcome, Rejection};

@@ -29,7 +29,7 @@
 
 use crate::{
     BreakerConfig, BreakerLayer,
-    layer::Handle,
+    shared::Handle,
     sync::{AtomicU64, Ordering, Swap},
 };
 use http::{Method, Uri};

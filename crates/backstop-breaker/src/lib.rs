@@ -142,9 +142,12 @@ mod future;
 pub mod keyed;
 mod layer;
 mod service;
+mod shared;
 mod state;
 mod sync;
+mod transition;
 mod window;
+mod word;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
@@ -154,6 +157,7 @@ pub use body::BreakerBody;
 pub use config::BreakerConfig;
 pub use future::ResponseFuture;
 pub use keyed::BreakerKey;
-pub use layer::{BreakerLayer, Snapshot};
+pub use layer::BreakerLayer;
 pub use service::Breaker;
-pub use state::{Mode, Reason, State, Transition};
+pub use shared::Snapshot;
+pub use transition::{Mode, Reason, State, Transition};

@@ -3,7 +3,8 @@
 
 use crate::{
     Mode,
-    state::{Admission, Machine, Settings, State, Verdict},
+    state::{Admission, Machine, Settings, Verdict},
+    transition::State,
     window::{CountRing, Window},
 };
 use loom::{sync::Arc, thread};

@@ -1,7 +1,7 @@
 use crate::{
     BreakerBody,
     future::{Permit, ResponseFuture},
-    layer::Handles,
+    shared::Handles,
 };
 use backstop_core::{BoxError, Classify, is_grpc};
 use http::{Request, Response};

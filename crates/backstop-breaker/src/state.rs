@@ -1,10 +1,7 @@
 //! The state machine, in atomics: admission, outcomes and transitions without a lock.
 //!
-//! Everything a call needs to be admitted lives in one 64-bit word:
-//!
-//! ```text
-//! mode:2 | state:2 | generation:28 | probes taken:16 | probes succeeded:16
-//! ```
+//! Everything a call needs to be admitted lives in one 64-bit word (its packing is in
+//! `word.rs`: mode, state, generation, probes taken and succeeded).
 //!
 //! Admission while closed is one load of that word. Every transition is a compare-and-swap on
 //! it that bumps the generation, so exactly one thread wins each transition, and an outcome is
@@ -21,81 +18,11 @@
 
 use crate::{
     sync::{AtomicU32, AtomicU64, Ordering},
+    transition::{Mode, Reason, State, Transition},
     window::{Counts, Window},
+    word::{Word, timer_instant, timer_word},
 };
 use std::time::Duration;
-
-/// Where a breaker is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum State {
-    /// Calls flow; outcomes are counted in the window.
-    Closed,
-    /// Calls are refused at once with [`BreakerOpen`](backstop_core::BreakerOpen) until the
-    /// open time ends.
-    Open,
-    /// A fixed number of probe calls is let through; they decide between closed and open.
-    HalfOpen,
-}
-
-/// How a breaker acts on its state (set at build time or at run time with
-/// [`BreakerLayer::set_mode`](crate::BreakerLayer::set_mode)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Mode {
-    /// The state machine decides (the default).
-    #[default]
-    Normal,
-    /// Every call is refused, whatever the state.
-    ForcedOpen,
-    /// Every call passes and nothing is recorded.
-    Disabled,
-    /// Outcomes are recorded and the state moves as in `Normal`, but no call is ever refused:
-    /// watch what the breaker would do before letting it act.
-    MetricsOnly,
-}
-
-/// Why a breaker changed state.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Reason {
-    /// The failure rate over the window reached `failure_rate`.
-    FailureRate {
-        /// The failure rate, in [0, 1].
-        rate: f64,
-        /// The calls in the window.
-        calls: u64,
-    },
-    /// The slow-call rate over the window reached `slow_rate`.
-    SlowCallRate {
-        /// The slow-call rate, in [0, 1].
-        rate: f64,
-        /// The calls in the window.
-        calls: u64,
-    },
-    /// `consecutive_failures` failures in a row.
-    ConsecutiveFailures(u32),
-    /// The open time ended: the first probe was admitted.
-    OpenElapsed,
-    /// Every probe succeeded.
-    ProbesSucceeded,
-    /// A probe failed (or was slow).
-    ProbeFailed,
-    /// [`BreakerLayer::reset`](crate::BreakerLayer::reset) was called.
-    Reset,
-}
-
-/// A change of state, as given to the `on_state_change` hook and logged with `tracing`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Transition {
-    /// The state left.
-    pub from: State,
-    /// The state entered.
-    pub to: State,
-    /// Why.
-    pub reason: Reason,
-    /// The generation entered (every transition starts a new one).
-    pub generation: u32,
-    /// For a transition to [`State::Open`]: how long it stays open.
-    pub open_for: Option<Duration>,
-}
 
 /// The numbers the machine runs on, validated by the builder.
 #[derive(Debug, Clone)]
@@ -135,82 +62,6 @@ pub(crate) enum Verdict {
     Nothing,
 }
 
-const STATE_CLOSED: u64 = 0;
-const STATE_OPEN: u64 = 1;
-const STATE_HALF_OPEN: u64 = 2;
-const GEN_BITS: u32 = 28;
-const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
-const TIMER_TAG_SHIFT: u32 = 48;
-const TIMER_MASK: u64 = (1 << TIMER_TAG_SHIFT) - 1;
-const TAG_MASK: u64 = 0xFFFF;
-
-/// The decoded admission word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Word {
-    pub(crate) mode: Mode,
-    pub(crate) state: State,
-    pub(crate) generation: u32,
-    pub(crate) taken: u16,
-    pub(crate) succeeded: u16,
-}
-
-impl Word {
-    fn decode(word: u64) -> Self {
-        let mode = match word >> 62 {
-            0 => Mode::Normal,
-            1 => Mode::ForcedOpen,
-            2 => Mode::Disabled,
-            _ => Mode::MetricsOnly,
-        };
-        let state = match (word >> 60) & 0b11 {
-            STATE_CLOSED => State::Closed,
-            STATE_OPEN => State::Open,
-            _ => State::HalfOpen,
-        };
-        Self {
-            mode,
-            state,
-            generation: ((word >> 32) & GEN_MASK) as u32,
-            taken: (word >> 16) as u16,
-            succeeded: word as u16,
-        }
-    }
-
-    fn encode(self) -> u64 {
-        let mode = match self.mode {
-            Mode::Normal => 0,
-            Mode::ForcedOpen => 1,
-            Mode::Disabled => 2,
-            Mode::MetricsOnly => 3,
-        };
-        let state = match self.state {
-            State::Closed => STATE_CLOSED,
-            State::Open => STATE_OPEN,
-            State::HalfOpen => STATE_HALF_OPEN,
-        };
-        (mode << 62)
-            | (state << 60)
-            | ((u64::from(self.generation) & GEN_MASK) << 32)
-            | (u64::from(self.taken) << 16)
-            | u64::from(self.succeeded)
-    }
-
-    /// The first word of the next generation, in `state`.
-    fn next(self, state: State) -> Self {
-        Self {
-            mode: self.mode,
-            state,
-            generation: ((u64::from(self.generation) + 1) & GEN_MASK) as u32,
-            taken: 0,
-            succeeded: 0,
-        }
-    }
-}
-
-fn timer_word(generation: u32, at_us: u64) -> u64 {
-    ((u64::from(generation) & TAG_MASK) << TIMER_TAG_SHIFT) | at_us.min(TIMER_MASK)
-}
-
 /// The seed mixed with a generation: the jitter of each open time is a pure function of the
 /// two, so a seeded breaker is reproducible and needs no random-number state shared between
 /// threads.
@@ -227,6 +78,25 @@ pub(crate) struct Admit {
     pub(crate) admission: Result<Admission, Option<u64>>,
     /// The transition this admission made (open → half-open), if any.
     pub(crate) transition: Option<Transition>,
+}
+
+impl Admit {
+    fn decided(admission: Result<Admission, Option<u64>>) -> Self {
+        Self {
+            admission,
+            transition: None,
+        }
+    }
+}
+
+/// What one state's admission step came to.
+enum Step {
+    /// Admitted or refused (before metrics-only mode lets refused calls through).
+    Decided(Result<Admission, Option<u64>>),
+    /// The open time ended and this call moved the breaker to half-open: its first probe.
+    Probing(Admit),
+    /// Another thread changed the word first: decide again from this one.
+    Raced(Word),
 }
 
 /// The breaker's shared state.
@@ -280,78 +150,87 @@ impl Machine {
 
     /// The timer's instant if it belongs to `generation`.
     fn timer_for(&self, generation: u32) -> Option<u64> {
-        let word = self.timer.load(Ordering::Acquire);
-        (word >> TIMER_TAG_SHIFT == u64::from(generation) & TAG_MASK).then_some(word & TIMER_MASK)
+        timer_instant(self.timer.load(Ordering::Acquire), generation)
     }
 
     /// Asks to let a call in. `now` is read only when the answer depends on time.
+    ///
+    /// One step per state, each returning what it decided, or that another thread moved the
+    /// word first (then the step of the state it moved to is taken).
     pub(crate) fn admit(&self, now: impl Fn() -> u64) -> Admit {
         let mut word = self.load();
         loop {
-            let decided = match (word.mode, word.state) {
-                (Mode::Disabled, _) => Ok(Admission::Passive),
-                (Mode::ForcedOpen, _) => Err(None),
-                (_, State::Closed) => match self.settings.slow_start_us {
-                    Some(length) if !self.slow_start_admits(word.generation, length, &now) => {
-                        Err(None)
-                    }
-                    _ => Ok(Admission::Closed(word.generation)),
-                },
-                (_, State::Open) => {
-                    let t = now();
-                    match self.timer_for(word.generation) {
-                        // Not stored yet by the thread that opened: still open.
-                        None => Err(Some(self.settings.open_base_us)),
-                        Some(until) if t < until => Err(Some(until - t)),
-                        Some(_) => {
-                            let next = Word {
-                                taken: 1,
-                                ..word.next(State::HalfOpen)
-                            };
-                            match self.swap(word, next) {
-                                Ok(()) => {
-                                    return Admit {
-                                        admission: Ok(Admission::Probe(next.generation)),
-                                        transition: Some(Transition {
-                                            from: State::Open,
-                                            to: State::HalfOpen,
-                                            reason: Reason::OpenElapsed,
-                                            generation: next.generation,
-                                            open_for: None,
-                                        }),
-                                    };
-                                }
-                                Err(actual) => {
-                                    word = actual;
-                                    continue;
-                                }
-                            }
-                        }
-                    }
+            let step = match (word.mode, word.state) {
+                (Mode::Disabled, _) => Step::Decided(Ok(Admission::Passive)),
+                (Mode::ForcedOpen, _) => Step::Decided(Err(None)),
+                (_, State::Closed) => self.admit_closed(word, &now),
+                (_, State::Open) => self.admit_open(word, &now),
+                (_, State::HalfOpen) => self.admit_half_open(word),
+            };
+            match step {
+                Step::Decided(Err(_)) if word.mode == Mode::MetricsOnly => {
+                    return Admit::decided(Ok(Admission::Passive));
                 }
-                (_, State::HalfOpen) if word.taken < self.settings.probes => {
-                    let next = Word {
-                        taken: word.taken + 1,
-                        ..word
-                    };
-                    match self.swap(word, next) {
-                        Ok(()) => Ok(Admission::Probe(word.generation)),
-                        Err(actual) => {
-                            word = actual;
-                            continue;
-                        }
-                    }
+                Step::Decided(admission) => return Admit::decided(admission),
+                Step::Probing(admit) => return admit,
+                Step::Raced(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Closed: every call, or during a slow start, its share of calls.
+    #[inline]
+    fn admit_closed(&self, word: Word, now: &impl Fn() -> u64) -> Step {
+        match self.settings.slow_start_us {
+            Some(length) if !self.slow_start_admits(word.generation, length, now) => {
+                Step::Decided(Err(None))
+            }
+            _ => Step::Decided(Ok(Admission::Closed(word.generation))),
+        }
+    }
+
+    /// Open: refused until the open time ends; then the first caller moves the breaker to
+    /// half-open and is its first probe.
+    fn admit_open(&self, word: Word, now: &impl Fn() -> u64) -> Step {
+        let t = now();
+        match self.timer_for(word.generation) {
+            // Not stored yet by the thread that opened: still open.
+            None => Step::Decided(Err(Some(self.settings.open_base_us))),
+            Some(until) if t < until => Step::Decided(Err(Some(until - t))),
+            Some(_) => {
+                let next = Word {
+                    taken: 1,
+                    ..word.next(State::HalfOpen)
+                };
+                match self.swap(word, next) {
+                    Ok(()) => Step::Probing(Admit {
+                        admission: Ok(Admission::Probe(next.generation)),
+                        transition: Some(Transition {
+                            from: State::Open,
+                            to: State::HalfOpen,
+                            reason: Reason::OpenElapsed,
+                            generation: next.generation,
+                            open_for: None,
+                        }),
+                    }),
+                    Err(actual) => Step::Raced(actual),
                 }
-                (_, State::HalfOpen) => Err(None),
-            };
-            let admission = match decided {
-                Err(_) if word.mode == Mode::MetricsOnly => Ok(Admission::Passive),
-                other => other,
-            };
-            return Admit {
-                admission,
-                transition: None,
-            };
+            }
+        }
+    }
+
+    /// Half-open: a probe while probe slots are left, refused otherwise.
+    fn admit_half_open(&self, word: Word) -> Step {
+        if word.taken >= self.settings.probes {
+            return Step::Decided(Err(None));
+        }
+        let next = Word {
+            taken: word.taken + 1,
+            ..word
+        };
+        match self.swap(word, next) {
+            Ok(()) => Step::Decided(Ok(Admission::Probe(word.generation))),
+            Err(actual) => Step::Raced(actual),
         }
     }
 
@@ -641,28 +520,6 @@ mod tests {
         failure: true,
         slow: false,
     };
-
-    #[test]
-    fn words_round_trip() {
-        for mode in [
-            Mode::Normal,
-            Mode::ForcedOpen,
-            Mode::Disabled,
-            Mode::MetricsOnly,
-        ] {
-            for state in [State::Closed, State::Open, State::HalfOpen] {
-                let w = Word {
-                    mode,
-                    state,
-                    generation: GEN_MASK as u32,
-                    taken: u16::MAX,
-                    succeeded: 7,
-                };
-                assert_eq!(Word::decode(w.encode()), w);
-                assert_eq!(w.next(State::Open).generation, 0, "generations wrap");
-            }
-        }
-    }
 
     #[test]
     fn open_time_doubles_to_the_cap() {
