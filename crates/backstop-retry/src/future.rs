@@ -2,11 +2,11 @@ use crate::{
     ReplayBody,
     backoff::{BackoffState, Rng},
     body::RetryBody,
+    bounds::{Armed, Bounds},
     hedge::HedgesBox,
     layer::Handle,
     metrics::AttemptKind,
     pushback::mark_exhausted,
-    service::Bounds,
     stats::GiveUp,
     template::Template,
 };
@@ -26,15 +26,6 @@ use std::{
 };
 use tokio::time::{Instant, Sleep, sleep};
 use tower_service::Service;
-
-/// The first attempt, as `call` left it.
-pub(crate) enum Attempt<F, T> {
-    /// Sent, to end by the deadline (if any).
-    Sent(F, Option<Instant>),
-    /// Sent, and to be hedged.
-    Hedged(HedgesBox<F, T>),
-    Expired,
-}
 
 pin_project! {
     /// The response future of [`Retry`](crate::Retry).
@@ -78,8 +69,10 @@ pub(crate) struct RetryState<S, B, C> {
 }
 
 pin_project! {
+    /// Where a call is: an attempt in flight (alone or with its hedges), the backoff before
+    /// a retry, or the retry waiting for the service to be ready.
     #[project = StateProj]
-    enum State<F, T> {
+    pub(crate) enum State<F, T> {
         Calling {
             #[pin]
             future: F,
@@ -94,8 +87,9 @@ pin_project! {
         // The attempts of a hedged request (boxed: a request that is not hedged pays nothing
         // for the space).
         Hedging { hedges: HedgesBox<F, T> },
-        Waiting { #[pin] sleep: Sleep },
-        Ready,
+        BackingOff { #[pin] sleep: Sleep },
+        // The backoff is over: the retry goes out once the service is ready.
+        SendingRetry,
         Done,
     }
 }
@@ -135,48 +129,35 @@ where
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// A call that may be retried, its first attempt in `state`.
     pub(crate) fn retrying(
-        shared: Arc<Handle<C>>,
-        service: S,
-        template: Template,
-        body: ReplayBody<B>,
-        bounds: Bounds,
-        attempt: Attempt<S::Future, S::Response>,
-        number: u64,
-        overrides: crate::RetryOverrides,
+        retry: RetryState<S, B, C>,
+        state: State<S::Future, S::Response>,
     ) -> Self {
-        let state = match attempt {
-            Attempt::Sent(future, end) => calling(future, end),
-            Attempt::Hedged(hedges) => State::Hedging { hedges },
-            Attempt::Expired => State::Expired,
-        };
         Self {
             meter: Meter::default(),
-            retry: Some(RetryState {
-                shared,
-                service,
-                template,
-                body,
-                next: None,
-                bounds,
-                attempts: 1,
-                gave_up: None,
-                overrides,
-                backoff: BackoffState::default(),
-                rng: None,
-                number,
-            }),
+            retry: Some(retry),
             state,
         }
     }
 }
 
-fn calling<F, T>(future: F, end: Option<Instant>) -> State<F, T> {
-    State::Calling {
-        future,
-        timer: LazySleep::new(),
-        end,
+impl<F, T> State<F, T> {
+    /// An attempt armed with its bound (`Armed::Expired`: never sent, `send` is not called).
+    pub(crate) fn sent(armed: Armed, send: impl FnOnce() -> F) -> Self {
+        match armed {
+            Armed::Expired => State::Expired,
+            _ => State::Calling {
+                future: send(),
+                timer: LazySleep::new(),
+                end: armed.until(),
+            },
+        }
+    }
+
+    /// A first attempt sent with its hedges to come.
+    pub(crate) fn hedging(hedges: HedgesBox<F, T>) -> Self {
+        State::Hedging { hedges }
     }
 }
 
@@ -206,6 +187,37 @@ pub(crate) enum Heard {
 }
 
 impl<S, B, C> RetryState<S, B, C> {
+    /// The retry state of a request whose first attempt is about to go out.
+    pub(crate) fn new(
+        shared: Arc<Handle<C>>,
+        service: S,
+        template: Template,
+        body: ReplayBody<B>,
+        bounds: Bounds,
+        overrides: crate::RetryOverrides,
+    ) -> Self {
+        // Request numbers seed the jitter of a seeded policy (and only then: counting them
+        // is a shared write every request would pay for).
+        let number = match shared.policy.seed {
+            Some(_) => shared.stats.number(),
+            None => 0,
+        };
+        Self {
+            shared,
+            service,
+            template,
+            body,
+            next: None,
+            bounds,
+            attempts: 1,
+            gave_up: None,
+            overrides,
+            backoff: BackoffState::default(),
+            rng: None,
+            number,
+        }
+    }
+
     /// Classifies a finished attempt and tells the budget: a success deposits (or, committed
     /// by its headers, is left to its trailers), a failure the policy could retry or a "do not
     /// retry" is recorded (gRPC A6 throttling).
@@ -263,7 +275,7 @@ impl<S, B, C> RetryState<S, B, C> {
             }
             Heard::Failure(retryable, hint) => (retryable, hint),
         };
-        match self.wait(retryable, hint) {
+        match self.grant_retry(retryable, hint) {
             Ok(wait) => {
                 self.attempts += 1;
                 self.shared.stats.retry();
@@ -307,9 +319,13 @@ impl<S, B, C> RetryState<S, B, C> {
         );
     }
 
-    /// Steps 1 to 8 of the decision order; on success the budget token is taken and the body
-    /// taken over for the next attempt.
-    fn wait(&mut self, retryable: Retryable, hint: Option<ServerHint>) -> Result<Duration, GiveUp> {
+    /// Steps 1 to 8 of the decision order: whether a retry may go, and after which backoff. A
+    /// granted retry has taken its budget token and the body over for the next attempt.
+    fn grant_retry(
+        &mut self,
+        retryable: Retryable,
+        hint: Option<ServerHint>,
+    ) -> Result<Duration, GiveUp> {
         let policy = &self.shared.policy;
         if retryable == Retryable::Never {
             return Err(GiveUp::NotRetryable);
@@ -513,7 +529,7 @@ where
                     let watch = match verdict {
                         Verdict::Retry(wait) => {
                             drop(result);
-                            this.state.set(State::Waiting { sleep: sleep(wait) });
+                            this.state.set(State::BackingOff { sleep: sleep(wait) });
                             continue;
                         }
                         Verdict::Return => None,
@@ -538,11 +554,11 @@ where
                     let result = Err(DeadlineExceeded::new().into());
                     return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, None));
                 }
-                StateProj::Waiting { sleep } => {
+                StateProj::BackingOff { sleep } => {
                     ready!(sleep.poll(cx));
-                    this.state.set(State::Ready);
+                    this.state.set(State::SendingRetry);
                 }
-                StateProj::Ready => {
+                StateProj::SendingRetry => {
                     let retry = this.retry.as_mut().expect("only retries wait");
                     if let Err(e) = ready!(retry.service.poll_ready(cx)) {
                         this.state.set(State::Done);
@@ -552,13 +568,9 @@ where
                     let mut req = retry
                         .next_request()
                         .expect("the body is taken over when the retry is decided");
-                    match retry.bounds.arm(&mut req, false) {
-                        Ok(end) => {
-                            let future = retry.service.call(req);
-                            this.state.set(calling(future, end));
-                        }
-                        Err(()) => this.state.set(State::Expired),
-                    }
+                    let armed = retry.bounds.arm(&mut req, false);
+                    let service = &mut retry.service;
+                    this.state.set(State::sent(armed, || service.call(req)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

@@ -275,7 +275,7 @@ impl<S, B, C> RetryState<S, B, C> {
             req.headers_mut()
                 .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.attempts));
         }
-        if self.bounds.arm(&mut req, false).is_err() {
+        if self.bounds.arm(&mut req, false) == crate::bounds::Armed::Expired {
             if let Some(budget) = &policy.budget {
                 budget.refund();
                 self.shared.meter_budget();

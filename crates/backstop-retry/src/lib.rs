@@ -134,6 +134,7 @@
 
 pub mod backoff;
 mod body;
+mod bounds;
 pub mod budget;
 mod error;
 mod future;
@@ -159,6 +160,6 @@ pub use future::ResponseFuture;
 pub use layer::RetryLayer;
 pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryOverrides, RetryPolicy};
 pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};
-pub use replay::{BodySuperseded, ReplayBody};
+pub use replay::{BodyFailedEarlier, BodySuperseded, ReplayBody};
 pub use service::Retry;
 pub use stats::{GiveUp, RetryStats};

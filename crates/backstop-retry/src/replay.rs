@@ -33,6 +33,19 @@ impl fmt::Display for BodySuperseded {
 
 impl Error for BodySuperseded {}
 
+/// The error of a [`ReplayBody`] copy whose original body failed while an earlier copy was
+/// reading it: the rest of the body cannot be read again, so this copy cannot go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BodyFailedEarlier;
+
+impl fmt::Display for BodyFailedEarlier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("request body failed in an earlier attempt")
+    }
+}
+
+impl Error for BodyFailedEarlier {}
+
 /// A request body that records what it sends so a retry can send it again.
 ///
 /// The first copy to be polled reads the original body; every data frame is kept (as a cheap
@@ -294,9 +307,7 @@ where
         }
         if state.failed {
             // The original body failed while an older copy read it; this copy cannot go on.
-            return Poll::Ready(Some(
-                Err("request body failed in an earlier attempt".into()),
-            ));
+            return Poll::Ready(Some(Err(BodyFailedEarlier.into())));
         }
         let Some(body) = state.body.as_mut() else {
             return Poll::Ready(None);

@@ -1,6 +1,7 @@
 use crate::{
     ReplayBody, RetryBody,
-    future::{Attempt, ResponseFuture},
+    bounds::{Armed, Bounds},
+    future::{ResponseFuture, RetryState, State},
     hedge::Hedges,
     layer::Handles,
     template::Template,
@@ -58,55 +59,6 @@ fn caller_timeout(headers: &HeaderMap) -> Option<&HeaderValue> {
         return None;
     }
     headers.get(GRPC_TIMEOUT)
-}
-
-/// The time bounds of a request's attempts.
-///
-/// What each attempt's `grpc-timeout` says, whoever wrote the original header: the time
-/// really left when the attempt is sent, `min(deadline, wire) − now`, where `wire` is what the
-/// caller told the server (an outer `PropagateDeadline`'s header, keeping its offset, or a
-/// header the caller set). A retry is scheduled only if it can be sent with at least
-/// `min_attempt_time` left on the wire. (An attempt bound inside the breaker, the facade's
-/// `AttemptTimeout`, shortens an attempt's header further.)
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Bounds {
-    /// The request's deadline: the earlier of its extension and the task's current deadline,
-    /// or, with neither, the instant its `grpc-timeout` header names.
-    pub(crate) deadline: Option<Deadline>,
-    /// What the caller told the server, as an instant (the request's `grpc-timeout`).
-    pub(crate) wire: Option<Instant>,
-}
-
-impl Bounds {
-    /// The last instant at which an attempt can be sent with any time left on the wire.
-    pub(crate) fn send_by(&self) -> Option<Instant> {
-        match (self.deadline.map(|d| d.instant()), self.wire) {
-            (Some(d), Some(w)) => Some(d.min(w)),
-            (d, w) => d.or(w),
-        }
-    }
-
-    /// Writes the attempt's `grpc-timeout` and deadline into `req` and returns when the attempt
-    /// must end (the deadline; `None`: no bound), or `Err` when nothing is left to send.
-    ///
-    /// On the first attempt, a header that already says no more than what is left (an outer
-    /// `PropagateDeadline` wrote it a moment ago, or the caller did) is left as it is.
-    pub(crate) fn arm<B>(&self, req: &mut Request<B>, first: bool) -> Result<Option<Instant>, ()> {
-        let Some(deadline) = self.deadline else {
-            return Ok(None);
-        };
-        let at = deadline.instant();
-        if first && self.wire.is_some_and(|w| w <= at) {
-            return Ok(Some(at));
-        }
-        let now = Instant::now();
-        let on_wire = self.wire.map_or(at, |w| w.min(at));
-        let encoded = grpc_timeout::encode(on_wire.saturating_duration_since(now)).ok_or(())?;
-        req.headers_mut()
-            .insert(GRPC_TIMEOUT, encoded.to_header_value());
-        req.extensions_mut().insert(Deadline::at(at));
-        Ok(Some(at))
-    }
 }
 
 impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S, C>
@@ -173,17 +125,11 @@ where
         // The ready service makes this call; a clone waits for the retries.
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
-        let end = bounds.arm(&mut req, true);
-        // Request numbers seed the jitter of a seeded policy (and only then: counting them
-        // is a shared write every request would pay for).
-        let number = match policy.seed {
-            Some(_) => handle.stats.number(),
-            None => 0,
-        };
+        let armed = bounds.arm(&mut req, true);
         // A hedged request: one the idempotency rule allows, with a delay to hedge after.
         let hedge = match &policy.hedging {
             Some(hedging)
-                if end.is_ok()
+                if armed != Armed::Expired
                     && overrides.hedge != Some(false)
                     && overrides
                         .idempotent
@@ -193,23 +139,14 @@ where
             }
             _ => None,
         };
-        let attempt = match (end, hedge) {
-            (Ok(_), Some(delay)) => {
+        let state = match hedge {
+            Some(delay) => {
                 let deadline = bounds.deadline.map(|d| d.instant());
-                Attempt::Hedged(Hedges::boxed(service.call(req), delay, deadline))
+                State::hedging(Hedges::boxed(service.call(req), delay, deadline))
             }
-            (Ok(end), _) => Attempt::Sent(service.call(req), end),
-            (Err(()), _) => Attempt::Expired,
+            None => State::sent(armed, || service.call(req)),
         };
-        ResponseFuture::retrying(
-            handle.clone(),
-            service,
-            template,
-            body,
-            bounds,
-            attempt,
-            number,
-            overrides,
-        )
+        let retry = RetryState::new(handle.clone(), service, template, body, bounds, overrides);
+        ResponseFuture::retrying(retry, state)
     }
 }
