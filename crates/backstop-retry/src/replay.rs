@@ -511,6 +511,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_failed_body_says_so_and_cannot_be_replayed() {
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+        let body = ReplayBody::new(rx, 1024);
+        let mut first = body.replay().unwrap();
+        tx.send_data(Bytes::from_static(b"ab")).await.unwrap();
+        assert_eq!(
+            first.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "ab"
+        );
+        tx.abort(std::io::Error::other("client went away"));
+        let error = first.frame().await.unwrap().unwrap_err();
+        assert_eq!(error.to_string(), "client went away");
+        // The rest is gone: polled again, the copy says why, as a type a caller can match.
+        let again = first.frame().await.unwrap().unwrap_err();
+        assert!(again.is::<BodyFailedEarlier>(), "{again}");
+        assert!(!body.is_replayable());
+        assert!(body.replay().is_none());
+    }
+
+    #[tokio::test]
     async fn past_the_cap_the_body_is_sent_but_not_replayable() {
         let body = ReplayBody::new(Full::new(Bytes::from(vec![7u8; 100])), 99);
         let first = body.replay().unwrap();
