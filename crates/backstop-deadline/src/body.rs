@@ -1,8 +1,8 @@
 use crate::Deadline;
 use backstop_core::DeadlineExceeded;
-use backstop_core::{BoxError, ResponseBody, grpc};
+use backstop_core::{BoxError, Rejection, ResponseBody, grpc};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::{
@@ -114,4 +114,11 @@ where
             self.body.size_hint()
         }
     }
+}
+
+/// The response of a local rejection (the deadline layers' own answer), with its body.
+pub(crate) fn local<B>(rejection: Rejection, grpc: bool) -> Response<DeadlineBody<B>> {
+    rejection
+        .into_response(grpc)
+        .map(|body| DeadlineBody::new(body, None, grpc))
 }

@@ -155,17 +155,16 @@
 
 mod body;
 mod deadline;
-mod future;
 pub mod grpc_timeout;
-mod layer;
-mod service;
+mod head;
+mod inbound;
+mod outbound;
 
 pub use backstop_core::{DeadlineExceeded, is_deadline_exceeded};
 pub use body::DeadlineBody;
 pub use deadline::{Deadline, DeadlineFutureExt, Scoped, current, wire_deadline};
-pub use future::{PropagateFuture, ResponseFuture};
 pub use grpc_timeout::MalformedTimeout;
-pub use layer::{
-    DeadlineLayer, DeadlineLayerBuilder, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder,
+pub use inbound::{DeadlineLayer, DeadlineLayerBuilder, DeadlineService, ResponseFuture};
+pub use outbound::{
+    PropagateDeadline, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder, PropagateFuture,
 };
-pub use service::{DeadlineService, PropagateDeadline};

@@ -1,14 +1,26 @@
-use crate::{DeadlineService, PropagateDeadline};
-use backstop_core::ConfigError;
-use http::HeaderName;
-use std::{sync::Arc, time::Duration};
+//! The server side: [`DeadlineLayer`] reads the caller's deadline, enforces it, and hands it
+//! to the handler. Its configuration and the rules that turn a request's headers into a
+//! deadline live here, next to each other; the service and its future are in their own files.
+
+mod future;
+mod service;
+
+pub use future::ResponseFuture;
+pub use service::DeadlineService;
+
+use crate::{
+    Deadline,
+    grpc_timeout::MalformedTimeout,
+    head::{Head, min_opt},
+};
+use backstop_core::{ConfigError, Rejection};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use std::time::Duration;
+use tokio::time::Instant;
 use tower_layer::Layer;
 
 /// Largest accepted `lead`: it is a safety margin, not a budget.
 const MAX_LEAD: Duration = Duration::from_secs(1);
-/// The longest `offset` or `min_remaining` a client may keep back: more would leave no call
-/// with time to run under any realistic deadline.
-const MAX_MARGIN: Duration = Duration::from_secs(60);
 
 /// Reads the caller's deadline on a server, enforces it, and hands it to the handler.
 ///
@@ -219,209 +231,75 @@ impl DeadlineLayerBuilder {
     }
 }
 
-/// Propagates the deadline to an outbound call as the remaining time, and enforces it.
-///
-/// See the [crate docs](crate#outbound-propagatedeadlinelayer). Build one with
-/// [`PropagateDeadlineLayer::new`] (inherit only) or [`PropagateDeadlineLayer::builder`].
-#[derive(Debug, Clone)]
-pub struct PropagateDeadlineLayer {
-    pub(crate) config: OutboundConfig,
-    pub(crate) name: Arc<Named>,
-}
-
-/// The dependency's name and, with the `metrics` feature, its `backstop.deadline.expired`
-/// counter (registered on the first call that needs it), shared by the layer's services.
-#[derive(Debug, Default)]
-pub(crate) struct Named {
-    pub(crate) name: backstop_core::DependencyName,
-    #[cfg(feature = "metrics")]
-    expired: std::sync::OnceLock<metrics::Counter>,
-}
-
-impl Named {
-    /// The client side's expiry counter.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn expired(&self) -> &metrics::Counter {
-        self.expired.get_or_init(|| {
-            use backstop_core::metrics as names;
-            names::describe();
-            metrics::counter!(
-                names::DEADLINE_EXPIRED,
-                "side" => "client",
-                "dependency" => self.name.get().to_owned()
-            )
-        })
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct OutboundConfig {
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) fraction: Option<f64>,
-    pub(crate) offset: Duration,
-    pub(crate) min_remaining: Duration,
-}
-
-impl PropagateDeadlineLayer {
-    /// Inherits the deadline (task-local, request extension, or a `grpc-timeout` already on the
-    /// request) and adds no limit of its own.
-    pub fn new() -> Self {
-        Self {
-            config: OutboundConfig {
-                timeout: None,
-                fraction: None,
-                offset: Duration::ZERO,
-                min_remaining: Duration::ZERO,
-            },
-            name: Arc::default(),
-        }
-    }
-
-    /// Names the dependency: with the `metrics` feature, its expired deadlines are counted as
-    /// `backstop.deadline.expired{side="client", dependency}` (unnamed: `""`).
-    ///
-    /// # Errors
-    ///
-    /// When the layer already has another name.
-    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
-        self.name.name.set(name)
-    }
-
-    /// The dependency's name (`""` when unnamed).
-    pub fn name(&self) -> &str {
-        self.name.name.get()
-    }
-
-    /// A builder for a tuned `PropagateDeadlineLayer`.
-    pub fn builder() -> PropagateDeadlineLayerBuilder {
-        PropagateDeadlineLayerBuilder {
-            config: Self::new().config,
-        }
-    }
-}
-
-impl Default for PropagateDeadlineLayer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<S> Layer<S> for PropagateDeadlineLayer {
-    type Service = PropagateDeadline<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        PropagateDeadline::from_config(inner, self.config, self.name.clone())
-    }
-}
-
-/// Builds a [`PropagateDeadlineLayer`]; every knob is optional.
-///
-/// ```
-/// use backstop_deadline::PropagateDeadlineLayer;
-/// use std::time::Duration;
-///
-/// // Each call gets at most 300 ms and at most half of what its caller has left, and tells
-/// // the server 5 ms less than that to cover the network.
-/// let layer = PropagateDeadlineLayer::builder()
-///     .timeout(Duration::from_millis(300))
-///     .fraction(0.5)
-///     .offset(Duration::from_millis(5))
-///     .min_remaining(Duration::from_millis(10))
-///     .build()
-///     .unwrap();
-/// # let _ = layer;
-///
-/// let err = PropagateDeadlineLayer::builder().fraction(1.5).build().unwrap_err();
-/// assert_eq!(err.to_string(), "invalid `fraction`: must be in (0, 1], got 1.5");
-/// ```
-#[derive(Debug, Clone)]
-pub struct PropagateDeadlineLayerBuilder {
-    config: OutboundConfig,
-}
-
-impl PropagateDeadlineLayerBuilder {
-    /// A limit for each call of its own: the call's deadline is at most `now + timeout`, even
-    /// with no inherited deadline.
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.config.timeout = Some(timeout);
-        self
-    }
-
-    /// Gives each call at most this share, in (0, 1], of the inherited deadline's remaining
-    /// time, keeping the rest for the caller's own work (or a retry).
-    #[must_use]
-    pub fn fraction(mut self, fraction: f64) -> Self {
-        self.config.fraction = Some(fraction);
-        self
-    }
-
-    /// Subtracted from the remaining time written in `grpc-timeout`, to cover the network, so
-    /// the server gives up before the caller does.
-    #[must_use]
-    pub fn offset(mut self, offset: Duration) -> Self {
-        self.config.offset = offset;
-        self
-    }
-
-    /// Fails at once with DEADLINE_EXCEEDED, without sending, when less than this is left.
-    #[must_use]
-    pub fn min_remaining(mut self, min_remaining: Duration) -> Self {
-        self.config.min_remaining = min_remaining;
-        self
-    }
-
-    /// Validates the configuration.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the knob when:
-    /// - `timeout` is zero;
-    /// - `fraction` is not in (0, 1] (NaN included);
-    /// - `offset` or `min_remaining` is not shorter than `timeout` (no call could be sent), or
-    ///   longer than 1 min.
-    pub fn build(self) -> Result<PropagateDeadlineLayer, ConfigError> {
-        let config = self.config;
-        if config.timeout.is_some_and(|t| t.is_zero()) {
-            return Err(ConfigError::new("timeout", "must be greater than zero"));
-        }
-        if let Some(f) = config.fraction.filter(|f| !(*f > 0.0 && *f <= 1.0)) {
-            return Err(ConfigError::new(
-                "fraction",
-                format!("must be in (0, 1], got {f}"),
-            ));
-        }
-        for (knob, value) in [
-            ("offset", config.offset),
-            ("min_remaining", config.min_remaining),
-        ] {
-            if value > MAX_MARGIN {
-                return Err(ConfigError::new(
-                    knob,
-                    format!(
-                        "must be at most 1 min (time kept back for the network and the reply), got {value:?}"
-                    ),
-                ));
-            }
-        }
-        if let Some(timeout) = config.timeout {
-            for (knob, value) in [
-                ("offset", config.offset),
-                ("min_remaining", config.min_remaining),
-            ] {
-                if value >= timeout {
-                    return Err(ConfigError::new(
-                        knob,
-                        format!(
-                            "{value:?} is not shorter than `timeout` ({timeout:?}): no call could be sent"
-                        ),
-                    ));
+impl InboundConfig {
+    /// The timeout the request asks for: the shortest of every `grpc-timeout` value and the
+    /// milliseconds header. `Err` when one is malformed and malformed input is rejected.
+    fn requested(&self, head: &Head, headers: &HeaderMap) -> Result<Option<Duration>, Rejection> {
+        let mut timeout = head.timeout;
+        let mut malformed = head.malformed;
+        if let Some(name) = &self.millis_header {
+            for value in headers.get_all(name) {
+                match parse_millis(value) {
+                    Ok(t) => timeout = Some(min_opt(timeout, t)),
+                    Err(_) => malformed = true,
                 }
             }
         }
-        Ok(PropagateDeadlineLayer {
-            config,
-            name: Arc::default(),
-        })
+        if malformed && self.reject_malformed {
+            return Err(Rejection::MalformedTimeout);
+        }
+        Ok(timeout)
+    }
+
+    /// The request's deadline as this server grants it, or the rejection to answer at once.
+    pub(crate) fn deadline(
+        &self,
+        now: Instant,
+        head: &Head,
+        headers: &HeaderMap,
+    ) -> Result<Option<Deadline>, Rejection> {
+        let timeout = match self.requested(head, headers)? {
+            Some(t) => Some(t.saturating_sub(self.lead)),
+            None => self.default,
+        };
+        let Some(timeout) = timeout.map(|t| self.max.map_or(t, |max| t.min(max))) else {
+            return Ok(None);
+        };
+        if timeout.is_zero() || timeout < self.min_remaining {
+            return Err(Rejection::DeadlineExceeded);
+        }
+        Ok(Some(Deadline::after_from(now, timeout)))
+    }
+}
+
+/// A timeout in decimal milliseconds: 1–19 ASCII digits.
+fn parse_millis(value: &HeaderValue) -> Result<Duration, MalformedTimeout> {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
+        return Err(MalformedTimeout::new());
+    }
+    let n = bytes.iter().fold(0u64, |n, &b| {
+        n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+    });
+    Ok(Duration::from_millis(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_header_grammar() {
+        let ok = |s: &'static str| parse_millis(&HeaderValue::from_static(s));
+        assert_eq!(ok("0"), Ok(Duration::ZERO));
+        assert_eq!(ok("250"), Ok(Duration::from_millis(250)));
+        assert_eq!(ok("0000250"), Ok(Duration::from_millis(250)));
+        assert_eq!(
+            ok("9999999999999999999"),
+            Ok(Duration::from_millis(9_999_999_999_999_999_999))
+        );
+        for bad in ["", "-1", "1.5", "1s", " 1", "99999999999999999999"] {
+            assert!(ok(bad).is_err(), "{bad:?}");
+        }
     }
 }

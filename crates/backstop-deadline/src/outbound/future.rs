@@ -1,7 +1,6 @@
-use crate::{Deadline, DeadlineBody, deadline::with_current};
-use backstop_core::DeadlineExceeded;
+use crate::{Deadline, DeadlineBody, body::local, deadline::with_current};
 use backstop_core::timer::LazySleep;
-use backstop_core::{BoxError, Rejection, ResponseBody};
+use backstop_core::{BoxError, DeadlineExceeded, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
 use std::{
@@ -19,116 +18,6 @@ pub(crate) type Meter = metrics::Counter;
 #[cfg(not(feature = "metrics"))]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Meter;
-
-/// Counts a server-side rejection: a malformed `grpc-timeout`, or a deadline that expired (at
-/// arrival, or with the handler cancelled).
-#[cfg(feature = "metrics")]
-pub(crate) fn meter_server(rejection: Rejection) {
-    use backstop_core::metrics as names;
-    names::describe();
-    match rejection {
-        Rejection::MalformedTimeout => metrics::counter!(names::DEADLINE_MALFORMED).increment(1),
-        _ => metrics::counter!(names::DEADLINE_EXPIRED, "side" => "server").increment(1),
-    }
-}
-
-fn local<B>(rejection: Rejection, grpc: bool) -> Response<DeadlineBody<B>> {
-    rejection
-        .into_response(grpc)
-        .map(|body| DeadlineBody::new(body, None, grpc))
-}
-
-pin_project! {
-    /// The response future of [`DeadlineService`](crate::DeadlineService).
-    #[derive(Debug)]
-    #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<F> {
-        #[pin]
-        state: Inbound<F>,
-    }
-}
-
-pin_project! {
-    #[project = InboundProj]
-    #[project_replace = InboundReplace]
-    #[derive(Debug)]
-    enum Inbound<F> {
-        Running {
-            #[pin]
-            future: F,
-            // Created the first time the handler is not ready.
-            #[pin]
-            sleep: LazySleep,
-            deadline: Option<Deadline>,
-            grpc: bool,
-        },
-        Rejected { rejection: Rejection, grpc: bool },
-        Done,
-    }
-}
-
-impl<F> ResponseFuture<F> {
-    pub(crate) fn running(future: F, deadline: Option<Deadline>, grpc: bool) -> Self {
-        Self {
-            state: Inbound::Running {
-                future,
-                sleep: LazySleep::new(),
-                deadline,
-                grpc,
-            },
-        }
-    }
-
-    pub(crate) fn rejected(rejection: Rejection, grpc: bool) -> Self {
-        Self {
-            state: Inbound::Rejected { rejection, grpc },
-        }
-    }
-}
-
-impl<F, B, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<DeadlineBody<B>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
-        let (rejection, grpc) = match state.as_mut().project() {
-            InboundProj::Running {
-                future,
-                sleep,
-                deadline,
-                grpc,
-            } => {
-                let polled = match *deadline {
-                    Some(d) => with_current(d, || future.poll(cx)),
-                    None => future.poll(cx),
-                };
-                if let Poll::Ready(result) = polled {
-                    let (deadline, grpc) = (*deadline, *grpc);
-                    state.set(Inbound::Done);
-                    return Poll::Ready(result.map(|response| {
-                        response.map(|b| DeadlineBody::new(ResponseBody::new(b), deadline, grpc))
-                    }));
-                }
-                let Some(d) = *deadline else {
-                    return Poll::Pending;
-                };
-                ready!(sleep.poll_until(cx, d.instant()));
-                tracing::debug!(grpc = *grpc, "deadline expired: the handler is cancelled");
-                #[cfg(feature = "metrics")]
-                meter_server(Rejection::DeadlineExceeded);
-                (Rejection::DeadlineExceeded, *grpc)
-            }
-            InboundProj::Rejected { rejection, grpc } => (*rejection, *grpc),
-            InboundProj::Done => panic!("ResponseFuture polled after completion"),
-        };
-        // Dropping the handler's future here is what cancels its work.
-        state.project_replace(Inbound::Done);
-        Poll::Ready(Ok(local(rejection, grpc)))
-    }
-}
 
 pin_project! {
     /// The response future of [`PropagateDeadline`](crate::PropagateDeadline).

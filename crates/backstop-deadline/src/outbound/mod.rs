@@ -1,0 +1,263 @@
+//! The client side: [`PropagateDeadlineLayer`] sends the time really left in `grpc-timeout` and
+//! bounds the call by it. Its configuration and the rule that picks the call's deadline live
+//! here; the service and its future are in their own files.
+
+mod future;
+mod service;
+
+pub use future::PropagateFuture;
+pub use service::PropagateDeadline;
+
+use crate::{
+    Deadline,
+    deadline::{current, scale},
+    head::Head,
+};
+use backstop_core::ConfigError;
+use http::Request;
+use std::{sync::Arc, time::Duration};
+use tokio::time::Instant;
+use tower_layer::Layer;
+
+/// The longest `offset` or `min_remaining` a client may keep back: more would leave no call
+/// with time to run under any realistic deadline.
+const MAX_MARGIN: Duration = Duration::from_secs(60);
+
+/// Propagates the deadline to an outbound call as the remaining time, and enforces it.
+///
+/// See the [crate docs](crate#outbound-propagatedeadlinelayer). Build one with
+/// [`PropagateDeadlineLayer::new`] (inherit only) or [`PropagateDeadlineLayer::builder`].
+#[derive(Debug, Clone)]
+pub struct PropagateDeadlineLayer {
+    pub(crate) config: OutboundConfig,
+    pub(crate) name: Arc<Named>,
+}
+
+/// The dependency's name and, with the `metrics` feature, its `backstop.deadline.expired`
+/// counter (registered on the first call that needs it), shared by the layer's services.
+#[derive(Debug, Default)]
+pub(crate) struct Named {
+    pub(crate) name: backstop_core::DependencyName,
+    #[cfg(feature = "metrics")]
+    expired: std::sync::OnceLock<metrics::Counter>,
+}
+
+impl Named {
+    /// The client side's expiry counter.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn expired(&self) -> &metrics::Counter {
+        self.expired.get_or_init(|| {
+            use backstop_core::metrics as names;
+            names::describe();
+            metrics::counter!(
+                names::DEADLINE_EXPIRED,
+                "side" => "client",
+                "dependency" => self.name.get().to_owned()
+            )
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutboundConfig {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) fraction: Option<f64>,
+    pub(crate) offset: Duration,
+    pub(crate) min_remaining: Duration,
+}
+
+impl PropagateDeadlineLayer {
+    /// Inherits the deadline (task-local, request extension, or a `grpc-timeout` already on the
+    /// request) and adds no limit of its own.
+    pub fn new() -> Self {
+        Self {
+            config: OutboundConfig {
+                timeout: None,
+                fraction: None,
+                offset: Duration::ZERO,
+                min_remaining: Duration::ZERO,
+            },
+            name: Arc::default(),
+        }
+    }
+
+    /// Names the dependency: with the `metrics` feature, its expired deadlines are counted as
+    /// `backstop.deadline.expired{side="client", dependency}` (unnamed: `""`).
+    ///
+    /// # Errors
+    ///
+    /// When the layer already has another name.
+    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
+        self.name.name.set(name)
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.name.name.get()
+    }
+
+    /// A builder for a tuned `PropagateDeadlineLayer`.
+    pub fn builder() -> PropagateDeadlineLayerBuilder {
+        PropagateDeadlineLayerBuilder {
+            config: Self::new().config,
+        }
+    }
+}
+
+impl Default for PropagateDeadlineLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> Layer<S> for PropagateDeadlineLayer {
+    type Service = PropagateDeadline<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PropagateDeadline::from_config(inner, self.config, self.name.clone())
+    }
+}
+
+/// Builds a [`PropagateDeadlineLayer`]; every knob is optional.
+///
+/// ```
+/// use backstop_deadline::PropagateDeadlineLayer;
+/// use std::time::Duration;
+///
+/// // Each call gets at most 300 ms and at most half of what its caller has left, and tells
+/// // the server 5 ms less than that to cover the network.
+/// let layer = PropagateDeadlineLayer::builder()
+///     .timeout(Duration::from_millis(300))
+///     .fraction(0.5)
+///     .offset(Duration::from_millis(5))
+///     .min_remaining(Duration::from_millis(10))
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+///
+/// let err = PropagateDeadlineLayer::builder().fraction(1.5).build().unwrap_err();
+/// assert_eq!(err.to_string(), "invalid `fraction`: must be in (0, 1], got 1.5");
+/// ```
+#[derive(Debug, Clone)]
+pub struct PropagateDeadlineLayerBuilder {
+    config: OutboundConfig,
+}
+
+impl PropagateDeadlineLayerBuilder {
+    /// A limit for each call of its own: the call's deadline is at most `now + timeout`, even
+    /// with no inherited deadline.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.config.timeout = Some(timeout);
+        self
+    }
+
+    /// Gives each call at most this share, in (0, 1], of the inherited deadline's remaining
+    /// time, keeping the rest for the caller's own work (or a retry).
+    #[must_use]
+    pub fn fraction(mut self, fraction: f64) -> Self {
+        self.config.fraction = Some(fraction);
+        self
+    }
+
+    /// Subtracted from the remaining time written in `grpc-timeout`, to cover the network, so
+    /// the server gives up before the caller does.
+    #[must_use]
+    pub fn offset(mut self, offset: Duration) -> Self {
+        self.config.offset = offset;
+        self
+    }
+
+    /// Fails at once with DEADLINE_EXCEEDED, without sending, when less than this is left.
+    #[must_use]
+    pub fn min_remaining(mut self, min_remaining: Duration) -> Self {
+        self.config.min_remaining = min_remaining;
+        self
+    }
+
+    /// Validates the configuration.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the knob when:
+    /// - `timeout` is zero;
+    /// - `fraction` is not in (0, 1] (NaN included);
+    /// - `offset` or `min_remaining` is not shorter than `timeout` (no call could be sent), or
+    ///   longer than 1 min.
+    pub fn build(self) -> Result<PropagateDeadlineLayer, ConfigError> {
+        let config = self.config;
+        if config.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ConfigError::new("timeout", "must be greater than zero"));
+        }
+        if let Some(f) = config.fraction.filter(|f| !(*f > 0.0 && *f <= 1.0)) {
+            return Err(ConfigError::new(
+                "fraction",
+                format!("must be in (0, 1], got {f}"),
+            ));
+        }
+        for (knob, value) in [
+            ("offset", config.offset),
+            ("min_remaining", config.min_remaining),
+        ] {
+            if value > MAX_MARGIN {
+                return Err(ConfigError::new(
+                    knob,
+                    format!(
+                        "must be at most 1 min (time kept back for the network and the reply), got {value:?}"
+                    ),
+                ));
+            }
+        }
+        if let Some(timeout) = config.timeout {
+            for (knob, value) in [
+                ("offset", config.offset),
+                ("min_remaining", config.min_remaining),
+            ] {
+                if value >= timeout {
+                    return Err(ConfigError::new(
+                        knob,
+                        format!(
+                            "{value:?} is not shorter than `timeout` ({timeout:?}): no call could be sent"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(PropagateDeadlineLayer {
+            config,
+            name: Arc::default(),
+        })
+    }
+}
+fn min_deadline(a: Option<Deadline>, b: Deadline) -> Deadline {
+    a.map_or(b, |a| a.min(b))
+}
+
+impl OutboundConfig {
+    /// The call's effective deadline: the earliest of the task-local deadline, the request's
+    /// extension, a `grpc-timeout` the caller already set, `now + fraction × remaining` and
+    /// `now + timeout`.
+    pub(crate) fn deadline<B>(
+        &self,
+        now: Instant,
+        head: &Head,
+        req: &Request<B>,
+    ) -> Option<Deadline> {
+        let mut inherited = current();
+        if let Some(&d) = req.extensions().get::<Deadline>() {
+            inherited = Some(min_deadline(inherited, d));
+        }
+        if let Some(t) = head.timeout {
+            inherited = Some(min_deadline(inherited, Deadline::after_from(now, t)));
+        }
+        let mut deadline = inherited;
+        if let (Some(fraction), Some(d)) = (self.fraction, inherited) {
+            let share = scale(d.remaining_at(now), fraction);
+            deadline = Some(d.min(Deadline::after_from(now, share)));
+        }
+        if let Some(timeout) = self.timeout {
+            deadline = Some(min_deadline(deadline, Deadline::after_from(now, timeout)));
+        }
+        deadline
+    }
+}

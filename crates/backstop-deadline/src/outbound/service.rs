@@ -1,0 +1,112 @@
+use super::{Named, OutboundConfig, PropagateFuture, future::Meter};
+use crate::{Deadline, deadline::with_wire, grpc_timeout, head::Head};
+use backstop_core::{BoxError, grpc::GRPC_TIMEOUT};
+use http::{Request, Response};
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// The service built by [`PropagateDeadlineLayer`](crate::PropagateDeadlineLayer): sends the
+/// remaining time in `grpc-timeout` and bounds the call by it.
+#[derive(Debug, Clone)]
+pub struct PropagateDeadline<S> {
+    inner: S,
+    config: OutboundConfig,
+    /// The dependency's name and counter, with the `metrics` feature (nothing otherwise: a
+    /// clone of the service, made per request by many frameworks, then copies no `Arc`).
+    #[cfg(feature = "metrics")]
+    name: Arc<Named>,
+}
+
+impl<S> PropagateDeadline<S> {
+    /// Wraps `inner` with the default configuration of
+    /// [`PropagateDeadlineLayer::new`](crate::PropagateDeadlineLayer::new).
+    pub fn new(inner: S) -> Self {
+        let layer = crate::PropagateDeadlineLayer::new();
+        Self::from_config(inner, layer.config, layer.name)
+    }
+
+    pub(crate) fn from_config(inner: S, config: OutboundConfig, name: Arc<Named>) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = name;
+        Self {
+            inner,
+            config,
+            #[cfg(feature = "metrics")]
+            name,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for PropagateDeadline<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<crate::DeadlineBody<ResBody>>;
+    type Error = BoxError;
+    type Future = PropagateFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let now = Instant::now();
+        let head = Head::read(req.headers());
+        let grpc = head.grpc;
+        let Some(deadline) = self.config.deadline(now, &head, &req) else {
+            return PropagateFuture::unbounded(self.inner.call(req));
+        };
+        let remaining = deadline.remaining_at(now);
+        // Three significant digits, rounded down (at most 1 % short): consecutive calls send
+        // the same value, so its header value is shared rather than encoded and allocated
+        // again, and HPACK can index it.
+        let told = grpc_timeout::coarse_header_value(remaining.saturating_sub(self.config.offset));
+        let (value, told) = match told {
+            Some(told) if remaining >= self.config.min_remaining => told,
+            _ => return PropagateFuture::expired(grpc, self.meter()),
+        };
+        req.headers_mut().insert(GRPC_TIMEOUT, value);
+        // What the server was told: once this instant has passed, every failure of the call is
+        // the deadline's (a transport timer armed from our header, or the server giving up).
+        let wire_deadline = Deadline::after_from(now, told);
+        // Layers further in (retries, breakers) see the call's deadline as `current()`, in
+        // `call` and in every poll of their future: cheaper than a request extension, which
+        // would cost two allocations here and more in every copy of the request.
+        let future = with_wire(deadline, Some(wire_deadline.instant()), || {
+            self.inner.call(req)
+        });
+        PropagateFuture::bounded(future, deadline, wire_deadline, grpc, self.meter())
+    }
+}
+
+impl<S> PropagateDeadline<S> {
+    /// What a bounded call's future counts its expiry with (feature `metrics`; otherwise
+    /// nothing).
+    #[inline(always)]
+    fn meter(&self) -> Meter {
+        #[cfg(feature = "metrics")]
+        return self.name.expired().clone();
+        #[cfg(not(feature = "metrics"))]
+        Meter
+    }
+}
