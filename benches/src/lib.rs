@@ -4,7 +4,7 @@
 use backstop_breaker::BreakerConfig;
 use backstop_core::BoxError;
 use backstop_deadline::PropagateDeadlineLayer;
-use backstop_retry::{ReplayBody, RetryPolicy};
+use backstop_retry::{ReplayBody, RetryConfig};
 use http::{Request, Response};
 use std::{convert::Infallible, fmt::Debug, future::Ready, sync::Arc, time::Duration};
 use tower::{
@@ -111,7 +111,7 @@ pub fn tower_stack()
 pub fn backstop_retry()
 -> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
     ServiceBuilder::new()
-        .layer(RetryPolicy::http().build().unwrap())
+        .layer(RetryConfig::http().build().unwrap())
         .service(replay_target())
 }
 
@@ -125,7 +125,7 @@ pub fn backstop_full()
                 .build()
                 .unwrap(),
         )
-        .layer(RetryPolicy::http().build().unwrap())
+        .layer(RetryConfig::http().build().unwrap())
         .service(replay_target())
 }
 
@@ -316,7 +316,7 @@ pub fn backstop_budget_denied()
         .unwrap();
     ServiceBuilder::new()
         .layer(
-            RetryPolicy::http()
+            RetryConfig::http()
                 .budget(Arc::new(budget))
                 .build()
                 .unwrap(),

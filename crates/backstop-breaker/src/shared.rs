@@ -255,7 +255,7 @@ impl<C> Shared<C> {
     }
 }
 
-/// A breaker's state and window at one instant (see [`BreakerLayer::snapshot`]).
+/// A breaker's state and window at one instant (see [`BreakerLayer::snapshot`](crate::BreakerLayer::snapshot)).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Snapshot {

@@ -1,7 +1,7 @@
 //! The variants: the client and server stacks each one puts around the same dependency.
 
 use backstop::{
-    BoxError, ReplayBody, breaker::State, deadline::PropagateDeadlineLayer, retry::RetryPolicy,
+    BoxError, ReplayBody, breaker::State, deadline::PropagateDeadlineLayer, retry::RetryConfig,
     timeout::AttemptTimeoutLayer,
 };
 use bytes::Bytes;
@@ -267,7 +267,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                 })
                 .build()
                 .expect("valid breaker");
-            let retry = RetryPolicy::http()
+            let retry = RetryConfig::http()
                 .seed(config.seed)
                 .build()
                 .expect("valid retry policy");

@@ -33,9 +33,22 @@ pub struct BackoffState {
 }
 
 /// A backoff strategy: the delay before the next retry.
+///
+/// The constructors and setters of this module never fail; a strategy's knobs are checked
+/// once, by [`validate`](Backoff::validate), when the retry layer is built
+/// ([`RetryConfig::build`](crate::RetryConfig::build)), like every other knob of the layer.
 pub trait Backoff: fmt::Debug + Send + Sync {
     /// The delay before retry `state.retry`; implementations update `state` as they need.
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration;
+
+    /// Checks the strategy's knobs. Default: nothing to check.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the knob out of its range.
+    fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
 }
 
 /// The longest delay a backoff may be configured with: a retry an hour later serves no caller.
@@ -77,16 +90,17 @@ pub struct Decorrelated {
 }
 
 /// Decorrelated jitter (the default): each delay is uniform in `[base, min(cap, 3·prev)]`.
-///
-/// # Errors
-///
-/// When `base` is zero or `cap < base`.
-pub fn decorrelated(base: Duration, cap: Duration) -> Result<Decorrelated, ConfigError> {
-    check("base", base, cap)?;
-    Ok(Decorrelated { base, cap })
+/// `base` must be more than zero and `cap` between `base` and 1 h (checked by
+/// [`Backoff::validate`]).
+pub fn decorrelated(base: Duration, cap: Duration) -> Decorrelated {
+    Decorrelated { base, cap }
 }
 
 impl Backoff for Decorrelated {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check("base", self.base, self.cap)
+    }
+
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
         let prev = if state.prev.is_zero() {
             self.base
@@ -128,55 +142,31 @@ pub struct Exponential {
 /// With full jitter and a multiplier this is gRFC A6's own formula: retry `n` waits
 /// `random(0, min(initialBackoff × backoffMultiplier^(n−1), maxBackoff))`.
 ///
-/// # Errors
-///
-/// When `base` is zero or `cap < base`.
-pub fn exponential(base: Duration, cap: Duration) -> Result<Exponential, ConfigError> {
-    check("base", base, cap)?;
-    Ok(Exponential {
+/// `base` must be more than zero and `cap` between `base` and 1 h (checked by
+/// [`Backoff::validate`]).
+pub fn exponential(base: Duration, cap: Duration) -> Exponential {
+    Exponential {
         base,
         cap,
         jitter: Jitter::Full,
         multiplier: 2.0,
-    })
-}
-
-impl Exponential {
-    /// Sets the jitter.
-    ///
-    /// # Errors
-    ///
-    /// When a [`Jitter::Proportional`] factor is not in (0, 1].
-    pub fn jitter(mut self, jitter: Jitter) -> Result<Self, ConfigError> {
-        if let Jitter::Proportional(f) = jitter
-            && !(f > 0.0 && f <= 1.0)
-        {
-            return Err(ConfigError::new(
-                "jitter",
-                format!("proportional factor must be in (0, 1], got {f}"),
-            ));
-        }
-        self.jitter = jitter;
-        Ok(self)
     }
 }
 
 impl Exponential {
-    /// The envelope's growth per retry (default 2): `e = min(cap, base·multiplierⁿ⁻¹)`.
-    ///
-    /// # Errors
-    ///
-    /// Unless `multiplier` is a finite number greater than zero (gRFC A6's
-    /// `backoffMultiplier` rule).
-    pub fn multiplier(mut self, multiplier: f64) -> Result<Self, ConfigError> {
-        if !(multiplier.is_finite() && multiplier > 0.0) {
-            return Err(ConfigError::new(
-                "multiplier",
-                format!("must be a finite number greater than zero, got {multiplier}"),
-            ));
-        }
+    /// Sets the jitter (a [`Jitter::Proportional`] factor must be in (0, 1]).
+    #[must_use]
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The envelope's growth per retry (default 2): `e = min(cap, base·multiplierⁿ⁻¹)`. It
+    /// must be a finite number greater than zero (gRFC A6's `backoffMultiplier` rule).
+    #[must_use]
+    pub fn multiplier(mut self, multiplier: f64) -> Self {
         self.multiplier = multiplier;
-        Ok(self)
+        self
     }
 
     /// The envelope of retry `retry` (counted from 1).
@@ -196,6 +186,28 @@ impl Exponential {
 }
 
 impl Backoff for Exponential {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check("base", self.base, self.cap)?;
+        if let Jitter::Proportional(f) = self.jitter
+            && !(f > 0.0 && f <= 1.0)
+        {
+            return Err(ConfigError::new(
+                "jitter",
+                format!("proportional factor must be in (0, 1], got {f}"),
+            ));
+        }
+        if !(self.multiplier.is_finite() && self.multiplier > 0.0) {
+            return Err(ConfigError::new(
+                "multiplier",
+                format!(
+                    "must be a finite number greater than zero, got {}",
+                    self.multiplier
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
         let e = self.envelope(state.retry);
         let d = match self.jitter {
@@ -222,15 +234,17 @@ pub struct DecorrelatedV2 {
 /// Polly's "decorrelated jitter V2": delays whose median for retry `n` is about
 /// `median·2ⁿ⁻¹`, smooth (no spikes), never piling up at the cap (they are clamped to it).
 ///
-/// # Errors
-///
-/// When `median` is zero or `cap < median`.
-pub fn decorrelated_v2(median: Duration, cap: Duration) -> Result<DecorrelatedV2, ConfigError> {
-    check("median", median, cap)?;
-    Ok(DecorrelatedV2 { median, cap })
+/// `median` must be more than zero and `cap` between `median` and 1 h (checked by
+/// [`Backoff::validate`]).
+pub fn decorrelated_v2(median: Duration, cap: Duration) -> DecorrelatedV2 {
+    DecorrelatedV2 { median, cap }
 }
 
 impl Backoff for DecorrelatedV2 {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check("median", self.median, self.cap)
+    }
+
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
         // The formula of Polly's DecorrelatedJitterBackoffV2: with t = k + U(0, 1) for the
         // k-th retry counted from 0, f(t) = 2^t · tanh(√(p·t)); the delay is
@@ -255,12 +269,23 @@ impl Backoff for DecorrelatedV2 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Constant(Duration);
 
-/// The same delay before every retry (no jitter: prefer [`decorrelated`]).
+/// The same delay before every retry (no jitter: prefer [`decorrelated`]). Zero retries at
+/// once; the delay must be at most 1 h (checked by [`Backoff::validate`]).
 pub fn constant(delay: Duration) -> Constant {
     Constant(delay)
 }
 
 impl Backoff for Constant {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.0 > MAX_DELAY {
+            return Err(ConfigError::new(
+                "delay",
+                format!("must be at most 1h, got {:?}", self.0),
+            ));
+        }
+        Ok(())
+    }
+
     fn next_delay(&self, state: &mut BackoffState, _: &mut Rng) -> Duration {
         state.prev = self.0;
         self.0
@@ -287,7 +312,7 @@ mod tests {
 
     #[test]
     fn a_fixed_seed_gives_an_exact_sequence() {
-        let b = decorrelated(10 * MS, 1000 * MS).unwrap();
+        let b = decorrelated(10 * MS, 1000 * MS);
         assert_eq!(run(&b, 7, 6), run(&b, 7, 6));
         assert_ne!(run(&b, 7, 6), run(&b, 8, 6));
     }
@@ -296,11 +321,8 @@ mod tests {
     #[test]
     fn a6_backoff_is_exponential_with_a_multiplier_and_full_jitter() {
         let envelope = exponential(100 * MS, 1000 * MS)
-            .unwrap()
             .multiplier(1.5)
-            .unwrap()
-            .jitter(Jitter::None)
-            .unwrap();
+            .jitter(Jitter::None);
         assert_eq!(
             run(&envelope, 1, 7),
             [
@@ -309,10 +331,7 @@ mod tests {
             .map(Duration::from_micros)
             .to_vec()
         );
-        let a6 = exponential(100 * MS, 1000 * MS)
-            .unwrap()
-            .multiplier(1.5)
-            .unwrap();
+        let a6 = exponential(100 * MS, 1000 * MS).multiplier(1.5);
         for seed in 0..50 {
             for (n, d) in run(&a6, seed, 7).into_iter().enumerate() {
                 let e = envelope.envelope(n as u32 + 1);
@@ -320,25 +339,19 @@ mod tests {
             }
         }
         // A multiplier below 1 shrinks, far retries do not overflow, and bad ones are named.
-        let shrink = exponential(100 * MS, 1000 * MS)
-            .unwrap()
-            .multiplier(0.5)
-            .unwrap();
+        let shrink = exponential(100 * MS, 1000 * MS).multiplier(0.5);
         assert_eq!(shrink.envelope(2), 50 * MS);
-        let huge = exponential(MS, 1000 * MS).unwrap().multiplier(1e9).unwrap();
+        let huge = exponential(MS, 1000 * MS).multiplier(1e9);
         assert_eq!(huge.envelope(u32::MAX), 1000 * MS);
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            let err = exponential(MS, MS).unwrap().multiplier(bad).unwrap_err();
+            let err = exponential(MS, MS).multiplier(bad).validate().unwrap_err();
             assert_eq!(err.knob(), "multiplier");
         }
     }
 
     #[test]
     fn exponential_without_jitter_doubles_to_the_cap() {
-        let b = exponential(10 * MS, 100 * MS)
-            .unwrap()
-            .jitter(Jitter::None)
-            .unwrap();
+        let b = exponential(10 * MS, 100 * MS).jitter(Jitter::None);
         assert_eq!(
             run(&b, 1, 6),
             [10, 20, 40, 80, 100, 100].map(|m| m * MS).to_vec()
@@ -358,16 +371,34 @@ mod tests {
 
     #[test]
     fn configuration_is_validated() {
-        assert_eq!(decorrelated(Duration::ZERO, MS).unwrap_err().knob(), "base");
-        assert_eq!(decorrelated(2 * MS, MS).unwrap_err().knob(), "cap");
-        assert_eq!(exponential(Duration::ZERO, MS).unwrap_err().knob(), "base");
         assert_eq!(
-            decorrelated_v2(Duration::ZERO, MS).unwrap_err().knob(),
+            decorrelated(Duration::ZERO, MS)
+                .validate()
+                .unwrap_err()
+                .knob(),
+            "base"
+        );
+        assert_eq!(
+            decorrelated(2 * MS, MS).validate().unwrap_err().knob(),
+            "cap"
+        );
+        assert_eq!(
+            exponential(Duration::ZERO, MS)
+                .validate()
+                .unwrap_err()
+                .knob(),
+            "base"
+        );
+        assert_eq!(
+            decorrelated_v2(Duration::ZERO, MS)
+                .validate()
+                .unwrap_err()
+                .knob(),
             "median"
         );
         for f in [0.0, 1.5, f64::NAN] {
-            let err = exponential(MS, MS).unwrap().jitter(Jitter::Proportional(f));
-            assert_eq!(err.unwrap_err().knob(), "jitter");
+            let err = exponential(MS, MS).jitter(Jitter::Proportional(f));
+            assert_eq!(err.validate().unwrap_err().knob(), "jitter");
         }
     }
 
@@ -389,30 +420,18 @@ mod tests {
     #[test]
     fn no_point_mass_at_the_cap() {
         let cap = 200 * MS;
-        assert!(share_at_cap(&decorrelated(10 * MS, cap).unwrap(), cap, 10) < 0.01);
-        assert!(share_at_cap(&exponential(10 * MS, cap).unwrap(), cap, 10) < 0.01);
-        assert!(
-            share_at_cap(
-                &exponential(10 * MS, cap)
-                    .unwrap()
-                    .jitter(Jitter::Equal)
-                    .unwrap(),
-                cap,
-                10
-            ) < 0.01
-        );
+        assert!(share_at_cap(&decorrelated(10 * MS, cap), cap, 10) < 0.01);
+        assert!(share_at_cap(&exponential(10 * MS, cap), cap, 10) < 0.01);
+        assert!(share_at_cap(&exponential(10 * MS, cap).jitter(Jitter::Equal), cap, 10) < 0.01);
         // Without jitter every late retry sits on the cap: the failure mode the others avoid.
-        let none = exponential(10 * MS, cap)
-            .unwrap()
-            .jitter(Jitter::None)
-            .unwrap();
+        let none = exponential(10 * MS, cap).jitter(Jitter::None);
         assert!(share_at_cap(&none, cap, 10) >= 0.5);
     }
 
     #[test]
     fn decorrelated_quantiles_follow_the_uniform_envelope() {
         // First retry: uniform in [base, 3·base] = [10, 30] ms; median ≈ 20 ms.
-        let b = decorrelated(10 * MS, 1000 * MS).unwrap();
+        let b = decorrelated(10 * MS, 1000 * MS);
         let mut firsts: Vec<Duration> = (0..4000).map(|s| run(&b, s, 1)[0]).collect();
         firsts.sort();
         let q = |p: f64| firsts[((firsts.len() as f64) * p) as usize].as_secs_f64() * 1000.0;
@@ -423,7 +442,7 @@ mod tests {
 
     #[test]
     fn decorrelated_v2_median_grows_about_twofold() {
-        let b = decorrelated_v2(100 * MS, Duration::from_secs(3600)).unwrap();
+        let b = decorrelated_v2(100 * MS, Duration::from_secs(3600));
         let median_of = |retry: usize| {
             let mut v: Vec<f64> = (0..2000)
                 .map(|s| run(&b, s, 6)[retry].as_secs_f64())
@@ -446,10 +465,7 @@ mod tests {
     /// the cap. The envelope is now capped before sampling.
     #[test]
     fn proportional_jitter_does_not_pile_up_at_the_cap() {
-        let b = exponential(10 * MS, 200 * MS)
-            .unwrap()
-            .jitter(Jitter::Proportional(0.5))
-            .unwrap();
+        let b = exponential(10 * MS, 200 * MS).jitter(Jitter::Proportional(0.5));
         let delays: Vec<Duration> = (0..2000).flat_map(|s| run(&b, s, 8)).collect();
         let at_cap = delays.iter().filter(|&&d| d == 200 * MS).count();
         assert!(
@@ -470,11 +486,11 @@ mod tests {
         ) {
             let base = Duration::from_millis(base_ms);
             let cap = base + Duration::from_millis(extra_ms);
-            for d in run(&decorrelated(base, cap).unwrap(), seed, 12) {
+            for d in run(&decorrelated(base, cap), seed, 12) {
                 prop_assert!(d >= base && d <= cap);
             }
             for jitter in [Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Proportional(f)] {
-                let b = exponential(base, cap).unwrap().jitter(jitter).unwrap();
+                let b = exponential(base, cap).jitter(jitter);
                 for (i, d) in run(&b, seed, 12).into_iter().enumerate() {
                     let e = base.saturating_mul(1 << i).min(cap);
                     prop_assert!(d <= cap);
@@ -486,7 +502,7 @@ mod tests {
                     }
                 }
             }
-            for d in run(&decorrelated_v2(base, cap).unwrap(), seed, 12) {
+            for d in run(&decorrelated_v2(base, cap), seed, 12) {
                 prop_assert!(d <= cap);
             }
         }

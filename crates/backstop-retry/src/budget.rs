@@ -357,7 +357,7 @@ impl Budget for RatioBudget {
 /// ```
 /// use backstop_retry::{Budget, GrpcThrottle};
 ///
-/// let throttle = GrpcThrottle::new(10, 0.1).unwrap();
+/// let throttle = GrpcThrottle::builder().max_tokens(10).token_ratio(0.1).build().unwrap();
 /// assert!(throttle.try_withdraw()); // starts full
 /// for _ in 0..5 {
 ///     throttle.record_failure();
@@ -372,16 +372,51 @@ pub struct GrpcThrottle {
     ratio: u64,
 }
 
+/// Builds a [`GrpcThrottle`]: the setters take any value, [`build`](Self::build) checks them.
+#[derive(Debug, Clone, Copy)]
+pub struct GrpcThrottleBuilder {
+    max_tokens: u32,
+    token_ratio: f64,
+}
+
 impl GrpcThrottle {
-    /// A full bucket of `max_tokens` (1–1000), refilled by `token_ratio` (0–1, at most 3
-    /// decimals, as A6 specifies) per success.
+    /// A builder with A6's example values: 10 tokens, 0.1 per success.
+    pub fn builder() -> GrpcThrottleBuilder {
+        GrpcThrottleBuilder {
+            max_tokens: 10,
+            token_ratio: 0.1,
+        }
+    }
+}
+
+impl GrpcThrottleBuilder {
+    /// The bucket's size, 1–1000 (A6's `maxTokens`; default 10). The bucket starts full.
+    #[must_use]
+    pub fn max_tokens(mut self, max_tokens: u32) -> Self {
+        self.max_tokens = max_tokens;
+        self
+    }
+
+    /// Tokens a success adds (A6's `tokenRatio`; default 0.1), kept to 3 decimals as A6
+    /// specifies.
+    #[must_use]
+    pub fn token_ratio(mut self, token_ratio: f64) -> Self {
+        self.token_ratio = token_ratio;
+        self
+    }
+
+    /// Checks the knobs and builds the throttle.
     ///
     /// # Errors
     ///
     /// When `max_tokens` is 0 or over 1000, or `token_ratio` is not a number greater than zero
     /// (A6: "typically between 0 and 1"; a larger one refills faster, up to `max_tokens`) and
     /// at most `max_tokens`.
-    pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Self, ConfigError> {
+    pub fn build(self) -> Result<GrpcThrottle, ConfigError> {
+        let Self {
+            max_tokens,
+            token_ratio,
+        } = self;
         if max_tokens == 0 || max_tokens > 1000 {
             return Err(ConfigError::new(
                 "max_tokens",
@@ -395,7 +430,7 @@ impl GrpcThrottle {
             ));
         }
         let max = u64::from(max_tokens) * 1000;
-        Ok(Self {
+        Ok(GrpcThrottle {
             tokens: AtomicU64::new(max),
             max,
             ratio: (token_ratio * 1000.0).round() as u64,
@@ -716,13 +751,31 @@ mod tests {
                 .knob(),
             "ttl"
         );
-        assert_eq!(GrpcThrottle::new(0, 0.1).unwrap_err().knob(), "max_tokens");
         assert_eq!(
-            GrpcThrottle::new(1001, 0.1).unwrap_err().knob(),
+            GrpcThrottle::builder()
+                .max_tokens(0)
+                .token_ratio(0.1)
+                .build()
+                .unwrap_err()
+                .knob(),
             "max_tokens"
         );
         assert_eq!(
-            GrpcThrottle::new(10, 0.0).unwrap_err().knob(),
+            GrpcThrottle::builder()
+                .max_tokens(1001)
+                .token_ratio(0.1)
+                .build()
+                .unwrap_err()
+                .knob(),
+            "max_tokens"
+        );
+        assert_eq!(
+            GrpcThrottle::builder()
+                .max_tokens(10)
+                .token_ratio(0.0)
+                .build()
+                .unwrap_err()
+                .knob(),
             "token_ratio"
         );
         assert!(RatioBudget::builder().ratio(1.0).build().is_ok());
@@ -730,7 +783,11 @@ mod tests {
 
     #[test]
     fn grpc_throttle_follows_a6() {
-        let t = GrpcThrottle::new(4, 0.5).unwrap();
+        let t = GrpcThrottle::builder()
+            .max_tokens(4)
+            .token_ratio(0.5)
+            .build()
+            .unwrap();
         assert_eq!(t.balance(), 4.0);
         t.record_failure();
         assert!(t.try_withdraw()); // 3 > 2

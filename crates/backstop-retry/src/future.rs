@@ -484,7 +484,7 @@ where
 
 /// The next backoff delay; `state.retry` counts the retries since the backoff started over.
 fn next_backoff<C>(
-    policy: &crate::RetryPolicy<C>,
+    policy: &crate::RetryConfig<C>,
     state: &mut BackoffState,
     rng: &mut Rng,
 ) -> Duration {

@@ -1,7 +1,7 @@
 //! Hedging: when an attempt is slower than usual, send another copy and take whichever answers
 //! first — the tail-latency cure of gRPC A6's `hedgingPolicy`, budgeted like retries.
 //!
-//! Configure it on a [`RetryPolicy`](crate::RetryPolicy) with [`Hedging`]; the client preset
+//! Configure it on a [`RetryConfig`](crate::RetryConfig) with [`Hedging`]; the client preset
 //! of the `backstop` facade takes the delay from the dependency's measured latency.
 //!
 //! # Rules (gRPC A6 hedging, and where backstop differs)
@@ -83,15 +83,15 @@ impl HedgeDelay for Duration {
     }
 }
 
-/// A hedging configuration for [`RetryPolicy::hedging`](crate::RetryPolicy::hedging); the
+/// A hedging configuration for [`RetryConfig::hedging`](crate::RetryConfig::hedging); the
 /// rules are in the [module docs](self).
 ///
 /// ```
-/// use backstop_retry::{Idempotency, RetryPolicy, hedge::Hedging};
+/// use backstop_retry::{Idempotency, RetryConfig, hedge::Hedging};
 /// use std::time::Duration;
 ///
 /// // Up to three attempts, 40 ms apart, for any request.
-/// let layer = RetryPolicy::grpc()
+/// let layer = RetryConfig::grpc()
 ///     .hedging(Hedging::new(Duration::from_millis(40)).max_attempts(3))
 ///     .idempotency(Idempotency::All)
 ///     .build()
@@ -114,7 +114,7 @@ impl Hedging {
     }
 
     /// Attempts in all, the first included: 2 ..= [`MAX_ATTEMPTS_LIMIT`](crate::MAX_ATTEMPTS_LIMIT)
-    /// (checked by [`RetryPolicy::build`](crate::RetryPolicy::build)). Default 2.
+    /// (checked by [`RetryConfig::build`](crate::RetryConfig::build)). Default 2.
     #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = n;

@@ -1,11 +1,11 @@
-use crate::{Retry, RetryPolicy, stats::Stats};
+use crate::{Retry, RetryConfig, stats::Stats};
 use backstop_core::stripe;
 use std::sync::Arc;
 use tower_layer::Layer;
 
 /// Retries failed requests within their deadline and a shared budget.
 ///
-/// Built by [`RetryPolicy::build`]; see the [crate docs](crate#semantics). Clones share one
+/// Built by [`RetryConfig::build`]; see the [crate docs](crate#semantics). Clones share one
 /// budget and one set of [counters](RetryLayer::stats).
 #[derive(Debug)]
 pub struct RetryLayer<C> {
@@ -24,7 +24,7 @@ impl<C> Clone for RetryLayer<C> {
 
 #[derive(Debug)]
 pub(crate) struct Shared<C> {
-    pub(crate) policy: RetryPolicy<C>,
+    pub(crate) policy: RetryConfig<C>,
     pub(crate) stats: Stats,
     pub(crate) name: backstop_core::DependencyName,
     /// Which of the dependency's methods this layer serves (a gRPC service config's entry):
@@ -42,12 +42,12 @@ pub(crate) type Handles<C> = stripe::Handles<Shared<C>>;
 pub(crate) type Handle<C> = stripe::Handle<Shared<C>>;
 
 impl<C> RetryLayer<C> {
-    /// The layer for a policy; same as [`RetryPolicy::build`].
+    /// The layer for a policy; same as [`RetryConfig::build`].
     ///
     /// # Errors
     ///
-    /// As [`RetryPolicy::build`].
-    pub fn new(policy: RetryPolicy<C>) -> Result<Self, backstop_core::ConfigError> {
+    /// As [`RetryConfig::build`].
+    pub fn new(policy: RetryConfig<C>) -> Result<Self, backstop_core::ConfigError> {
         policy.build()
     }
 
@@ -56,7 +56,7 @@ impl<C> RetryLayer<C> {
     ///
     /// # Errors
     ///
-    /// As [`RetryPolicy::build`].
+    /// As [`RetryConfig::build`].
     pub fn with_hedging(
         &self,
         hedging: crate::hedge::Hedging,
@@ -95,11 +95,11 @@ impl<C> RetryLayer<C> {
     }
 
     /// The policy this layer was built from.
-    pub fn policy(&self) -> &RetryPolicy<C> {
+    pub fn policy(&self) -> &RetryConfig<C> {
         &self.shared.policy
     }
 
-    pub(crate) fn from_policy(policy: RetryPolicy<C>) -> Self {
+    pub(crate) fn from_policy(policy: RetryConfig<C>) -> Self {
         let shared = Arc::new(Shared {
             policy,
             stats: Stats::new(stripe::count()),

@@ -5,7 +5,7 @@
 //! # Example
 //!
 //! ```
-//! use backstop_retry::{RetryPolicy, ReplayBody};
+//! use backstop_retry::{RetryConfig, ReplayBody};
 //! use http::{Request, Response, StatusCode};
 //! use std::sync::{atomic::{AtomicUsize, Ordering}, Arc};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
@@ -25,7 +25,7 @@
 //!     }
 //! });
 //!
-//! let retry = RetryPolicy::http().max_attempts(3).seed(7).build()?;
+//! let retry = RetryConfig::http().max_attempts(3).seed(7).build()?;
 //! let client = ServiceBuilder::new().layer(retry.clone()).service(dependency);
 //!
 //! let response = client.oneshot(Request::get("/").body(String::new())?).await?;
@@ -39,7 +39,7 @@
 //! # Semantics
 //!
 //! Each attempt's result is classified once ([`Classify`](backstop_core::Classify); presets
-//! [`RetryPolicy::http`] and [`RetryPolicy::grpc`]). Then, in this order, and only if every
+//! [`RetryConfig::http`] and [`RetryConfig::grpc`]). Then, in this order, and only if every
 //! step allows it, the request is sent again; otherwise the last result is returned unchanged,
 //! at once ([`GiveUp`] names the step, in [`RetryStats`] and in a `tracing` event):
 //!
@@ -82,7 +82,7 @@
 //! counts (a timeout out here would cancel the attempt, which the breaker never counts): the
 //! facade's client presets measure one, or put `backstop::timeout::AttemptTimeoutLayer` under
 //! the breaker. Its [`AttemptTimedOut`](backstop_core::AttemptTimedOut) is a retryable failure
-//! for idempotent requests. (`RetryPolicy::attempt_timeout`, which bounded attempts out here,
+//! for idempotent requests. (`RetryConfig::attempt_timeout`, which bounded attempts out here,
 //! was removed.)
 //!
 //! **What the budget hears.** Each logical request that succeeds deposits once; a gRPC call
@@ -154,11 +154,11 @@ mod template;
 
 pub use backoff::Backoff;
 pub use body::RetryBody;
-pub use budget::{Budget, GrpcThrottle, RatioBudget, RatioBudgetBuilder};
+pub use budget::{Budget, GrpcThrottle, GrpcThrottleBuilder, RatioBudget, RatioBudgetBuilder};
 pub use error::RetryError;
 pub use future::ResponseFuture;
 pub use layer::RetryLayer;
-pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryOverrides, RetryPolicy};
+pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryConfig, RetryOverrides};
 pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};
 pub use replay::{BodyFailedEarlier, BodySuperseded, ReplayBody};
 pub use service::Retry;

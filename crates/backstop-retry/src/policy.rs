@@ -112,15 +112,15 @@ impl Idempotency {
     }
 }
 
-/// What a [`RetryLayer`] does: presets [`RetryPolicy::http`] and [`RetryPolicy::grpc`], tuned
-/// with the knob methods and validated by [`build`](RetryPolicy::build).
+/// What a [`RetryLayer`] does: presets [`RetryConfig::http`] and [`RetryConfig::grpc`], tuned
+/// with the knob methods and validated by [`build`](RetryConfig::build).
 ///
 /// Defaults of both presets: 3 attempts (the first included), [`backoff::decorrelated`]
 /// from 25 ms to 1 s, a [`RatioBudget`] with its defaults (10 %, 10 s, 10/s reserve), no
 /// per-attempt timeout, `min_attempt_time` 1 ms, `max_replay_bytes` 64 KiB,
 /// [`Idempotency::Standard`], server hints honoured up to 30 s.
 #[derive(Debug, Clone)]
-pub struct RetryPolicy<C> {
+pub struct RetryConfig<C> {
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Arc<dyn Backoff>,
     pub(crate) budget: Option<Arc<dyn Budget>>,
@@ -133,14 +133,14 @@ pub struct RetryPolicy<C> {
     pub(crate) hedging: Option<crate::hedge::Hedging>,
 }
 
-impl RetryPolicy<HttpClassifier> {
+impl RetryConfig<HttpClassifier> {
     /// The preset for HTTP clients: [`HttpClassifier`] and the defaults above.
     pub fn http() -> Self {
         Self::with_classifier(HttpClassifier::new())
     }
 }
 
-impl RetryPolicy<GrpcClassifier> {
+impl RetryConfig<GrpcClassifier> {
     /// The preset for gRPC clients: [`GrpcClassifier`] (UNAVAILABLE retried, trailers-only
     /// failures only) and the defaults above.
     pub fn grpc() -> Self {
@@ -148,15 +148,15 @@ impl RetryPolicy<GrpcClassifier> {
     }
 }
 
-impl<C> RetryPolicy<C> {
+impl<C> RetryConfig<C> {
     /// The defaults above with a classifier of your own.
     pub fn with_classifier(classifier: C) -> Self {
         Self {
             max_attempts: 3,
-            backoff: Arc::new(
-                backoff::decorrelated(Duration::from_millis(25), Duration::from_secs(1))
-                    .expect("valid default backoff"),
-            ),
+            backoff: Arc::new(backoff::decorrelated(
+                Duration::from_millis(25),
+                Duration::from_secs(1),
+            )),
             budget: Some(Arc::new(RatioBudget::new())),
             classifier,
             min_attempt_time: Duration::from_millis(1),
@@ -201,8 +201,8 @@ impl<C> RetryPolicy<C> {
 
     /// Replaces the classifier.
     #[must_use]
-    pub fn classifier<D>(self, classifier: D) -> RetryPolicy<D> {
-        RetryPolicy {
+    pub fn classifier<D>(self, classifier: D) -> RetryConfig<D> {
+        RetryConfig {
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             budget: self.budget,
@@ -269,9 +269,11 @@ impl<C> RetryPolicy<C> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming the knob when `max_attempts` is 0 or more than 10,
-    /// `min_attempt_time` is longer than 1 h, or `hedging.max_attempts` is not in 2..=10.
+    /// A [`ConfigError`] naming the knob when a knob of the backoff is out of its range
+    /// ([`Backoff::validate`]), `max_attempts` is 0 or more than 10, `min_attempt_time` is
+    /// longer than 1 h, or `hedging.max_attempts` is not in 2..=10.
     pub fn build(self) -> Result<RetryLayer<C>, ConfigError> {
+        self.backoff.validate()?;
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_LIMIT {
             return Err(ConfigError::new(
                 "max_attempts",
@@ -333,18 +335,18 @@ mod tests {
     #[test]
     fn configuration_is_validated() {
         for n in [0, 11] {
-            let err = RetryPolicy::http().max_attempts(n).build().unwrap_err();
+            let err = RetryConfig::http().max_attempts(n).build().unwrap_err();
             assert_eq!(err.knob(), "max_attempts");
         }
-        assert!(RetryPolicy::grpc().max_attempts(10).build().is_ok());
-        let err = RetryPolicy::http()
+        assert!(RetryConfig::grpc().max_attempts(10).build().is_ok());
+        let err = RetryConfig::http()
             .min_attempt_time(Duration::MAX)
             .build()
             .unwrap_err();
         assert_eq!(err.knob(), "min_attempt_time");
         assert!(err.to_string().contains("at most 1h"), "{err}");
         assert!(
-            RetryPolicy::http()
+            RetryConfig::http()
                 .min_attempt_time(Duration::from_secs(3600))
                 .build()
                 .is_ok()
@@ -353,14 +355,24 @@ mod tests {
         use crate::backoff::{decorrelated, decorrelated_v2, exponential};
         let max = Duration::MAX;
         let ms = Duration::from_millis(1);
+        // Every backoff knob out of range is named, when the layer is built (the backoff's
+        // constructors and setters never fail).
+        let build = |b: &dyn Fn(RetryConfig<_>) -> RetryConfig<_>| {
+            b(RetryConfig::http()).build().unwrap_err()
+        };
         for err in [
-            decorrelated(max, max).unwrap_err(),
-            exponential(ms, max).unwrap_err(),
-            decorrelated_v2(ms, Duration::from_secs(3601)).unwrap_err(),
+            build(&|p| p.backoff(decorrelated(max, max))),
+            build(&|p| p.backoff(exponential(ms, max))),
+            build(&|p| p.backoff(decorrelated_v2(ms, Duration::from_secs(3601)))),
         ] {
             assert_eq!(err.knob(), "cap", "{err}");
         }
-        assert_eq!(decorrelated(Duration::ZERO, ms).unwrap_err().knob(), "base");
+        let err = build(&|p| p.backoff(decorrelated(Duration::ZERO, ms)));
+        assert_eq!(err.knob(), "base");
+        let err = build(&|p| p.backoff(exponential(ms, ms).multiplier(0.0)));
+        assert_eq!(err.knob(), "multiplier");
+        let err = build(&|p| p.backoff(crate::backoff::constant(Duration::from_secs(3601))));
+        assert_eq!(err.knob(), "delay");
     }
 
     /// `max_replay_bytes(0)` keeps nothing: a request with a body goes once, one without a
@@ -381,7 +393,7 @@ mod tests {
                     )
                 }
             });
-            let layer = RetryPolicy::http()
+            let layer = RetryConfig::http()
                 .max_replay_bytes(0)
                 .no_budget()
                 .build()

@@ -3,7 +3,7 @@
 
 use backstop_core::{Code, GrpcClassifier};
 use backstop_retry::{
-    Budget, GrpcThrottle, RatioBudget, ReplayBody, RetryLayer, RetryPolicy,
+    Budget, GrpcThrottle, RatioBudget, ReplayBody, RetryConfig, RetryLayer,
     backoff::{self, Jitter},
 };
 use bytes::Bytes;
@@ -77,8 +77,14 @@ fn gaps(sent: &[Duration]) -> Vec<Duration> {
 /// with a retryable status, or a "do not retry" pushback.
 #[tokio::test(start_paused = true)]
 async fn the_throttle_counts_only_retryable_failures() {
-    let throttle = Arc::new(GrpcThrottle::new(10, 0.1).unwrap());
-    let layer = RetryPolicy::grpc()
+    let throttle = Arc::new(
+        GrpcThrottle::builder()
+            .max_tokens(10)
+            .token_ratio(0.1)
+            .build()
+            .unwrap(),
+    );
+    let layer = RetryConfig::grpc()
         .budget(throttle.clone())
         .backoff(backoff::constant(MS))
         .build()
@@ -101,7 +107,7 @@ async fn the_throttle_counts_only_retryable_failures() {
 #[tokio::test(start_paused = true)]
 async fn the_retryable_set_alone_decides() {
     let policy = || {
-        RetryPolicy::grpc()
+        RetryConfig::grpc()
             .no_budget()
             .backoff(backoff::constant(MS))
     };
@@ -124,15 +130,10 @@ async fn the_retryable_set_alone_decides() {
 /// ms). A6: retry in exactly n ms, and the backoff starts over from its initial value.
 #[tokio::test(start_paused = true)]
 async fn a_pushback_is_when_to_retry_and_resets_the_backoff() {
-    let layer = RetryPolicy::grpc()
+    let layer = RetryConfig::grpc()
         .no_budget()
         .max_attempts(5)
-        .backoff(
-            backoff::exponential(100 * MS, Duration::from_secs(10))
-                .unwrap()
-                .jitter(Jitter::None)
-                .unwrap(),
-        )
+        .backoff(backoff::exponential(100 * MS, Duration::from_secs(10)).jitter(Jitter::None))
         .build()
         .unwrap();
     let answers = [
@@ -175,7 +176,7 @@ fn trailers(code: u16) -> HeaderMap {
 
 /// Sends a committed response, then `end` on its body, and drains the body the caller got.
 async fn committed_call(budget: Arc<dyn Budget>, end: Option<u16>) {
-    let layer = RetryPolicy::grpc().budget(budget).build().unwrap();
+    let layer = RetryConfig::grpc().budget(budget).build().unwrap();
     let (mock, mut handle) = mock::pair::<Req, Streamed>();
     let mut call = tokio_test::task::spawn(layer.layer(mock).oneshot(grpc()));
     assert_pending!(call.poll());
@@ -223,7 +224,13 @@ async fn a_failure_in_trailers_is_no_success() {
         "a stream without a status is no success"
     );
 
-    let throttle = Arc::new(GrpcThrottle::new(10, 0.5).unwrap());
+    let throttle = Arc::new(
+        GrpcThrottle::builder()
+            .max_tokens(10)
+            .token_ratio(0.5)
+            .build()
+            .unwrap(),
+    );
     committed_call(throttle.clone(), Some(14)).await;
     assert_eq!(throttle.balance(), 9.0, "A6: a failed RPC takes a token");
     committed_call(throttle.clone(), Some(0)).await;

@@ -3,7 +3,7 @@
 use backstop_core::{BoxError, Rejection};
 use backstop_deadline::Deadline;
 use backstop_retry::{
-    Budget, GiveUp, Idempotency, RatioBudget, ReplayBody, RetryLayer, RetryPolicy, backoff,
+    Budget, GiveUp, Idempotency, RatioBudget, ReplayBody, RetryConfig, RetryLayer, backoff,
 };
 use bytes::Bytes;
 use http::{Request, Response};
@@ -47,8 +47,8 @@ fn grpc() -> Request<String> {
 }
 
 /// A deterministic policy: fixed 10 ms backoff, no budget unless given.
-fn policy() -> RetryPolicy<backstop_core::HttpClassifier> {
-    RetryPolicy::http()
+fn policy() -> RetryConfig<backstop_core::HttpClassifier> {
+    RetryConfig::http()
         .backoff(backoff::constant(10 * MS))
         .no_budget()
         .seed(1)
@@ -430,7 +430,7 @@ async fn max_attempts_one_passes_the_request_through() {
 #[tokio::test(start_paused = true)]
 async fn the_same_seed_gives_the_same_retry_instants() {
     async fn second_attempt_at(seed: u64) -> Duration {
-        let layer = RetryPolicy::http().no_budget().seed(seed).build().unwrap();
+        let layer = RetryConfig::http().no_budget().seed(seed).build().unwrap();
         let t0 = Instant::now();
         let mut h = start(layer, get());
         h.answer(503).await;
@@ -452,7 +452,7 @@ async fn the_same_seed_gives_the_same_retry_instants() {
 
 #[tokio::test(start_paused = true)]
 async fn grpc_trailers_only_failures_are_retried_with_the_attempt_count() {
-    let layer = RetryPolicy::grpc()
+    let layer = RetryConfig::grpc()
         .backoff(backoff::constant(10 * MS))
         .no_budget()
         .build()
@@ -492,7 +492,7 @@ async fn grpc_trailers_only_failures_are_retried_with_the_attempt_count() {
 
 #[tokio::test(start_paused = true)]
 async fn post_is_never_sent_twice_for_grpc_without_a_safe_code() {
-    let layer = RetryPolicy::grpc().no_budget().build().unwrap();
+    let layer = RetryConfig::grpc().no_budget().build().unwrap();
     let (mock, mut handle) = mock::pair::<Req, Response<String>>();
     let mut call = tokio_test::task::spawn(layer.layer(mock).oneshot(grpc()));
     assert_pending!(call.poll());

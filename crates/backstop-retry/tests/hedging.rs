@@ -4,7 +4,7 @@
 use backstop_core::BoxError;
 use backstop_deadline::Deadline;
 use backstop_retry::{
-    Budget, GiveUp, Idempotency, ReplayBody, RetryLayer, RetryPolicy,
+    Budget, GiveUp, Idempotency, ReplayBody, RetryConfig, RetryLayer,
     hedge::{HedgeDelay, Hedging},
 };
 use bytes::Bytes;
@@ -134,7 +134,7 @@ fn get() -> Request<Full<Bytes>> {
 }
 
 fn hedged(delay: u64, max_attempts: u32) -> RetryLayer<backstop_core::HttpClassifier> {
-    RetryPolicy::http()
+    RetryConfig::http()
         .hedging(Hedging::new(Duration::from_millis(delay)).max_attempts(max_attempts))
         .no_budget()
         .seed(1)
@@ -210,7 +210,7 @@ async fn every_attempt_failing_returns_the_last_failure() {
 }
 
 fn grpc_hedged(delay: u64, max_attempts: u32) -> RetryLayer<backstop_core::GrpcClassifier> {
-    RetryPolicy::grpc()
+    RetryConfig::grpc()
         .hedging(Hedging::new(Duration::from_millis(delay)).max_attempts(max_attempts))
         .idempotency(Idempotency::All)
         .no_budget()
@@ -329,7 +329,7 @@ async fn every_hedge_takes_a_token_from_the_retry_budget() {
         asked: AtomicUsize::new(0),
     });
     let (svc, log) = dependency(vec![(1_000, ok())]);
-    let layer = RetryPolicy::http()
+    let layer = RetryConfig::http()
         .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(4))
         .budget(tokens.clone())
         .build()
@@ -344,7 +344,7 @@ async fn every_hedge_takes_a_token_from_the_retry_budget() {
 #[tokio::test(start_paused = true)]
 async fn no_hedge_without_time_left() {
     let (svc, log) = dependency(vec![(1_000, ok())]);
-    let layer = RetryPolicy::http()
+    let layer = RetryConfig::http()
         .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(3))
         .min_attempt_time(Duration::from_millis(60))
         .no_budget()
@@ -393,7 +393,7 @@ impl HedgeDelay for NotYet {
 #[tokio::test(start_paused = true)]
 async fn without_a_delay_the_request_is_retried_as_before() {
     let (svc, log) = dependency(vec![(10, http_status(503)), (10, ok())]);
-    let layer = RetryPolicy::http()
+    let layer = RetryConfig::http()
         .hedging(Hedging::new(NotYet).max_attempts(3))
         .no_budget()
         .seed(3)
@@ -409,7 +409,7 @@ async fn without_a_delay_the_request_is_retried_as_before() {
 #[test]
 fn hedging_max_attempts_is_validated() {
     for n in [0, 1, 11] {
-        let err = RetryPolicy::http()
+        let err = RetryConfig::http()
             .hedging(Hedging::new(Duration::from_millis(10)).max_attempts(n))
             .build()
             .unwrap_err();

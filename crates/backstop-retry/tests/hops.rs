@@ -2,7 +2,7 @@
 //! `max_attempts` attempts per user request instead of `max_attempts²`.
 
 use backstop_core::BoxError;
-use backstop_retry::{PushbackLayer, ReplayBody, RetryPolicy, backoff, retries_exhausted};
+use backstop_retry::{PushbackLayer, ReplayBody, RetryConfig, backoff, retries_exhausted};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -29,8 +29,8 @@ fn unavailable() -> Response<String> {
         .unwrap()
 }
 
-fn policy() -> RetryPolicy<backstop_core::GrpcClassifier> {
-    RetryPolicy::grpc()
+fn policy() -> RetryConfig<backstop_core::GrpcClassifier> {
+    RetryConfig::grpc()
         .max_attempts(3)
         .backoff(backoff::constant(Duration::from_millis(5)))
         .no_budget()

@@ -1,7 +1,7 @@
 //! The storm check in virtual time: 1000 requests/s for 60 s against a dependency failing with
 //! probability p, 5 attempts, with and without the 10 % ratio budget.
 
-use backstop_retry::{ReplayBody, RetryPolicy};
+use backstop_retry::{ReplayBody, RetryConfig};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -29,7 +29,7 @@ async fn amplification(p_fail: f64, budget: bool) -> f64 {
                 .unwrap(),
         ))
     });
-    let mut policy = RetryPolicy::http().max_attempts(5).seed(9);
+    let mut policy = RetryConfig::http().max_attempts(5).seed(9);
     if !budget {
         policy = policy.no_budget();
     }

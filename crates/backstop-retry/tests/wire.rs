@@ -3,7 +3,7 @@
 
 use backstop_core::find;
 use backstop_deadline::{Deadline, PropagateDeadlineLayer, grpc_timeout};
-use backstop_retry::{ReplayBody, RetryPolicy, backoff};
+use backstop_retry::{ReplayBody, RetryConfig, backoff};
 use http::{Request, Response};
 use proptest::prelude::*;
 use std::time::Duration;
@@ -51,7 +51,7 @@ fn header(req: &Req) -> Option<Duration> {
 /// were spent on an attempt never sent. Now the real UNAVAILABLE comes back at 30 ms.
 #[tokio::test(start_paused = true)]
 async fn no_retry_is_scheduled_past_the_deadline_on_the_wire() {
-    let retry = RetryPolicy::grpc()
+    let retry = RetryConfig::grpc()
         .backoff(backoff::constant(60 * MS))
         .build()
         .unwrap();
@@ -86,7 +86,7 @@ async fn no_retry_is_scheduled_past_the_deadline_on_the_wire() {
 /// caller's `10S` went out on the first attempt as it was.
 #[tokio::test(start_paused = true)]
 async fn every_attempt_says_the_time_really_left_whoever_wrote_the_header() {
-    let layer = RetryPolicy::grpc()
+    let layer = RetryConfig::grpc()
         .no_budget()
         .backoff(backoff::constant(10 * MS))
         .build()
@@ -106,7 +106,7 @@ async fn every_attempt_says_the_time_really_left_whoever_wrote_the_header() {
     call.await.unwrap().unwrap();
 
     // The same with a request of many headers (the header is then looked up, not scanned).
-    let layer = RetryPolicy::grpc()
+    let layer = RetryConfig::grpc()
         .no_budget()
         .backoff(backoff::constant(10 * MS))
         .build()
@@ -130,7 +130,7 @@ async fn every_attempt_says_the_time_really_left_whoever_wrote_the_header() {
     send.send_response(status(0, None));
     call.await.unwrap().unwrap();
 
-    let layer = RetryPolicy::grpc().no_budget().build().unwrap();
+    let layer = RetryConfig::grpc().no_budget().build().unwrap();
     let (mock, mut handle) = mock::pair::<Req, Response<String>>();
     let mut req = grpc();
     req.headers_mut()
@@ -219,7 +219,7 @@ proptest! {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let retry = RetryPolicy::grpc()
+            let retry = RetryConfig::grpc()
                 .no_budget()
                 .max_attempts(max_attempts)
                 .backoff(backoff::constant(Duration::from_millis(backoff_ms)))

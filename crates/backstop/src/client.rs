@@ -4,7 +4,7 @@ use crate::timeout::{Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer
 use backstop_breaker::{Breaker, BreakerConfig, BreakerLayer};
 use backstop_core::{GrpcClassifier, HttpClassifier};
 use backstop_deadline::{PropagateDeadline, PropagateDeadlineLayer};
-use backstop_retry::{Retry, RetryLayer, RetryPolicy, hedge::Hedging};
+use backstop_retry::{Retry, RetryConfig, RetryLayer, hedge::Hedging};
 use std::time::Duration;
 use tower_layer::Layer;
 
@@ -93,22 +93,22 @@ enum Hedge {
     Custom(Hedging),
 }
 
-/// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], [`RetryPolicy::http`]
+/// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], [`RetryConfig::http`]
 /// (3 attempts, decorrelated jitter, the 10 % ratio budget), the breaker of
 /// [`http_breaker`], and attempts bounded by measured latency ([`Adaptive`]: p99 × 3, from
 /// 1 s to 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
 pub fn http() -> ClientLayer<HttpClassifier> {
     ClientLayer::new(
-        RetryPolicy::http().build().expect("the defaults are valid"),
+        RetryConfig::http().build().expect("the defaults are valid"),
         http_breaker().build().expect("the defaults are valid"),
     )
 }
 
-/// The preset for gRPC dependencies: as [`http()`] with [`RetryPolicy::grpc`] and
+/// The preset for gRPC dependencies: as [`http()`] with [`RetryConfig::grpc`] and
 /// [`grpc_breaker`] (status codes from trailers-only responses and trailers).
 pub fn grpc() -> ClientLayer<GrpcClassifier> {
     ClientLayer::new(
-        RetryPolicy::grpc().build().expect("the defaults are valid"),
+        RetryConfig::grpc().build().expect("the defaults are valid"),
         grpc_breaker().build().expect("the defaults are valid"),
     )
 }
@@ -209,7 +209,7 @@ impl<C> ClientLayer<C> {
     }
 
     /// Attempts per request, the first included (default 3): the short form of rebuilding the
-    /// retry policy with [`RetryPolicy::max_attempts`]. Keeps the policy's other knobs and
+    /// retry policy with [`RetryConfig::max_attempts`]. Keeps the policy's other knobs and
     /// its budget; the retry stats start from zero.
     ///
     /// # Panics

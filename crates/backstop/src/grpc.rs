@@ -137,15 +137,14 @@ impl RetryPolicyConfig {
     pub fn backoff(&self) -> backstop_retry::backoff::Exponential {
         let base = self.initial_backoff.min(self.max_backoff);
         backstop_retry::backoff::exponential(base, self.max_backoff)
-            .and_then(|b| b.multiplier(self.backoff_multiplier))
-            .expect("validated when the config was read")
+            .multiplier(self.backoff_multiplier)
     }
 
-    /// The policy as a [`RetryPolicy`](backstop_retry::RetryPolicy) for gRPC: its attempts, its
+    /// The policy as a [`RetryConfig`](backstop_retry::RetryConfig) for gRPC: its attempts, its
     /// backoff and its retryable codes (no budget: the channel's throttle is one per client,
     /// see [`RetryThrottling::throttle`]).
-    pub fn retry_policy(&self) -> backstop_retry::RetryPolicy<backstop_core::GrpcClassifier> {
-        backstop_retry::RetryPolicy::with_classifier(
+    pub fn retry_policy(&self) -> backstop_retry::RetryConfig<backstop_core::GrpcClassifier> {
+        backstop_retry::RetryConfig::with_classifier(
             backstop_core::GrpcClassifier::new()
                 .retryable_codes(self.retryable_status_codes.iter().copied()),
         )
@@ -165,7 +164,10 @@ impl HedgingPolicyConfig {
 impl RetryThrottling {
     /// gRFC A6's throttle with these parameters.
     pub fn throttle(&self) -> backstop_retry::GrpcThrottle {
-        backstop_retry::GrpcThrottle::new(self.max_tokens, self.token_ratio)
+        backstop_retry::GrpcThrottle::builder()
+            .max_tokens(self.max_tokens)
+            .token_ratio(self.token_ratio)
+            .build()
             .expect("validated when the config was read")
     }
 }

@@ -205,7 +205,7 @@ pub use backstop_core::metrics;
 /// Deadlines: `Deadline`, the `grpc-timeout` codec, `DeadlineLayer`, `PropagateDeadlineLayer`.
 #[cfg(feature = "deadline")]
 pub use backstop_deadline as deadline;
-/// Retries: `RetryPolicy`, backoff, budgets, `ReplayBody`, `PushbackLayer`.
+/// Retries: `RetryConfig`, backoff, budgets, `ReplayBody`, `PushbackLayer`.
 #[cfg(feature = "retry")]
 pub use backstop_retry as retry;
 
@@ -256,5 +256,5 @@ pub mod prelude {
     #[cfg(feature = "deadline")]
     pub use backstop_deadline::{Deadline, DeadlineLayer, PropagateDeadlineLayer, current};
     #[cfg(feature = "retry")]
-    pub use backstop_retry::{PushbackLayer, ReplayBody, RetryLayer, RetryPolicy};
+    pub use backstop_retry::{PushbackLayer, ReplayBody, RetryConfig, RetryLayer};
 }

@@ -31,7 +31,7 @@ use crate::{
 };
 use backstop_core::{BoxError, GrpcClassifier};
 use backstop_deadline::Deadline;
-use backstop_retry::{Budget, Idempotency, RatioBudget, Retry, RetryLayer, RetryPolicy};
+use backstop_retry::{Budget, Idempotency, RatioBudget, Retry, RetryConfig, RetryLayer};
 use http::Request;
 use std::{
     sync::Arc,
@@ -63,7 +63,7 @@ impl MethodsLayer {
         for entry in &config.methods {
             let policy = match &entry.policy {
                 Some(MethodPolicy::Retry(r)) => r.retry_policy().budget(budget.clone()),
-                Some(MethodPolicy::Hedging(h)) => RetryPolicy::with_classifier(
+                Some(MethodPolicy::Hedging(h)) => RetryConfig::with_classifier(
                     GrpcClassifier::new().retryable_codes(h.non_fatal_status_codes.iter().copied()),
                 )
                 .max_attempts(h.max_attempts)
@@ -71,11 +71,11 @@ impl MethodsLayer {
                 // The service owner chose hedging for these methods (A6: that is the opt-in).
                 .idempotency(Idempotency::All)
                 .budget(budget.clone()),
-                None => RetryPolicy::grpc().max_attempts(1),
+                None => RetryConfig::grpc().max_attempts(1),
             };
             retries.push(policy.build()?);
         }
-        retries.push(RetryPolicy::grpc().max_attempts(1).build()?);
+        retries.push(RetryConfig::grpc().max_attempts(1).build()?);
         // Every method's events and metrics carry the dependency's name.
         for (i, retry) in retries.iter().enumerate() {
             retry.set_name(client.dependency())?;

@@ -88,7 +88,7 @@ async fn the_extension_methods_stack_the_same_layers() {
     let breaker = BreakerConfig::http().build().unwrap();
     let client = ServiceBuilder::new()
         .propagate_deadline(PropagateDeadlineLayer::new())
-        .retries(RetryPolicy::http().build().unwrap())
+        .retries(RetryConfig::http().build().unwrap())
         .breaker(breaker.clone())
         .service(ok);
     let response = client.oneshot(get()).await.unwrap();
@@ -148,7 +148,7 @@ fn one_attempt_two_to_open(
     backend: backstop::ClientLayer<backstop_core::HttpClassifier>,
 ) -> backstop::ClientLayer<backstop_core::HttpClassifier> {
     backend
-        .retry(RetryPolicy::http().max_attempts(1).build().unwrap())
+        .retry(RetryConfig::http().max_attempts(1).build().unwrap())
         .breaker(
             BreakerConfig::http()
                 .minimum_calls(2)

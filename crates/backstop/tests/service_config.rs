@@ -368,17 +368,14 @@ fn policies_become_retry_policies_hedging_and_a_throttle() {
         format!("{:?}", r.backoff()),
         format!(
             "{:?}",
-            backstop::retry::backoff::exponential(200 * MS, 2000 * MS)
-                .unwrap()
-                .multiplier(3.0)
-                .unwrap()
+            backstop::retry::backoff::exponential(200 * MS, 2000 * MS).multiplier(3.0)
         )
     );
     let Some(MethodPolicy::Hedging(h)) = &config.methods[1].policy else {
         panic!("a hedging policy")
     };
     assert!(
-        backstop::retry::RetryPolicy::grpc()
+        backstop::retry::RetryConfig::grpc()
             .hedging(h.hedging())
             .build()
             .is_ok()

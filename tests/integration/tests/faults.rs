@@ -7,7 +7,7 @@ use backstop::{ReplayBody, client::ClientLayer, deadline::PropagateDeadlineLayer
 use backstop_breaker::State;
 use backstop_core::{GrpcClassifier, HttpClassifier};
 use backstop_integration::listener;
-use backstop_retry::{Budget, GiveUp, RetryPolicy, backoff};
+use backstop_retry::{Budget, GiveUp, RetryConfig, backoff};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -42,7 +42,7 @@ fn transport(http2: bool) -> Transport {
 }
 
 /// A client preset with a 400 ms deadline and a fast deterministic backoff.
-fn tuned<C: Clone>(preset: ClientLayer<C>, retry: RetryPolicy<C>) -> ClientLayer<C> {
+fn tuned<C: Clone>(preset: ClientLayer<C>, retry: RetryConfig<C>) -> ClientLayer<C> {
     preset
         .deadline(
             PropagateDeadlineLayer::builder()
@@ -61,7 +61,7 @@ fn tuned<C: Clone>(preset: ClientLayer<C>, retry: RetryPolicy<C>) -> ClientLayer
 
 /// The HTTP client preset, tuned.
 fn http_preset() -> ClientLayer<HttpClassifier> {
-    tuned(backstop::client::http(), RetryPolicy::http())
+    tuned(backstop::client::http(), RetryConfig::http())
 }
 
 fn request(method: Method, url: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
@@ -584,7 +584,7 @@ async fn grpc_unavailable(hits: Arc<AtomicU64>, in_trailers: bool) -> String {
 
 /// The gRPC client preset, tuned.
 fn grpc_preset() -> ClientLayer<GrpcClassifier> {
-    tuned(backstop::client::grpc(), RetryPolicy::grpc())
+    tuned(backstop::client::grpc(), RetryConfig::grpc())
 }
 
 #[tokio::test]
@@ -657,7 +657,7 @@ async fn no_permit_leaks_after_an_outage_and_a_recovery() {
                 .unwrap(),
         )
         .retry(
-            RetryPolicy::http()
+            RetryConfig::http()
                 .backoff(backoff::constant(Duration::from_millis(5)))
                 .budget(budget.clone())
                 .build()

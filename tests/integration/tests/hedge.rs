@@ -4,7 +4,7 @@
 //! so no attempt's body is ever cut short.
 
 use backstop_integration::serve_hyper;
-use backstop_retry::{ReplayBody, RetryPolicy, hedge::Hedging};
+use backstop_retry::{ReplayBody, RetryConfig, hedge::Hedging};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, channel::Channel};
@@ -69,7 +69,7 @@ async fn put(url: &str, http2: bool, gap: Duration) -> (String, Duration) {
     let transport = Client::builder(TokioExecutor::new())
         .http2_only(http2)
         .build_http::<ReplayBody<Channel<Bytes, Infallible>>>();
-    let layer = RetryPolicy::http()
+    let layer = RetryConfig::http()
         .hedging(Hedging::new(HEDGE_AFTER).max_attempts(2))
         .no_budget()
         .build()

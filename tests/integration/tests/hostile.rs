@@ -5,7 +5,7 @@
 
 use backstop::deadline::PropagateDeadlineLayer;
 use backstop_integration::listener;
-use backstop_retry::{GiveUp, RetryPolicy, backoff};
+use backstop_retry::{GiveUp, RetryConfig, backoff};
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -141,7 +141,7 @@ async fn hostile_pushbacks_never_make_a_client_retry_or_sleep() {
                     .unwrap(),
             )
             .retry(
-                RetryPolicy::http()
+                RetryConfig::http()
                     .backoff(backoff::constant(Duration::from_millis(5)))
                     .build()
                     .unwrap(),

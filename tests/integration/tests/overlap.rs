@@ -5,7 +5,7 @@
 //! call stalls.
 
 use backstop_integration::serve_hyper;
-use backstop_retry::{ReplayBody, RetryPolicy, backoff};
+use backstop_retry::{ReplayBody, RetryConfig, backoff};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, channel::Channel};
@@ -90,7 +90,7 @@ async fn put(url: &str, http2: bool, cap: usize, gap: Duration) -> StatusCode {
     let transport = Client::builder(TokioExecutor::new())
         .http2_only(http2)
         .build_http::<ReplayBody<Channel<Bytes, Infallible>>>();
-    let layer = RetryPolicy::http()
+    let layer = RetryConfig::http()
         .no_budget()
         .max_replay_bytes(cap)
         .backoff(backoff::constant(Duration::from_millis(5)))

@@ -3,7 +3,7 @@
 use backstop_core::GrpcClassifier;
 use backstop_deadline::DeadlineLayer;
 use backstop_integration::listener;
-use backstop_retry::{PushbackLayer, ReplayBody, Retry, RetryPolicy, backoff};
+use backstop_retry::{PushbackLayer, ReplayBody, Retry, RetryConfig, backoff};
 use bytes::Bytes;
 use example_proto::collect::{
     Chunk, Summary,
@@ -49,7 +49,7 @@ fn retried_channel(url: &str) -> RetriedChannel {
     let to_body: fn(Request<ReplayBody<Body>>) -> Request<Body> = |req| req.map(Body::new);
     ServiceBuilder::new()
         .layer(
-            RetryPolicy::grpc()
+            RetryConfig::grpc()
                 .backoff(backoff::constant(Duration::from_millis(5)))
                 .no_budget()
                 .build()
@@ -186,7 +186,7 @@ async fn over_hyper_post_is_sent_once_and_put_bodies_replay_byte_identical() {
     let url = counting_http_server(hits.clone()).await;
     let client = ServiceBuilder::new()
         .layer(
-            RetryPolicy::http()
+            RetryConfig::http()
                 .backoff(backoff::constant(Duration::from_millis(5)))
                 .no_budget()
                 .build()
