@@ -4,6 +4,7 @@ use backstop_breaker::{
     Breaker, BreakerConfig, BreakerLayer, BreakerOpen, Mode, Reason, State, Transition,
 };
 use backstop_core::{BoxError, GrpcClassifier, HttpClassifier, Rejection};
+use backstop_test_support::{Handle, MS, Mock, S, get, grpc_call, reply};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
@@ -15,12 +16,6 @@ use tokio::time::advance;
 use tokio_test::{assert_pending, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
-
-const MS: Duration = Duration::from_millis(1);
-const S: Duration = Duration::from_secs(1);
-
-type Mock = mock::Mock<Request<String>, Response<String>>;
-type Handle = mock::Handle<Request<String>, Response<String>>;
 
 struct Harness<C> {
     layer: BreakerLayer<C>,
@@ -41,24 +36,6 @@ fn harness<C: Clone>(config: BreakerConfig<C>) -> Harness<C> {
 /// Deterministic: no jitter, small minimum, fixed seed.
 fn http() -> BreakerConfig<HttpClassifier> {
     BreakerConfig::http().minimum_calls(4).jitter(false).seed(1)
-}
-
-fn reply(status: u16) -> Response<String> {
-    Response::builder()
-        .status(status)
-        .body(String::new())
-        .unwrap()
-}
-
-fn get() -> Request<String> {
-    Request::get("http://svc/x").body(String::new()).unwrap()
-}
-
-fn grpc_request() -> Request<String> {
-    Request::post("http://svc/pkg.Svc/Call")
-        .header("content-type", "application/grpc")
-        .body(String::new())
-        .unwrap()
 }
 
 impl Harness<HttpClassifier> {
@@ -197,7 +174,7 @@ async fn resource_exhausted_counts_for_nothing_unavailable_counts() {
         let (mock, mut handle) = mock::pair::<Request<String>, Response<String>>();
         let mut service = layer.layer(mock);
         handle.allow(1);
-        let future = service.ready().await.unwrap().call(grpc_request());
+        let future = service.ready().await.unwrap().call(grpc_call(""));
         let (_, send) = handle.next_request().await.unwrap();
         let mut failed = reply(200);
         failed
@@ -253,7 +230,7 @@ async fn grpc_callers_get_unavailable_with_a_pushback() {
     let (mock, mut handle) = mock::pair::<Request<String>, Response<String>>();
     let mut service = layer.layer(mock);
     handle.allow(1);
-    let future = service.ready().await.unwrap().call(grpc_request());
+    let future = service.ready().await.unwrap().call(grpc_call(""));
     let (_, send) = handle.next_request().await.unwrap();
     let mut failed = reply(200);
     failed
@@ -268,7 +245,7 @@ async fn grpc_callers_get_unavailable_with_a_pushback() {
         .ready()
         .await
         .unwrap()
-        .call(grpc_request())
+        .call(grpc_call(""))
         .await
         .unwrap();
     assert!(response.body().is_local());
@@ -713,7 +690,7 @@ where
     S::Error: std::fmt::Debug,
 {
     handle.allow(1);
-    let future = service.ready().await.unwrap().call(grpc_request());
+    let future = service.ready().await.unwrap().call(grpc_call(""));
     let (_, send) = handle.next_request().await.unwrap();
     let (tx, body) = Streamed::new(4);
     let mut response = Response::new(body);

@@ -1,23 +1,17 @@
 //! `DeadlineLayer` driven with mock services under paused time.
 
-mod support;
-
 use backstop_core::Rejection;
 use backstop_deadline::{Deadline, DeadlineBody, DeadlineLayer, current};
+use backstop_test_support::*;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use std::{convert::Infallible, sync::atomic::Ordering, time::Duration};
-use support::*;
 use tokio::time::advance;
 use tokio_test::{assert_pending, assert_ready};
 use tower::{Layer, ServiceExt, service_fn};
 use tower_test::mock;
-
-const MS: Duration = Duration::from_millis(1);
-
-type Mock = mock::Mock<Request<String>, Response<String>>;
 
 /// A service that answers with what the handler saw: the extension and the task-local.
 fn reporter() -> impl tower::Service<

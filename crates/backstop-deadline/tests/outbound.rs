@@ -1,11 +1,10 @@
 //! `PropagateDeadlineLayer` driven with mock services under paused time.
 
-mod support;
-
 use backstop_core::Rejection;
 use backstop_deadline::{
     Deadline, DeadlineBody, PropagateDeadlineLayer, current, is_deadline_exceeded,
 };
+use backstop_test_support::*;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
@@ -14,13 +13,10 @@ use std::{
     sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
 };
-use support::*;
 use tokio::time::advance;
 use tokio_test::{assert_pending, assert_ready};
 use tower::{Layer, ServiceExt, service_fn};
 use tower_test::mock;
-
-const MS: Duration = Duration::from_millis(1);
 
 /// Sends `req` through `layer` and returns the request the dependency received.
 async fn sent(layer: PropagateDeadlineLayer, req: Request<String>) -> Request<String> {

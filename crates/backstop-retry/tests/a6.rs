@@ -16,7 +16,7 @@ use tower::{Layer, ServiceExt};
 use tower_test::mock;
 
 type Req = Request<ReplayBody<String>>;
-const MS: Duration = Duration::from_millis(1);
+use backstop_test_support::MS;
 
 mod support;
 use support::{grpc, status};

@@ -5,6 +5,7 @@ use backstop_deadline::Deadline;
 use backstop_retry::{
     Budget, GiveUp, Idempotency, RatioBudget, ReplayBody, RetryConfig, RetryLayer, backoff,
 };
+use backstop_test_support::{self as support, MS, reply};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
@@ -15,35 +16,19 @@ use tower::{Layer, ServiceExt};
 use tower_test::mock;
 
 type Req = Request<ReplayBody<String>>;
-type Mock = mock::Mock<Req, Response<String>>;
-type Handle = mock::Handle<Req, Response<String>>;
-
-const MS: Duration = Duration::from_millis(1);
-
-fn reply(status: u16) -> Response<String> {
-    Response::builder()
-        .status(status)
-        .body(String::new())
-        .unwrap()
-}
+type Mock = support::Mock<Req>;
+type Handle = support::Handle<Req>;
 
 fn get() -> Request<String> {
-    Request::get("http://svc/x")
-        .body("payload".to_owned())
-        .unwrap()
+    support::get_with("payload")
 }
 
 fn post() -> Request<String> {
-    Request::post("http://svc/x")
-        .body("payload".to_owned())
-        .unwrap()
+    support::post("payload")
 }
 
 fn grpc() -> Request<String> {
-    Request::post("http://svc/pkg.Svc/Call")
-        .header("content-type", "application/grpc")
-        .body("msg".to_owned())
-        .unwrap()
+    support::grpc_call("msg")
 }
 
 /// A deterministic policy: fixed 10 ms backoff, no budget unless given.

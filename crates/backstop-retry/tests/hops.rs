@@ -15,10 +15,7 @@ use std::{
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 fn grpc_request() -> Request<String> {
-    Request::post("http://svc/pkg.Svc/Call")
-        .header("content-type", "application/grpc")
-        .body(String::new())
-        .unwrap()
+    backstop_test_support::grpc_call("")
 }
 
 fn unavailable() -> Response<String> {

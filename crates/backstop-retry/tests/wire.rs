@@ -12,7 +12,7 @@ use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_test::mock;
 
 type Req = Request<ReplayBody<String>>;
-const MS: Duration = Duration::from_millis(1);
+use backstop_test_support::MS;
 
 mod support;
 use support::{grpc, status};

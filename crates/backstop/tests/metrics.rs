@@ -84,12 +84,7 @@ fn outcome(recorded: &Recorded, outcome: &str) -> u64 {
     counter(recorded, requests, &[INVENTORY, ("outcome", outcome)])
 }
 
-fn status(code: u16) -> Response<String> {
-    Response::builder()
-        .status(code)
-        .body(String::new())
-        .unwrap()
-}
+use backstop_test_support::{grpc_reply as grpc_status, reply as status};
 
 /// Answers the statuses in `script`, then 200.
 fn scripted(
@@ -371,15 +366,6 @@ fn a_keyed_breaker_reports_under_its_key() {
         counter(&metrics, rejections, &[INVENTORY, ("key", "/down")]),
         1
     );
-}
-
-/// A trailers-only gRPC response with `code`.
-fn grpc_status(code: u8) -> Response<String> {
-    Response::builder()
-        .header("content-type", "application/grpc")
-        .header("grpc-status", code.to_string())
-        .body(String::new())
-        .unwrap()
 }
 
 #[cfg(feature = "service-config")]

@@ -10,7 +10,7 @@ use backstop::grpc::{
 use backstop_core::Code;
 use std::time::Duration;
 
-const MS: Duration = Duration::from_millis(1);
+use backstop_test_support::MS;
 
 fn one_method(method_fields: &str) -> String {
     format!(r#"{{ "methodConfig": [ {{ "name": [{{ "service": "s.S" }}], {method_fields} }} ] }}"#)

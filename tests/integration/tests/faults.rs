@@ -303,19 +303,19 @@ async fn post_runs_once_and_replayed_bodies_are_byte_identical_around_the_cap() 
     assert_eq!(hits.swap(0, Ordering::SeqCst), 1);
 
     let cap = 64 * 1024;
-    let mut rng = fastrand_like(42);
+    let mut rng = fastrand::Rng::with_seed(42);
     let sizes = [
         0,
         1,
         cap - 1,
         cap,
         cap + 1,
-        cap - 1 - rng() % 512,
-        cap + 1 + rng() % 512,
+        cap - 1 - rng.usize(..512),
+        cap + 1 + rng.usize(..512),
     ];
     for size in sizes {
         sums.lock().unwrap().clear();
-        let payload: Vec<u8> = (0..size).map(|_| rng() as u8).collect();
+        let payload: Vec<u8> = (0..size).map(|_| rng.u8(..)).collect();
         let put = call(&http_preset(), false, request(Method::PUT, &url, payload)).await;
         assert_eq!(put.status, Ok(StatusCode::SERVICE_UNAVAILABLE));
         let seen = sums.lock().unwrap().clone();
@@ -323,17 +323,6 @@ async fn post_runs_once_and_replayed_bodies_are_byte_identical_around_the_cap() 
         assert_eq!(seen.len(), want, "size {size}: attempts");
         assert!(seen.iter().all(|s| s == &seen[0]), "size {size}: {seen:?}");
         assert_eq!(seen[0].0, size);
-    }
-}
-
-/// A small seeded generator for test data (xorshift64*).
-fn fastrand_like(seed: u64) -> impl FnMut() -> usize {
-    let mut x = seed.max(1);
-    move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize
     }
 }
 
@@ -488,7 +477,7 @@ async fn posts_across_a_graceful_goaway_are_processed_exactly_once() {
             );
             client.clone().oneshot(post)
         });
-        for response in futures_join(calls).await {
+        for response in futures_util::future::join_all(calls).await {
             assert_eq!(response.unwrap().status(), StatusCode::OK, "round {round}");
         }
         sent += 4;
@@ -503,34 +492,6 @@ async fn posts_across_a_graceful_goaway_are_processed_exactly_once() {
         (snapshot.state, snapshot.probes_in_flight),
         (State::Closed, 0)
     );
-}
-
-/// Runs futures concurrently on this task and collects their outputs in order.
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let handles: Vec<_> = futures.map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
-    let mut handles: Vec<_> = handles.into_iter().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (slot, handle) in outputs.iter_mut().zip(handles.iter_mut()) {
-            if let Some(future) = handle {
-                match future.as_mut().poll(cx) {
-                    std::task::Poll::Ready(out) => {
-                        *slot = Some(out);
-                        *handle = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().map(|o| o.expect("ready")).collect()
 }
 
 /// A body of fixed frames.
