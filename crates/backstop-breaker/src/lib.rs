@@ -127,13 +127,6 @@
 //! # Feature flags
 //!
 //! None: the breaker works on `http::Request` / `http::Response` with any body.
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub,
-    rust_2018_idioms
-)]
-#![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
 mod body;

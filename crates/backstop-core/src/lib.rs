@@ -68,13 +68,6 @@
 //!   records through the `metrics` facade.
 //! - `h2` (off by default): recognise HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` errors
 //!   from the `h2` crate (under hyper and tonic) in [`classify::classify_error`].
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub,
-    rust_2018_idioms
-)]
-#![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
 mod body;

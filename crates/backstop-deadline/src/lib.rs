@@ -144,13 +144,6 @@
 //!
 //! None. The crate depends on `http`, `http-body`, `tokio` (`time`, `rt`) and `tower-layer` /
 //! `tower-service` only.
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub,
-    rust_2018_idioms
-)]
-#![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
 mod body;

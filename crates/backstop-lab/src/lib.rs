@@ -16,13 +16,6 @@
 //! the fault's share of requests. Its work runs to the end even if the caller gave up, unless
 //! the request carried a deadline (backstop's server layer reads `grpc-timeout`): that work
 //! is the report's `orphaned_work_s`.
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub,
-    rust_2018_idioms
-)]
-#![forbid(unsafe_code)]
 
 pub mod backend;
 pub mod chart;

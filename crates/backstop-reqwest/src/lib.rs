@@ -35,13 +35,6 @@
 //! A request reqwest cannot send (a URI it cannot take, say) fails with reqwest's error, as
 //! does every transport failure. The response is reqwest's, as an
 //! `http::Response<reqwest::Body>`.
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub,
-    rust_2018_idioms
-)]
-#![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
 use backstop_core::BoxError;

@@ -123,13 +123,6 @@
 //! - `h2` (off by default): HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` count as "not
 //!   processed", so they are retried for every method (see
 //!   [`classify_error`](backstop_core::classify::classify_error)).
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub,
-    rust_2018_idioms
-)]
-#![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
 pub mod backoff;

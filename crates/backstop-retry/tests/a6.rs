@@ -6,6 +6,7 @@ use backstop_retry::{
     Budget, GrpcThrottle, RatioBudget, ReplayBody, RetryConfig, RetryLayer,
     backoff::{self, Jitter},
 };
+use backstop_test_support::{MS, grpc_status as status};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, channel::Channel};
@@ -15,11 +16,12 @@ use tokio_test::{assert_pending, assert_ready};
 use tower::{Layer, ServiceExt};
 use tower_test::mock;
 
-type Req = Request<ReplayBody<String>>;
-use backstop_test_support::MS;
+/// A unary gRPC call to `pkg.Svc/Call`.
+fn grpc() -> Request<String> {
+    backstop_test_support::grpc_call("msg")
+}
 
-mod support;
-use support::{grpc, status};
+type Req = Request<ReplayBody<String>>;
 
 /// Runs one gRPC call through `layer`, answering attempt `i` with `answers[i]`; returns how
 /// many attempts were made, the instants (since the call) they were sent at, and the final

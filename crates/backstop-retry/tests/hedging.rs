@@ -7,6 +7,7 @@ use backstop_retry::{
     Budget, GiveUp, Idempotency, ReplayBody, RetryConfig, RetryLayer,
     hedge::{HedgeDelay, Hedging},
 };
+use backstop_test_support::grpc_status as status;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, channel::Channel};
@@ -20,10 +21,6 @@ use std::{
 };
 use tokio::time::{Instant, sleep};
 use tower::{Layer, ServiceExt, service_fn};
-
-#[allow(dead_code)] // the gRPC request helper is not used here
-mod support;
-use support::status;
 
 /// One attempt as the dependency saw it.
 #[derive(Debug, Clone)]

@@ -4,6 +4,7 @@
 use backstop_core::find;
 use backstop_deadline::{Deadline, PropagateDeadlineLayer, grpc_timeout};
 use backstop_retry::{ReplayBody, RetryConfig, backoff};
+use backstop_test_support::{MS, grpc_status as status};
 use http::{Request, Response};
 use proptest::prelude::*;
 use std::time::Duration;
@@ -11,11 +12,12 @@ use tokio::time::{Instant, advance};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_test::mock;
 
-type Req = Request<ReplayBody<String>>;
-use backstop_test_support::MS;
+/// A unary gRPC call to `pkg.Svc/Call`.
+fn grpc() -> Request<String> {
+    backstop_test_support::grpc_call("msg")
+}
 
-mod support;
-use support::{grpc, status};
+type Req = Request<ReplayBody<String>>;
 
 /// A server's hint in a generated answer.
 #[derive(Debug, Clone, Copy)]

@@ -174,13 +174,6 @@
 //!   the [`metrics`](https://docs.rs/metrics) facade, for the exporter you already use; the
 //!   names and labels are in [`metrics`](mod@metrics).
 //! - `service-config` (off): gRPC's service config JSON ([`grpc`]).
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    unreachable_pub,
-    rust_2018_idioms
-)]
-#![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
 #[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]

@@ -39,11 +39,18 @@ pub fn reply(status: u16) -> Response<String> {
 
 /// A gRPC reply with `grpc-status: code` in its headers (trailers-only) and an empty body.
 pub fn grpc_reply(code: u8) -> Response<String> {
-    Response::builder()
+    grpc_status(code.into(), None)
+}
+
+/// A trailers-only gRPC reply with `code`, and `grpc-retry-pushback-ms` if given.
+pub fn grpc_status(code: u16, pushback: Option<&str>) -> Response<String> {
+    let mut reply = Response::builder()
         .header("content-type", "application/grpc")
-        .header("grpc-status", code.to_string())
-        .body(String::new())
-        .unwrap()
+        .header("grpc-status", code.to_string());
+    if let Some(p) = pushback {
+        reply = reply.header("grpc-retry-pushback-ms", p);
+    }
+    reply.body(String::new()).unwrap()
 }
 
 /// `GET http://svc/x` with `body`.
