@@ -4,58 +4,59 @@
 //! Every call succeeds at once (a ready inner service, a current-thread runtime), so what is
 //! measured is what each stack adds to a call that needs no retry.
 
+use backstop_benches::Stack;
 use backstop_benches::{
     backstop_attempt, backstop_breaker, backstop_breaker_count, backstop_budget_denied,
     backstop_deadline, backstop_full, backstop_open_breaker, backstop_preset,
     backstop_preset_adaptive, backstop_retry, backstop_server, bare, request, request_with_timeout,
     resilience_breaker, resilience_breaker_count, resilience_stack, tower_stack, tower_timeout,
 };
-use criterion::{Criterion, criterion_group, criterion_main};
-use std::{fmt::Debug, hint::black_box};
-use tower::{Service, ServiceExt};
+use criterion::{
+    BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime,
+};
+use http::Request;
+use std::hint::black_box;
+use tokio::runtime::Runtime;
+use tower::ServiceExt;
 
-fn run<S>(
-    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    rt: &tokio::runtime::Runtime,
-    name: &str,
-    service: S,
-) where
-    S: Service<http::Request<String>> + Clone,
-    S::Error: Debug,
-{
-    run_with(c, rt, name, service, request);
+/// A benchmark group whose stacks all run on one runtime.
+struct Group<'c, 'r> {
+    group: BenchmarkGroup<'c, WallTime>,
+    rt: &'r Runtime,
 }
 
-/// Like `run`, with requests built by `request`.
-fn run_with<S>(
-    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    rt: &tokio::runtime::Runtime,
-    name: &str,
-    service: S,
-    request: fn() -> http::Request<String>,
-) where
-    S: Service<http::Request<String>> + Clone,
-    S::Error: Debug,
-{
-    c.bench_function(name, |b| {
-        b.to_async(rt)
-            .iter(|| async { black_box(service.clone().oneshot(request()).await.unwrap()) })
-    });
-}
+impl<'c, 'r> Group<'c, 'r> {
+    fn new(c: &'c mut Criterion, rt: &'r Runtime, name: &str) -> Self {
+        Self {
+            group: c.benchmark_group(name),
+            rt,
+        }
+    }
 
-/// Like `run`, for calls that fail (the failure paths).
-fn run_failing<S>(
-    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    rt: &tokio::runtime::Runtime,
-    name: &str,
-    service: S,
-) where
-    S: Service<http::Request<String>> + Clone,
-{
-    c.bench_function(name, |b| {
-        b.to_async(rt)
-            .iter(|| async { black_box(service.clone().oneshot(request()).await.is_err()) })
-    });
+    /// Calls to `service` that succeed, with the benches' plain request.
+    fn stack(&mut self, name: &str, service: impl Stack) {
+        self.stack_with(name, service, request);
+    }
+
+    /// Like `stack`, with requests built by `request`.
+    fn stack_with(&mut self, name: &str, service: impl Stack, request: fn() -> Request<String>) {
+        self.group.bench_function(name, |b| {
+            b.to_async(self.rt)
+                .iter(|| async { black_box(service.clone().oneshot(request()).await.unwrap()) })
+        });
+    }
+
+    /// Calls to `service` that fail (the failure paths).
+    fn failing(&mut self, name: &str, service: impl Stack) {
+        self.group.bench_function(name, |b| {
+            b.to_async(self.rt)
+                .iter(|| async { black_box(service.clone().oneshot(request()).await.is_err()) })
+        });
+    }
+
+    fn finish(self) {
+        self.group.finish();
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -63,128 +64,61 @@ fn bench(c: &mut Criterion) {
         .enable_time()
         .build()
         .unwrap();
-    let mut group = c.benchmark_group("stacks");
-    run(&mut group, &rt, "bare", bare());
-    run(&mut group, &rt, "tower timeout", tower_timeout());
-    run(
-        &mut group,
-        &rt,
-        "tower retry + TpsBudget + timeout",
-        tower_stack(),
-    );
-    run(
-        &mut group,
-        &rt,
+    let mut g = Group::new(c, &rt, "stacks");
+    g.stack("bare", bare());
+    g.stack("tower timeout", tower_timeout());
+    g.stack("tower retry + TpsBudget + timeout", tower_stack());
+    g.stack(
         "tower-resilience time-limiter + retry + breaker",
         resilience_stack(),
     );
-    run(&mut group, &rt, "backstop client preset", backstop_preset());
-    run(
-        &mut group,
-        &rt,
+    g.stack("backstop client preset", backstop_preset());
+    g.stack(
         "backstop client preset, measured bound",
         backstop_preset_adaptive(),
     );
-    run(
-        &mut group,
-        &rt,
-        "backstop attempt bound alone",
-        backstop_attempt(),
-    );
-    run(&mut group, &rt, "backstop server preset", backstop_server());
-    run_with(
-        &mut group,
-        &rt,
+    g.stack("backstop attempt bound alone", backstop_attempt());
+    g.stack("backstop server preset", backstop_server());
+    g.stack_with(
         "bare, request with grpc-timeout",
         bare(),
         request_with_timeout,
     );
-    run_with(
-        &mut group,
-        &rt,
+    g.stack_with(
         "backstop server preset, request with grpc-timeout",
         backstop_server(),
         request_with_timeout,
     );
-    run(
-        &mut group,
-        &rt,
-        "backstop deadline alone",
-        backstop_deadline(),
-    );
-    run(&mut group, &rt, "backstop retry alone", backstop_retry());
-    run(
-        &mut group,
-        &rt,
-        "backstop breaker alone",
-        backstop_breaker(),
-    );
-    group.finish();
+    g.stack("backstop deadline alone", backstop_deadline());
+    g.stack("backstop retry alone", backstop_retry());
+    g.stack("backstop breaker alone", backstop_breaker());
+    g.finish();
 
-    let mut group = c.benchmark_group("failure_path");
-    run_failing(
-        &mut group,
-        &rt,
-        "open breaker refuses",
-        backstop_open_breaker(),
-    );
-    run(
-        &mut group,
-        &rt,
-        "retry denied by the budget",
-        backstop_budget_denied(),
-    );
-    group.finish();
+    let mut g = Group::new(c, &rt, "failure_path");
+    g.failing("open breaker refuses", backstop_open_breaker());
+    g.stack("retry denied by the budget", backstop_budget_denied());
+    g.finish();
 
-    let mut group = c.benchmark_group("success_path");
-    run(&mut group, &rt, "bare", bare());
-    run(
-        &mut group,
-        &rt,
-        "tower retry + TpsBudget + timeout",
-        tower_stack(),
-    );
-    run(
-        &mut group,
-        &rt,
-        "backstop deadline + retry + ratio budget",
-        backstop_full(),
-    );
-    run(
-        &mut group,
-        &rt,
-        "backstop retry + ratio budget",
-        backstop_retry(),
-    );
-    group.finish();
+    let mut g = Group::new(c, &rt, "success_path");
+    g.stack("bare", bare());
+    g.stack("tower retry + TpsBudget + timeout", tower_stack());
+    g.stack("backstop deadline + retry + ratio budget", backstop_full());
+    g.stack("backstop retry + ratio budget", backstop_retry());
+    g.finish();
 
-    let mut group = c.benchmark_group("breaker");
-    run(&mut group, &rt, "bare", bare());
-    run(
-        &mut group,
-        &rt,
-        "backstop breaker, time window",
-        backstop_breaker(),
-    );
-    run(
-        &mut group,
-        &rt,
+    let mut g = Group::new(c, &rt, "breaker");
+    g.stack("bare", bare());
+    g.stack("backstop breaker, time window", backstop_breaker());
+    g.stack(
         "tower-resilience breaker, time window",
         resilience_breaker(),
     );
-    run(
-        &mut group,
-        &rt,
-        "backstop breaker, count window",
-        backstop_breaker_count(),
-    );
-    run(
-        &mut group,
-        &rt,
+    g.stack("backstop breaker, count window", backstop_breaker_count());
+    g.stack(
         "tower-resilience breaker, count window",
         resilience_breaker_count(),
     );
-    group.finish();
+    g.finish();
 }
 
 criterion_group!(benches, bench);

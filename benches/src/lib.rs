@@ -2,7 +2,6 @@
 //! thing: `cargo bench -p backstop-benches`. See `benches/` for the benchmarks themselves.
 
 use backstop_breaker::BreakerConfig;
-use backstop_core::BoxError;
 use backstop_deadline::PropagateDeadlineLayer;
 use backstop_retry::{ReplayBody, RetryConfig};
 use http::{Request, Response};
@@ -98,9 +97,14 @@ fn replay_target() -> impl Service<
     })
 }
 
+/// A stack under measurement: a cloneable service of the benches' requests whose errors can be
+/// printed (every function below returns one).
+pub trait Stack: Service<Request<String>, Error: Debug> + Clone {}
+
+impl<S> Stack for S where S: Service<Request<String>, Error: Debug> + Clone {}
+
 /// tower's `retry` + `TpsBudget` + `timeout` (1 s) around [`bare`].
-pub fn tower_stack()
--> impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone {
+pub fn tower_stack() -> impl Stack {
     ServiceBuilder::new()
         .retry(TowerPolicy::new())
         .timeout(Duration::from_secs(1))
@@ -108,16 +112,14 @@ pub fn tower_stack()
 }
 
 /// backstop's `RetryLayer` (HTTP preset, ratio budget) alone.
-pub fn backstop_retry()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_retry() -> impl Stack {
     ServiceBuilder::new()
         .layer(RetryConfig::http().build().unwrap())
         .service(replay_target())
 }
 
 /// backstop's `PropagateDeadlineLayer` (1 s) around its `RetryLayer`.
-pub fn backstop_full()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_full() -> impl Stack {
     ServiceBuilder::new()
         .layer(
             PropagateDeadlineLayer::builder()
@@ -130,16 +132,14 @@ pub fn backstop_full()
 }
 
 /// backstop's `BreakerLayer` (HTTP preset: 10 s time window, 50 %, 20 calls minimum) alone.
-pub fn backstop_breaker()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_breaker() -> impl Stack {
     ServiceBuilder::new()
         .layer(BreakerConfig::http().build().unwrap())
         .service(bare())
 }
 
 /// backstop's `BreakerLayer` with a count window of the last 100 calls.
-pub fn backstop_breaker_count()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_breaker_count() -> impl Stack {
     ServiceBuilder::new()
         .layer(BreakerConfig::http().count_window(100).build().unwrap())
         .service(bare())
@@ -148,8 +148,7 @@ pub fn backstop_breaker_count()
 /// tower-resilience's circuit breaker with the same thresholds (50 %, 20 calls minimum, a
 /// 10 s time window, 3 half-open calls, 5 s open). Its time window keeps one record per call
 /// of the last 10 s, so its cost grows with the call rate.
-pub fn resilience_breaker()
--> impl Service<Request<String>, Response = Response<String>, Error = impl Debug> + Clone {
+pub fn resilience_breaker() -> impl Stack {
     use tower_resilience_circuitbreaker::SlidingWindowType;
     resilience_breaker_with(|b| {
         b.sliding_window_type(SlidingWindowType::TimeBased)
@@ -158,8 +157,7 @@ pub fn resilience_breaker()
 }
 
 /// tower-resilience's circuit breaker with a count window of 100 calls.
-pub fn resilience_breaker_count()
--> impl Service<Request<String>, Response = Response<String>, Error = impl Debug> + Clone {
+pub fn resilience_breaker_count() -> impl Stack {
     use tower_resilience_circuitbreaker::SlidingWindowType;
     resilience_breaker_with(|b| {
         b.sliding_window_type(SlidingWindowType::CountBased)
@@ -186,8 +184,7 @@ fn resilience_breaker_with(
 
 /// backstop's HTTP client preset (`PropagateDeadline` with a 1 s timeout → retry with the
 /// ratio budget → breaker → attempt timeout of 500 ms) around the ready service.
-pub fn backstop_preset()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_preset() -> impl Stack {
     ServiceBuilder::new()
         .layer(preset_1s().attempt_timeout(Duration::from_millis(500)))
         .service(replay_target())
@@ -204,8 +201,7 @@ fn preset_1s() -> backstop::ClientLayer<backstop_core::HttpClassifier> {
 
 /// The HTTP client preset with every default but the deadline's 1 s timeout: attempts bounded
 /// by measured latency.
-pub fn backstop_preset_adaptive()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_preset_adaptive() -> impl Stack {
     ServiceBuilder::new()
         .layer(preset_1s())
         .service(replay_target())
@@ -229,8 +225,7 @@ impl Clone for Cloneable {
 
 /// tower-resilience's time-limiter (1 s) + retry (3 attempts) + circuit breaker (count window
 /// of 100, 50 %, 20 calls minimum): the nearest thing it has to backstop's client preset.
-pub fn resilience_stack()
--> impl Service<Request<String>, Response = Response<String>, Error = impl Debug> + Clone {
+pub fn resilience_stack() -> impl Stack {
     use tower_resilience_circuitbreaker::{
         CircuitBreakerError, CircuitBreakerLayer, SlidingWindowType,
     };
@@ -262,16 +257,14 @@ pub fn resilience_stack()
 }
 
 /// `tower::timeout` (1 s) alone.
-pub fn tower_timeout()
--> impl Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone {
+pub fn tower_timeout() -> impl Stack {
     ServiceBuilder::new()
         .timeout(Duration::from_secs(1))
         .service(bare())
 }
 
 /// backstop's `PropagateDeadlineLayer` (1 s) alone.
-pub fn backstop_deadline()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_deadline() -> impl Stack {
     ServiceBuilder::new()
         .layer(
             PropagateDeadlineLayer::builder()
@@ -283,8 +276,7 @@ pub fn backstop_deadline()
 }
 
 /// A breaker forced open: every call is refused (the failure path of an open breaker).
-pub fn backstop_open_breaker()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_open_breaker() -> impl Stack {
     let layer = BreakerConfig::http()
         .mode(backstop_breaker::Mode::ForcedOpen)
         .build()
@@ -308,8 +300,7 @@ fn failing() -> impl Service<
 
 /// backstop's retry layer with an empty budget (no reserve, no deposits) over a dependency
 /// that always fails: each call is one attempt and one denied withdrawal.
-pub fn backstop_budget_denied()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_budget_denied() -> impl Stack {
     let budget = backstop_retry::RatioBudget::builder()
         .min_per_sec(0)
         .build()
@@ -338,16 +329,14 @@ pub fn request_with_timeout() -> Request<String> {
 }
 
 /// backstop's server preset (`Deadline → Pushback`) around the ready service.
-pub fn backstop_server()
--> impl Service<Request<String>, Response = impl Sized, Error = impl Debug> + Clone {
+pub fn backstop_server() -> impl Stack {
     ServiceBuilder::new()
         .layer(backstop::server())
         .service(bare())
 }
 
 /// backstop's attempt bound alone (adaptive: the latency model and its cached bound).
-pub fn backstop_attempt()
--> impl Service<Request<String>, Response = impl Sized, Error = BoxError> + Clone {
+pub fn backstop_attempt() -> impl Stack {
     let layer = backstop::timeout::AttemptTimeoutLayer::new(
         backstop::timeout::AttemptBound::Adaptive(backstop::timeout::Adaptive::new()),
     )

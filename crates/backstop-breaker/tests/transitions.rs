@@ -4,7 +4,7 @@ use backstop_breaker::{
     Breaker, BreakerConfig, BreakerLayer, BreakerOpen, Mode, Reason, State, Transition,
 };
 use backstop_core::{BoxError, GrpcClassifier, HttpClassifier, Rejection};
-use backstop_test_support::{Handle, MS, Mock, S, get, grpc_call, reply};
+use backstop_test_support::{Handle, MS, Mock, S, get, grpc_call, grpc_reply, reply};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
@@ -36,6 +36,22 @@ fn harness<C: Clone>(config: BreakerConfig<C>) -> Harness<C> {
 /// Deterministic: no jitter, small minimum, fixed seed.
 fn http() -> BreakerConfig<HttpClassifier> {
     BreakerConfig::http().minimum_calls(4).jitter(false).seed(1)
+}
+
+/// gRPC, opening on the first failure.
+fn grpc() -> BreakerConfig<GrpcClassifier> {
+    BreakerConfig::grpc().minimum_calls(1).jitter(false)
+}
+
+impl Harness<GrpcClassifier> {
+    /// One gRPC call answered by the dependency with a trailers-only `code`.
+    async fn call_grpc(&mut self, code: u8) {
+        self.handle.allow(1);
+        let future = self.service.ready().await.unwrap().call(grpc_call(""));
+        let (_, send) = self.handle.next_request().await.unwrap();
+        send.send_response(grpc_reply(code));
+        future.await.unwrap();
+    }
 }
 
 impl Harness<HttpClassifier> {
@@ -165,24 +181,10 @@ async fn throttled_calls_count_for_nothing_unless_asked() {
 /// gRPC RESOURCE_EXHAUSTED is throttling too; UNAVAILABLE is a failure.
 #[tokio::test(start_paused = true)]
 async fn resource_exhausted_counts_for_nothing_unavailable_counts() {
-    for (code, counted) in [("8", false), ("14", true)] {
-        let layer = BreakerConfig::grpc()
-            .minimum_calls(1)
-            .jitter(false)
-            .build()
-            .unwrap();
-        let (mock, mut handle) = mock::pair::<Request<String>, Response<String>>();
-        let mut service = layer.layer(mock);
-        handle.allow(1);
-        let future = service.ready().await.unwrap().call(grpc_call(""));
-        let (_, send) = handle.next_request().await.unwrap();
-        let mut failed = reply(200);
-        failed
-            .headers_mut()
-            .insert("grpc-status", HeaderValue::from_static(code));
-        send.send_response(failed);
-        future.await.unwrap();
-        let snap = layer.snapshot();
+    for (code, counted) in [(8, false), (14, true)] {
+        let mut h = harness(grpc());
+        h.call_grpc(code).await;
+        let snap = h.layer.snapshot();
         assert_eq!(snap.failures, u64::from(counted), "code {code}");
         let state = if counted { State::Open } else { State::Closed };
         assert_eq!(snap.state, state, "code {code}");
@@ -222,26 +224,13 @@ async fn open_refuses_at_once_and_says_when_to_come_back() {
 
 #[tokio::test(start_paused = true)]
 async fn grpc_callers_get_unavailable_with_a_pushback() {
-    let layer = BreakerConfig::grpc()
-        .minimum_calls(1)
-        .jitter(false)
-        .build()
-        .unwrap();
-    let (mock, mut handle) = mock::pair::<Request<String>, Response<String>>();
-    let mut service = layer.layer(mock);
-    handle.allow(1);
-    let future = service.ready().await.unwrap().call(grpc_call(""));
-    let (_, send) = handle.next_request().await.unwrap();
-    let mut failed = reply(200);
-    failed
-        .headers_mut()
-        .insert("grpc-status", HeaderValue::from_static("14"));
-    send.send_response(failed);
-    future.await.unwrap();
-    assert_eq!(layer.snapshot().state, State::Open);
+    let mut h = harness(grpc());
+    h.call_grpc(14).await;
+    assert_eq!(h.layer.snapshot().state, State::Open);
 
-    handle.allow(1);
-    let response = service
+    h.handle.allow(1);
+    let response = h
+        .service
         .ready()
         .await
         .unwrap()

@@ -14,12 +14,7 @@ use tower::{Layer, ServiceExt, service_fn};
 use tower_test::mock;
 
 /// A service that answers with what the handler saw: the extension and the task-local.
-fn reporter() -> impl tower::Service<
-    Request<String>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone {
+fn reporter() -> impl backstop_test_support::Dependency<Request<String>> {
     service_fn(|req: Request<String>| async move {
         let ext = req.extensions().get::<Deadline>().copied();
         let body = match (ext, current()) {

@@ -464,6 +464,27 @@ impl Budget for GrpcThrottle {
     }
 }
 
+/// A budget of earnings only: `ratio` of the successes of the last `ttl`, no reserve (tests).
+#[cfg(test)]
+fn earning(ratio: f64, ttl: Duration) -> RatioBudget {
+    RatioBudget::builder()
+        .ratio(ratio)
+        .ttl(ttl)
+        .min_per_sec(0)
+        .build()
+        .unwrap()
+}
+
+/// A budget of a reserve only, `per_sec` retries a second, over a 1 s window (tests).
+#[cfg(test)]
+fn reserve_only(per_sec: u32) -> RatioBudget {
+    RatioBudget::builder()
+        .ttl(Duration::from_secs(1))
+        .min_per_sec(per_sec)
+        .build()
+        .unwrap()
+}
+
 /// Loom models of the budget (the ring's own are in `backstop_core::stripe`): `RUSTFLAGS="--cfg loom" cargo test -p backstop-retry
 /// --lib loom` (what `.ci/run` does).
 #[cfg(all(test, loom))]
@@ -473,11 +494,7 @@ mod loom_models {
 
     fn one_token() -> RatioBudget {
         // A reserve of exactly one retry, no deposits.
-        RatioBudget::builder()
-            .ttl(Duration::from_secs(1))
-            .min_per_sec(1)
-            .build()
-            .unwrap()
+        reserve_only(1)
     }
 
     /// Two threads race for the last token: at most one gets it, and the withdrawal ring then
@@ -514,14 +531,7 @@ mod loom_models {
     #[test]
     fn a_deposit_racing_a_withdrawal() {
         loom::model(|| {
-            let budget = Arc::new(
-                RatioBudget::builder()
-                    .ratio(1.0)
-                    .ttl(Duration::from_secs(1))
-                    .min_per_sec(0)
-                    .build()
-                    .unwrap(),
-            );
+            let budget = Arc::new(earning(1.0, Duration::from_secs(1)));
             let other = budget.clone();
             let t = thread::spawn(move || other.deposits.add(0, 2, 1));
             let granted = budget.try_withdraw_at(2);
@@ -541,12 +551,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn deposits_expire_after_the_ttl() {
-        let b = RatioBudget::builder()
-            .ratio(0.5)
-            .ttl(Duration::from_secs(1))
-            .min_per_sec(0)
-            .build()
-            .unwrap();
+        let b = earning(0.5, Duration::from_secs(1));
         for _ in 0..4 {
             b.record_success();
         }
@@ -560,11 +565,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_reserve_is_always_there() {
-        let b = RatioBudget::builder()
-            .ttl(Duration::from_secs(1))
-            .min_per_sec(3)
-            .build()
-            .unwrap();
+        let b = reserve_only(3);
         for _ in 0..3 {
             assert!(b.try_withdraw());
         }
@@ -649,12 +650,7 @@ mod tests {
     /// deposits (and forgot withdrawals). Laps now have every bit the clock can reach.
     #[tokio::test(start_paused = true)]
     async fn no_idle_period_brings_old_tokens_back() {
-        let b = RatioBudget::builder()
-            .ratio(1.0)
-            .ttl(Duration::from_millis(10))
-            .min_per_sec(0)
-            .build()
-            .unwrap();
+        let b = earning(1.0, Duration::from_millis(10));
         for _ in 0..50 {
             b.record_success();
         }
@@ -684,11 +680,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refund_gives_the_token_back() {
-        let b = RatioBudget::builder()
-            .ttl(Duration::from_secs(1))
-            .min_per_sec(1)
-            .build()
-            .unwrap();
+        let b = reserve_only(1);
         assert!(b.try_withdraw());
         assert!(!b.try_withdraw());
         b.refund();
@@ -699,13 +691,7 @@ mod tests {
     #[test]
     fn threads_racing_never_overdraw() {
         for _ in 0..20 {
-            let b = std::sync::Arc::new(
-                RatioBudget::builder()
-                    .ratio(0.5)
-                    .min_per_sec(0)
-                    .build()
-                    .unwrap(),
-            );
+            let b = std::sync::Arc::new(earning(0.5, Duration::from_secs(10)));
             for _ in 0..20 {
                 b.record_success();
             }

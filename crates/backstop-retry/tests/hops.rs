@@ -34,15 +34,7 @@ fn policy() -> RetryConfig<backstop_core::GrpcClassifier> {
 }
 
 /// C: always UNAVAILABLE, counting attempts.
-fn c(
-    count: Arc<AtomicU64>,
-) -> impl Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone
-+ Send {
+fn c(count: Arc<AtomicU64>) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
     service_fn(move |_req: Request<ReplayBody<String>>| {
         count.fetch_add(1, Ordering::SeqCst);
         std::future::ready(Ok::<_, Infallible>(unavailable()))

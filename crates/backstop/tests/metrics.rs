@@ -89,12 +89,7 @@ use backstop_test_support::{grpc_reply as grpc_status, reply as status};
 /// Answers the statuses in `script`, then 200.
 fn scripted(
     script: &'static [u16],
-) -> impl tower::Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone {
+) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
     let calls = Arc::new(AtomicUsize::new(0));
     service_fn(move |_req: Request<ReplayBody<String>>| {
         let n = calls.fetch_add(1, Ordering::SeqCst);

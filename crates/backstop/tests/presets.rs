@@ -100,16 +100,7 @@ async fn the_extension_methods_stack_the_same_layers() {
 /// never answers).
 type Latency = Arc<std::sync::Mutex<Option<Duration>>>;
 
-fn slow(
-    latency: Latency,
-) -> impl Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ 'static {
+fn slow(latency: Latency) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
     service_fn(move |_req: Request<ReplayBody<String>>| {
         let latency = *latency.lock().unwrap();
         async move {
@@ -123,14 +114,7 @@ fn slow(
 }
 
 /// A dependency that never answers.
-fn hung() -> impl Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ 'static {
+fn hung() -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
     slow(Arc::new(std::sync::Mutex::new(None)))
 }
 
@@ -411,14 +395,7 @@ async fn a_grpc_attempt_out_of_time_answers_deadline_exceeded() {
 /// A dependency whose `n`th call (counting from 0) takes `latency(n)`.
 fn scripted(
     latency: impl Fn(u32) -> Duration + Clone + Send + 'static,
-) -> impl Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ 'static {
+) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
     let calls = Arc::new(AtomicU32::new(0));
     service_fn(move |_req: Request<ReplayBody<String>>| {
         let delay = latency(calls.fetch_add(1, Ordering::SeqCst));

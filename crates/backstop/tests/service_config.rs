@@ -402,14 +402,7 @@ mod dispatch {
     /// A dependency that answers every call UNAVAILABLE at once.
     fn unavailable(
         seen: Seen,
-    ) -> impl tower::Service<
-        Request<ReplayBody<String>>,
-        Response = Response<String>,
-        Error = std::convert::Infallible,
-        Future = impl Send,
-    > + Clone
-    + Send
-    + 'static {
+    ) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
         let t0 = tokio::time::Instant::now();
         service_fn(move |req: Request<ReplayBody<String>>| {
             let timeout = req

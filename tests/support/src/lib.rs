@@ -29,6 +29,22 @@ pub type Mock<Req = Request<String>> = tower_test::mock::Mock<Req, Response<Stri
 /// The handle of a [`Mock`].
 pub type Handle<Req = Request<String>> = tower_test::mock::Handle<Req, Response<String>>;
 
+/// A scripted dependency: a cloneable service answering `Response<String>` to `Req`, never
+/// failing, whose futures are `Send` (what the layers under test wrap). Test helpers return
+/// `impl Dependency<Req>` instead of spelling the bounds out each time.
+pub trait Dependency<Req>:
+    Service<Req, Response = Response<String>, Error = Infallible, Future: Send> + Clone + Send + 'static
+{
+}
+
+impl<S, Req> Dependency<Req> for S where
+    S: Service<Req, Response = Response<String>, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
 /// A reply with `status` and an empty body.
 pub fn reply(status: u16) -> Response<String> {
     Response::builder()
