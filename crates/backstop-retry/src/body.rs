@@ -1,7 +1,7 @@
 //! The response body of the retry layer: the inner body, watched to its end when the outcome
 //! is in its trailers.
 
-use crate::layer::Handle;
+use crate::shared::Handle;
 use crate::stats::GiveUp;
 use backstop_core::{Classify, Outcome, Retryable};
 use http::Response;
@@ -99,7 +99,7 @@ fn record<C>(handle: &Handle<C>, outcome: Outcome, to_budget: bool) {
     match outcome {
         Outcome::Success => budget.record_success(),
         Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint }
-            if crate::future::counts_as_failure(retryable, hint) =>
+            if crate::budget::counts_as_failure(retryable, hint) =>
         {
             budget.record_failure();
         }

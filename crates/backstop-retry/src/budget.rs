@@ -30,7 +30,7 @@
 //! ratio, not by a count.
 
 use backstop_core::{
-    ConfigError,
+    ConfigError, Retryable, ServerHint,
     stripe::{Ring, Update, Word},
 };
 #[cfg(loom)]
@@ -348,6 +348,13 @@ impl Budget for RatioBudget {
     fn balance(&self) -> f64 {
         self.balance_at(self.epoch()).max(0.0)
     }
+}
+
+/// Whether a failed attempt takes from a budget that counts failures (gRPC A6 throttling):
+/// only a failure the policy could retry, or a server's "do not retry" — not a malformed
+/// request or a final status.
+pub(crate) fn counts_as_failure(retryable: Retryable, hint: Option<ServerHint>) -> bool {
+    retryable != Retryable::Never || hint == Some(ServerHint::DoNotRetry)
 }
 
 /// gRPC's retry throttling (gRPC A6): a token bucket of `max_tokens`; every failed attempt

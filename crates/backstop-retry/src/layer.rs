@@ -1,4 +1,9 @@
-use crate::{Retry, RetryConfig, stats::Stats};
+use crate::{
+    Retry, RetryConfig,
+    shared::{Handles, Shared},
+    stats::Stats,
+};
+use backstop_core::ConfigError;
 use backstop_core::stripe;
 use std::sync::Arc;
 use tower_layer::Layer;
@@ -21,25 +26,6 @@ impl<C> Clone for RetryLayer<C> {
         }
     }
 }
-
-#[derive(Debug)]
-pub(crate) struct Shared<C> {
-    pub(crate) policy: RetryConfig<C>,
-    pub(crate) stats: Stats,
-    pub(crate) name: backstop_core::DependencyName,
-    /// Which of the dependency's methods this layer serves (a gRPC service config's entry):
-    /// its events and metrics carry it as `method`.
-    pub(crate) methods: std::sync::OnceLock<Box<str>>,
-    #[cfg(feature = "metrics")]
-    pub(crate) metrics: std::sync::OnceLock<crate::metrics::RetryMetrics>,
-}
-
-/// One handle per stripe to the layer's shared state, shared by every service of the layer
-/// (see [`backstop_core::stripe::Handles`]): a request holds its stripe's handle while it may
-/// be retried.
-pub(crate) type Handles<C> = stripe::Handles<Shared<C>>;
-/// What a request holds on to while it may be retried.
-pub(crate) type Handle<C> = stripe::Handle<Shared<C>>;
 
 impl<C> RetryLayer<C> {
     /// The layer for a policy; same as [`RetryConfig::build`].
@@ -105,7 +91,6 @@ impl<C> RetryLayer<C> {
             stats: Stats::new(stripe::count()),
             name: backstop_core::DependencyName::default(),
             methods: std::sync::OnceLock::new(),
-            #[cfg(feature = "metrics")]
             metrics: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
@@ -115,6 +100,21 @@ impl<C> RetryLayer<C> {
     /// What the layer (and every service it built) has done so far.
     pub fn stats(&self) -> crate::RetryStats {
         self.shared.stats.snapshot()
+    }
+}
+
+impl<C> RetryConfig<C> {
+    /// Validates the configuration and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the knob when a knob of the backoff is out of its range
+    /// ([`Backoff::validate`](crate::backoff::Backoff::validate)), `max_attempts` is 0 or
+    /// more than 10, `min_attempt_time` is longer than 1 h, or `hedging.max_attempts` is not
+    /// in 2..=10.
+    pub fn build(self) -> Result<RetryLayer<C>, ConfigError> {
+        self.validate()?;
+        Ok(RetryLayer::from_policy(self))
     }
 }
 

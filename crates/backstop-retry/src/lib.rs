@@ -142,6 +142,8 @@ mod policy;
 mod pushback;
 mod replay;
 mod service;
+mod shared;
+mod state;
 mod stats;
 mod template;
 

@@ -6,7 +6,7 @@
 //! Registered once per layer, on the first call that records (a `OnceLock` in the layer's
 //! shared state), then shared by every clone.
 
-use crate::{layer::Shared, stats::GiveUp};
+use crate::stats::GiveUp;
 use backstop_core::{Outcome, metrics as names};
 use metrics::{Counter, Gauge};
 
@@ -29,7 +29,7 @@ pub(crate) struct RetryMetrics {
 impl RetryMetrics {
     /// The handles, with a `method` label when the layer serves some of the dependency's
     /// methods (a service config entry).
-    fn new(dependency: &str, method: Option<&str>) -> Self {
+    pub(crate) fn new(dependency: &str, method: Option<&str>) -> Self {
         use metrics::Label;
         names::describe();
         let labels = |key: &'static str, value: &'static str| {
@@ -57,31 +57,23 @@ impl RetryMetrics {
     }
 }
 
-impl<C> Shared<C> {
-    fn metrics(&self) -> &RetryMetrics {
-        self.metrics
-            .get_or_init(|| RetryMetrics::new(self.name.get(), self.methods.get().map(|m| &**m)))
+impl RetryMetrics {
+    /// Whether metrics are recorded (the feature is on).
+    pub(crate) const ON: bool = true;
+
+    pub(crate) fn outcome(&self, outcome: Outcome) {
+        self.requests[names::outcome_index(outcome)].increment(1);
     }
 
-    /// A call ended with this outcome.
-    pub(crate) fn meter_outcome(&self, outcome: Outcome) {
-        self.metrics().requests[names::outcome_index(outcome)].increment(1);
+    pub(crate) fn attempt(&self, kind: AttemptKind) {
+        self.attempts[kind as usize].increment(1);
     }
 
-    /// An attempt was sent.
-    pub(crate) fn meter_attempt(&self, kind: AttemptKind) {
-        self.metrics().attempts[kind as usize].increment(1);
+    pub(crate) fn give_up(&self, why: GiveUp) {
+        self.give_ups[why as usize].increment(1);
     }
 
-    /// A failure was returned without a retry.
-    pub(crate) fn meter_give_up(&self, why: GiveUp) {
-        self.metrics().give_ups[why as usize].increment(1);
-    }
-
-    /// The budget changed: the gauge reads its balance again.
-    pub(crate) fn meter_budget(&self) {
-        if let Some(budget) = &self.policy.budget {
-            self.metrics().balance.set(budget.balance());
-        }
+    pub(crate) fn balance(&self, balance: f64) {
+        self.balance.set(balance);
     }
 }

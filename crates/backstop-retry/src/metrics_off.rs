@@ -1,6 +1,7 @@
-//! Without the `metrics` feature, recording is nothing at all (the calls compile away).
+//! Without the `metrics` feature, recording is nothing at all: the handles are zero-sized and
+//! every hook is skipped at compile time (`RetryMetrics::ON` is false).
 
-use crate::{layer::Shared, stats::GiveUp};
+use crate::stats::GiveUp;
 use backstop_core::Outcome;
 
 /// Which attempt was sent.
@@ -11,16 +12,23 @@ pub(crate) enum AttemptKind {
     Hedge,
 }
 
-impl<C> Shared<C> {
-    #[inline(always)]
-    pub(crate) fn meter_outcome(&self, _: Outcome) {}
+/// No handles.
+#[derive(Debug)]
+pub(crate) struct RetryMetrics;
 
-    #[inline(always)]
-    pub(crate) fn meter_attempt(&self, _: AttemptKind) {}
+impl RetryMetrics {
+    /// Whether metrics are recorded (the feature is off).
+    pub(crate) const ON: bool = false;
 
-    #[inline(always)]
-    pub(crate) fn meter_give_up(&self, _: GiveUp) {}
+    pub(crate) fn new(_: &str, _: Option<&str>) -> Self {
+        Self
+    }
 
-    #[inline(always)]
-    pub(crate) fn meter_budget(&self) {}
+    pub(crate) fn outcome(&self, _: Outcome) {}
+
+    pub(crate) fn attempt(&self, _: AttemptKind) {}
+
+    pub(crate) fn give_up(&self, _: GiveUp) {}
+
+    pub(crate) fn balance(&self, _: f64) {}
 }

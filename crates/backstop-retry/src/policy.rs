@@ -1,5 +1,4 @@
 use crate::{
-    RetryLayer,
     backoff::{self, Backoff},
     budget::{Budget, RatioBudget},
 };
@@ -112,7 +111,7 @@ impl Idempotency {
     }
 }
 
-/// What a [`RetryLayer`] does: presets [`RetryConfig::http`] and [`RetryConfig::grpc`], tuned
+/// What a [`RetryLayer`](crate::RetryLayer) does: presets [`RetryConfig::http`] and [`RetryConfig::grpc`], tuned
 /// with the knob methods and validated by [`build`](RetryConfig::build).
 ///
 /// Defaults of both presets: 3 attempts (the first included), [`backoff::decorrelated`]
@@ -265,14 +264,8 @@ impl<C> RetryConfig<C> {
         self
     }
 
-    /// Validates the policy and builds the layer.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the knob when a knob of the backoff is out of its range
-    /// ([`Backoff::validate`]), `max_attempts` is 0 or more than 10, `min_attempt_time` is
-    /// longer than 1 h, or `hedging.max_attempts` is not in 2..=10.
-    pub fn build(self) -> Result<RetryLayer<C>, ConfigError> {
+    /// Checks every knob (what [`build`](Self::build) does first; its docs list the rules).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         self.backoff.validate()?;
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS_LIMIT {
             return Err(ConfigError::new(
@@ -303,7 +296,7 @@ impl<C> RetryConfig<C> {
                 ),
             ));
         }
-        Ok(RetryLayer::from_policy(self))
+        Ok(())
     }
 }
 

@@ -1,9 +1,10 @@
 use crate::{
     ReplayBody, RetryBody,
     bounds::{Armed, Bounds},
-    future::{ResponseFuture, RetryState, State},
+    future::{ResponseFuture, State},
     hedge::Hedges,
-    layer::Handles,
+    shared::Handles,
+    state::RetryState,
     template::Template,
 };
 use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT};

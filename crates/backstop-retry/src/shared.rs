@@ -1,0 +1,76 @@
+//! What every clone of a retry layer and its services share: the configuration, the stats,
+//! the dependency's name and the metric handles.
+//!
+//! **Concurrency rule.** Read-only after the layer is built, but for the stats (striped
+//! atomics, see `stats.rs`), the budget (see `budget.rs`) and the name, methods and metric
+//! handles, each set once (`OnceLock`).
+
+use crate::{
+    RetryConfig,
+    metrics::{AttemptKind, RetryMetrics},
+    stats::{GiveUp, Stats},
+};
+use backstop_core::{Outcome, stripe};
+
+/// The layer's shared state.
+#[derive(Debug)]
+pub(crate) struct Shared<C> {
+    pub(crate) policy: RetryConfig<C>,
+    pub(crate) stats: Stats,
+    pub(crate) name: backstop_core::DependencyName,
+    /// Which of the dependency's methods this layer serves (a gRPC service config's entry):
+    /// its events and metrics carry it as `method`.
+    pub(crate) methods: std::sync::OnceLock<Box<str>>,
+    /// The metric handles, registered by the first call that records (zero-sized without the
+    /// `metrics` feature).
+    pub(crate) metrics: std::sync::OnceLock<RetryMetrics>,
+}
+
+/// One handle per stripe to the layer's shared state, shared by every service of the layer
+/// (see [`backstop_core::stripe::Handles`]): a request holds its stripe's handle while it may
+/// be retried.
+pub(crate) type Handles<C> = stripe::Handles<Shared<C>>;
+/// What a request holds on to while it may be retried.
+pub(crate) type Handle<C> = stripe::Handle<Shared<C>>;
+
+impl<C> Shared<C> {
+    #[inline(always)]
+    fn metrics(&self) -> &RetryMetrics {
+        self.metrics
+            .get_or_init(|| RetryMetrics::new(self.name.get(), self.methods.get().map(|m| &**m)))
+    }
+
+    /// A call ended with this outcome.
+    #[inline(always)]
+    pub(crate) fn meter_outcome(&self, outcome: Outcome) {
+        if RetryMetrics::ON {
+            self.metrics().outcome(outcome);
+        }
+    }
+
+    /// An attempt was sent.
+    #[inline(always)]
+    pub(crate) fn meter_attempt(&self, kind: AttemptKind) {
+        if RetryMetrics::ON {
+            self.metrics().attempt(kind);
+        }
+    }
+
+    /// A failure was returned without a retry.
+    #[inline(always)]
+    pub(crate) fn meter_give_up(&self, why: GiveUp) {
+        if RetryMetrics::ON {
+            self.metrics().give_up(why);
+        }
+    }
+
+    /// The budget changed: the gauge reads its balance again.
+    #[inline(always)]
+    pub(crate) fn meter_budget(&self) {
+        if RetryMetrics::ON
+            && let Some(budget) = &self.policy.budget
+        {
+            self.metrics().balance(budget.balance());
+        }
+    }
+}
