@@ -1,6 +1,6 @@
-use crate::keyed::BreakerKey;
 use crate::{
-    BreakerLayer, Mode, Transition,
+    Mode, Transition,
+    key::BreakerKey,
     state::Settings,
     window::{CountRing, MAX_COUNT_WINDOW, TimeRing, Window},
 };
@@ -11,7 +11,7 @@ use std::{fmt, sync::Arc, time::Duration};
 pub(crate) type Hook = Arc<dyn Fn(&Transition) + Send + Sync>;
 
 /// The configuration of a circuit breaker; [`build`](BreakerConfig::build) validates it and
-/// makes the [`BreakerLayer`].
+/// makes the [`BreakerLayer`](crate::BreakerLayer).
 ///
 /// Defaults (every one a knob below):
 ///
@@ -46,9 +46,9 @@ pub struct BreakerConfig<C> {
     slow_start: Option<Duration>,
     pub(crate) mode: Mode,
     pub(crate) hook: Option<Hook>,
-    key: Option<BreakerKey>,
-    max_keys: usize,
-    key_idle: Duration,
+    pub(crate) key: Option<BreakerKey>,
+    pub(crate) max_keys: usize,
+    pub(crate) key_idle: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -310,43 +310,9 @@ impl<C> BreakerConfig<C> {
         self
     }
 
-    /// Validates the configuration and builds the layer. Clones of the layer, and every
-    /// service it builds, share one breaker (or, [`per_key`](Self::per_key), one table of
-    /// breakers).
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the knob, when:
-    /// - `failure_rate` or the `slow_calls` rate is not in (0, 1], or the slow-call duration
-    ///   is zero;
-    /// - `minimum_calls` is zero, or larger than a count window;
-    /// - `consecutive_failures` is zero;
-    /// - `probes` is not in 1..=1000;
-    /// - `open_duration`'s base is zero, its max is below the base or above one day;
-    /// - `open_multiplier` is below 1 or not finite;
-    /// - `time_window` has 0 or more than 1000 buckets, or buckets shorter than 1 ms;
-    /// - `count_window` is not in 1..=100 000;
-    /// - `slow_start` is zero or longer than one day;
-    /// - `max_keys` is not in 1..=10 000, or `idle_keys_after` is not between 1 s and one day.
-    pub fn build(mut self) -> Result<BreakerLayer<C>, ConfigError>
-    where
-        C: Clone,
-    {
-        let (settings, window) = self.validate()?;
-        let keyed = self.key.take().map(|key| {
-            // Each new key's breaker: this configuration, unkeyed.
-            let template = self.clone();
-            Arc::new(crate::keyed::Keyed::new(
-                key,
-                template,
-                self.max_keys,
-                self.key_idle,
-            ))
-        });
-        Ok(BreakerLayer::from_parts(self, settings, window, keyed))
-    }
-
-    fn validate(&self) -> Result<(Settings, Window), ConfigError> {
+    /// Checks every knob and derives the machine's settings and window (what
+    /// [`build`](Self::build) does first; its docs list the rules).
+    pub(crate) fn validate(&self) -> Result<(Settings, Window), ConfigError> {
         const DAY: Duration = Duration::from_secs(86_400);
         if !(1..=10_000).contains(&self.max_keys) {
             return Err(ConfigError::new(

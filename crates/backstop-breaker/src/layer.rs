@@ -1,9 +1,8 @@
 use crate::{
     Breaker, BreakerConfig, Mode, Snapshot,
-    shared::{Handles, Shared},
-    state::{Machine, Settings},
-    window::Window,
+    shared::{Handles, Keyed, Shared},
 };
+use backstop_core::ConfigError;
 use std::sync::Arc;
 use tower_layer::Layer;
 
@@ -40,22 +39,7 @@ impl<C> BreakerLayer<C> {
         config.build()
     }
 
-    pub(crate) fn from_parts(
-        config: BreakerConfig<C>,
-        settings: Settings,
-        window: Window,
-        keyed: Option<Arc<crate::keyed::Keyed<C>>>,
-    ) -> Self {
-        let slow = config.slow_duration();
-        let machine = Machine::new(settings, window, config.mode);
-        let shared = Arc::new(Shared::new(
-            machine,
-            config.classifier,
-            slow,
-            config.count_throttled,
-            config.hook,
-            keyed,
-        ));
+    pub(crate) fn from_shared(shared: Arc<Shared<C>>) -> Self {
         let handles = Handles::new(&shared);
         Self { shared, handles }
     }
@@ -93,15 +77,23 @@ impl<C> BreakerLayer<C> {
         self.shared
             .keyed
             .as_ref()?
-            .layer(key)
-            .map(|layer| layer.snapshot())
+            .entry_of(key)
+            .map(|entry| entry.shared.snapshot())
     }
 
     fn keys_now(&self) -> Vec<(String, BreakerLayer<C>)> {
-        self.shared
-            .keyed
-            .as_ref()
-            .map_or_else(Vec::new, |k| k.layers())
+        let entries = self.shared.keyed.as_ref().map(|k| k.entries());
+        entries
+            .into_iter()
+            .flatten()
+            .map(|(key, entry)| {
+                let layer = BreakerLayer {
+                    shared: entry.shared.clone(),
+                    handles: entry.handles.clone(),
+                };
+                (key, layer)
+            })
+            .collect()
     }
 
     /// The dependency's name (`""` when unnamed).
@@ -132,6 +124,39 @@ impl<C> BreakerLayer<C> {
         for (_, layer) in self.keys_now() {
             layer.reset();
         }
+    }
+}
+
+impl<C> BreakerConfig<C> {
+    /// Validates the configuration and builds the layer. Clones of the layer, and every
+    /// service it builds, share one breaker (or, [`per_key`](Self::per_key), one table of
+    /// breakers).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the knob, when:
+    /// - `failure_rate` or the `slow_calls` rate is not in (0, 1], or the slow-call duration
+    ///   is zero;
+    /// - `minimum_calls` is zero, or larger than a count window;
+    /// - `consecutive_failures` is zero;
+    /// - `probes` is not in 1..=1000;
+    /// - `open_duration`'s base is zero, its max is below the base or above one day;
+    /// - `open_multiplier` is below 1 or not finite;
+    /// - `time_window` has 0 or more than 1000 buckets, or buckets shorter than 1 ms;
+    /// - `count_window` is not in 1..=100 000;
+    /// - `slow_start` is zero or longer than one day;
+    /// - `max_keys` is not in 1..=10 000, or `idle_keys_after` is not between 1 s and one day.
+    pub fn build(mut self) -> Result<BreakerLayer<C>, ConfigError>
+    where
+        C: Clone,
+    {
+        self.validate()?;
+        let keyed = self.key.take().map(|key| {
+            // Each new key's breaker: this configuration, unkeyed.
+            let template = self.clone();
+            Arc::new(Keyed::new(key, template, self.max_keys, self.key_idle))
+        });
+        Ok(BreakerLayer::from_shared(Shared::from_config(self, keyed)?))
     }
 }
 

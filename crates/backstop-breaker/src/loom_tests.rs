@@ -227,11 +227,11 @@ fn loom_a_close_racing_an_old_generation_failure() {
 }
 
 /// A keyed table with room for `max_keys`, built as a layer would build it.
-fn keyed(max_keys: usize) -> Arc<crate::keyed::Keyed<backstop_core::HttpClassifier>> {
+fn keyed(max_keys: usize) -> Arc<crate::shared::Keyed<backstop_core::HttpClassifier>> {
     let config = crate::BreakerConfig::http()
         .count_window(2)
         .minimum_calls(1);
-    Arc::new(crate::keyed::Keyed::new(
+    Arc::new(crate::shared::Keyed::new(
         crate::BreakerKey::Path,
         config,
         max_keys,
@@ -251,7 +251,7 @@ fn loom_two_calls_racing_for_a_new_key_share_one_breaker() {
             .collect();
         let entries: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         assert!(std::sync::Arc::ptr_eq(&entries[0], &entries[1]));
-        assert_eq!(table.layers().len(), 1);
+        assert_eq!(table.entries().len(), 1);
     });
 }
 
@@ -272,6 +272,6 @@ fn loom_a_full_table_never_grows_past_its_bound() {
             1,
             "one key got the room"
         );
-        assert_eq!(table.layers().len(), 1);
+        assert_eq!(table.entries().len(), 1);
     });
 }

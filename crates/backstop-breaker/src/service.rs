@@ -1,8 +1,4 @@
-use crate::{
-    BreakerBody,
-    future::{Permit, ResponseFuture},
-    shared::Handles,
-};
+use crate::{BreakerBody, future::ResponseFuture, permit::Permit, shared::Handles};
 use backstop_core::{BoxError, Classify, is_grpc};
 use http::{Request, Response};
 use std::task::{Context, Poll};

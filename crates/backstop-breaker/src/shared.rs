@@ -7,11 +7,14 @@
 //! compare-and-swap made the transition, so each transition is reported exactly once.
 
 use crate::{
-    Mode, State, Transition,
+    BreakerConfig, Mode, State, Transition,
     config::Hook,
+    key::BreakerKey,
     state::{Admission, Machine, Verdict},
+    sync::{AtomicU64, Swap},
 };
 use backstop_core::stripe;
+use std::collections::HashMap;
 use std::{fmt, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
@@ -37,7 +40,7 @@ pub(crate) struct Shared<C> {
     key: std::sync::OnceLock<Box<str>>,
     /// A keyed layer's breakers per key; this breaker then takes the calls with no key
     /// (and keys past the bound). Read by every call: one load of a word already in cache.
-    pub(crate) keyed: Option<Arc<crate::keyed::Keyed<C>>>,
+    pub(crate) keyed: Option<Arc<Keyed<C>>>,
     #[cfg(feature = "metrics")]
     metrics: std::sync::OnceLock<BreakerMetrics>,
 }
@@ -99,13 +102,32 @@ impl<C> fmt::Debug for Shared<C> {
 }
 
 impl<C> Shared<C> {
+    /// A breaker for `config` (validated here), with the table of a keyed layer's breakers
+    /// when it is one.
+    pub(crate) fn from_config(
+        config: BreakerConfig<C>,
+        keyed: Option<Arc<Keyed<C>>>,
+    ) -> Result<Arc<Self>, backstop_core::ConfigError> {
+        let (settings, window) = config.validate()?;
+        let slow = config.slow_duration();
+        let machine = Machine::new(settings, window, config.mode);
+        Ok(Arc::new(Self::new(
+            machine,
+            config.classifier,
+            slow,
+            config.count_throttled,
+            config.hook,
+            keyed,
+        )))
+    }
+
     pub(crate) fn new(
         machine: Machine,
         classifier: C,
         slow: Option<Duration>,
         count_throttled: bool,
         hook: Option<Hook>,
-        keyed: Option<Arc<crate::keyed::Keyed<C>>>,
+        keyed: Option<Arc<Keyed<C>>>,
     ) -> Self {
         Self {
             machine,
@@ -289,4 +311,61 @@ pub struct Snapshot {
     /// Bytes of state shared by every clone of the breaker (fixed at build time: it does not
     /// grow with traffic).
     pub shared_bytes: usize,
+}
+
+/// One key's breaker and when a call last used it.
+pub(crate) struct Entry<C> {
+    pub(crate) shared: Arc<Shared<C>>,
+    pub(crate) handles: Handles<C>,
+    /// Seconds since the table was built, at the last call (written at most once a second).
+    pub(crate) last_used: AtomicU64,
+}
+
+pub(crate) type Table<C> = HashMap<Box<str>, Arc<Entry<C>>>;
+
+/// The breakers of a keyed layer.
+pub(crate) struct Keyed<C> {
+    pub(crate) key: BreakerKey,
+    /// What each new key's breaker is built from (the layer's config, unkeyed).
+    pub(crate) template: BreakerConfig<C>,
+    pub(crate) table: Swap<Table<C>>,
+    pub(crate) grow: crate::sync::Mutex<()>,
+    pub(crate) max_keys: usize,
+    pub(crate) idle_s: u64,
+    pub(crate) start: Instant,
+    /// While the table is full: the earliest second at which a key can have gone idle (the
+    /// oldest last use seen, plus `idle_s`; last uses only grow, so none is idle before).
+    /// Until then a new key goes to the overflow breaker at once, without the lock or a
+    /// scan of the table.
+    pub(crate) full_until: AtomicU64,
+}
+
+impl<C> fmt::Debug for Keyed<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyed")
+            .field("key", &self.key)
+            .field("keys", &self.table.load().len())
+            .field("max_keys", &self.max_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Keyed<C> {
+    pub(crate) fn new(
+        key: BreakerKey,
+        template: BreakerConfig<C>,
+        max_keys: usize,
+        idle: Duration,
+    ) -> Self {
+        Self {
+            key,
+            template,
+            table: Swap::new(Arc::new(HashMap::new())),
+            grow: crate::sync::Mutex::new(()),
+            max_keys,
+            idle_s: idle.as_secs().max(1),
+            start: Instant::now(),
+            full_until: AtomicU64::new(0),
+        }
+    }
 }

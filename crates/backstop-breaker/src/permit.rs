@@ -1,0 +1,104 @@
+//! The one owner of a call's cancellation rules: an admitted call's [`Permit`].
+
+use crate::{
+    shared::Handle,
+    state::{Admission, Verdict},
+};
+use backstop_core::Outcome;
+use std::{fmt, sync::Arc};
+use tokio::time::Instant;
+
+/// An admitted call's claim on the breaker, held until its outcome is known.
+///
+/// Dropped without an outcome (the call was cancelled, or its body dropped before the end),
+/// it records nothing and gives a half-open probe slot back, unless slow calls are detected
+/// and the call had already run for the slow-call duration: then it was slow, whoever gave
+/// up on it, and it counts as a slow call. (Otherwise a dependency that hangs until the
+/// caller's deadline cancels every call would never be seen as slow.)
+pub(crate) struct Permit<C> {
+    handle: Arc<Handle<C>>,
+    admission: Admission,
+    start: Option<Instant>,
+    armed: bool,
+}
+
+impl<C> Permit<C> {
+    /// A permit, or none for a call that is not counted.
+    pub(crate) fn new(
+        handle: &Arc<Handle<C>>,
+        admission: Admission,
+        start: Option<Instant>,
+    ) -> Option<Self> {
+        (admission != Admission::Passive).then(|| Self {
+            handle: handle.clone(),
+            admission,
+            start,
+            armed: true,
+        })
+    }
+
+    /// Whether the call has run for at least the slow-call duration.
+    fn slow(&self) -> bool {
+        match (self.start, self.handle.slow) {
+            (Some(start), Some(limit)) => start.elapsed() >= limit,
+            _ => false,
+        }
+    }
+
+    /// Records the call's outcome.
+    pub(crate) fn finish(mut self, outcome: Outcome) {
+        self.armed = false;
+        let slow = self.slow();
+        let verdict = match outcome {
+            Outcome::Success => Verdict::Counted {
+                failure: false,
+                slow,
+            },
+            Outcome::Failure { .. } => Verdict::Counted {
+                failure: true,
+                slow,
+            },
+            Outcome::Throttled { .. } if self.handle.count_throttled => Verdict::Counted {
+                failure: true,
+                slow,
+            },
+            Outcome::Throttled { .. } | Outcome::Rejected | Outcome::Ignored => Verdict::Nothing,
+        };
+        self.handle
+            .complete(self.admission, verdict, self.handle.stripe());
+    }
+
+    /// The breaker's classifier.
+    pub(crate) fn classifier(&self) -> &C {
+        &self.handle.classifier
+    }
+}
+
+impl<C> Drop for Permit<C> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let verdict = if self.slow() {
+            Verdict::Counted {
+                failure: false,
+                slow: true,
+            }
+        } else if matches!(self.admission, Admission::Probe(_)) {
+            Verdict::Nothing
+        } else {
+            return; // a closed-state call that ends as nothing: no shared state to touch
+        };
+        self.handle
+            .complete(self.admission, verdict, self.handle.stripe());
+    }
+}
+
+impl<C> fmt::Debug for Permit<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("admission", &self.admission)
+            .field("armed", &self.armed)
+            .finish()
+    }
+}
