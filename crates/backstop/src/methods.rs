@@ -218,3 +218,35 @@ where
         self.inner.call(req)
     }
 }
+
+impl ClientLayer<GrpcClassifier> {
+    /// The same client with its retry, hedging and timeout policies per method, from gRPC's
+    /// service config (see [`MethodsLayer`]): the deadline
+    /// propagation, breaker and attempt bound of this preset, one retry layer per
+    /// `methodConfig` entry, and one budget for the client (the config's `retryThrottling`,
+    /// else the ratio budget). This preset's own retry layer is not used.
+    ///
+    /// ```
+    /// use backstop::grpc::ServiceConfig;
+    ///
+    /// let config = ServiceConfig::from_json(r#"{ "methodConfig": [
+    ///     { "name": [{ "service": "bank.Accounts", "method": "GetBalance" }],
+    ///       "retryPolicy": { "maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+    ///                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] } }
+    /// ] }"#)?;
+    /// let client = backstop::client::grpc().service_config(config)?;
+    /// # let _ = client;
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When a policy cannot be built (e.g. a `maxAttempts` above this crate's limit after a
+    /// raised cap).
+    pub fn service_config(
+        self,
+        config: crate::grpc::ServiceConfig,
+    ) -> Result<MethodsLayer, crate::ConfigError> {
+        MethodsLayer::new(self, config)
+    }
+}
