@@ -85,13 +85,29 @@ pub fn bare()
     service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) })
 }
 
-/// The same, behind a retry layer's replayable body.
-fn replay_target() -> impl Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone {
+/// A dependency behind a retry layer: what the retry layer's inner service must be here.
+trait Target:
+    Service<
+        Request<ReplayBody<String>>,
+        Response = Response<String>,
+        Error = Infallible,
+        Future: Send,
+    > + Clone
+{
+}
+
+impl<S> Target for S where
+    S: Service<
+            Request<ReplayBody<String>>,
+            Response = Response<String>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+{
+}
+
+/// The same as [`bare`], behind a retry layer's replayable body.
+fn replay_target() -> impl Target {
     service_fn(|_req: Request<ReplayBody<String>>| async {
         Ok::<_, Infallible>(Response::new(String::new()))
     })
@@ -284,16 +300,12 @@ pub fn backstop_open_breaker() -> impl Stack {
     ServiceBuilder::new().layer(layer).service(bare())
 }
 
-/// A dependency that always answers 503.
-fn failing() -> impl Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future = impl Send,
-> + Clone {
-    service_fn(|_req: Request<ReplayBody<String>>| async {
+/// A dependency behind a retry layer that always answers `status` (503 for the failure paths).
+fn answering(status: u16) -> impl Target {
+    let status = http::StatusCode::from_u16(status).expect("a valid status");
+    service_fn(move |_req: Request<ReplayBody<String>>| async move {
         let mut response = Response::new(String::new());
-        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        *response.status_mut() = status;
         Ok::<_, Infallible>(response)
     })
 }
@@ -312,7 +324,7 @@ pub fn backstop_budget_denied() -> impl Stack {
                 .build()
                 .unwrap(),
         )
-        .service(failing())
+        .service(answering(503))
 }
 
 /// The request a server sees from a caller with a deadline: [`request`] with `grpc-timeout:

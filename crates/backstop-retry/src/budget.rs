@@ -744,33 +744,17 @@ mod tests {
                 .knob(),
             "ttl"
         );
-        assert_eq!(
-            GrpcThrottle::builder()
-                .max_tokens(0)
-                .token_ratio(0.1)
-                .build()
-                .unwrap_err()
-                .knob(),
-            "max_tokens"
-        );
-        assert_eq!(
-            GrpcThrottle::builder()
-                .max_tokens(1001)
-                .token_ratio(0.1)
-                .build()
-                .unwrap_err()
-                .knob(),
-            "max_tokens"
-        );
-        assert_eq!(
-            GrpcThrottle::builder()
-                .max_tokens(10)
-                .token_ratio(0.0)
-                .build()
-                .unwrap_err()
-                .knob(),
-            "token_ratio"
-        );
+        for (max_tokens, token_ratio, knob) in [
+            (0, 0.1, "max_tokens"),
+            (1001, 0.1, "max_tokens"),
+            (10, 0.0, "token_ratio"),
+        ] {
+            let throttle = GrpcThrottle::builder()
+                .max_tokens(max_tokens)
+                .token_ratio(token_ratio)
+                .build();
+            assert_eq!(throttle.unwrap_err().knob(), knob);
+        }
         assert!(RatioBudget::builder().ratio(1.0).build().is_ok());
     }
 

@@ -40,14 +40,7 @@ async fn run(
         for _ in 0..10_000 {
             if let std::task::Poll::Ready(result) = call.poll() {
                 let response = result.unwrap();
-                return (
-                    sent.len(),
-                    sent,
-                    response.headers()["grpc-status"]
-                        .to_str()
-                        .unwrap()
-                        .to_owned(),
-                );
+                return (sent.len(), sent, status_of(&response));
             }
             if let std::task::Poll::Ready(Some(pair)) = handle.poll_request() {
                 next = Some(pair);
@@ -60,14 +53,7 @@ async fn run(
         send.send_response(answer.clone());
     }
     let response = assert_ready!(call.poll()).unwrap();
-    (
-        sent.len(),
-        sent,
-        response.headers()["grpc-status"]
-            .to_str()
-            .unwrap()
-            .to_owned(),
-    )
+    (sent.len(), sent, status_of(&response))
 }
 
 fn gaps(sent: &[Duration]) -> Vec<Duration> {
@@ -243,4 +229,12 @@ async fn a_failure_in_trailers_is_no_success() {
         9.5,
         "INTERNAL is not retryable: not counted"
     );
+}
+
+/// A response's `grpc-status`.
+fn status_of<B>(response: &Response<B>) -> String {
+    response.headers()["grpc-status"]
+        .to_str()
+        .unwrap()
+        .to_owned()
 }

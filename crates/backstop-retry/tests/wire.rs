@@ -88,11 +88,7 @@ async fn no_retry_is_scheduled_past_the_deadline_on_the_wire() {
 /// caller's `10S` went out on the first attempt as it was.
 #[tokio::test(start_paused = true)]
 async fn every_attempt_says_the_time_really_left_whoever_wrote_the_header() {
-    let layer = RetryConfig::grpc()
-        .no_budget()
-        .backoff(backoff::constant(10 * MS))
-        .build()
-        .unwrap();
+    let layer = retrying_every_10ms();
     let (mock, mut handle) = mock::pair::<Req, Response<String>>();
     let mut req = grpc();
     req.headers_mut()
@@ -108,11 +104,7 @@ async fn every_attempt_says_the_time_really_left_whoever_wrote_the_header() {
     call.await.unwrap().unwrap();
 
     // The same with a request of many headers (the header is then looked up, not scanned).
-    let layer = RetryConfig::grpc()
-        .no_budget()
-        .backoff(backoff::constant(10 * MS))
-        .build()
-        .unwrap();
+    let layer = retrying_every_10ms();
     let (mock, mut handle) = mock::pair::<Req, Response<String>>();
     let mut req = grpc();
     for i in 0..12 {
@@ -329,4 +321,13 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// The gRPC preset, no budget, a constant 10 ms backoff.
+fn retrying_every_10ms() -> backstop_retry::RetryLayer<backstop_core::GrpcClassifier> {
+    RetryConfig::grpc()
+        .no_budget()
+        .backoff(backoff::constant(10 * MS))
+        .build()
+        .unwrap()
 }

@@ -3,6 +3,7 @@
 #![cfg(feature = "metrics")]
 
 use backstop::{ReplayBody, prelude::*};
+use backstop_test_support::{grpc_reply as grpc_status, reply as status};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Full};
@@ -84,7 +85,22 @@ fn outcome(recorded: &Recorded, outcome: &str) -> u64 {
     counter(recorded, requests, &[INVENTORY, ("outcome", outcome)])
 }
 
-use backstop_test_support::{grpc_reply as grpc_status, reply as status};
+/// GETs `paths` through the HTTP preset named `inventory`, one attempt each, with `breaker`,
+/// from a dependency that answers 503 twice, then 200.
+async fn call_through(breaker: backstop::breaker::BreakerLayer<HttpClassifier>, paths: &[&str]) {
+    let mut client = ServiceBuilder::new()
+        .layer(
+            backstop::client::http()
+                .name("inventory")
+                .max_attempts(1)
+                .breaker(breaker),
+        )
+        .service(scripted(&[503, 503]));
+    for path in paths {
+        let req = Request::get(*path).body(String::new()).unwrap();
+        let _ = client.ready().await.unwrap().call(req).await;
+    }
+}
 
 /// Answers the statuses in `script`, then 200.
 fn scripted(
@@ -190,18 +206,7 @@ fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
             .jitter(false)
             .build()
             .unwrap();
-        let mut client = ServiceBuilder::new()
-            .layer(
-                backstop::client::http()
-                    .name("inventory")
-                    .max_attempts(1)
-                    .breaker(breaker),
-            )
-            .service(scripted(&[503, 503]));
-        for _ in 0..3 {
-            let req = Request::get("/item/1").body(String::new()).unwrap();
-            let _ = client.ready().await.unwrap().call(req).await;
-        }
+        call_through(breaker, &["/item/1"; 3]).await;
     });
     let state = backstop::metrics::BREAKER_STATE;
     assert_eq!(gauge(&metrics, state, &[INVENTORY]), 1.0, "open");
@@ -340,18 +345,7 @@ fn a_keyed_breaker_reports_under_its_key() {
             .per_key(backstop::breaker::BreakerKey::Path)
             .build()
             .unwrap();
-        let mut client = ServiceBuilder::new()
-            .layer(
-                backstop::client::http()
-                    .name("inventory")
-                    .max_attempts(1)
-                    .breaker(breaker),
-            )
-            .service(scripted(&[503, 503]));
-        for path in ["/down", "/down", "/down", "/up"] {
-            let req = Request::get(path).body(String::new()).unwrap();
-            let _ = client.ready().await.unwrap().call(req).await;
-        }
+        call_through(breaker, &["/down", "/down", "/down", "/up"]).await;
     });
     let state = backstop::metrics::BREAKER_STATE;
     assert_eq!(gauge(&metrics, state, &[INVENTORY, ("key", "/down")]), 1.0);

@@ -133,13 +133,7 @@ fn one_attempt_two_to_open(
 ) -> backstop::ClientLayer<backstop_core::HttpClassifier> {
     backend
         .retry(RetryConfig::http().max_attempts(1).build().unwrap())
-        .breaker(
-            BreakerConfig::http()
-                .minimum_calls(2)
-                .jitter(false)
-                .build()
-                .unwrap(),
-        )
+        .breaker(opens_after_two())
 }
 
 /// Sends `n` calls, one every `every`, each on its own task with a 3 s deadline; returns
@@ -465,13 +459,7 @@ async fn the_short_paths_configure_the_same_stack() {
     let backend = backstop::client::http()
         .timeout(Duration::from_millis(250))
         .max_attempts(1)
-        .breaker(
-            BreakerConfig::http()
-                .minimum_calls(2)
-                .jitter(false)
-                .build()
-                .unwrap(),
-        );
+        .breaker(opens_after_two());
     let app = App {
         client: tower::Layer::layer(&backend, failing),
     };
@@ -589,4 +577,13 @@ async fn each_response_tells_its_attempts_and_why_it_gave_up() {
         info(&once),
         (1, Some(backstop::retry::GiveUp::NotIdempotent))
     );
+}
+
+/// A breaker that opens once two calls have failed (no jitter).
+fn opens_after_two() -> backstop::breaker::BreakerLayer<backstop_core::HttpClassifier> {
+    BreakerConfig::http()
+        .minimum_calls(2)
+        .jitter(false)
+        .build()
+        .unwrap()
 }
