@@ -134,15 +134,18 @@ pub fn backstop_retry() -> impl Stack {
         .service(replay_target())
 }
 
+/// backstop's `PropagateDeadlineLayer` with a 1 s timeout.
+fn one_second_deadline() -> PropagateDeadlineLayer {
+    PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
 /// backstop's `PropagateDeadlineLayer` (1 s) around its `RetryLayer`.
 pub fn backstop_full() -> impl Stack {
     ServiceBuilder::new()
-        .layer(
-            PropagateDeadlineLayer::builder()
-                .timeout(Duration::from_secs(1))
-                .build()
-                .unwrap(),
-        )
+        .layer(one_second_deadline())
         .layer(RetryConfig::http().build().unwrap())
         .service(replay_target())
 }
@@ -282,12 +285,7 @@ pub fn tower_timeout() -> impl Stack {
 /// backstop's `PropagateDeadlineLayer` (1 s) alone.
 pub fn backstop_deadline() -> impl Stack {
     ServiceBuilder::new()
-        .layer(
-            PropagateDeadlineLayer::builder()
-                .timeout(Duration::from_secs(1))
-                .build()
-                .unwrap(),
-        )
+        .layer(one_second_deadline())
         .service(bare())
 }
 
