@@ -162,19 +162,27 @@ pub fn encode_coarse(timeout: Duration) -> Option<Encoded> {
 }
 
 /// `timeout` in nanoseconds as `digits × 10^exponent`, `digits` < 1000, rounded down; `None`
-/// for zero. Comparisons and one division: this runs on every call.
+/// for zero. No u128 arithmetic and no loop: this runs on every call.
 fn quantize(timeout: Duration) -> Option<(u64, u32)> {
-    let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+    const POW10: [u64; 20] = {
+        let mut table = [1u64; 20];
+        let mut i = 1;
+        while i < 20 {
+            table[i] = table[i - 1] * 10;
+            i += 1;
+        }
+        table
+    };
+    let ns = timeout
+        .as_secs()
+        .checked_mul(1_000_000_000)
+        .and_then(|ns| ns.checked_add(u64::from(timeout.subsec_nanos())))
+        .unwrap_or(u64::MAX);
     if ns == 0 {
         return None;
     }
-    let mut exponent = 0;
-    let mut scale = 1u64;
-    while ns / 1_000 >= scale {
-        scale *= 10;
-        exponent += 1;
-    }
-    Some((ns / scale, exponent))
+    let exponent = ns.ilog10().saturating_sub(2);
+    Some((ns / POW10[exponent as usize], exponent))
 }
 
 /// `digits × 10^exponent` ns in the coarsest unit that holds it, or `None` past 8 digits of
@@ -212,6 +220,13 @@ pub fn coarse_header_value(timeout: Duration) -> Option<(HeaderValue, Duration)>
     KEPT_VALUES.with(|kept| {
         let mut kept = kept.borrow_mut();
         let (values, next) = &mut *kept;
+        // The value written last is the likeliest (calls in a row), then the others.
+        let last = (*next + KEPT - 1) % KEPT;
+        if let Some((k, value, duration)) = &values[last]
+            && *k == key
+        {
+            return Some((value.clone(), *duration));
+        }
         for (k, value, duration) in values.iter().flatten() {
             if *k == key {
                 return Some((value.clone(), *duration));
