@@ -12,7 +12,7 @@
 //!   share the **overflow breaker**, as do calls the key function gives no key. So memory is
 //!   bounded whatever the keys: `max_keys + 1` breakers, each of the size its
 //!   [`Snapshot::shared_bytes`](crate::Snapshot::shared_bytes) reports (with the default
-//!   10 s window: 1 000 bytes on a 2-core machine, a few KiB at most, as stripes stop at 16
+//!   10 s window: 1 536 bytes on a 2-core machine, a few KiB at most, as stripes stop at 16
 //!   cores; a test holds it under 16 KiB), plus the key's text and a table slot.
 //! - An idle key is one no call has used for `idle_keys_after`; a breaker that is open keeps
 //!   being called (and refusing), so it is not idle, and eviction never forgets a dependency
@@ -103,7 +103,7 @@ impl<C: Clone> Keyed<C> {
             .expect("the template was validated with the keyed layer");
         shared.keyed_as(name, key);
         let entry = Arc::new(Entry {
-            handles: Handles::new(&shared),
+            handles: Handles::uncopied(&shared),
             shared,
             last_used: AtomicU64::new(now),
         });

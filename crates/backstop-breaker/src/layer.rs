@@ -74,11 +74,11 @@ impl<C> BreakerLayer<C> {
 
     /// `key`'s breaker now, if a keyed layer has one for it.
     pub fn key_snapshot(&self, key: &str) -> Option<Snapshot> {
-        self.shared
-            .keyed
-            .as_ref()?
-            .entry_of(key)
-            .map(|entry| entry.shared.snapshot())
+        self.shared.keyed.as_ref()?.entry_of(key).map(|entry| {
+            let mut snapshot = entry.shared.snapshot();
+            snapshot.shared_bytes += entry.handles.heap_bytes();
+            snapshot
+        })
     }
 
     fn keys_now(&self) -> Vec<(String, BreakerLayer<C>)> {
@@ -103,7 +103,9 @@ impl<C> BreakerLayer<C> {
 
     /// The breaker's state, rates and counts now.
     pub fn snapshot(&self) -> Snapshot {
-        self.shared.snapshot()
+        let mut snapshot = self.shared.snapshot();
+        snapshot.shared_bytes += self.handles.heap_bytes();
+        snapshot
     }
 
     /// Changes the [`Mode`] at run time (the state is kept); a keyed layer changes every

@@ -270,9 +270,7 @@ impl<C> Shared<C> {
             },
             reopens: self.machine.reopens(),
             opens: self.opens.load(std::sync::atomic::Ordering::Relaxed),
-            shared_bytes: std::mem::size_of::<Self>()
-                + self.machine.window.heap_bytes()
-                + stripe::count() * std::mem::size_of::<Handle<C>>(),
+            shared_bytes: std::mem::size_of::<Self>() + self.machine.window.heap_bytes(),
         }
     }
 }

@@ -216,11 +216,14 @@ fn each_key_costs_one_breaker() {
     });
     let (key, snapshot) = &layer.keys()[0];
     assert_eq!(key, "/a");
-    // Memory per key: one breaker's shared state, the same as the unkeyed layer's (the
-    // figure the keyed module's docs state is an upper bound of it).
-    assert_eq!(
-        snapshot.shared_bytes,
-        config().build().unwrap().snapshot().shared_bytes
+    // Memory per key: one breaker's shared state, at most the unkeyed layer's (a key's
+    // handles are looked up, never copied per call, so they keep one set of them, not one per
+    // stripe; the keyed module's docs state the figure).
+    let unkeyed = config().build().unwrap().snapshot().shared_bytes;
+    assert!(
+        snapshot.shared_bytes <= unkeyed,
+        "{} > {unkeyed}",
+        snapshot.shared_bytes
     );
     println!("shared bytes per key: {}", snapshot.shared_bytes);
     assert!(
