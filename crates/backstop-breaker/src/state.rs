@@ -158,7 +158,16 @@ impl Machine {
     /// One step per state, each returning what it decided, or that another thread moved the
     /// word first (then the step of the state it moved to is taken).
     pub(crate) fn admit(&self, now: impl Fn() -> u64) -> Admit {
-        let mut word = self.load();
+        let raw = self.word.load(Ordering::Acquire);
+        // Most calls: closed, no slow start, the machine deciding: admitted, read off the raw
+        // word.
+        if self.settings.slow_start_us.is_none()
+            && Word::machine_decides(raw)
+            && let Some(generation) = Word::closed_generation(raw)
+        {
+            return Admit::decided(Ok(Admission::Closed(generation)));
+        }
+        let mut word = Word::decode(raw);
         loop {
             let step = match (word.mode, word.state) {
                 (Mode::Disabled, _) => Step::Decided(Ok(Admission::Passive)),
@@ -277,11 +286,8 @@ impl Machine {
         let Verdict::Counted { failure, slow } = verdict else {
             return None;
         };
-        let word = self.load();
-        if word.state != State::Closed
-            || word.generation != generation
-            || word.mode == Mode::Disabled
-        {
+        let raw = self.word.load(Ordering::Acquire);
+        if Word::closed_generation(raw) != Some(generation) || Word::disabled(raw) {
             return None;
         }
         let t = if self.window.needs_clock() { now() } else { 0 };
@@ -301,7 +307,7 @@ impl Machine {
             return None;
         }
         let reason = reason.or_else(|| self.trips(self.window.counts(t)))?;
-        self.open(word, reason, &now)
+        self.open(Word::decode(raw), reason, &now)
     }
 
     /// Whether the window's counts open the breaker, and why.

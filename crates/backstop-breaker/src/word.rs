@@ -41,6 +41,26 @@ pub(crate) struct Word {
 }
 
 impl Word {
+    /// The generation of a raw word whose state is closed (any mode); the closed state's
+    /// checks read this, not the decoded word, on every call.
+    #[inline]
+    pub(crate) fn closed_generation(word: u64) -> Option<u32> {
+        ((word >> STATE_SHIFT) & 0b11 == STATE_CLOSED)
+            .then_some(((word >> GENERATION_SHIFT) & GENERATION_MASK) as u32)
+    }
+
+    /// Whether a raw word's mode lets the state machine decide (normal or metrics-only).
+    #[inline]
+    pub(crate) fn machine_decides(word: u64) -> bool {
+        matches!(word >> MODE_SHIFT, 0 | 3)
+    }
+
+    /// Whether a raw word's mode is disabled.
+    #[inline]
+    pub(crate) fn disabled(word: u64) -> bool {
+        word >> MODE_SHIFT == 2
+    }
+
     pub(crate) fn decode(word: u64) -> Self {
         let mode = match word >> MODE_SHIFT {
             0 => Mode::Normal,
@@ -125,6 +145,34 @@ mod tests {
                 };
                 assert_eq!(Word::decode(w.encode()), w);
                 assert_eq!(w.next(State::Open).generation, 0, "generations wrap");
+            }
+        }
+    }
+
+    #[test]
+    fn raw_reads_agree_with_the_decoded_word() {
+        for mode in [
+            Mode::Normal,
+            Mode::ForcedOpen,
+            Mode::Disabled,
+            Mode::MetricsOnly,
+        ] {
+            for state in [State::Closed, State::Open, State::HalfOpen] {
+                let w = Word {
+                    mode,
+                    state,
+                    generation: 12_345,
+                    taken: 3,
+                    succeeded: 1,
+                };
+                let raw = w.encode();
+                let closed = (state == State::Closed).then_some(12_345);
+                assert_eq!(Word::closed_generation(raw), closed, "{mode:?} {state:?}");
+                assert_eq!(
+                    Word::machine_decides(raw),
+                    matches!(mode, Mode::Normal | Mode::MetricsOnly)
+                );
+                assert_eq!(Word::disabled(raw), mode == Mode::Disabled);
             }
         }
     }

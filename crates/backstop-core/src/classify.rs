@@ -173,6 +173,8 @@ fn hint_in(headers: &HeaderMap) -> Option<ServerHint> {
 pub struct HttpClassifier {
     retry_if_idempotent: Vec<StatusCode>,
     retry_always: Vec<StatusCode>,
+    /// Below this status (and below 400), nothing is listed: a success without a lookup.
+    plain_below: u16,
 }
 
 impl Default for HttpClassifier {
@@ -184,6 +186,7 @@ impl Default for HttpClassifier {
                 StatusCode::GATEWAY_TIMEOUT,
             ],
             retry_always: vec![StatusCode::TOO_MANY_REQUESTS],
+            plain_below: 400,
         }
     }
 }
@@ -199,6 +202,7 @@ impl HttpClassifier {
     #[must_use]
     pub fn retry_if_idempotent(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         self.retry_if_idempotent = statuses.into_iter().collect();
+        self.plain_below = self.lowest_listed();
         self
     }
 
@@ -206,11 +210,25 @@ impl HttpClassifier {
     #[must_use]
     pub fn retry_always(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         self.retry_always = statuses.into_iter().collect();
+        self.plain_below = self.lowest_listed();
         self
+    }
+
+    /// The lowest listed status, at most 400: every status below it is a plain success.
+    fn lowest_listed(&self) -> u16 {
+        self.retry_always
+            .iter()
+            .chain(&self.retry_if_idempotent)
+            .map(StatusCode::as_u16)
+            .fold(400, u16::min)
     }
 
     /// Classifies a status and its headers.
     pub fn classify_status(&self, status: StatusCode, headers: &HeaderMap) -> Outcome {
+        // Most responses: a success no list names.
+        if status.as_u16() < self.plain_below {
+            return Outcome::Success;
+        }
         let retryable = if self.retry_always.contains(&status) {
             Retryable::Always
         } else if self.retry_if_idempotent.contains(&status) {
@@ -450,6 +468,26 @@ mod tests {
             c.classify(Ok(&response(503, &[]))),
             Outcome::failure(Retryable::Never)
         );
+    }
+
+    /// A listed status below 400 is a failure, whatever the success shortcut does for the
+    /// statuses no list names.
+    #[test]
+    fn a_listed_success_status_is_a_failure() {
+        let c = HttpClassifier::new().retry_always([StatusCode::ACCEPTED]);
+        assert_eq!(
+            c.classify(Ok(&response(202, &[]))),
+            Outcome::failure(Retryable::Always)
+        );
+        for status in [200, 201, 204, 302] {
+            assert_eq!(
+                c.classify(Ok(&response(status, &[]))),
+                Outcome::Success,
+                "{status}"
+            );
+        }
+        let c = c.retry_always([]);
+        assert_eq!(c.classify(Ok(&response(202, &[]))), Outcome::Success);
     }
 
     #[test]
