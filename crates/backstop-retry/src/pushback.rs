@@ -4,33 +4,68 @@ use backstop_core::grpc::{GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use std::{
+    cell::Cell,
     future::Future,
     pin::Pin,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
     task::{Context, Poll, ready},
 };
 use tower_layer::Layer;
 use tower_service::Service;
 
-tokio::task_local! {
-    static EXHAUSTED: Arc<AtomicBool>;
+/// The mark of the request whose `Pushback` future is being polled on this thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// No `Pushback` future is being polled.
+    Outside,
+    /// One is, and no retry layer gave up for its request so far.
+    Clear,
+    /// One is, and a retry layer gave up for its request.
+    Exhausted,
+}
+
+thread_local! {
+    /// Set while a `Pushback` future polls its handler (the previous value put back after,
+    /// so scopes nest); the future carries the mark from poll to poll as a `bool`. A thread
+    /// local scoped to the poll is what a tokio task-local is, for less: no allocation, two
+    /// reads and a write per poll.
+    static EXHAUSTED: Cell<Mark> = const { Cell::new(Mark::Outside) };
 }
 
 /// Marks the request this task serves as "retries exhausted downstream" (no-op outside a
 /// [`PushbackLayer`] scope).
 pub(crate) fn mark_exhausted() {
-    let _ = EXHAUSTED.try_with(|flag| flag.store(true, Ordering::Relaxed));
+    EXHAUSTED.with(|mark| {
+        if mark.get() != Mark::Outside {
+            mark.set(Mark::Exhausted);
+        }
+    });
 }
 
 /// Whether a retry layer in this task gave up on a retryable failure while serving the current
 /// request (always `false` outside a [`PushbackLayer`]).
 pub fn retries_exhausted() -> bool {
-    EXHAUSTED
-        .try_with(|flag| flag.load(Ordering::Relaxed))
-        .unwrap_or(false)
+    EXHAUSTED.with(|mark| mark.get() == Mark::Exhausted)
+}
+
+/// Runs `f` with the request's mark in scope, and returns what it made with the mark after it.
+fn in_scope<R>(exhausted: bool, f: impl FnOnce() -> R) -> (R, bool) {
+    /// Puts the enclosing scope's mark back, also when `f` panics.
+    struct Restore(Mark);
+
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            EXHAUSTED.with(|mark| mark.set(self.0));
+        }
+    }
+
+    let inner = if exhausted {
+        Mark::Exhausted
+    } else {
+        Mark::Clear
+    };
+    let _restore = Restore(EXHAUSTED.with(|mark| mark.replace(inner)));
+    let made = f();
+    (made, retries_exhausted())
 }
 
 /// Server side: when a [`RetryLayer`](crate::RetryLayer) used by the handler gave up on a
@@ -105,9 +140,12 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let flag = Arc::new(AtomicBool::new(false));
-        let future = EXHAUSTED.sync_scope(flag.clone(), || self.inner.call(req));
-        PushbackFuture { future, flag }
+        // A retry layer marks the request when it gives up, which happens while its future is
+        // polled, never in `call`: the scope is entered by the future's polls only.
+        PushbackFuture {
+            future: self.inner.call(req),
+            exhausted: false,
+        }
     }
 }
 
@@ -118,7 +156,7 @@ pin_project! {
     pub struct PushbackFuture<F> {
         #[pin]
         future: F,
-        flag: Arc<AtomicBool>,
+        exhausted: bool,
     }
 }
 
@@ -138,9 +176,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let future = this.future;
-        let mut result = ready!(EXHAUSTED.sync_scope(this.flag.clone(), || future.poll(cx)));
+        let (poll, exhausted) = in_scope(*this.exhausted, || future.poll(cx));
+        *this.exhausted = exhausted;
+        let mut result = ready!(poll);
         if let Ok(response) = &mut result
-            && this.flag.load(Ordering::Relaxed)
+            && exhausted
             && is_failure(response)
         {
             response
@@ -148,5 +188,34 @@ where
                 .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
         }
         Poll::Ready(result)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mark_lives_in_its_scope_only_and_scopes_nest() {
+        mark_exhausted();
+        assert!(
+            !retries_exhausted(),
+            "outside any scope, marking does nothing"
+        );
+        let ((), marked) = in_scope(false, || {
+            assert!(!retries_exhausted());
+            let ((), inner) = in_scope(false, mark_exhausted);
+            assert!(inner, "the inner request was marked");
+            assert!(!retries_exhausted(), "the outer one was not");
+        });
+        assert!(!marked);
+        let ((), kept) = in_scope(true, || ());
+        assert!(kept, "a mark carried in from an earlier poll stays");
+        let caught = std::panic::catch_unwind(|| in_scope(true, || panic!("handler panicked")));
+        assert!(caught.is_err());
+        assert!(
+            !retries_exhausted(),
+            "a panic puts the enclosing scope back"
+        );
     }
 }
