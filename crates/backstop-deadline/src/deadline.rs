@@ -8,7 +8,7 @@ use std::{
 use tokio::time::Instant;
 
 /// About 30 years: what "no limit" saturates to, as tokio itself does for far-future timers.
-const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// The instant by which a request must be answered.
 ///

@@ -10,7 +10,7 @@ pub use service::PropagateDeadline;
 
 use crate::{
     Deadline,
-    deadline::{current, scale},
+    deadline::{FAR_FUTURE, current, scale},
     head::Head,
 };
 use backstop_core::ConfigError;
@@ -234,30 +234,38 @@ fn min_deadline(a: Option<Deadline>, b: Deadline) -> Deadline {
 }
 
 impl OutboundConfig {
-    /// The call's effective deadline: the earliest of the task-local deadline, the request's
-    /// extension, a `grpc-timeout` the caller already set, `now + fraction × remaining` and
-    /// `now + timeout`.
+    /// The call's effective deadline and the time left until it: the earliest of the
+    /// task-local deadline, the request's extension, a `grpc-timeout` the caller already set,
+    /// `now + fraction × remaining` and `now + timeout`. Candidates given as durations are
+    /// compared as durations, so the common case (only this layer's `timeout`) does no instant
+    /// arithmetic but the one addition.
     pub(crate) fn deadline<B>(
         &self,
         now: Instant,
         head: &Head,
         req: &Request<B>,
-    ) -> Option<Deadline> {
+    ) -> Option<(Deadline, Duration)> {
         let mut inherited = current();
         if let Some(&d) = req.extensions().get::<Deadline>() {
             inherited = Some(min_deadline(inherited, d));
         }
+        let mut best = inherited.map(|d| (d, d.remaining_at(now)));
+        // A deadline `t` from now, if earlier than the best so far.
+        let offer = |best: &mut Option<(Deadline, Duration)>, t: Duration| {
+            let t = t.min(FAR_FUTURE);
+            if best.is_none_or(|(_, left)| t < left) {
+                *best = Some((Deadline::after_from(now, t), t));
+            }
+        };
         if let Some(t) = head.timeout {
-            inherited = Some(min_deadline(inherited, Deadline::after_from(now, t)));
+            offer(&mut best, t);
         }
-        let mut deadline = inherited;
-        if let (Some(fraction), Some(d)) = (self.fraction, inherited) {
-            let share = scale(d.remaining_at(now), fraction);
-            deadline = Some(d.min(Deadline::after_from(now, share)));
+        if let (Some(fraction), Some((_, left))) = (self.fraction, best) {
+            offer(&mut best, scale(left, fraction));
         }
         if let Some(timeout) = self.timeout {
-            deadline = Some(min_deadline(deadline, Deadline::after_from(now, timeout)));
+            offer(&mut best, timeout);
         }
-        deadline
+        best
     }
 }

@@ -73,10 +73,9 @@ where
         let now = Instant::now();
         let head = Head::read(req.headers());
         let grpc = head.grpc;
-        let Some(deadline) = self.config.deadline(now, &head, &req) else {
+        let Some((deadline, remaining)) = self.config.deadline(now, &head, &req) else {
             return PropagateFuture::unbounded(self.inner.call(req));
         };
-        let remaining = deadline.remaining_at(now);
         // Three significant digits, rounded down (at most 1 % short): consecutive calls send
         // the same value, so its header value is shared rather than encoded and allocated
         // again, and HPACK can index it.
