@@ -127,8 +127,10 @@ pub(crate) fn timer_instant(word: u64, generation: u32) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// Every mode and state: the word round-trips, its generation wraps, and the raw reads of
+    /// the closed state's fast path agree with the decoded word.
     #[test]
-    fn words_round_trip() {
+    fn words_round_trip_and_raw_reads_agree() {
         for mode in [
             Mode::Normal,
             Mode::ForcedOpen,
@@ -136,43 +138,30 @@ mod tests {
             Mode::MetricsOnly,
         ] {
             for state in [State::Closed, State::Open, State::HalfOpen] {
-                let w = Word {
+                for generation in [12_345, GENERATION_MASK as u32] {
+                    let w = Word {
+                        mode,
+                        state,
+                        generation,
+                        taken: u16::MAX,
+                        succeeded: 7,
+                    };
+                    let raw = w.encode();
+                    assert_eq!(Word::decode(raw), w);
+                    let closed = (state == State::Closed).then_some(generation);
+                    assert_eq!(Word::closed_generation(raw), closed, "{mode:?} {state:?}");
+                    let decides = matches!(mode, Mode::Normal | Mode::MetricsOnly);
+                    assert_eq!(Word::machine_decides(raw), decides);
+                    assert_eq!(Word::disabled(raw), mode == Mode::Disabled);
+                }
+                let last = Word {
                     mode,
                     state,
                     generation: GENERATION_MASK as u32,
-                    taken: u16::MAX,
-                    succeeded: 7,
+                    taken: 0,
+                    succeeded: 0,
                 };
-                assert_eq!(Word::decode(w.encode()), w);
-                assert_eq!(w.next(State::Open).generation, 0, "generations wrap");
-            }
-        }
-    }
-
-    #[test]
-    fn raw_reads_agree_with_the_decoded_word() {
-        for mode in [
-            Mode::Normal,
-            Mode::ForcedOpen,
-            Mode::Disabled,
-            Mode::MetricsOnly,
-        ] {
-            for state in [State::Closed, State::Open, State::HalfOpen] {
-                let w = Word {
-                    mode,
-                    state,
-                    generation: 12_345,
-                    taken: 3,
-                    succeeded: 1,
-                };
-                let raw = w.encode();
-                let closed = (state == State::Closed).then_some(12_345);
-                assert_eq!(Word::closed_generation(raw), closed, "{mode:?} {state:?}");
-                assert_eq!(
-                    Word::machine_decides(raw),
-                    matches!(mode, Mode::Normal | Mode::MetricsOnly)
-                );
-                assert_eq!(Word::disabled(raw), mode == Mode::Disabled);
+                assert_eq!(last.next(State::Open).generation, 0, "generations wrap");
             }
         }
     }
