@@ -109,40 +109,20 @@ impl<C> Shared<C> {
         keyed: Option<Arc<Keyed<C>>>,
     ) -> Result<Arc<Self>, backstop_core::ConfigError> {
         let (settings, window) = config.validate()?;
-        let slow = config.slow_duration();
-        let machine = Machine::new(settings, window, config.mode);
-        Ok(Arc::new(Self::new(
-            machine,
-            config.classifier,
-            slow,
-            config.count_throttled,
-            config.hook,
-            keyed,
-        )))
-    }
-
-    pub(crate) fn new(
-        machine: Machine,
-        classifier: C,
-        slow: Option<Duration>,
-        count_throttled: bool,
-        hook: Option<Hook>,
-        keyed: Option<Arc<Keyed<C>>>,
-    ) -> Self {
-        Self {
-            machine,
-            classifier,
+        Ok(Arc::new(Self {
+            machine: Machine::new(settings, window, config.mode),
+            slow: config.slow_duration(),
+            classifier: config.classifier,
             start: Instant::now(),
-            slow,
-            count_throttled,
-            hook,
+            count_throttled: config.count_throttled,
+            hook: config.hook,
             opens: std::sync::atomic::AtomicU64::new(0),
             name: backstop_core::DependencyName::default(),
             key: std::sync::OnceLock::new(),
             keyed,
             #[cfg(feature = "metrics")]
             metrics: std::sync::OnceLock::new(),
-        }
+        }))
     }
 
     /// Microseconds since the breaker was built: the machine's clock.
