@@ -1,5 +1,6 @@
 use pin_project_lite::pin_project;
 use std::{
+    cell::Cell,
     future::Future,
     pin::Pin,
     task::{Context, Poll},
@@ -117,7 +118,7 @@ pub(crate) fn scale(d: Duration, fraction: f64) -> Duration {
     }
 }
 
-/// What the task-local holds: the deadline, and (while a `PropagateDeadline` calls the
+/// What the current scope holds: the deadline, and (while a `PropagateDeadline` calls the
 /// layers inside it) what its `grpc-timeout` header told the server.
 #[derive(Debug, Clone, Copy)]
 struct Current {
@@ -125,8 +126,29 @@ struct Current {
     wire: Option<Instant>,
 }
 
-tokio::task_local! {
-    static CURRENT: Current;
+// The current deadline lives in a thread-local that is set only while a scope runs: a
+// `PropagateDeadline` or `Deadline` layer calling its inner service, a poll of one of their
+// futures or of a `Scoped` future. So it follows the task being polled, as a tokio
+// `task_local!` would, at the cost of a plain thread-local read (a `task_local!` is a
+// `RefCell` behind a lazily initialised key: about 40 instructions per read on the success
+// path, which reads it several times per call). Nothing is shared between threads: each
+// thread sees only the scopes it is running, and a scope puts back what it found when it
+// ends, panics included.
+thread_local! {
+    static CURRENT: Cell<Option<Current>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with `current` as the scope's value, then puts back the previous one (also when
+/// `f` panics).
+fn scoped<R>(current: Current, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Current>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.set(self.0);
+        }
+    }
+    let _restore = Restore(CURRENT.replace(Some(current)));
+    f()
 }
 
 /// The deadline of the request this task is working for, if any.
@@ -136,7 +158,7 @@ tokio::task_local! {
 /// not inherit it: wrap the spawned future with
 /// [`with_current_deadline`](DeadlineFutureExt::with_current_deadline).
 pub fn current() -> Option<Deadline> {
-    CURRENT.try_with(|c| c.deadline).ok()
+    CURRENT.get().map(|c| c.deadline)
 }
 
 /// While a [`PropagateDeadline`](crate::PropagateDeadline) calls the layers inside it: the
@@ -146,7 +168,7 @@ pub fn current() -> Option<Deadline> {
 /// instead of parsing back the header written a moment before. A layer between the two that
 /// rewrites `grpc-timeout` makes it stale.
 pub fn wire_deadline() -> Option<Instant> {
-    CURRENT.try_with(|c| c.wire).ok().flatten()
+    CURRENT.get().and_then(|c| c.wire)
 }
 
 /// Runs `f` with `deadline` as the current deadline, or the enclosing one where that is earlier.
@@ -158,7 +180,7 @@ pub(crate) fn with_current<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
 /// [`wire_deadline`]).
 pub(crate) fn with_wire<R>(deadline: Deadline, wire: Option<Instant>, f: impl FnOnce() -> R) -> R {
     let effective = current().map_or(deadline, |outer| outer.min(deadline));
-    CURRENT.sync_scope(
+    scoped(
         Current {
             deadline: effective,
             wire,
