@@ -5,13 +5,21 @@
 //! `http` types costs two allocations for the header map, and one per header value or URI
 //! that was parsed from a string (cloning such a `Bytes` moves it to the heap): about 2 000
 //! instructions to build and drop for a request with one header. So the head is packed
-//! instead: the URI's text and each header's name, value and sensitivity, in one buffer of
-//! exactly the right size (one allocation, a few copies of bytes), and unpacked only when an
+//! instead: the URI's text and each header's name, value and sensitivity, in one buffer
+//! (one allocation, a few copies of bytes), and unpacked only when an
 //! attempt after the first is built — where every header value becomes a slice of that one
 //! shared buffer.
+//!
+//! That one allocation is recycled too: a template dropped unused leaves its buffer as its
+//! thread's spare (one per thread, kept only up to 4 KiB), and the next template made on that
+//! thread packs into it. A thread that makes calls one after another then allocates nothing
+//! for them; one with many calls in flight allocates for some. Each thread's spare is its own
+//! (a thread-local, never shared): a template dropped on another thread than the one that made
+//! it leaves its buffer there.
 
 use crate::Idempotency;
 use bytes::Bytes;
+use std::cell::Cell;
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 /// A request's head, kept for the attempts after the first; see the [module docs](self).
@@ -25,6 +33,25 @@ pub(crate) struct Template {
     /// attempt after the first copies it into one shared `Bytes` that its header values slice.
     head: Vec<u8>,
     headers: usize,
+}
+
+/// The largest buffer kept as a thread's spare: a request with a larger head allocates its
+/// own, and frees it.
+const KEPT_CAPACITY: usize = 4096;
+
+thread_local! {
+    /// This thread's spare head buffer; see the [module docs](self).
+    static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+impl Drop for Template {
+    fn drop(&mut self) {
+        let head = std::mem::take(&mut self.head);
+        if head.capacity() <= KEPT_CAPACITY {
+            // During the thread's teardown the spare is gone: the buffer is freed instead.
+            let _ = SPARE.try_with(|spare| spare.replace(head));
+        }
+    }
 }
 
 /// The `Idempotency-Key` header.
@@ -77,7 +104,9 @@ impl Template {
         for (name, value) in headers {
             size += 4 + name.as_str().len() + 4 + value.len() + 1;
         }
-        let mut head = Vec::with_capacity(size);
+        let mut head = SPARE.try_with(Cell::take).unwrap_or_default();
+        head.clear();
+        head.reserve_exact(size);
         head.extend_from_slice(&(uri_len as u32).to_ne_bytes());
         for part in [
             scheme.as_bytes(),
@@ -269,6 +298,61 @@ mod tests {
                 Idempotency::Standard.allows(req.method(), req.headers())
             );
         }
+    }
+
+    fn with_headers(n: usize, value_len: usize) -> Request<()> {
+        let mut req = Request::new(());
+        *req.uri_mut() = "http://svc/x".parse().unwrap();
+        for i in 0..n {
+            let name = HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap();
+            let value = HeaderValue::from_bytes(&vec![b'v'; value_len]).unwrap();
+            req.headers_mut().append(name, value);
+        }
+        req
+    }
+
+    #[test]
+    fn a_dropped_template_leaves_its_buffer_to_the_next_one_on_its_thread() {
+        SPARE.take();
+        let first = Template::new(&with_headers(3, 10));
+        let buffer = first.head.as_ptr();
+        drop(first);
+        // A smaller head fits the spare: same buffer, and what it unpacks is its own.
+        let req = with_headers(1, 4);
+        let second = Template::new(&req);
+        assert_eq!(second.head.as_ptr(), buffer);
+        assert_eq!(second.request(()).headers(), req.headers());
+        // Taken: a template made while the second is alive allocates its own.
+        let third = Template::new(&req);
+        assert_ne!(third.head.as_ptr(), buffer);
+        assert_eq!(third.request(()).headers(), req.headers());
+        drop((second, third));
+        // A larger head than the spare grows it, and still unpacks whole.
+        let big = with_headers(20, 30);
+        assert_eq!(Template::new(&big).request(()).headers(), big.headers());
+    }
+
+    #[test]
+    fn a_buffer_over_the_cap_is_not_kept() {
+        SPARE.take();
+        drop(Template::new(&with_headers(4, 2 * KEPT_CAPACITY)));
+        assert_eq!(SPARE.take().capacity(), 0);
+        drop(Template::new(&with_headers(4, 100)));
+        assert!(SPARE.take().capacity() > 0);
+    }
+
+    #[test]
+    fn a_template_dropped_on_another_thread_leaves_its_buffer_there() {
+        SPARE.take();
+        let template = Template::new(&with_headers(2, 8));
+        let kept = std::thread::spawn(move || {
+            drop(template);
+            SPARE.take().capacity()
+        })
+        .join()
+        .unwrap();
+        assert!(kept > 0);
+        assert_eq!(SPARE.take().capacity(), 0);
     }
 
     #[test]
