@@ -124,6 +124,8 @@ pub(crate) fn scale(d: Duration, fraction: f64) -> Duration {
 struct Current {
     deadline: Deadline,
     wire: Option<Instant>,
+    /// The `grpc-timeout` header saying `wire` is left to a layer inside; see [`header_owed`].
+    owed: bool,
 }
 
 // The current deadline lives in a thread-local that is set only while a scope runs: a
@@ -171,19 +173,49 @@ pub fn wire_deadline() -> Option<Instant> {
     CURRENT.get().and_then(|c| c.wire)
 }
 
+/// While a [`PropagateDeadline`](crate::PropagateDeadline) built with
+/// [`leave_header_inside`](crate::PropagateDeadlineLayer::leave_header_inside) calls the layers
+/// inside it: `true` until one of them writes the request's `grpc-timeout` (and says so with
+/// [`header_written`]). The layer that sends the request on writes it then, no later than
+/// [`wire_deadline`] (backstop's attempt bound does: the time left until then, or its own
+/// shorter bound). `false` anywhere else.
+pub fn header_owed() -> bool {
+    CURRENT.get().is_some_and(|c| c.owed)
+}
+
+/// Tells the enclosing [`PropagateDeadline`](crate::PropagateDeadline) call that the request's
+/// `grpc-timeout` is written: [`header_owed`] is `false` for the rest of the call. Nothing
+/// outside one.
+pub fn header_written() {
+    if let Some(current) = CURRENT.get()
+        && current.owed
+    {
+        CURRENT.set(Some(Current {
+            owed: false,
+            ..current
+        }));
+    }
+}
+
 /// Runs `f` with `deadline` as the current deadline, or the enclosing one where that is earlier.
 pub(crate) fn with_current<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
-    with_wire(deadline, None, f)
+    with_wire(deadline, None, false, f)
 }
 
 /// As [`with_current`], with what the request's `grpc-timeout` header says (see
-/// [`wire_deadline`]).
-pub(crate) fn with_wire<R>(deadline: Deadline, wire: Option<Instant>, f: impl FnOnce() -> R) -> R {
+/// [`wire_deadline`]) and whether it is still to be written ([`header_owed`]).
+pub(crate) fn with_wire<R>(
+    deadline: Deadline,
+    wire: Option<Instant>,
+    owed: bool,
+    f: impl FnOnce() -> R,
+) -> R {
     let effective = current().map_or(deadline, |outer| outer.min(deadline));
     scoped(
         Current {
             deadline: effective,
             wire,
+            owed,
         },
         f,
     )

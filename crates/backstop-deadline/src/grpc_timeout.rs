@@ -161,6 +161,35 @@ pub fn encode_coarse(timeout: Duration) -> Option<Encoded> {
     )
 }
 
+/// What [`encode_coarse`] would send for `timeout`, as the duration the receiver decodes,
+/// without writing it: `None` for zero.
+///
+/// ```
+/// use backstop_deadline::grpc_timeout::{coarse_duration, encode_coarse};
+/// use std::time::Duration;
+///
+/// for t in [
+///     Duration::from_micros(999_999),
+///     Duration::from_millis(1_234),
+///     Duration::from_nanos(7),
+///     Duration::from_secs(99_999_999),
+///     Duration::from_secs(100_000_000),
+///     Duration::MAX,
+/// ] {
+///     assert_eq!(coarse_duration(t), encode_coarse(t).map(|e| e.duration()));
+/// }
+/// assert_eq!(coarse_duration(Duration::ZERO), None);
+/// ```
+pub fn coarse_duration(timeout: Duration) -> Option<Duration> {
+    // Below 10^8 s, three digits in the coarsest unit always fit in eight; from there on
+    // `encode_coarse` falls back to the fine encoding (which saturates).
+    if timeout.as_secs() >= 100_000_000 {
+        return encode(timeout).map(|e| e.duration());
+    }
+    let (digits, exponent) = quantize(timeout)?;
+    Some(Duration::from_nanos(digits * 10u64.pow(exponent)))
+}
+
 /// `timeout` in nanoseconds as `digits × 10^exponent`, `digits` < 1000, rounded down; `None`
 /// for zero. No u128 arithmetic and no loop: this runs on every call.
 fn quantize(timeout: Duration) -> Option<(u64, u32)> {
@@ -480,6 +509,12 @@ mod tests {
         fn monotone(a in any_duration(), b in any_duration()) {
             let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
             prop_assert!(encode(lo).unwrap().duration() <= encode(hi).unwrap().duration());
+        }
+
+        /// The duration alone is the one the coarse header decodes to.
+        #[test]
+        fn coarse_duration_is_what_the_coarse_header_says(d in any_duration()) {
+            prop_assert_eq!(coarse_duration(d), encode_coarse(d).map(|e| e.duration()));
         }
 
         /// The coarse encoding: never later than the time left, at most 1 % earlier (below

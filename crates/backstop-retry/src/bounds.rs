@@ -73,6 +73,8 @@ impl Bounds {
         };
         req.headers_mut()
             .insert(GRPC_TIMEOUT, encoded.to_header_value());
+        // Sent from an outer `PropagateDeadline`'s call that left its header inside: written.
+        backstop_deadline::header_written();
         req.extensions_mut().insert(Deadline::at(at));
         Armed::Until(at)
     }

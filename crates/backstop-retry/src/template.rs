@@ -19,8 +19,8 @@
 
 use crate::Idempotency;
 use bytes::Bytes;
-use std::cell::Cell;
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
+use std::cell::Cell;
 
 /// A request's head, kept for the attempts after the first; see the [module docs](self).
 #[derive(Debug)]

@@ -386,6 +386,7 @@ impl<S, C> Layer<S> for ClientLayer<C> {
         let inner = self.attempt.layer(inner);
         let inner = self.breaker.layer(inner);
         let inner = self.retry.layer(inner);
-        self.deadline.layer(inner)
+        // The attempt bound, innermost, writes each attempt's `grpc-timeout` once.
+        self.deadline.leave_header_inside().layer(inner)
     }
 }

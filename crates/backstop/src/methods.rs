@@ -141,7 +141,12 @@ impl<S: Clone> Layer<S> for MethodsLayer {
             config: self.config.clone(),
         };
         MethodTimeout {
-            inner: self.client.deadline_layer().layer(methods),
+            // The attempt bound, innermost, writes each attempt's `grpc-timeout` once.
+            inner: self
+                .client
+                .deadline_layer()
+                .leave_header_inside()
+                .layer(methods),
             config: self.config.clone(),
         }
     }

@@ -510,16 +510,21 @@ where
 /// rewritten to the bound: the server gives up when this attempt will. Returns the bound
 /// written and when it ends (the attempt's timer ends then too), or `None` when none was, and
 /// the timer picks the bound when the attempt first waits.
+///
+/// Under the client preset the outer `PropagateDeadline` leaves the header to this layer
+/// ([`header_owed`](backstop_deadline::header_owed)), so it is written once per attempt: the
+/// bound when shorter, otherwise the time left until what the outer layer picked to tell.
 #[cfg(feature = "deadline")]
 fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, Instant)> {
     use backstop_core::grpc::GRPC_TIMEOUT;
     use backstop_deadline::grpc_timeout;
-    if matches!(shared.bound, AttemptBound::None) {
-        return None;
-    }
     // What the server is told: an outer `PropagateDeadline`'s instant, or else the header's
     // duration (nothing told: nothing to shorten).
     let wire = backstop_deadline::wire_deadline();
+    let owed = wire.filter(|_| backstop_deadline::header_owed());
+    if matches!(shared.bound, AttemptBound::None) && owed.is_none() {
+        return None;
+    }
     let header = match wire {
         Some(_) => None,
         None => Some(
@@ -529,20 +534,37 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
         ),
     };
     let now = Instant::now();
-    let bound = shared.bound_at(now)?;
-    let shorter = match (wire, header) {
+    let bound = shared.bound_at(now);
+    let shorter = bound.filter(|&bound| match (wire, header) {
         (Some(at), _) => now.checked_add(bound).is_some_and(|end| end < at),
         (None, left) => left.is_some_and(|left| bound < left),
-    };
-    if !shorter {
-        return None; // what is told is already no longer than the bound
-    }
+    });
     // A bound changes at most every 100 ms (a fixed one never): the header value is shared
     // with the last calls that sent the same one. It says the bound rounded down to three
     // significant digits (at most 1 % less): the server gives up no later than this attempt.
-    let (value, _) = grpc_timeout::coarse_header_value(bound)?;
-    req.headers_mut().insert(GRPC_TIMEOUT, value);
-    Some((bound, now + bound))
+    let (told, result) = match (shorter, owed) {
+        (Some(bound), _) => (bound, Some((bound, now + bound))),
+        // What is left until the instant the outer layer picked to tell (a moment later than
+        // when it picked it: the same value or, rounded down again, one a little shorter).
+        (None, Some(at)) => (at.saturating_duration_since(now), None),
+        // What is told is already no longer than the bound.
+        (None, None) => return None,
+    };
+    match grpc_timeout::coarse_header_value(told) {
+        Some((value, _)) => {
+            req.headers_mut().insert(GRPC_TIMEOUT, value);
+            backstop_deadline::header_written();
+        }
+        // Nothing left to tell (the outer layer refuses to send with nothing left, so only a
+        // clock that went past `at` in between gets here): the header says the least it can.
+        None if owed.is_some() => {
+            req.headers_mut()
+                .insert(GRPC_TIMEOUT, http::HeaderValue::from_static("1n"));
+            backstop_deadline::header_written();
+        }
+        None => {}
+    }
+    result
 }
 
 #[cfg(not(feature = "deadline"))]

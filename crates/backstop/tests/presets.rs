@@ -587,3 +587,102 @@ fn opens_after_two() -> backstop::breaker::BreakerLayer<backstop_core::HttpClass
         .build()
         .unwrap()
 }
+
+/// The deadline layer leaves `grpc-timeout` to the attempt bound inside it, which writes it
+/// once per attempt: every attempt the dependency sees carries exactly one value, the one the
+/// stack means, whatever the bound (none, fixed, measured), for retries too, and with a
+/// shorter header set by the caller.
+#[tokio::test(start_paused = true)]
+async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
+    type Seen = Arc<std::sync::Mutex<Vec<Vec<http::HeaderValue>>>>;
+    // Answers 503 to the first `fail` attempts, 200 after.
+    fn recording(
+        seen: Seen,
+        fail: u32,
+    ) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
+        let calls = Arc::new(AtomicU32::new(0));
+        service_fn(move |req: Request<ReplayBody<String>>| {
+            seen.lock().unwrap().push(
+                req.headers()
+                    .get_all("grpc-timeout")
+                    .iter()
+                    .cloned()
+                    .collect(),
+            );
+            let status = if calls.fetch_add(1, Ordering::SeqCst) < fail {
+                503
+            } else {
+                200
+            };
+            async move {
+                let response = Response::builder().status(status).body(String::new());
+                Ok(response.unwrap())
+            }
+        })
+    }
+    async fn sent(
+        backend: backstop::ClientLayer<backstop_core::HttpClassifier>,
+        fail: u32,
+        req: Request<String>,
+    ) -> Vec<Vec<http::HeaderValue>> {
+        let seen = Seen::default();
+        let client = ServiceBuilder::new()
+            .layer(backend)
+            .service(recording(seen.clone(), fail));
+        let response = client.oneshot(req).await.unwrap();
+        assert_eq!(response.status(), 200);
+        seen.lock().unwrap().clone()
+    }
+    let one = |values: &[&str]| -> Vec<Vec<http::HeaderValue>> {
+        values
+            .iter()
+            .map(|v| vec![http::HeaderValue::from_str(v).unwrap()])
+            .collect()
+    };
+    let none = AttemptTimeoutLayer::new(AttemptBound::None).unwrap();
+    let fixed = AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_millis(300))).unwrap();
+    let preset = || backstop::client::http().deadline(deadline_of(1_000));
+
+    // No attempt bound: the deadline layer's value, as it would have written it.
+    assert_eq!(
+        sent(preset().attempt(none.clone()), 0, get()).await,
+        one(&["1S"])
+    );
+    // A fixed bound shorter than what is left: the bound, once.
+    assert_eq!(
+        sent(preset().attempt(fixed.clone()), 0, get()).await,
+        one(&["300m"])
+    );
+    // The measured bound, cold: 80 % of what is left, once.
+    assert_eq!(sent(preset(), 0, get()).await, one(&["800m"]));
+    // A caller's shorter header is replaced, not kept beside the stack's.
+    let mut req = get();
+    req.headers_mut()
+        .insert("grpc-timeout", http::HeaderValue::from_static("500m"));
+    assert_eq!(
+        sent(preset().attempt(none.clone()), 0, req).await,
+        one(&["500m"])
+    );
+    // Retries: each attempt is told once (the backoff is spent from the deadline, so later
+    // attempts are told less).
+    let retried = sent(preset().attempt(none), 2, get()).await;
+    assert_eq!(retried.len(), 3);
+    assert!(
+        retried.iter().all(|values| values.len() == 1),
+        "{retried:?}"
+    );
+    assert_eq!(retried[0], one(&["1S"])[0]);
+    let told = |v: &http::HeaderValue| backstop::deadline::grpc_timeout::decode_header(v).unwrap();
+    assert!(told(&retried[1][0]) < Duration::from_secs(1));
+    assert!(told(&retried[2][0]) <= told(&retried[1][0]));
+    // The deadline layer alone still writes its own header.
+    let seen = Seen::default();
+    let alone = ServiceBuilder::new()
+        .layer(deadline_of(1_000))
+        .service(recording(seen.clone(), 0));
+    alone
+        .oneshot(Request::new(ReplayBody::empty()))
+        .await
+        .unwrap();
+    assert_eq!(*seen.lock().unwrap(), one(&["1S"]));
+}

@@ -64,6 +64,9 @@ pub(crate) struct OutboundConfig {
     pub(crate) fraction: Option<f64>,
     pub(crate) offset: Duration,
     pub(crate) min_remaining: Duration,
+    /// The `grpc-timeout` header is written by a layer inside; see
+    /// [`PropagateDeadlineLayer::leave_header_inside`].
+    pub(crate) leave_header: bool,
 }
 
 impl PropagateDeadlineLayer {
@@ -76,6 +79,7 @@ impl PropagateDeadlineLayer {
                 fraction: None,
                 offset: Duration::ZERO,
                 min_remaining: Duration::ZERO,
+                leave_header: false,
             },
             name: Arc::default(),
         }
@@ -94,6 +98,52 @@ impl PropagateDeadlineLayer {
     /// The dependency's name (`""` when unnamed).
     pub fn name(&self) -> &str {
         self.name.name.get()
+    }
+
+    /// The same layer (same configuration, same name), except that it leaves the
+    /// `grpc-timeout` header to a layer inside it, which writes it once for each attempt.
+    ///
+    /// For stacks whose innermost layer writes every attempt's header anyway: backstop's
+    /// client preset does this with its attempt bound, which would otherwise overwrite the
+    /// header this layer had just written (a second encoding and hash-map insert on every
+    /// call). This layer still picks the deadline and what the server is told, bounds the
+    /// call by it, and tells the layers inside through [`wire_deadline`](crate::wire_deadline)
+    /// and [`header_owed`](crate::header_owed). Without a layer inside that writes the header
+    /// when it is owed, the server is told nothing.
+    ///
+    /// ```
+    /// use backstop_deadline::{PropagateDeadlineLayer, header_owed, wire_deadline};
+    /// use http::{Request, Response};
+    /// use std::time::Duration;
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), backstop_core::BoxError> {
+    /// let layer = PropagateDeadlineLayer::builder()
+    ///     .timeout(Duration::from_millis(300))
+    ///     .build()?
+    ///     .leave_header_inside();
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service(service_fn(|req: Request<String>| {
+    ///         // Called by the layer: the header is owed, the instant it is to say is known.
+    ///         assert!(header_owed() && wire_deadline().is_some());
+    ///         assert!(req.headers().get("grpc-timeout").is_none());
+    ///         async { Ok::<_, backstop_core::BoxError>(Response::new(String::new())) }
+    ///     }));
+    /// svc.oneshot(Request::new(String::new())).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn leave_header_inside(&self) -> Self {
+        Self {
+            config: OutboundConfig {
+                leave_header: true,
+                ..self.config
+            },
+            name: self.name.clone(),
+        }
     }
 
     /// A builder for a tuned `PropagateDeadlineLayer`.

@@ -79,19 +79,26 @@ where
         // Three significant digits, rounded down (at most 1 % short): consecutive calls send
         // the same value, so its header value is shared rather than encoded and allocated
         // again, and HPACK can index it.
-        let told = grpc_timeout::coarse_header_value(remaining.saturating_sub(self.config.offset));
-        let (value, told) = match told {
+        // Left to a layer inside, only the duration it will say is needed.
+        let to_tell = remaining.saturating_sub(self.config.offset);
+        let owed = self.config.leave_header;
+        let told = if owed {
+            grpc_timeout::coarse_duration(to_tell)
+        } else {
+            grpc_timeout::coarse_header_value(to_tell)
+                .map(|(value, told)| (req.headers_mut().insert(GRPC_TIMEOUT, value), told).1)
+        };
+        let told = match told {
             Some(told) if remaining >= self.config.min_remaining => told,
             _ => return PropagateFuture::expired(grpc, self.meter()),
         };
-        req.headers_mut().insert(GRPC_TIMEOUT, value);
         // What the server was told: once this instant has passed, every failure of the call is
         // the deadline's (a transport timer armed from our header, or the server giving up).
         let wire_deadline = Deadline::after_from(now, told);
         // Layers further in (retries, breakers) see the call's deadline as `current()`, in
         // `call` and in every poll of their future: cheaper than a request extension, which
         // would cost two allocations here and more in every copy of the request.
-        let future = with_wire(deadline, Some(wire_deadline.instant()), || {
+        let future = with_wire(deadline, Some(wire_deadline.instant()), owed, || {
             self.inner.call(req)
         });
         PropagateFuture::bounded(future, deadline, wire_deadline, grpc, self.meter())
