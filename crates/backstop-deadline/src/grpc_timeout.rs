@@ -187,21 +187,23 @@ pub fn coarse_duration(timeout: Duration) -> Option<Duration> {
         return encode(timeout).map(|e| e.duration());
     }
     let (digits, exponent) = quantize(timeout)?;
-    Some(Duration::from_nanos(digits * 10u64.pow(exponent)))
+    Some(Duration::from_nanos(digits * POW10[exponent as usize]))
 }
+
+/// Powers of ten that fit in a `u64`.
+const POW10: [u64; 20] = {
+    let mut table = [1u64; 20];
+    let mut i = 1;
+    while i < 20 {
+        table[i] = table[i - 1] * 10;
+        i += 1;
+    }
+    table
+};
 
 /// `timeout` in nanoseconds as `digits × 10^exponent`, `digits` < 1000, rounded down; `None`
 /// for zero. No u128 arithmetic and no loop: this runs on every call.
 fn quantize(timeout: Duration) -> Option<(u64, u32)> {
-    const POW10: [u64; 20] = {
-        let mut table = [1u64; 20];
-        let mut i = 1;
-        while i < 20 {
-            table[i] = table[i - 1] * 10;
-            i += 1;
-        }
-        table
-    };
     let ns = timeout
         .as_secs()
         .checked_mul(1_000_000_000)
@@ -245,33 +247,47 @@ fn coarse(mut digits: u64, mut exponent: u32) -> Option<Encoded> {
 /// formatting and no allocation.
 pub fn coarse_header_value(timeout: Duration) -> Option<(HeaderValue, Duration)> {
     const KEPT: usize = 4;
-    type Kept = ([Option<((u64, u32), HeaderValue, Duration)>; KEPT], usize);
-    thread_local! {
-        static KEPT_VALUES: RefCell<Kept> = const { RefCell::new(([const { None }; KEPT], 0)) };
+    struct Kept {
+        values: [Option<((u64, u32), HeaderValue, Duration)>; KEPT],
+        next: usize,
+        /// The last `timeout` asked for and the value it got: a call whose time left is its
+        /// layer's own timeout asks for the same duration every time, and skips the rounding.
+        last: Option<(Duration, usize)>,
     }
-    let key = quantize(timeout)?;
+    thread_local! {
+        static KEPT_VALUES: RefCell<Kept> = const {
+            RefCell::new(Kept { values: [const { None }; KEPT], next: 0, last: None })
+        };
+    }
     KEPT_VALUES.with(|kept| {
-        let mut kept = kept.borrow_mut();
-        let (values, next) = &mut *kept;
-        // The value written last is the likeliest (calls in a row), then the others.
-        let last = (*next + KEPT - 1) % KEPT;
-        if let Some((k, value, duration)) = &values[last]
-            && *k == key
+        let kept = &mut *kept.borrow_mut();
+        if let Some((asked, i)) = kept.last
+            && asked == timeout
+            && let Some((_, value, duration)) = &kept.values[i]
         {
             return Some((value.clone(), *duration));
         }
-        for (k, value, duration) in values.iter().flatten() {
-            if *k == key {
-                return Some((value.clone(), *duration));
+        let key = quantize(timeout)?;
+        // The value written last is the likeliest (calls in a row), then the others.
+        let newest = (kept.next + KEPT - 1) % KEPT;
+        let found = std::iter::once(newest)
+            .chain(0..KEPT)
+            .find(|&i| kept.values[i].as_ref().is_some_and(|(k, ..)| *k == key));
+        let i = match found {
+            Some(i) => i,
+            None => {
+                let encoded = encode_coarse(timeout)?;
+                let text = Bytes::copy_from_slice(encoded.as_str().as_bytes());
+                let value = HeaderValue::from_maybe_shared(text).ok()?;
+                let i = kept.next;
+                kept.values[i] = Some((key, value, encoded.duration()));
+                kept.next = (i + 1) % KEPT;
+                i
             }
-        }
-        let encoded = encode_coarse(timeout)?;
-        let value =
-            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(encoded.as_str().as_bytes()))
-                .ok()?;
-        values[*next] = Some((key, value.clone(), encoded.duration()));
-        *next = (*next + 1) % KEPT;
-        Some((value, encoded.duration()))
+        };
+        kept.last = Some((timeout, i));
+        let (_, value, duration) = kept.values[i].as_ref().expect("found or written above");
+        Some((value.clone(), *duration))
     })
 }
 
@@ -545,6 +561,31 @@ mod tests {
                 let (value, decoded) = coarse_header_value(d).unwrap();
                 prop_assert_eq!(&value, &e.to_header_value());
                 prop_assert_eq!(decoded, e.duration());
+            }
+        }
+
+        /// Whatever the order of the durations asked for (repeats, more distinct values than
+        /// are kept, zero), the shared value is the one a fresh encoding writes.
+        #[test]
+        fn the_kept_values_always_say_what_a_fresh_encoding_would(
+            asked in proptest::collection::vec(
+                prop_oneof![
+                    Just(Duration::ZERO),
+                    (0u64..8).prop_map(|i| Duration::from_millis(100 * i + 1)),
+                    any_duration(),
+                ],
+                1..40,
+            ),
+        ) {
+            for d in asked {
+                match encode_coarse(d) {
+                    Some(e) => {
+                        let (value, decoded) = coarse_header_value(d).unwrap();
+                        prop_assert_eq!(&value, &e.to_header_value());
+                        prop_assert_eq!(decoded, e.duration());
+                    }
+                    None => prop_assert!(coarse_header_value(d).is_none()),
+                }
             }
         }
 
