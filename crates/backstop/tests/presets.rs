@@ -686,3 +686,46 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
         .unwrap();
     assert_eq!(*seen.lock().unwrap(), one(&["1S"]));
 }
+
+/// A hedged request under the preset: the first attempt (sent from the deadline layer's call,
+/// the header owed to the attempt bound) and the hedge (sent later by the retry layer) each
+/// carry exactly one `grpc-timeout`, the hedge's shorter by the time that passed.
+#[tokio::test(start_paused = true)]
+async fn a_hedged_request_tells_each_attempt_once() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Vec<http::HeaderValue>>::new()));
+    let log = seen.clone();
+    let calls = Arc::new(AtomicU32::new(0));
+    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+        log.lock().unwrap().push(
+            req.headers()
+                .get_all("grpc-timeout")
+                .iter()
+                .cloned()
+                .collect(),
+        );
+        let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }
+    });
+    let backend = backstop::client::http()
+        .deadline(deadline_of(1_000))
+        .attempt(AttemptTimeoutLayer::new(AttemptBound::None).unwrap())
+        .hedging_with(backstop::retry::hedge::Hedging::new(Duration::from_millis(
+            50,
+        )));
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(dependency);
+    client.oneshot(get()).await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|values| values.len() == 1), "{seen:?}");
+    let told = |v: &http::HeaderValue| backstop::deadline::grpc_timeout::decode_header(v).unwrap();
+    assert_eq!(told(&seen[0][0]), Duration::from_secs(1));
+    assert_eq!(told(&seen[1][0]), Duration::from_millis(950));
+    assert_eq!(backend.retry_layer().stats().hedges, 1);
+}
