@@ -247,8 +247,10 @@ fn coarse(mut digits: u64, mut exponent: u32) -> Option<Encoded> {
 /// formatting and no allocation.
 pub fn coarse_header_value(timeout: Duration) -> Option<(HeaderValue, Duration)> {
     const KEPT: usize = 4;
+    /// A rounded duration's key, its header value, and the duration it says.
+    type Entry = ((u64, u32), HeaderValue, Duration);
     struct Kept {
-        values: [Option<((u64, u32), HeaderValue, Duration)>; KEPT],
+        values: [Option<Entry>; KEPT],
         next: usize,
         /// The last `timeout` asked for and the value it got: a call whose time left is its
         /// layer's own timeout asks for the same duration every time, and skips the rounding.
