@@ -98,10 +98,11 @@ where
         // Layers further in (retries, breakers) see the call's deadline as `current()`, in
         // `call` and in every poll of their future: cheaper than a request extension, which
         // would cost two allocations here and more in every copy of the request.
-        let future = with_wire(deadline, Some(wire_deadline.instant()), owed, || {
-            self.inner.call(req)
-        });
-        PropagateFuture::bounded(future, deadline, wire_deadline, grpc, self.meter())
+        let meter = self.meter();
+        let inner = &mut self.inner;
+        with_wire(deadline, Some(wire_deadline.instant()), owed, || {
+            PropagateFuture::bounded(inner.call(req), deadline, wire_deadline, grpc, meter)
+        })
     }
 }
 
