@@ -28,9 +28,10 @@ pub(crate) struct Template {
     pub(crate) method: Method,
     version: Version,
     extensions: Extensions,
-    /// `uri`, then per header: `name`, `value`, one byte of sensitivity; each length-prefixed
-    /// (`u32`, native order: the buffer never leaves the process). A `Vec`, not `Bytes`: an
-    /// attempt after the first copies it into one shared `Bytes` that its header values slice.
+    /// The URI's length and text, then per header nine fixed bytes (the name's length, the
+    /// value's length, the sensitivity) and the name and value; lengths are `u32` in native
+    /// order (the buffer never leaves the process). A `Vec`, not `Bytes`: an attempt after the
+    /// first copies it into one shared `Bytes` that its header values slice.
     head: Vec<u8>,
     headers: usize,
 }
@@ -56,11 +57,6 @@ impl Drop for Template {
 
 /// The `Idempotency-Key` header.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-fn put(buf: &mut Vec<u8>, bytes: &[u8]) {
-    buf.extend_from_slice(&(bytes.len() as u32).to_ne_bytes());
-    buf.extend_from_slice(bytes);
-}
 
 /// The URI's parts in the order its text has them.
 fn uri_parts(uri: &Uri) -> [&str; 3] {
@@ -88,9 +84,21 @@ impl<'a> Reader<'a> {
         (start, &self.head[start..start + len])
     }
 
-    fn byte(&mut self) -> u8 {
-        self.at += 1;
-        self.head[self.at - 1]
+    /// The next header: its name, where its value starts, its value, and its sensitivity.
+    fn header(&mut self) -> (&'a [u8], usize, &'a [u8], bool) {
+        let fixed = &self.head[self.at..self.at + 9];
+        let name_len = u32::from_ne_bytes(fixed[..4].try_into().expect("four bytes")) as usize;
+        let value_len = u32::from_ne_bytes(fixed[4..8].try_into().expect("four bytes")) as usize;
+        let sensitive = fixed[8] == 1;
+        let name_at = self.at + 9;
+        let value_at = name_at + name_len;
+        self.at = value_at + value_len;
+        (
+            &self.head[name_at..value_at],
+            value_at,
+            &self.head[value_at..self.at],
+            sensitive,
+        )
     }
 }
 
@@ -98,30 +106,30 @@ impl Template {
     pub(crate) fn new<B>(req: &Request<B>) -> Self {
         let [scheme, authority, path] = uri_parts(req.uri());
         let headers = req.headers();
-        let separator: &[u8] = if scheme.is_empty() { b"" } else { b"://" };
-        let uri_len = scheme.len() + separator.len() + authority.len() + path.len();
-        let mut size = 4 + uri_len;
-        for (name, value) in headers {
-            size += 4 + name.as_str().len() + 4 + value.len() + 1;
-        }
+        let separator = if scheme.is_empty() { 0 } else { 3 };
+        let uri_len = scheme.len() + separator + authority.len() + path.len();
         let mut head = SPARE.try_with(Cell::take).unwrap_or_default();
         head.clear();
-        head.reserve_exact(size);
+        // Room for the URI and typical headers; a spare buffer (the common case) already has
+        // it, and a larger head grows the buffer as it is written.
+        head.reserve(4 + uri_len + 48 * headers.len());
         head.extend_from_slice(&(uri_len as u32).to_ne_bytes());
-        for part in [
-            scheme.as_bytes(),
-            separator,
-            authority.as_bytes(),
-            path.as_bytes(),
-        ] {
-            head.extend_from_slice(part);
+        head.extend_from_slice(scheme.as_bytes());
+        if separator != 0 {
+            head.extend_from_slice(b"://");
         }
+        head.extend_from_slice(authority.as_bytes());
+        head.extend_from_slice(path.as_bytes());
         for (name, value) in headers {
-            put(&mut head, name.as_str().as_bytes());
-            put(&mut head, value.as_bytes());
-            head.push(u8::from(value.is_sensitive()));
+            let (name, bytes) = (name.as_str().as_bytes(), value.as_bytes());
+            let mut fixed = [0u8; 9];
+            fixed[..4].copy_from_slice(&(name.len() as u32).to_ne_bytes());
+            fixed[4..8].copy_from_slice(&(bytes.len() as u32).to_ne_bytes());
+            fixed[8] = u8::from(value.is_sensitive());
+            head.extend_from_slice(&fixed);
+            head.extend_from_slice(name);
+            head.extend_from_slice(bytes);
         }
-        debug_assert_eq!(head.len(), size);
         Self {
             method: req.method().clone(),
             version: req.version(),
@@ -147,9 +155,7 @@ impl Template {
         };
         let mut headers = HeaderMap::with_capacity(self.headers);
         for _ in 0..self.headers {
-            let (_, name) = reader.next();
-            let (start, value) = reader.next();
-            let sensitive = reader.byte() == 1;
+            let (name, start, value, sensitive) = reader.header();
             let name = HeaderName::from_bytes(name).expect("a valid header name");
             let mut value =
                 HeaderValue::from_maybe_shared(shared.slice(start..start + value.len()))
@@ -175,9 +181,7 @@ impl Template {
         };
         reader.next();
         for _ in 0..self.headers {
-            let (_, n) = reader.next();
-            reader.next();
-            reader.byte();
+            let (n, ..) = reader.header();
             if n == name.as_bytes() {
                 return true;
             }
