@@ -140,17 +140,23 @@ thread_local! {
     static CURRENT: Cell<Option<Current>> = const { Cell::new(None) };
 }
 
-/// Runs `f` with `current` as the scope's value, then puts back the previous one (also when
-/// `f` panics).
-fn scoped<R>(current: Current, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Current>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            CURRENT.set(self.0);
-        }
+/// A scope entered by [`enter`]: puts back the value it found when dropped (also when what
+/// ran inside panicked). A guard rather than a closure, so the request going in and the
+/// result coming out are not moved through one.
+#[must_use = "the scope ends when the guard is dropped"]
+pub(crate) struct Scope(Option<Current>);
+
+impl Drop for Scope {
+    #[inline]
+    fn drop(&mut self) {
+        CURRENT.set(self.0);
     }
-    let _restore = Restore(CURRENT.replace(Some(current)));
-    f()
+}
+
+/// Makes `current` the scope's value until the guard is dropped.
+#[inline]
+fn scoped(current: Current) -> Scope {
+    Scope(CURRENT.replace(Some(current)))
 }
 
 /// The deadline of the request this task is working for, if any.
@@ -197,28 +203,23 @@ pub fn header_written() {
     }
 }
 
-/// Runs `f` with `deadline` as the current deadline, or the enclosing one where that is earlier.
-pub(crate) fn with_current<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
-    with_wire(deadline, None, false, f)
+/// Makes `deadline` the current deadline (or keeps the enclosing one where that is earlier)
+/// until the guard is dropped.
+#[inline]
+pub(crate) fn enter(deadline: Deadline) -> Scope {
+    enter_wire(deadline, None, false)
 }
 
-/// As [`with_current`], with what the request's `grpc-timeout` header says (see
-/// [`wire_deadline`]) and whether it is still to be written ([`header_owed`]).
-pub(crate) fn with_wire<R>(
-    deadline: Deadline,
-    wire: Option<Instant>,
-    owed: bool,
-    f: impl FnOnce() -> R,
-) -> R {
+/// As [`enter`], with what the request's `grpc-timeout` header says (see [`wire_deadline`])
+/// and whether it is still to be written ([`header_owed`]).
+#[inline]
+pub(crate) fn enter_wire(deadline: Deadline, wire: Option<Instant>, owed: bool) -> Scope {
     let effective = current().map_or(deadline, |outer| outer.min(deadline));
-    scoped(
-        Current {
-            deadline: effective,
-            wire,
-            owed,
-        },
-        f,
-    )
+    scoped(Current {
+        deadline: effective,
+        wire,
+        owed,
+    })
 }
 
 pin_project! {
@@ -248,8 +249,8 @@ impl<F: Future> Future for Scoped<F> {
         match *this.deadline {
             None => this.future.poll(cx),
             Some(own) => {
-                let future = this.future;
-                with_current(own, || future.poll(cx))
+                let _scope = enter(own);
+                this.future.poll(cx)
             }
         }
     }
@@ -357,6 +358,41 @@ mod tests {
             })
             .await;
         assert_eq!(current(), None);
+    }
+
+    /// A scope's guard puts back what it found: nested scopes unwind in order, the header's
+    /// flag is the innermost's, and a panic inside a scope leaves no deadline behind.
+    #[tokio::test(start_paused = true)]
+    async fn scope_guards_put_back_what_they_found_even_on_panic() {
+        let outer = Deadline::after(Duration::from_millis(100));
+        let inner = Deadline::after(Duration::from_millis(50));
+        let wire = Instant::now() + Duration::from_millis(40);
+        {
+            let _outer = enter(outer);
+            {
+                let _inner = enter_wire(inner, Some(wire), true);
+                assert_eq!(
+                    (current(), wire_deadline(), header_owed()),
+                    (Some(inner), Some(wire), true)
+                );
+                header_written();
+                assert!(!header_owed());
+            }
+            assert_eq!(
+                (current(), wire_deadline(), header_owed()),
+                (Some(outer), None, false)
+            );
+        }
+        assert_eq!(current(), None);
+        let panicked = std::panic::catch_unwind(|| {
+            let _scope = enter(outer);
+            panic!("inside a scope");
+        });
+        assert!(panicked.is_err());
+        assert_eq!(current(), None);
+        // Outside any scope, marking the header written changes nothing.
+        header_written();
+        assert!(!header_owed());
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,4 +1,4 @@
-use crate::{Deadline, DeadlineBody, body::local, deadline::with_current};
+use crate::{Deadline, DeadlineBody, body::local, deadline::enter};
 use backstop_core::timer::LazySleep;
 use backstop_core::{Rejection, ResponseBody};
 use http::Response;
@@ -84,10 +84,9 @@ where
                 deadline,
                 grpc,
             } => {
-                let polled = match *deadline {
-                    Some(d) => with_current(d, || future.poll(cx)),
-                    None => future.poll(cx),
-                };
+                let scope = deadline.map(enter);
+                let polled = future.poll(cx);
+                drop(scope);
                 if let Poll::Ready(result) = polled {
                     let (deadline, grpc) = (*deadline, *grpc);
                     state.set(Inbound::Done);

@@ -1,4 +1,4 @@
-use crate::{Deadline, DeadlineBody, body::local, deadline::with_current};
+use crate::{Deadline, DeadlineBody, body::local, deadline::enter};
 use backstop_core::timer::LazySleep;
 use backstop_core::{BoxError, DeadlineExceeded, Rejection, ResponseBody};
 use http::Response;
@@ -114,7 +114,11 @@ where
                 meter,
             } => {
                 let deadline_now = *deadline;
-                match with_current(deadline_now, || future.poll(cx)) {
+                let polled = {
+                    let _scope = enter(deadline_now);
+                    future.poll(cx)
+                };
+                match polled {
                     Poll::Ready(Ok(response)) => {
                         let (deadline, grpc) = (*deadline, *grpc);
                         state.set(Outbound::Done);

@@ -1,5 +1,5 @@
 use super::{Named, OutboundConfig, PropagateFuture, future::Meter};
-use crate::{Deadline, deadline::with_wire, grpc_timeout, head::Head};
+use crate::{Deadline, deadline::enter_wire, grpc_timeout, head::Head};
 use backstop_core::{BoxError, grpc::GRPC_TIMEOUT};
 use http::{Request, Response};
 use std::{
@@ -99,10 +99,12 @@ where
         // `call` and in every poll of their future: cheaper than a request extension, which
         // would cost two allocations here and more in every copy of the request.
         let meter = self.meter();
-        let inner = &mut self.inner;
-        with_wire(deadline, Some(wire_deadline.instant()), owed, || {
-            PropagateFuture::bounded(inner.call(req), deadline, wire_deadline, grpc, meter)
-        })
+        let scope = enter_wire(deadline, Some(wire_deadline.instant()), owed);
+        // Built here, so the inner call's future is written into it rather than moved in.
+        let future =
+            PropagateFuture::bounded(self.inner.call(req), deadline, wire_deadline, grpc, meter);
+        drop(scope);
+        future
     }
 }
 
