@@ -207,16 +207,22 @@ pub fn header_written() {
 /// until the guard is dropped.
 #[inline]
 pub(crate) fn enter(deadline: Deadline) -> Scope {
-    enter_wire(deadline, None, false)
-}
-
-/// As [`enter`], with what the request's `grpc-timeout` header says (see [`wire_deadline`])
-/// and whether it is still to be written ([`header_owed`]).
-#[inline]
-pub(crate) fn enter_wire(deadline: Deadline, wire: Option<Instant>, owed: bool) -> Scope {
     let effective = current().map_or(deadline, |outer| outer.min(deadline));
     scoped(Current {
         deadline: effective,
+        wire: None,
+        owed: false,
+    })
+}
+
+/// As [`enter`], with what the request's `grpc-timeout` header says (see [`wire_deadline`])
+/// and whether it is still to be written ([`header_owed`]), for a `deadline` picked no later
+/// than the current one (`PropagateDeadline`'s, which starts from it): no second read of it.
+#[inline]
+pub(crate) fn enter_wire(deadline: Deadline, wire: Option<Instant>, owed: bool) -> Scope {
+    debug_assert!(current().is_none_or(|outer| deadline <= outer));
+    scoped(Current {
+        deadline,
         wire,
         owed,
     })
