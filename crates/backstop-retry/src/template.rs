@@ -5,10 +5,9 @@
 //! `http` types costs two allocations for the header map, and one per header value or URI
 //! that was parsed from a string (cloning such a `Bytes` moves it to the heap): about 2 000
 //! instructions to build and drop for a request with one header. So the head is packed
-//! instead: the URI's text and each header's name, value and sensitivity, in one buffer
-//! (one allocation, a few copies of bytes), and unpacked only when an
-//! attempt after the first is built — where every header value becomes a slice of that one
-//! shared buffer.
+//! instead: the URI's text and each header's name, value and sensitivity, in one buffer (one
+//! allocation, a few copies of bytes), and unpacked only when an attempt after the first is
+//! built — where every header value becomes a slice of that one shared buffer.
 //!
 //! That one allocation is recycled too: a template dropped unused leaves its buffer as its
 //! thread's spare (one per thread, kept only up to 4 KiB), and the next template made on that

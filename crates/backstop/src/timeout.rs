@@ -554,17 +554,20 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
         Some((value, _)) => {
             req.headers_mut().insert(GRPC_TIMEOUT, value);
             backstop_deadline::header_written();
+            result
         }
         // Nothing left to tell (the outer layer refuses to send with nothing left, so only a
-        // clock that went past `at` in between gets here): the header says the least it can.
-        None if owed.is_some() => {
-            req.headers_mut()
-                .insert(GRPC_TIMEOUT, http::HeaderValue::from_static("1n"));
-            backstop_deadline::header_written();
+        // clock that went past `at` in between gets here): the header says the least it can,
+        // and the timer picks the bound when the attempt first waits.
+        None => {
+            if owed.is_some() {
+                let least = http::HeaderValue::from_static("1n");
+                req.headers_mut().insert(GRPC_TIMEOUT, least);
+                backstop_deadline::header_written();
+            }
+            None
         }
-        None => {}
     }
-    result
 }
 
 #[cfg(not(feature = "deadline"))]
