@@ -659,3 +659,61 @@ async fn no_permit_leaks_after_an_outage_and_a_recovery() {
         "{balance} not within [{floor}, {window}]"
     );
 }
+
+/// On the wire, over HTTP/1.1 and HTTP/2: every attempt of the preset carries exactly one
+/// `grpc-timeout` (the deadline layer leaves it to the attempt bound, which writes it once),
+/// within the attempt's share of the deadline and shrinking from attempt to attempt.
+#[tokio::test]
+async fn every_attempt_on_the_wire_carries_one_grpc_timeout() {
+    type Seen = Arc<Mutex<Vec<Vec<String>>>>;
+    for http2 in [false, true] {
+        let seen = Seen::default();
+        let addr = backstop_integration::serve_hyper(
+            http2,
+            seen.clone(),
+            |req: Request<hyper::body::Incoming>, seen: Seen| async move {
+                let values = req
+                    .headers()
+                    .get_all("grpc-timeout")
+                    .iter()
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .collect::<Vec<_>>();
+                let mut seen = seen.lock().unwrap();
+                seen.push(values);
+                let status = if seen.len() <= 2 { 503 } else { 200 };
+                Ok(Response::builder()
+                    .status(status)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap())
+            },
+        )
+        .await;
+        let url = format!("http://{addr}/");
+        let outcome = call(
+            &http_preset(),
+            http2,
+            request(Method::GET, &url, Vec::new()),
+        )
+        .await;
+        assert_eq!(
+            outcome.status,
+            Ok(StatusCode::OK),
+            "http2 {http2}: {outcome:?}"
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3, "http2 {http2}: {seen:?}");
+        let told: Vec<Duration> = seen
+            .iter()
+            .map(|values| {
+                assert_eq!(values.len(), 1, "http2 {http2}: {seen:?}");
+                backstop::deadline::grpc_timeout::decode(values[0].as_bytes()).unwrap()
+            })
+            .collect();
+        // The cold measured bound: at most 80 % of what is left of the 400 ms.
+        assert!(
+            told[0] <= DEADLINE * 4 / 5 && told[0] > DEADLINE / 2,
+            "{told:?}"
+        );
+        assert!(told.windows(2).all(|w| w[1] <= w[0]), "{told:?}");
+    }
+}
