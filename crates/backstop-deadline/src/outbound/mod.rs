@@ -108,8 +108,10 @@ impl PropagateDeadlineLayer {
     /// header this layer had just written (a second encoding and hash-map insert on every
     /// call). This layer still picks the deadline and what the server is told, bounds the
     /// call by it, and tells the layers inside through [`wire_deadline`](crate::wire_deadline)
-    /// and [`header_owed`](crate::header_owed). Without a layer inside that writes the header
-    /// when it is owed, the server is told nothing.
+    /// and [`header_owed`](crate::header_owed), which are seen by the layers it calls
+    /// synchronously from its own `call` (not across a `tower::buffer::Buffer` or a spawned
+    /// task). Without a layer inside that writes the header when it is owed, the server is
+    /// told nothing.
     ///
     /// ```
     /// use backstop_deadline::{PropagateDeadlineLayer, header_owed, wire_deadline};
