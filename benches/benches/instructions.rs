@@ -12,13 +12,19 @@
 //! `tower-timeout`, `tower`, `resilience-stack`, `resilience-breaker`,
 //! `resilience-breaker-count`, `backstop-preset`, `backstop-preset-adaptive`,
 //! `backstop-deadline`, `backstop-retry`, `backstop-full`, `backstop-breaker`,
-//! `backstop-breaker-count`, `backstop-attempt`, `backstop-server`, `backstop-server-timeout`.
+//! `backstop-breaker-count`, `backstop-attempt`, `backstop-server`, `backstop-server-timeout`;
+//! and, with a dependency that answers after one pending poll as a real transport does (each
+//! layer then arms its timer), `pending-bare`, `pending-bare-timeout`, `pending-tower-timeout`,
+//! `pending-tower`, `pending-deadline`, `pending-full`, `pending-preset`,
+//! `pending-server-timeout`.
 
 use backstop_benches::{
-    backstop_attempt, backstop_breaker, backstop_breaker_count, backstop_deadline, backstop_full,
-    backstop_preset, backstop_preset_adaptive, backstop_retry, backstop_server, bare, request,
-    request_with_timeout, resilience_breaker, resilience_breaker_count, resilience_stack,
-    tower_stack, tower_timeout,
+    backstop_attempt, backstop_breaker, backstop_breaker_count, backstop_deadline,
+    backstop_deadline_pending, backstop_full, backstop_full_pending, backstop_preset,
+    backstop_preset_adaptive, backstop_preset_pending, backstop_retry, backstop_server,
+    backstop_server_pending, bare, bare_pending, request, request_with_timeout, resilience_breaker,
+    resilience_breaker_count, resilience_stack, tower_stack, tower_stack_pending, tower_timeout,
+    tower_timeout_pending,
 };
 use std::hint::black_box;
 use tower::{Service, ServiceExt};
@@ -72,6 +78,16 @@ fn main() {
                 drive_with(backstop_server(), n, request_with_timeout).await
             }
             "resilience-breaker-count" => drive(resilience_breaker_count(), n).await,
+            "pending-bare" => drive(bare_pending(), n).await,
+            "pending-bare-timeout" => drive_with(bare_pending(), n, request_with_timeout).await,
+            "pending-tower-timeout" => drive(tower_timeout_pending(), n).await,
+            "pending-tower" => drive(tower_stack_pending(), n).await,
+            "pending-deadline" => drive(backstop_deadline_pending(), n).await,
+            "pending-full" => drive(backstop_full_pending(), n).await,
+            "pending-preset" => drive(backstop_preset_pending(), n).await,
+            "pending-server-timeout" => {
+                drive_with(backstop_server_pending(), n, request_with_timeout).await
+            }
             other => panic!("unknown stack {other}"),
         }
     });

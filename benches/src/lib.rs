@@ -113,6 +113,91 @@ fn replay_target() -> impl Target {
     })
 }
 
+/// A future that is pending once, waking its task at once, then ready: what a real transport's
+/// call does (its first poll waits for the socket), and what makes every layer around it arm
+/// its timer. The stacks named `*_pending` answer after it.
+#[derive(Debug, Default)]
+pub struct PendingOnce(bool);
+
+impl std::future::Future for PendingOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// [`bare`], answering after one pending poll ([`PendingOnce`]).
+pub fn bare_pending()
+-> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future = impl Send>
++ Clone {
+    service_fn(|_req: Request<String>| async {
+        PendingOnce::default().await;
+        Ok::<_, Infallible>(Response::new(String::new()))
+    })
+}
+
+/// [`replay_target`], answering after one pending poll ([`PendingOnce`]).
+fn replay_target_pending() -> impl Target {
+    service_fn(|_req: Request<ReplayBody<String>>| async {
+        PendingOnce::default().await;
+        Ok::<_, Infallible>(Response::new(String::new()))
+    })
+}
+
+/// [`tower_timeout`] around [`bare_pending`].
+pub fn tower_timeout_pending() -> impl Stack {
+    ServiceBuilder::new()
+        .timeout(Duration::from_secs(1))
+        .service(bare_pending())
+}
+
+/// [`tower_stack`] around [`bare_pending`].
+pub fn tower_stack_pending() -> impl Stack {
+    ServiceBuilder::new()
+        .retry(TowerPolicy::new())
+        .timeout(Duration::from_secs(1))
+        .service(bare_pending())
+}
+
+/// [`backstop_deadline`] around [`bare_pending`].
+pub fn backstop_deadline_pending() -> impl Stack {
+    ServiceBuilder::new()
+        .layer(one_second_deadline())
+        .service(bare_pending())
+}
+
+/// [`backstop_full`] around a dependency answering after one pending poll.
+pub fn backstop_full_pending() -> impl Stack {
+    ServiceBuilder::new()
+        .layer(one_second_deadline())
+        .layer(RetryConfig::http().build().unwrap())
+        .service(replay_target_pending())
+}
+
+/// [`backstop_preset`] around a dependency answering after one pending poll.
+pub fn backstop_preset_pending() -> impl Stack {
+    ServiceBuilder::new()
+        .layer(preset_1s().attempt_timeout(Duration::from_millis(500)))
+        .service(replay_target_pending())
+}
+
+/// [`backstop_server`] around [`bare_pending`] (measured with [`request_with_timeout`]: a
+/// server without a deadline arms no timer).
+pub fn backstop_server_pending() -> impl Stack {
+    ServiceBuilder::new()
+        .layer(backstop::server())
+        .service(bare_pending())
+}
+
 /// A stack under measurement: a cloneable service of the benches' requests whose errors can be
 /// printed (every function below returns one).
 pub trait Stack: Service<Request<String>, Error: Debug> + Clone {}
