@@ -168,7 +168,7 @@ pub fn tower_stack_pending() -> impl Stack {
         .service(bare_pending())
 }
 
-/// [`backstop_deadline`] around [`bare_pending`].
+/// [`backstop_deadline()`] around [`bare_pending`].
 pub fn backstop_deadline_pending() -> impl Stack {
     ServiceBuilder::new()
         .layer(one_second_deadline())

@@ -2,10 +2,15 @@
 //!
 //! Every backstop future that bounds something by an instant (the retry layer's attempt, the
 //! deadline layers' calls and bodies, the attempt timeout) keeps one: a call answered on its
-//! first poll, the common case, never touches tokio's timer wheel.
+//! first poll never touches tokio's timer wheel. And one bounded by an instant its enclosing
+//! deadline layer already wakes the task for does not arm it at all
+//! ([`poll_until_or_covered`](LazySleep::poll_until_or_covered)): a timer costs about 600
+//! instructions to register and clear, and nested layers bounded by the same deadline would
+//! otherwise each register one per call.
 
 use pin_project_lite::pin_project;
 use std::{
+    cell::Cell,
     future::Future,
     pin::Pin,
     task::{Context, Poll},
@@ -18,7 +23,25 @@ pin_project! {
     #[derive(Debug, Default)]
     pub struct LazySleep {
         #[pin]
-        sleep: Option<Sleep>,
+        sleep: Option<Armed>,
+    }
+}
+
+pin_project! {
+    /// An armed timer: the tokio [`Sleep`], which tells the enclosing [`Watch`] when it goes
+    /// away (a `Drop` here rather than on [`LazySleep`], so that a timer never armed costs
+    /// nothing more to drop than its `None`).
+    #[derive(Debug)]
+    struct Armed {
+        #[pin]
+        sleep: Sleep,
+    }
+
+    impl PinnedDrop for Armed {
+        fn drop(this: Pin<&mut Self>) {
+            // It may be one the enclosing `Watch` heard of.
+            retract(this.sleep.deadline());
+        }
     }
 }
 
@@ -39,29 +62,172 @@ impl LazySleep {
     /// first instant: every caller passes the same one).
     #[inline]
     pub fn poll_until(self: Pin<&mut Self>, cx: &mut Context<'_>, at: Instant) -> Poll<()> {
-        let mut sleep = self.project().sleep;
-        if sleep.is_none() {
-            sleep.set(Some(sleep_until(at)));
-        }
-        sleep.as_pin_mut().expect("armed above").poll(cx)
+        self.poll_until_or_covered(cx, at, false)
     }
 
-    /// Arms the timer for `at`, unless it is armed already.
+    /// As [`poll_until`](Self::poll_until), unless `covered`: the task is known to be woken
+    /// by `at` or earlier without this timer (an enclosing deadline layer's future polls this
+    /// one and wakes its task by then; see `backstop_deadline::woken_by`). A timer not armed
+    /// yet is then not armed: the clock is compared with `at` instead, `Ready` once it has
+    /// passed. An armed timer is polled as before, covered or not, and while it is pending it
+    /// is reported to the enclosing [`Watch`], if any.
+    ///
+    /// ```
+    /// use backstop_core::timer::LazySleep;
+    /// use std::{pin::pin, task::{Context, Poll, Waker}, time::Duration};
+    /// use tokio::time::Instant;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let mut timer = pin!(LazySleep::new());
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// let at = Instant::now() + Duration::from_millis(10);
+    /// assert!(timer.as_mut().poll_until_or_covered(&mut cx, at, true).is_pending());
+    /// assert!(!timer.is_armed());
+    /// tokio::time::advance(Duration::from_millis(10)).await;
+    /// assert_eq!(timer.as_mut().poll_until_or_covered(&mut cx, at, true), Poll::Ready(()));
+    /// assert!(!timer.is_armed());
+    /// # }
+    /// ```
     #[inline]
-    pub fn arm(self: Pin<&mut Self>, at: Instant) {
+    pub fn poll_until_or_covered(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        at: Instant,
+        covered: bool,
+    ) -> Poll<()> {
         let mut sleep = self.project().sleep;
         if sleep.is_none() {
-            sleep.set(Some(sleep_until(at)));
+            if covered {
+                return if Instant::now() >= at {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                };
+            }
+            sleep.set(Some(Armed {
+                sleep: sleep_until(at),
+            }));
+        }
+        let sleep = sleep.as_pin_mut().expect("armed above").project().sleep;
+        let polled = sleep.deadline();
+        match sleep.poll(cx) {
+            Poll::Ready(()) => Poll::Ready(()),
+            Poll::Pending => {
+                report(polled);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// What the innermost [`Watch`] has heard.
+#[derive(Debug, Clone, Copy)]
+enum Heard {
+    /// No armed timer polled pending.
+    Nothing,
+    /// The earliest armed timer polled pending.
+    Until(Instant),
+    /// A timer it may have heard of went away: nothing can be relied on.
+    Unknown,
+}
+
+thread_local! {
+    /// What the innermost [`Watch`] has heard since it started; see there.
+    static HEARD: Cell<Heard> = const { Cell::new(Heard::Nothing) };
+}
+
+/// Tells the enclosing [`Watch`] that a timer armed for `at` was polled and is pending: the
+/// task will be woken by `at`.
+#[inline]
+fn report(at: Instant) {
+    match HEARD.get() {
+        Heard::Until(earliest) if earliest <= at => {}
+        Heard::Unknown => {}
+        _ => HEARD.set(Heard::Until(at)),
+    }
+}
+
+/// An armed timer for `at` is dropped: if it may be the earliest the enclosing [`Watch`] heard
+/// of, that watch can rely on nothing (a later one it heard of is still armed, or was dropped
+/// and said so too).
+#[inline]
+fn retract(at: Instant) {
+    if let Heard::Until(earliest) = HEARD.get()
+        && at <= earliest
+    {
+        HEARD.set(Heard::Unknown);
+    }
+}
+
+/// What a future bounded by an instant learns while it polls the futures inside it: the
+/// earliest armed [`LazySleep`] they polled that is still pending and still there, i.e. a time
+/// by which the task will be woken anyway. A deadline layer's future that hears of one no later
+/// than its own deadline need not arm its own timer for that poll (it compares the clock with
+/// its deadline instead, at every poll); one that hears of none arms its own. Either way, after
+/// each poll that returns `Pending` the task has a timer registered for no later than the
+/// deadline. An armed timer dropped during the watch (an attempt that ended, a branch of a
+/// `select!` that lost) makes it hear nothing it can rely on, unless a timer it heard of is
+/// earlier than that one: the enclosing future then arms its own.
+///
+/// What it relies on: the futures inside are polled with a waker that wakes this task (as
+/// every combinator does: `select!`, `join!`, `FuturesUnordered`), so a timer polled pending
+/// inside wakes it.
+///
+/// A guard: started before the inner poll, read after it, and when dropped (panics included) it
+/// passes what it heard on to the watch enclosing it, whose bound is then covered too. The
+/// value is a thread-local set only during one poll, never shared between threads.
+///
+/// ```
+/// use backstop_core::timer::{LazySleep, Watch};
+/// use std::{pin::pin, task::{Context, Waker}, time::Duration};
+/// use tokio::time::Instant;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let mut cx = Context::from_waker(Waker::noop());
+/// let at = Instant::now() + Duration::from_millis(10);
+/// let mut timer = pin!(LazySleep::new());
+/// let watch = Watch::start();
+/// assert!(timer.as_mut().poll_until(&mut cx, at).is_pending());
+/// assert_eq!(watch.earliest(), Some(at));
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use = "the watch ends when the guard is dropped"]
+pub struct Watch {
+    enclosing: Heard,
+}
+
+impl Watch {
+    /// Starts hearing of the armed timers polled from now on, on this thread.
+    #[inline]
+    pub fn start() -> Self {
+        Self {
+            enclosing: HEARD.replace(Heard::Nothing),
         }
     }
 
-    /// Polls the timer if it is armed; `Pending` forever otherwise.
+    /// The earliest armed timer polled pending since [`start`](Self::start) and not dropped
+    /// since (`None` also when one that may be it was dropped).
     #[inline]
-    pub fn poll_armed(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        match self.project().sleep.as_pin_mut() {
-            Some(sleep) => sleep.poll(cx),
-            None => Poll::Pending,
+    pub fn earliest(&self) -> Option<Instant> {
+        match HEARD.get() {
+            Heard::Until(at) => Some(at),
+            Heard::Nothing | Heard::Unknown => None,
         }
+    }
+}
+
+impl Drop for Watch {
+    #[inline]
+    fn drop(&mut self) {
+        let inside = HEARD.get();
+        HEARD.set(match (self.enclosing, inside) {
+            (Heard::Unknown, _) | (_, Heard::Unknown) => Heard::Unknown,
+            (Heard::Nothing, heard) | (heard, Heard::Nothing) => heard,
+            (Heard::Until(a), Heard::Until(b)) => Heard::Until(a.min(b)),
+        });
     }
 }
 
@@ -91,8 +257,81 @@ mod tests {
         })
         .await;
         assert_eq!(start.elapsed(), Duration::from_millis(10));
-        let mut unarmed = std::pin::pin!(LazySleep::new());
-        let polled = std::future::poll_fn(|cx| Poll::Ready(unarmed.as_mut().poll_armed(cx))).await;
-        assert!(polled.is_pending());
+    }
+
+    /// Watches nest: each hears the timers polled inside it, and passes the earliest on to the
+    /// one enclosing it when it ends; a fired timer, or one covered and not armed, reports
+    /// nothing; a panic inside a watch leaves the enclosing one intact.
+    #[tokio::test(start_paused = true)]
+    async fn watches_hear_the_earliest_pending_timer_and_pass_it_out() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let now = Instant::now();
+        let (early, late) = (
+            now + Duration::from_millis(5),
+            now + Duration::from_millis(9),
+        );
+        let mut a = std::pin::pin!(LazySleep::new());
+        let mut b = std::pin::pin!(LazySleep::new());
+        let mut covered = std::pin::pin!(LazySleep::new());
+        let outer = Watch::start();
+        {
+            let inner = Watch::start();
+            assert!(a.as_mut().poll_until(&mut cx, late).is_pending());
+            assert!(
+                covered
+                    .as_mut()
+                    .poll_until_or_covered(&mut cx, now, true)
+                    .is_ready()
+            );
+            assert_eq!(inner.earliest(), Some(late));
+            assert!(b.as_mut().poll_until(&mut cx, early).is_pending());
+            assert_eq!(inner.earliest(), Some(early));
+        }
+        assert_eq!(outer.earliest(), Some(early));
+        drop(outer);
+        // A new watch hears nothing of what came before it.
+        assert_eq!(Watch::start().earliest(), None);
+
+        // A dropped timer that may be the earliest heard of: nothing can be relied on, in this
+        // watch and the ones enclosing it; a later one dropped changes nothing.
+        let now = Instant::now();
+        let (early, late) = (
+            now + Duration::from_millis(5),
+            now + Duration::from_millis(9),
+        );
+        let mut b = std::pin::pin!(LazySleep::new());
+        let mut c = std::pin::pin!(LazySleep::new());
+        let outer = Watch::start();
+        {
+            let inner = Watch::start();
+            {
+                let mut gone = Box::pin(LazySleep::new());
+                assert!(gone.as_mut().poll_until(&mut cx, late).is_pending());
+                assert!(b.as_mut().poll_until(&mut cx, early).is_pending());
+                drop(gone);
+                assert_eq!(inner.earliest(), Some(early));
+                let mut gone = Box::pin(LazySleep::new());
+                assert!(gone.as_mut().poll_until(&mut cx, early).is_pending());
+                drop(gone);
+                assert_eq!(inner.earliest(), None);
+            }
+            assert!(c.as_mut().poll_until(&mut cx, early).is_pending());
+            assert_eq!(inner.earliest(), None);
+        }
+        assert_eq!(outer.earliest(), None);
+        drop(outer);
+
+        let outer = Watch::start();
+        assert!(a.as_mut().poll_until(&mut cx, late).is_pending());
+        let panicked = std::panic::catch_unwind(|| {
+            let _inner = Watch::start();
+            panic!("inside a watch");
+        });
+        assert!(panicked.is_err());
+        assert_eq!(outer.earliest(), Some(late));
+        tokio::time::advance(Duration::from_millis(9)).await;
+        let fired = Watch::start();
+        assert!(a.as_mut().poll_until(&mut cx, late).is_ready());
+        assert_eq!(fired.earliest(), None);
     }
 }

@@ -126,6 +126,9 @@ struct Current {
     wire: Option<Instant>,
     /// The `grpc-timeout` header saying `wire` is left to a layer inside; see [`header_owed`].
     owed: bool,
+    /// The future polling now wakes its task by `deadline` whenever what it polls is pending;
+    /// see [`woken_by`].
+    wakes: bool,
 }
 
 // The current deadline lives in a thread-local that is set only while a scope runs: a
@@ -204,15 +207,69 @@ pub fn header_written() {
 }
 
 /// Makes `deadline` the current deadline (or keeps the enclosing one where that is earlier)
-/// until the guard is dropped.
+/// until the guard is dropped. `wakes`: the future entering the scope to poll what it bounds
+/// wakes its task by `deadline` whenever that is pending (its own timer, or an enclosing
+/// scope's that covers it); see [`woken_by`].
 #[inline]
-pub(crate) fn enter(deadline: Deadline) -> Scope {
-    let effective = current().map_or(deadline, |outer| outer.min(deadline));
-    scoped(Current {
-        deadline: effective,
-        wire: None,
-        owed: false,
-    })
+pub(crate) fn enter(deadline: Deadline, wakes: bool) -> Scope {
+    let current = match CURRENT.get() {
+        // An earlier enclosing deadline stays, and so does what wakes the task for it.
+        Some(outer) if outer.deadline < deadline => Current {
+            deadline: outer.deadline,
+            wakes: outer.wakes,
+            wire: None,
+            owed: false,
+        },
+        Some(outer) if outer.deadline == deadline => Current {
+            deadline,
+            wakes: wakes || outer.wakes,
+            wire: None,
+            owed: false,
+        },
+        _ => Current {
+            deadline,
+            wakes,
+            wire: None,
+            owed: false,
+        },
+    };
+    scoped(current)
+}
+
+/// Whether the task polling now will be woken by `at` or earlier without a timer of the
+/// caller's own: `true` while the future of a [`PropagateDeadline`](crate::PropagateDeadline)
+/// or of a [`DeadlineLayer`](crate::DeadlineLayer) service polls the layers inside it with a
+/// deadline no later than `at`, since that future wakes its task at its deadline whenever they
+/// are pending. `false` anywhere else — in a [`Deadline::scope`] (which bounds nothing), while
+/// a service is called (its future may be polled elsewhere), or in a task spawned from a
+/// handler.
+///
+/// A layer inside bounded by `at` then need not arm a timer of its own: comparing the clock
+/// with `at` when polled tells it its time is up as soon as the enclosing future polls it after
+/// waking (the enclosing future polls what it bounds before it looks at its own timer, so the
+/// layer inside answers first, as its own timer firing at the same instant would have made it).
+/// Asked again at each poll, so a future moved to another task arms its own timer there. What
+/// it saves: a tokio timer costs about 600 instructions to register and clear, and the
+/// deadline, the retry layer and the attempt bound of a client stack would each register one
+/// per call. See `backstop_core::timer::LazySleep::poll_until_or_covered`.
+///
+/// ```
+/// use backstop_deadline::{Deadline, woken_by};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let deadline = Deadline::after(Duration::from_secs(1));
+/// // A scope set by hand bounds nothing: no timer wakes the task for it.
+/// assert!(!deadline.scope(async { woken_by(deadline.instant()) }).await);
+/// assert!(!woken_by(deadline.instant()));
+/// # }
+/// ```
+#[inline]
+pub fn woken_by(at: Instant) -> bool {
+    CURRENT
+        .get()
+        .is_some_and(|c| c.wakes && c.deadline.instant() <= at)
 }
 
 /// As [`enter`], with what the request's `grpc-timeout` header says (see [`wire_deadline`])
@@ -225,6 +282,8 @@ pub(crate) fn enter_wire(deadline: Deadline, wire: Option<Instant>, owed: bool) 
         deadline,
         wire,
         owed,
+        // Inside `call` nothing is polled yet, and the future may be polled by another task.
+        wakes: false,
     })
 }
 
@@ -255,7 +314,8 @@ impl<F: Future> Future for Scoped<F> {
         match *this.deadline {
             None => this.future.poll(cx),
             Some(own) => {
-                let _scope = enter(own);
+                // No timer here: a hand-set scope bounds nothing by itself.
+                let _scope = enter(own, false);
                 this.future.poll(cx)
             }
         }
@@ -374,7 +434,7 @@ mod tests {
         let inner = Deadline::after(Duration::from_millis(50));
         let wire = Instant::now() + Duration::from_millis(40);
         {
-            let _outer = enter(outer);
+            let _outer = enter(outer, false);
             {
                 let _inner = enter_wire(inner, Some(wire), true);
                 assert_eq!(
@@ -391,7 +451,7 @@ mod tests {
         }
         assert_eq!(current(), None);
         let panicked = std::panic::catch_unwind(|| {
-            let _scope = enter(outer);
+            let _scope = enter(outer, false);
             panic!("inside a scope");
         });
         assert!(panicked.is_err());

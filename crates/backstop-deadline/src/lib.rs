@@ -157,6 +157,7 @@ pub use backstop_core::{DeadlineExceeded, is_deadline_exceeded};
 pub use body::DeadlineBody;
 pub use deadline::{
     Deadline, DeadlineFutureExt, Scoped, current, header_owed, header_written, wire_deadline,
+    woken_by,
 };
 pub use grpc_timeout::MalformedTimeout;
 pub use inbound::{DeadlineLayer, DeadlineLayerBuilder, DeadlineService, ResponseFuture};

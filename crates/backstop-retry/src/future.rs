@@ -213,7 +213,10 @@ where
                             let Some(at) = *end else {
                                 return Poll::Pending;
                             };
-                            ready!(timer.poll_until(cx, at));
+                            // No timer when the enclosing deadline layer wakes the task by
+                            // then (under `PropagateDeadline`, the same instant).
+                            let covered = backstop_deadline::woken_by(at);
+                            ready!(timer.poll_until_or_covered(cx, at, covered));
                             Err(DeadlineExceeded::new().into())
                         }
                     };

@@ -515,6 +515,7 @@ where
 /// ([`header_owed`](backstop_deadline::header_owed)), so it is written once per attempt: the
 /// bound when shorter, otherwise the time left until what the outer layer picked to tell.
 #[cfg(feature = "deadline")]
+#[inline(always)]
 fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, Instant)> {
     use backstop_core::grpc::GRPC_TIMEOUT;
     use backstop_deadline::grpc_timeout;
@@ -570,6 +571,20 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
     }
 }
 
+/// Whether an enclosing deadline layer wakes the task by `at`; see
+/// [`woken_by`](backstop_deadline::woken_by).
+#[cfg(feature = "deadline")]
+#[inline]
+fn woken_by(at: Instant) -> bool {
+    backstop_deadline::woken_by(at)
+}
+
+#[cfg(not(feature = "deadline"))]
+#[inline]
+fn woken_by(_: Instant) -> bool {
+    false
+}
+
 #[cfg(not(feature = "deadline"))]
 fn tell_the_wire<B>(_: &Shared, _: &mut Request<B>) -> Option<(Duration, Instant)> {
     None
@@ -588,7 +603,8 @@ pin_project! {
         handle: Arc<stripe::Handle<Shared>>,
         // The bound and its end, when picked at the call (it was written on the wire).
         told: Option<(Duration, Instant)>,
-        start: Option<(Instant, Option<Duration>)>,
+        // When the attempt first waited, its bound, and when that ends.
+        start: Option<(Instant, Option<Duration>, Option<Instant>)>,
         #[pin]
         sleep: LazySleep,
     }
@@ -597,8 +613,8 @@ pin_project! {
 impl<F> std::fmt::Debug for AttemptTimeoutFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AttemptTimeoutFuture")
-            .field("started", &self.start.map(|(at, _)| at))
-            .field("bound", &self.start.and_then(|(_, b)| b))
+            .field("started", &self.start.map(|(at, ..)| at))
+            .field("bound", &self.start.and_then(|(_, b, _)| b))
             .finish_non_exhaustive()
     }
 }
@@ -614,7 +630,7 @@ where
         let mut this = self.project();
         let shared: &Shared = this.handle;
         if let Poll::Ready(result) = this.future.poll(cx) {
-            let Some((start, _)) = *this.start else {
+            let Some((start, ..)) = *this.start else {
                 return Poll::Ready(result.map_err(Into::into));
             };
             let now = Instant::now();
@@ -641,7 +657,7 @@ where
             }
             return Poll::Ready(Err(Box::new(AttemptTimedOut::new())));
         }
-        let (start, bound) = match *this.start {
+        let (start, bound, end) = match *this.start {
             Some(started) => started,
             None => {
                 let now = Instant::now();
@@ -652,14 +668,20 @@ where
                         (bound, bound.map(|b| now + b))
                     }
                 };
-                *this.start = Some((now, bound));
-                if let Some(end) = end {
-                    this.sleep.as_mut().arm(end);
-                }
-                (now, bound)
+                *this.start = Some((now, bound, end));
+                (now, bound, end)
             }
         };
-        ready!(this.sleep.poll_armed(cx));
+        let Some(end) = end else {
+            return Poll::Pending;
+        };
+        // No timer when an enclosing deadline layer wakes the task by the attempt's end (a
+        // bound no shorter than what is left of the deadline).
+        ready!(
+            this.sleep
+                .as_mut()
+                .poll_until_or_covered(cx, end, woken_by(end))
+        );
         let bound = bound.expect("a timer only with a bound");
         // Censored: it took at least its bound.
         shared.model.record(bound, shared.now_us(start + bound));

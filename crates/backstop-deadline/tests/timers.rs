@@ -1,0 +1,230 @@
+//! Timers are not armed twice for one instant: a layer whose bound an enclosing deadline layer
+//! already wakes the task for compares the clock instead of arming its own, and a deadline
+//! layer that hears of an earlier timer armed inside does not arm one either. What must still
+//! hold: every call ends at its deadline, whatever the futures inside do with their timers —
+//! let one fire and hang on, drop one in the poll that armed it, or move to another task.
+//!
+//! Each call is bounded by a guard `timeout` far past its deadline: a call that no timer wakes
+//! would otherwise hang (paused time only moves to registered timers); with the guard, it fails.
+
+use backstop_core::timer::LazySleep;
+use backstop_deadline::{
+    Deadline, DeadlineLayer, PropagateDeadlineLayer, current, is_deadline_exceeded, woken_by,
+};
+use backstop_test_support::http_request;
+use http::{Request, Response};
+use std::{
+    convert::Infallible,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+const MS: Duration = Duration::from_millis(1);
+/// Far past every deadline here: a call still running then was never woken.
+const GUARD: Duration = Duration::from_secs(60);
+
+/// What a dependency's future does with a timer of its own.
+#[derive(Clone, Copy, Debug)]
+enum Timer {
+    /// None: it hangs.
+    None,
+    /// Armed for this long; once it has fired the future drops it and hangs with no timer.
+    FiresAfter(Duration),
+    /// Armed for this long and dropped in the same poll (a `select!` branch that lost), then
+    /// it hangs with no timer.
+    DroppedAtOnce(Duration),
+}
+
+/// A dependency future that never answers; it records, at each poll, whether the layers
+/// around it say an enclosing future wakes the task by the current deadline.
+struct Hung {
+    timer: Timer,
+    armed: Option<Pin<Box<LazySleep>>>,
+    end: Option<Instant>,
+    seen: Arc<Mutex<Vec<bool>>>,
+}
+
+impl Future for Hung {
+    type Output = Result<Response<String>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let covered = current().is_some_and(|d| woken_by(d.instant()));
+        self.seen.lock().unwrap().push(covered);
+        let this = &mut *self;
+        match this.timer {
+            Timer::None => {}
+            Timer::FiresAfter(after) | Timer::DroppedAtOnce(after) => {
+                let end = *this.end.get_or_insert_with(|| Instant::now() + after);
+                if let Some(timer) = this.armed.as_mut() {
+                    if timer.as_mut().poll_until(cx, end).is_ready() {
+                        this.armed = None;
+                        this.timer = Timer::None;
+                    }
+                } else {
+                    let mut timer = Box::pin(LazySleep::new());
+                    assert!(timer.as_mut().poll_until(cx, end).is_pending());
+                    if matches!(this.timer, Timer::DroppedAtOnce(_)) {
+                        drop(timer);
+                        this.timer = Timer::None;
+                    } else {
+                        this.armed = Some(timer);
+                    }
+                }
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// A dependency whose calls hang as `timer` says; `seen` gathers what they saw.
+fn hung(
+    timer: Timer,
+    seen: &Arc<Mutex<Vec<bool>>>,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future = Hung>
++ Clone
++ use<> {
+    let seen = seen.clone();
+    service_fn(move |_req: Request<String>| Hung {
+        timer,
+        armed: None,
+        end: None,
+        seen: seen.clone(),
+    })
+}
+
+fn one_second() -> PropagateDeadlineLayer {
+    PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+/// Calls `service` with `req` under the guard: the error, and how long the call took.
+async fn expiry<S>(service: S, req: Request<String>) -> (backstop_core::BoxError, Duration)
+where
+    S: Service<Request<String>, Error = backstop_core::BoxError>,
+    S::Response: std::fmt::Debug,
+{
+    let start = Instant::now();
+    let result = tokio::time::timeout(GUARD, service.oneshot(req))
+        .await
+        .expect("the call ended at its deadline, not at the guard");
+    (
+        result.expect_err("the dependency never answers"),
+        start.elapsed(),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn nested_deadline_layers_end_the_call_at_the_deadline() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let inner = PropagateDeadlineLayer::new().layer(hung(Timer::None, &seen));
+    let (err, took) = expiry(one_second().layer(inner), http_request(None)).await;
+    assert!(backstop_core::find::<backstop_core::DeadlineExceeded>(&*err).is_some());
+    assert_eq!(took, Duration::from_secs(1));
+    // Inside both, the task is woken by the deadline: the inner layer armed no timer.
+    assert!(seen.lock().unwrap().iter().all(|&covered| covered));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_earlier_timer_inside_then_none_still_ends_the_call_at_the_deadline() {
+    for timer in [
+        Timer::FiresAfter(300 * MS),
+        Timer::DroppedAtOnce(300 * MS),
+        // Later than the deadline: it covers nothing.
+        Timer::FiresAfter(Duration::from_secs(2)),
+    ] {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (err, took) = expiry(one_second().layer(hung(timer, &seen)), http_request(None)).await;
+        assert!(
+            backstop_core::find::<backstop_core::DeadlineExceeded>(&*err).is_some(),
+            "{timer:?}: {err}"
+        );
+        assert_eq!(took, Duration::from_secs(1), "{timer:?}");
+    }
+}
+
+/// A handler that hangs on no timer once its own has fired (or was dropped) is still cut off at
+/// the request's deadline.
+#[tokio::test(start_paused = true)]
+async fn the_server_deadline_holds_whatever_the_handler_does_with_its_timers() {
+    for timer in [
+        Timer::None,
+        Timer::FiresAfter(300 * MS),
+        Timer::DroppedAtOnce(300 * MS),
+    ] {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let service = DeadlineLayer::new().layer(hung(timer, &seen));
+        let start = Instant::now();
+        let response = tokio::time::timeout(GUARD, service.oneshot(http_request(Some("1S"))))
+            .await
+            .expect("the handler was cut off at its deadline")
+            .unwrap();
+        assert_eq!(response.status(), 504, "{timer:?}");
+        // One second less the server's 1 ms lead.
+        assert_eq!(start.elapsed(), 999 * MS, "{timer:?}");
+        assert!(seen.lock().unwrap().iter().all(|&covered| covered));
+    }
+}
+
+/// A client call polled once inside a handler (where the server's deadline layer covers it, so
+/// it arms no timer) and then moved to a task of its own arms its timer there, and ends at its
+/// deadline.
+#[tokio::test(start_paused = true)]
+async fn a_call_moved_to_another_task_arms_its_own_timer_there() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let client = PropagateDeadlineLayer::new().layer(hung(Timer::None, &seen));
+    let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel();
+    let spawned_tx = Arc::new(Mutex::new(Some(spawned_tx)));
+    let handler = service_fn(move |_req: Request<String>| {
+        let client = client.clone();
+        let spawned_tx = spawned_tx.clone();
+        async move {
+            let mut call = Box::pin(client.oneshot(http_request(None)));
+            let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            assert!(first.is_pending());
+            let task = tokio::spawn(async move {
+                let start = Instant::now();
+                (call.await, start.elapsed())
+            });
+            let _ = spawned_tx.lock().unwrap().take().unwrap().send(task);
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    });
+    let start = Instant::now();
+    let response = DeadlineLayer::new()
+        .layer(handler)
+        .oneshot(http_request(Some("1S")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let task = spawned_rx.await.unwrap();
+    let (result, _) = tokio::time::timeout(GUARD, task)
+        .await
+        .expect("the moved call ended at its deadline")
+        .unwrap();
+    assert!(is_deadline_exceeded(&*result.unwrap_err()));
+    assert_eq!(start.elapsed(), 999 * MS);
+    // What it polls is covered throughout: by the server's deadline layer in the handler, then
+    // by the call's own timer on its task.
+    assert!(seen.lock().unwrap().iter().all(|&covered| covered));
+}
+
+/// Neither a hand-set scope nor a service's `call` promises a wake-up.
+#[tokio::test(start_paused = true)]
+async fn only_a_deadline_layers_future_covers_what_it_polls() {
+    let deadline = Deadline::after(Duration::from_secs(1));
+    assert!(!deadline.scope(async { woken_by(deadline.instant()) }).await);
+    let mut during_call = None;
+    let mut layered = one_second().layer(service_fn(|_req: Request<String>| {
+        during_call = current().map(|d| woken_by(d.instant()));
+        std::future::ready(Ok::<_, Infallible>(Response::new(String::new())))
+    }));
+    layered.call(http_request(None)).await.unwrap();
+    assert_eq!(during_call, Some(false));
+}
