@@ -1,16 +1,16 @@
-use crate::Deadline;
+use crate::{Deadline, deadline::woken_by};
 use backstop_core::DeadlineExceeded;
+use backstop_core::timer::LazySleep;
 use backstop_core::{BoxError, Rejection, ResponseBody, grpc};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::{
-    future::Future,
     pin::Pin,
     task::{Context, Poll, ready},
 };
-use tokio::time::{Sleep, sleep_until};
+use tokio::time::Instant;
 
 pin_project! {
     /// A response body bounded by the request's deadline.
@@ -20,15 +20,20 @@ pin_project! {
     /// gRPC client sees the right status; any other body ends with a [`DeadlineExceeded`] error,
     /// which makes hyper reset the stream. The timer is only created the first time the body
     /// is not ready, so a body that is complete at once (a unary response) costs no timer and
-    /// no allocation; the body is `Unpin` whenever the inner body is.
+    /// no allocation, and not at all while the body is read where a deadline layer already
+    /// wakes the task by this deadline (a client's response read in a handler behind
+    /// [`DeadlineLayer`](crate::DeadlineLayer); see [`woken_by`](crate::woken_by)); the body is
+    /// `Unpin` whenever the inner body is.
     #[derive(Debug)]
     pub struct DeadlineBody<B> {
         #[pin]
         body: ResponseBody<B>,
         deadline: Option<Deadline>,
-        // Boxed, not a `backstop_core::timer::LazySleep` (which is not `Unpin`): the body
-        // stays `Unpin` whenever the inner body is, as hyper and tonic bodies are used.
-        sleep: Option<Pin<Box<Sleep>>>,
+        // Boxed (a `LazySleep` is not `Unpin`): the body stays `Unpin` whenever the inner body
+        // is, as hyper and tonic bodies are used. Allocated only when armed: not while the
+        // body is read inside a deadline layer's future that wakes the task by this deadline
+        // (a client's response read in a handler), see `woken_by`.
+        sleep: Option<Pin<Box<LazySleep>>>,
         grpc: bool,
         expired: bool,
     }
@@ -91,10 +96,21 @@ where
         let Some(deadline) = *this.deadline else {
             return Poll::Pending;
         };
-        let sleep = this
-            .sleep
-            .get_or_insert_with(|| Box::pin(sleep_until(deadline.instant())));
-        ready!(sleep.as_mut().poll(cx));
+        let at = deadline.instant();
+        match this.sleep {
+            Some(sleep) => ready!(sleep.as_mut().poll_until(cx, at)),
+            None if woken_by(at) => {
+                if Instant::now() < at {
+                    return Poll::Pending;
+                }
+            }
+            None => ready!(
+                this.sleep
+                    .insert(Box::pin(LazySleep::new()))
+                    .as_mut()
+                    .poll_until(cx, at)
+            ),
+        }
         *this.expired = true;
         if *this.grpc {
             Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))

@@ -228,3 +228,93 @@ async fn only_a_deadline_layers_future_covers_what_it_polls() {
     layered.call(http_request(None)).await.unwrap();
     assert_eq!(during_call, Some(false));
 }
+
+type Stalled = http_body_util::channel::Channel<bytes::Bytes>;
+type Senders = Arc<Mutex<Vec<http_body_util::channel::Sender<bytes::Bytes>>>>;
+
+/// A dependency that answers at once with a body that streams nothing and never ends (its
+/// sender is kept in `senders`).
+fn stalled_body(
+    senders: &Senders,
+) -> impl Service<
+    Request<String>,
+    Response = Response<Stalled>,
+    Error = Infallible,
+    Future = std::future::Ready<Result<Response<Stalled>, Infallible>>,
+> + Clone
++ use<> {
+    let senders = senders.clone();
+    service_fn(move |_req: Request<String>| {
+        let (tx, body) = http_body_util::channel::Channel::new(1);
+        senders.lock().unwrap().push(tx);
+        std::future::ready(Ok(Response::new(body)))
+    })
+}
+
+/// A client's response body read inside a handler arms no timer (the server's deadline layer
+/// wakes the task by the same deadline) and still ends at that deadline; the same body read on
+/// a task of its own arms its timer there and ends at its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_response_body_read_in_a_handler_arms_no_timer_of_its_own() {
+    use http_body_util::BodyExt;
+    let senders = Arc::new(Mutex::new(Vec::new()));
+    let client = PropagateDeadlineLayer::new().layer(stalled_body(&senders));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = Arc::new(Mutex::new(Some(tx)));
+    let handler = service_fn(move |req: Request<String>| {
+        let client = client.clone();
+        let tx = tx.clone();
+        let read_here = req.uri().path() == "/here";
+        async move {
+            let mut body = client
+                .oneshot(http_request(None))
+                .await
+                .unwrap()
+                .into_body();
+            let first = std::future::poll_fn(|cx| {
+                Poll::Ready(http_body::Body::poll_frame(Pin::new(&mut body), cx))
+            })
+            .await;
+            assert!(first.is_pending());
+            assert!(format!("{body:?}").contains("sleep: None"), "{body:?}");
+            if read_here {
+                // At the deadline the body answers first, as its own timer firing at the same
+                // instant as the server's would have made it.
+                let start = Instant::now();
+                let err = body.frame().await.expect("a frame").unwrap_err();
+                assert!(is_deadline_exceeded(&*err), "{err}");
+                assert_eq!(start.elapsed(), 999 * MS);
+                return Ok(Response::new("cut".to_owned()));
+            }
+            let reader = tokio::spawn(async move {
+                let start = Instant::now();
+                (body.frame().await, start.elapsed())
+            });
+            let _ = tx.lock().unwrap().take().unwrap().send(reader);
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    });
+    let server = DeadlineLayer::new().layer(handler);
+
+    let start = Instant::now();
+    let mut here = http_request(Some("1S"));
+    *here.uri_mut() = "http://dep/here".parse().unwrap();
+    let response = tokio::time::timeout(GUARD, server.clone().oneshot(here))
+        .await
+        .expect("the body ended at its deadline")
+        .unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"cut");
+    assert_eq!(start.elapsed(), 999 * MS);
+
+    let start = Instant::now();
+    let response = server.oneshot(http_request(Some("1S"))).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let (frame, _) = tokio::time::timeout(GUARD, rx.await.unwrap())
+        .await
+        .expect("the body read on its own task ended at its deadline")
+        .unwrap();
+    let err = frame.expect("a frame").unwrap_err();
+    assert!(is_deadline_exceeded(&*err), "{err}");
+    assert_eq!(start.elapsed(), 999 * MS);
+}
