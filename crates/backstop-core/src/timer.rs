@@ -13,7 +13,7 @@ use std::{
     cell::Cell,
     future::Future,
     pin::Pin,
-    task::{Context, Poll},
+    task::{Context, Poll, RawWakerVTable, Waker},
 };
 use tokio::time::{Instant, Sleep, sleep_until};
 
@@ -40,7 +40,8 @@ pin_project! {
     impl PinnedDrop for Armed {
         fn drop(this: Pin<&mut Self>) {
             // It may be one the enclosing `Watch` heard of.
-            retract(this.sleep.deadline());
+            let _ = this;
+            retract();
         }
     }
 }
@@ -114,49 +115,104 @@ impl LazySleep {
         match sleep.poll(cx) {
             Poll::Ready(()) => Poll::Ready(()),
             Poll::Pending => {
-                report(polled);
+                report(polled, cx.waker());
                 Poll::Pending
             }
         }
     }
 }
 
+/// Which waker a future was polled with, without keeping it: two are the same when they
+/// wake the same task the same way (what [`Waker::will_wake`] compares). A deadline layer's
+/// promise to wake its task holds only for futures polled with its own waker: one polled by a
+/// nested executor (a `block_on` inside a poll) or with a waker of its own
+/// (`FuturesUnordered`) arms its own timer.
+#[derive(Debug, Clone, Copy)]
+pub struct WakerId {
+    data: *const (),
+    // A reference (never null): an `Option<WakerId>` is no larger than a `WakerId`.
+    vtable: &'static RawWakerVTable,
+}
+
+impl WakerId {
+    /// The identity of `waker`.
+    #[inline]
+    pub fn of(waker: &Waker) -> Self {
+        Self {
+            data: waker.data(),
+            vtable: waker.vtable(),
+        }
+    }
+}
+
+impl PartialEq for WakerId {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        // The vtables' addresses, as `Waker::will_wake` compares them.
+        self.data == other.data && std::ptr::eq(self.vtable, other.vtable)
+    }
+}
+
+impl Eq for WakerId {}
+
 /// What the innermost [`Watch`] has heard.
 #[derive(Debug, Clone, Copy)]
-enum Heard {
-    /// No armed timer polled pending.
-    Nothing,
-    /// The earliest armed timer polled pending.
-    Until(Instant),
-    /// A timer it may have heard of went away: nothing can be relied on.
-    Unknown,
+struct Heard {
+    /// The waker of the poll it watches: only timers polled with it count.
+    waker: Option<WakerId>,
+    /// The earliest armed timer polled pending with that waker.
+    earliest: Option<Instant>,
+    /// An armed timer was dropped (whichever waker it was polled with): it may be one heard
+    /// of, here or in an enclosing watch. Rare (an attempt that ended while its call goes on,
+    /// a `select!` branch that lost), so not told apart further.
+    dropped: bool,
+}
+
+impl Heard {
+    const NOTHING: Self = Self {
+        waker: None,
+        earliest: None,
+        dropped: false,
+    };
+
+    /// The earliest timer heard of, unless one that may be it was dropped.
+    #[inline]
+    fn earliest(&self) -> Option<Instant> {
+        self.earliest.filter(|_| !self.dropped)
+    }
+}
+
+#[inline]
+fn min_opt(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 thread_local! {
     /// What the innermost [`Watch`] has heard since it started; see there.
-    static HEARD: Cell<Heard> = const { Cell::new(Heard::Nothing) };
+    static HEARD: Cell<Heard> = const { Cell::new(Heard::NOTHING) };
 }
 
-/// Tells the enclosing [`Watch`] that a timer armed for `at` was polled and is pending: the
-/// task will be woken by `at`.
+/// Tells the enclosing [`Watch`] that a timer armed for `at` was polled with `waker` and is
+/// pending: the task `waker` wakes will be woken by `at`.
 #[inline]
-fn report(at: Instant) {
-    match HEARD.get() {
-        Heard::Until(earliest) if earliest <= at => {}
-        Heard::Unknown => {}
-        _ => HEARD.set(Heard::Until(at)),
+fn report(at: Instant, waker: &Waker) {
+    let mut heard = HEARD.get();
+    if heard.waker == Some(WakerId::of(waker)) && heard.earliest.is_none_or(|e| at < e) {
+        heard.earliest = Some(at);
+        HEARD.set(heard);
     }
 }
 
-/// An armed timer for `at` is dropped: if it may be the earliest the enclosing [`Watch`] heard
-/// of, that watch can rely on nothing (a later one it heard of is still armed, or was dropped
-/// and said so too).
+/// An armed timer is dropped: it may be one a [`Watch`] heard of.
 #[inline]
-fn retract(at: Instant) {
-    if let Heard::Until(earliest) = HEARD.get()
-        && at <= earliest
-    {
-        HEARD.set(Heard::Unknown);
+fn retract() {
+    let mut heard = HEARD.get();
+    if !heard.dropped {
+        heard.dropped = true;
+        HEARD.set(heard);
     }
 }
 
@@ -167,12 +223,12 @@ fn retract(at: Instant) {
 /// its deadline instead, at every poll); one that hears of none arms its own. Either way, after
 /// each poll that returns `Pending` the task has a timer registered for no later than the
 /// deadline. An armed timer dropped during the watch (an attempt that ended, a branch of a
-/// `select!` that lost) makes it hear nothing it can rely on, unless a timer it heard of is
-/// earlier than that one: the enclosing future then arms its own.
+/// `select!` that lost) makes it hear nothing it can rely on: the enclosing future then arms
+/// its own.
 ///
-/// What it relies on: the futures inside are polled with a waker that wakes this task (as
-/// every combinator does: `select!`, `join!`, `FuturesUnordered`), so a timer polled pending
-/// inside wakes it.
+/// Only timers polled with the watched poll's own waker count (what `select!` and `join!` pass
+/// down): one polled by a nested executor or with a waker of its own (`FuturesUnordered`)
+/// may wake another task, or this one only through a path this watch cannot see.
 ///
 /// A guard: started before the inner poll, read after it, and when dropped (panics included) it
 /// passes what it heard on to the watch enclosing it, whose bound is then covered too. The
@@ -188,7 +244,7 @@ fn retract(at: Instant) {
 /// let mut cx = Context::from_waker(Waker::noop());
 /// let at = Instant::now() + Duration::from_millis(10);
 /// let mut timer = pin!(LazySleep::new());
-/// let watch = Watch::start();
+/// let watch = Watch::start(Waker::noop());
 /// assert!(timer.as_mut().poll_until(&mut cx, at).is_pending());
 /// assert_eq!(watch.earliest(), Some(at));
 /// # }
@@ -200,22 +256,24 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Starts hearing of the armed timers polled from now on, on this thread.
+    /// Starts hearing of the armed timers polled from now on on this thread with `waker`
+    /// (the waker of the poll being watched).
     #[inline]
-    pub fn start() -> Self {
+    pub fn start(waker: &Waker) -> Self {
         Self {
-            enclosing: HEARD.replace(Heard::Nothing),
+            enclosing: HEARD.replace(Heard {
+                waker: Some(WakerId::of(waker)),
+                ..Heard::NOTHING
+            }),
         }
     }
 
-    /// The earliest armed timer polled pending since [`start`](Self::start) and not dropped
-    /// since (`None` also when one that may be it was dropped).
+    /// The earliest armed timer polled pending with the watched waker since
+    /// [`start`](Self::start) and not dropped since (`None` also when one that may be it was
+    /// dropped).
     #[inline]
     pub fn earliest(&self) -> Option<Instant> {
-        match HEARD.get() {
-            Heard::Until(at) => Some(at),
-            Heard::Nothing | Heard::Unknown => None,
-        }
+        HEARD.get().earliest()
     }
 }
 
@@ -223,11 +281,14 @@ impl Drop for Watch {
     #[inline]
     fn drop(&mut self) {
         let inside = HEARD.get();
-        HEARD.set(match (self.enclosing, inside) {
-            (Heard::Unknown, _) | (_, Heard::Unknown) => Heard::Unknown,
-            (Heard::Nothing, heard) | (heard, Heard::Nothing) => heard,
-            (Heard::Until(a), Heard::Until(b)) => Heard::Until(a.min(b)),
-        });
+        let mut enclosing = self.enclosing;
+        // Timers heard of here wake the enclosing watch's task only if polled with its waker;
+        // a drop is passed on whatever the waker.
+        if inside.waker == enclosing.waker {
+            enclosing.earliest = min_opt(enclosing.earliest, inside.earliest);
+        }
+        enclosing.dropped |= inside.dropped;
+        HEARD.set(enclosing);
     }
 }
 
@@ -264,7 +325,8 @@ mod tests {
     /// nothing; a panic inside a watch leaves the enclosing one intact.
     #[tokio::test(start_paused = true)]
     async fn watches_hear_the_earliest_pending_timer_and_pass_it_out() {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
         let now = Instant::now();
         let (early, late) = (
             now + Duration::from_millis(5),
@@ -273,9 +335,9 @@ mod tests {
         let mut a = std::pin::pin!(LazySleep::new());
         let mut b = std::pin::pin!(LazySleep::new());
         let mut covered = std::pin::pin!(LazySleep::new());
-        let outer = Watch::start();
+        let outer = Watch::start(waker);
         {
-            let inner = Watch::start();
+            let inner = Watch::start(waker);
             assert!(a.as_mut().poll_until(&mut cx, late).is_pending());
             assert!(
                 covered
@@ -290,10 +352,10 @@ mod tests {
         assert_eq!(outer.earliest(), Some(early));
         drop(outer);
         // A new watch hears nothing of what came before it.
-        assert_eq!(Watch::start().earliest(), None);
+        assert_eq!(Watch::start(waker).earliest(), None);
 
-        // A dropped timer that may be the earliest heard of: nothing can be relied on, in this
-        // watch and the ones enclosing it; a later one dropped changes nothing.
+        // A dropped armed timer (even a later one than the earliest heard of): nothing can be
+        // relied on, in this watch and the ones enclosing it.
         let now = Instant::now();
         let (early, late) = (
             now + Duration::from_millis(5),
@@ -301,17 +363,14 @@ mod tests {
         );
         let mut b = std::pin::pin!(LazySleep::new());
         let mut c = std::pin::pin!(LazySleep::new());
-        let outer = Watch::start();
+        let outer = Watch::start(waker);
         {
-            let inner = Watch::start();
+            let inner = Watch::start(waker);
             {
-                let mut gone = Box::pin(LazySleep::new());
-                assert!(gone.as_mut().poll_until(&mut cx, late).is_pending());
                 assert!(b.as_mut().poll_until(&mut cx, early).is_pending());
-                drop(gone);
                 assert_eq!(inner.earliest(), Some(early));
                 let mut gone = Box::pin(LazySleep::new());
-                assert!(gone.as_mut().poll_until(&mut cx, early).is_pending());
+                assert!(gone.as_mut().poll_until(&mut cx, late).is_pending());
                 drop(gone);
                 assert_eq!(inner.earliest(), None);
             }
@@ -321,17 +380,60 @@ mod tests {
         assert_eq!(outer.earliest(), None);
         drop(outer);
 
-        let outer = Watch::start();
+        let outer = Watch::start(waker);
         assert!(a.as_mut().poll_until(&mut cx, late).is_pending());
         let panicked = std::panic::catch_unwind(|| {
-            let _inner = Watch::start();
+            let _inner = Watch::start(waker);
             panic!("inside a watch");
         });
         assert!(panicked.is_err());
         assert_eq!(outer.earliest(), Some(late));
         tokio::time::advance(Duration::from_millis(9)).await;
-        let fired = Watch::start();
+        let fired = Watch::start(waker);
         assert!(a.as_mut().poll_until(&mut cx, late).is_ready());
         assert_eq!(fired.earliest(), None);
+    }
+
+    /// A waker that only counts its wakes.
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Counting {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Only timers polled with the watched waker count; one polled with another waker (a
+    /// nested executor's) is not heard, here or outside, but its drop still is.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_hears_only_timers_polled_with_its_waker() {
+        let ours = Waker::noop();
+        let theirs = Waker::from(std::sync::Arc::new(Counting(0.into())));
+        assert_ne!(WakerId::of(ours), WakerId::of(&theirs));
+        assert_eq!(WakerId::of(&theirs), WakerId::of(&theirs.clone()));
+        let at = Instant::now() + Duration::from_millis(5);
+        let mut foreign = std::pin::pin!(LazySleep::new());
+        let watch = Watch::start(ours);
+        {
+            let _nested = Watch::start(&theirs);
+            let mut cx = Context::from_waker(&theirs);
+            assert!(foreign.as_mut().poll_until(&mut cx, at).is_pending());
+        }
+        let mut cx = Context::from_waker(&theirs);
+        assert!(foreign.as_mut().poll_until(&mut cx, at).is_pending());
+        assert_eq!(watch.earliest(), None);
+        drop(watch);
+
+        // A timer the outer watch heard of, dropped inside a nested watch of another waker.
+        let mut cx = Context::from_waker(ours);
+        let watch = Watch::start(ours);
+        let mut heard = Box::pin(LazySleep::new());
+        assert!(heard.as_mut().poll_until(&mut cx, at).is_pending());
+        assert_eq!(watch.earliest(), Some(at));
+        {
+            let _nested = Watch::start(&theirs);
+            drop(heard);
+        }
+        assert_eq!(watch.earliest(), None);
     }
 }

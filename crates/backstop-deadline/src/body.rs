@@ -99,7 +99,7 @@ where
         let at = deadline.instant();
         match this.sleep {
             Some(sleep) => ready!(sleep.as_mut().poll_until(cx, at)),
-            None if woken_by(at) => {
+            None if woken_by(at, cx.waker()) => {
                 if Instant::now() < at {
                     return Poll::Pending;
                 }

@@ -1,9 +1,10 @@
+use backstop_core::timer::WakerId;
 use pin_project_lite::pin_project;
 use std::{
     cell::Cell,
     future::Future,
     pin::Pin,
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 use tokio::time::Instant;
@@ -126,9 +127,9 @@ struct Current {
     wire: Option<Instant>,
     /// The `grpc-timeout` header saying `wire` is left to a layer inside; see [`header_owed`].
     owed: bool,
-    /// The future polling now wakes its task by `deadline` whenever what it polls is pending;
-    /// see [`woken_by`].
-    wakes: bool,
+    /// The future polling now wakes the task of this waker by `deadline` whenever what it
+    /// polls is pending; see [`woken_by`].
+    wakes: Option<WakerId>,
 }
 
 // The current deadline lives in a thread-local that is set only while a scope runs: a
@@ -207,11 +208,13 @@ pub fn header_written() {
 }
 
 /// Makes `deadline` the current deadline (or keeps the enclosing one where that is earlier)
-/// until the guard is dropped. `wakes`: the future entering the scope to poll what it bounds
-/// wakes its task by `deadline` whenever that is pending (its own timer, or an enclosing
-/// scope's that covers it); see [`woken_by`].
+/// until the guard is dropped. `wakes`: the waker of the poll of the future entering the scope,
+/// which wakes that task by `deadline` whenever what it polls is pending (its own timer, or
+/// one inside or enclosing it that covers it); `None` for a scope that promises nothing. See
+/// [`woken_by`].
 #[inline]
-pub(crate) fn enter(deadline: Deadline, wakes: bool) -> Scope {
+pub(crate) fn enter(deadline: Deadline, wakes: Option<&Waker>) -> Scope {
+    let wakes = wakes.map(WakerId::of);
     let current = match CURRENT.get() {
         // An earlier enclosing deadline stays, and so does what wakes the task for it.
         Some(outer) if outer.deadline < deadline => Current {
@@ -222,7 +225,7 @@ pub(crate) fn enter(deadline: Deadline, wakes: bool) -> Scope {
         },
         Some(outer) if outer.deadline == deadline => Current {
             deadline,
-            wakes: wakes || outer.wakes,
+            wakes: wakes.or(outer.wakes),
             wire: None,
             owed: false,
         },
@@ -236,13 +239,14 @@ pub(crate) fn enter(deadline: Deadline, wakes: bool) -> Scope {
     scoped(current)
 }
 
-/// Whether the task polling now will be woken by `at` or earlier without a timer of the
-/// caller's own: `true` while the future of a [`PropagateDeadline`](crate::PropagateDeadline)
-/// or of a [`DeadlineLayer`](crate::DeadlineLayer) service polls the layers inside it with a
-/// deadline no later than `at`, since that future wakes its task at its deadline whenever they
-/// are pending. `false` anywhere else — in a [`Deadline::scope`] (which bounds nothing), while
-/// a service is called (its future may be polled elsewhere), or in a task spawned from a
-/// handler.
+/// Whether the task that `waker` wakes will be woken by `at` or earlier without a timer of
+/// the caller's own: `true` while the future of a [`PropagateDeadline`](crate::PropagateDeadline)
+/// or of a [`DeadlineLayer`](crate::DeadlineLayer) service polls, with that same waker, the
+/// layers inside it with a deadline no later than `at` — that future wakes its task by its
+/// deadline whenever they are pending. `false` anywhere else: in a [`Deadline::scope`] (which
+/// bounds nothing), while a service is called (its future may be polled elsewhere), in a task
+/// spawned from a handler, or for a future polled with another waker (a nested executor's, or
+/// one of its own inside `FuturesUnordered`).
 ///
 /// A layer inside bounded by `at` then need not arm a timer of its own: comparing the clock
 /// with `at` when polled tells it its time is up as soon as the enclosing future polls it after
@@ -255,21 +259,22 @@ pub(crate) fn enter(deadline: Deadline, wakes: bool) -> Scope {
 ///
 /// ```
 /// use backstop_deadline::{Deadline, woken_by};
-/// use std::time::Duration;
+/// use std::{task::Waker, time::Duration};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// let deadline = Deadline::after(Duration::from_secs(1));
+/// let waker = Waker::noop();
 /// // A scope set by hand bounds nothing: no timer wakes the task for it.
-/// assert!(!deadline.scope(async { woken_by(deadline.instant()) }).await);
-/// assert!(!woken_by(deadline.instant()));
+/// assert!(!deadline.scope(async { woken_by(deadline.instant(), waker) }).await);
+/// assert!(!woken_by(deadline.instant(), waker));
 /// # }
 /// ```
 #[inline]
-pub fn woken_by(at: Instant) -> bool {
-    CURRENT
-        .get()
-        .is_some_and(|c| c.wakes && c.deadline.instant() <= at)
+pub fn woken_by(at: Instant, waker: &Waker) -> bool {
+    CURRENT.get().is_some_and(|c| {
+        c.deadline.instant() <= at && c.wakes.is_some_and(|w| w == WakerId::of(waker))
+    })
 }
 
 /// As [`enter`], with what the request's `grpc-timeout` header says (see [`wire_deadline`])
@@ -283,7 +288,7 @@ pub(crate) fn enter_wire(deadline: Deadline, wire: Option<Instant>, owed: bool) 
         wire,
         owed,
         // Inside `call` nothing is polled yet, and the future may be polled by another task.
-        wakes: false,
+        wakes: None,
     })
 }
 
@@ -315,7 +320,7 @@ impl<F: Future> Future for Scoped<F> {
             None => this.future.poll(cx),
             Some(own) => {
                 // No timer here: a hand-set scope bounds nothing by itself.
-                let _scope = enter(own, false);
+                let _scope = enter(own, None);
                 this.future.poll(cx)
             }
         }
@@ -434,7 +439,7 @@ mod tests {
         let inner = Deadline::after(Duration::from_millis(50));
         let wire = Instant::now() + Duration::from_millis(40);
         {
-            let _outer = enter(outer, false);
+            let _outer = enter(outer, None);
             {
                 let _inner = enter_wire(inner, Some(wire), true);
                 assert_eq!(
@@ -451,7 +456,7 @@ mod tests {
         }
         assert_eq!(current(), None);
         let panicked = std::panic::catch_unwind(|| {
-            let _scope = enter(outer, false);
+            let _scope = enter(outer, None);
             panic!("inside a scope");
         });
         assert!(panicked.is_err());

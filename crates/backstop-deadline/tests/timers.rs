@@ -53,7 +53,7 @@ impl Future for Hung {
     type Output = Result<Response<String>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let covered = current().is_some_and(|d| woken_by(d.instant()));
+        let covered = current().is_some_and(|d| woken_by(d.instant(), cx.waker()));
         self.seen.lock().unwrap().push(covered);
         let this = &mut *self;
         match this.timer {
@@ -219,10 +219,11 @@ async fn a_call_moved_to_another_task_arms_its_own_timer_there() {
 #[tokio::test(start_paused = true)]
 async fn only_a_deadline_layers_future_covers_what_it_polls() {
     let deadline = Deadline::after(Duration::from_secs(1));
-    assert!(!deadline.scope(async { woken_by(deadline.instant()) }).await);
+    let polled = std::future::poll_fn(|cx| Poll::Ready(woken_by(deadline.instant(), cx.waker())));
+    assert!(!deadline.scope(polled).await);
     let mut during_call = None;
     let mut layered = one_second().layer(service_fn(|_req: Request<String>| {
-        during_call = current().map(|d| woken_by(d.instant()));
+        during_call = current().map(|d| woken_by(d.instant(), std::task::Waker::noop()));
         std::future::ready(Ok::<_, Infallible>(Response::new(String::new())))
     }));
     layered.call(http_request(None)).await.unwrap();
@@ -317,4 +318,61 @@ async fn a_response_body_read_in_a_handler_arms_no_timer_of_its_own() {
     let err = frame.expect("a frame").unwrap_err();
     assert!(is_deadline_exceeded(&*err), "{err}");
     assert_eq!(start.elapsed(), 999 * MS);
+}
+
+/// A waker that only counts its wakes.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Counting {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A client call polled inside a handler, but with another waker (a nested executor's, a
+/// `block_on` inside the poll), is not covered by the server's deadline layer, whose timer
+/// wakes the handler's task: it arms its own timer, with that waker, which wakes it at the
+/// deadline.
+#[tokio::test(start_paused = true)]
+async fn a_call_polled_with_another_waker_arms_its_own_timer() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let client = PropagateDeadlineLayer::new().layer(hung(Timer::None, &seen));
+    let counting = Arc::new(Counting(0.into()));
+    let theirs = std::task::Waker::from(counting.clone());
+    let parked = Arc::new(Mutex::new(None));
+    let handler = {
+        let parked = parked.clone();
+        let theirs = theirs.clone();
+        service_fn(move |_req: Request<String>| {
+            let (client, parked, theirs) = (client.clone(), parked.clone(), theirs.clone());
+            // Polled inside the server's deadline layer's poll, as a handler's code is.
+            async move {
+                let mut call = Box::pin(client.oneshot(http_request(None)));
+                let mut cx = Context::from_waker(&theirs);
+                assert!(call.as_mut().poll(&mut cx).is_pending());
+                *parked.lock().unwrap() = Some(call);
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        })
+    };
+    let start = Instant::now();
+    let response = DeadlineLayer::new()
+        .layer(handler)
+        .oneshot(http_request(Some("1S")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // The dependency's future is covered by the client's own deadline layer, whose timer was
+    // armed for that waker (the server's does not cover it).
+    assert_eq!(*seen.lock().unwrap(), [true]);
+    tokio::time::sleep(Duration::from_millis(999)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(start.elapsed(), 999 * MS);
+    assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let mut call = parked.lock().unwrap().take().unwrap();
+    let mut cx = Context::from_waker(&theirs);
+    let Poll::Ready(result) = call.as_mut().poll(&mut cx) else {
+        panic!("the call ended at its deadline");
+    };
+    assert!(is_deadline_exceeded(&*result.unwrap_err()));
 }

@@ -215,7 +215,7 @@ where
                             };
                             // No timer when the enclosing deadline layer wakes the task by
                             // then (under `PropagateDeadline`, the same instant).
-                            let covered = backstop_deadline::woken_by(at);
+                            let covered = backstop_deadline::woken_by(at, cx.waker());
                             ready!(timer.poll_until_or_covered(cx, at, covered));
                             Err(DeadlineExceeded::new().into())
                         }

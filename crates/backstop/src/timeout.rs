@@ -575,13 +575,13 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
 /// [`woken_by`](backstop_deadline::woken_by).
 #[cfg(feature = "deadline")]
 #[inline]
-fn woken_by(at: Instant) -> bool {
-    backstop_deadline::woken_by(at)
+fn woken_by(at: Instant, waker: &std::task::Waker) -> bool {
+    backstop_deadline::woken_by(at, waker)
 }
 
 #[cfg(not(feature = "deadline"))]
 #[inline]
-fn woken_by(_: Instant) -> bool {
+fn woken_by(_: Instant, _: &std::task::Waker) -> bool {
     false
 }
 
@@ -680,7 +680,7 @@ where
         ready!(
             this.sleep
                 .as_mut()
-                .poll_until_or_covered(cx, end, woken_by(end))
+                .poll_until_or_covered(cx, end, woken_by(end, cx.waker()))
         );
         let bound = bound.expect("a timer only with a bound");
         // Censored: it took at least its bound.

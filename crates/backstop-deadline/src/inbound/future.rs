@@ -92,10 +92,10 @@ where
                 // wakes the task by this deadline, so that no timer of its own is needed.
                 // (Once its own timer is armed, neither is asked again.)
                 let open = deadline.filter(|_| !sleep.is_armed());
-                let covered = open.is_some_and(|d| woken_by(d.instant()));
+                let covered = open.is_some_and(|d| woken_by(d.instant(), cx.waker()));
                 // And whether a timer inside fires first (a client call's attempt bound).
-                let watch = open.map(|_| Watch::start());
-                let scope = deadline.map(|d| enter(d, true));
+                let watch = open.map(|_| Watch::start(cx.waker()));
+                let scope = deadline.map(|d| enter(d, Some(cx.waker())));
                 let polled = future.poll(cx);
                 drop(scope);
                 if let Poll::Ready(result) = polled {

@@ -122,11 +122,11 @@ where
                 // wakes the task by this deadline, so that no timer of its own is needed.
                 // (Once its own timer is armed, neither is asked again.)
                 let armed = sleep.is_armed();
-                let covered = !armed && woken_by(deadline_now.instant());
+                let covered = !armed && woken_by(deadline_now.instant(), cx.waker());
                 // And whether a timer inside fires first (an attempt's shorter bound).
-                let watch = (!armed).then(Watch::start);
+                let watch = (!armed).then(|| Watch::start(cx.waker()));
                 let polled = {
-                    let _scope = enter(deadline_now, true);
+                    let _scope = enter(deadline_now, Some(cx.waker()));
                     future.poll(cx)
                 };
                 match polled {
