@@ -48,13 +48,13 @@ impl Default for TowerPolicy {
     }
 }
 
-impl<E> Policy<Request<String>, Response<String>, E> for TowerPolicy {
+impl<B, E> Policy<Request<String>, Response<B>, E> for TowerPolicy {
     type Future = Ready<()>;
 
     fn retry(
         &mut self,
         _req: &mut Request<String>,
-        result: &mut Result<Response<String>, E>,
+        result: &mut Result<Response<B>, E>,
     ) -> Option<Self::Future> {
         match result {
             Ok(r) if !r.status().is_server_error() => {
