@@ -28,14 +28,12 @@ async fn server() -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             stream.set_nodelay(true).unwrap();
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new().serve_connection(
-                    TokioIo::new(stream),
-                    hyper::service::service_fn(|_req| async {
-                        Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
-                    }),
-                ),
-            );
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+                TokioIo::new(stream),
+                hyper::service::service_fn(|_req| async {
+                    Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+                }),
+            ));
         }
     });
     addr
@@ -73,7 +71,13 @@ fn loopback(c: &mut Criterion) {
         .retry(TowerPolicy::new())
         .timeout(Duration::from_secs(1))
         .service(bare);
-    bench(&mut group, &rt, "tower retry + TpsBudget + timeout", addr, tower);
+    bench(
+        &mut group,
+        &rt,
+        "tower retry + TpsBudget + timeout",
+        addr,
+        tower,
+    );
     let preset = ServiceBuilder::new()
         .layer(
             backstop::client::http()

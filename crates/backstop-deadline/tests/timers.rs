@@ -7,7 +7,7 @@
 //! Each call is bounded by a guard `timeout` far past its deadline: a call that no timer wakes
 //! would otherwise hang (paused time only moves to registered timers); with the guard, it fails.
 
-use backstop_core::timer::LazySleep;
+use backstop_core::{BoxError, timer::LazySleep};
 use backstop_deadline::{
     Deadline, DeadlineLayer, PropagateDeadlineLayer, current, is_deadline_exceeded, woken_by,
 };
@@ -375,4 +375,143 @@ async fn a_call_polled_with_another_waker_arms_its_own_timer() {
         panic!("the call ended at its deadline");
     };
     assert!(is_deadline_exceeded(&*result.unwrap_err()));
+}
+
+/// What a scripted dependency does on its way to answering.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Waits on a timer of its own for this many milliseconds (dropped once it fired).
+    Wait(u64),
+    /// Arms a timer for this many milliseconds and drops it in the same poll.
+    ArmAndDrop(u64),
+    /// Is pending this many times, waking its task each time.
+    Spin(u8),
+    /// Never goes further, with no timer.
+    Hang,
+}
+
+/// A dependency future that runs its steps, then answers 200.
+struct Script {
+    steps: Vec<Step>,
+    at: usize,
+    timer: Option<(Pin<Box<LazySleep>>, Instant)>,
+    spins: Option<u8>,
+}
+
+impl Future for Script {
+    type Output = Result<Response<String>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        while let Some(&step) = this.steps.get(this.at) {
+            match step {
+                Step::Wait(ms) => {
+                    let (timer, end) = this.timer.get_or_insert_with(|| {
+                        (
+                            Box::pin(LazySleep::new()),
+                            Instant::now() + Duration::from_millis(ms),
+                        )
+                    });
+                    if timer.as_mut().poll_until(cx, *end).is_pending() {
+                        return Poll::Pending;
+                    }
+                    this.timer = None;
+                }
+                Step::ArmAndDrop(ms) => {
+                    let mut timer = Box::pin(LazySleep::new());
+                    let end = Instant::now() + Duration::from_millis(ms);
+                    assert!(timer.as_mut().poll_until(cx, end).is_pending());
+                }
+                Step::Spin(n) => {
+                    let left = this.spins.get_or_insert(n);
+                    if *left > 0 {
+                        *left -= 1;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    this.spins = None;
+                }
+                Step::Hang => return Poll::Pending,
+            }
+            this.at += 1;
+        }
+        Poll::Ready(Ok(Response::new(String::new())))
+    }
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (1u64..40).prop_map(Step::Wait),
+        2 => (1u64..80).prop_map(Step::ArmAndDrop),
+        2 => (0u8..3).prop_map(Step::Spin),
+        1 => Just(Step::Hang),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// Nested deadline layers around a dependency that waits on timers of its own, arms and
+    /// drops others, spins and may hang: the call ends exactly when the dependency answers or
+    /// at the earliest deadline, whichever is first (at the same instant, the dependency,
+    /// polled first, answers), and never later — whichever timers the layers left unarmed.
+    #[test]
+    fn a_call_ends_at_its_answer_or_its_deadline_whatever_the_timers_inside(
+        steps in proptest::collection::vec(step(), 0..6),
+        timeouts in proptest::collection::vec(5u64..100, 1..4),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let answer = if steps.iter().any(|s| matches!(s, Step::Hang)) {
+            None
+        } else {
+            Some(steps.iter().map(|s| match s { Step::Wait(ms) => *ms, _ => 0 }).sum::<u64>())
+        };
+        let deadline = *timeouts.iter().min().unwrap();
+        let (result, took) = rt.block_on(async {
+            let script = steps.clone();
+            let dependency = service_fn(move |_req: Request<String>| Script {
+                steps: script.clone(),
+                at: 0,
+                timer: None,
+                spins: None,
+            });
+            let layer = |ms: u64| {
+                PropagateDeadlineLayer::builder()
+                    .timeout(Duration::from_millis(ms))
+                    .build()
+                    .unwrap()
+            };
+            // Innermost first: each layer around the ones before it.
+            type Boxed = tower::util::BoxCloneService<Request<String>, Response<()>, BoxError>;
+            let mut service: Boxed = tower::util::BoxCloneService::new(
+                dependency.map_response(|r| r.map(|_| ())).map_err(BoxError::from),
+            );
+            for &ms in timeouts.iter().rev() {
+                service = tower::util::BoxCloneService::new(
+                    layer(ms).layer(service).map_response(|r| r.map(|_| ())),
+                );
+            }
+            let start = Instant::now();
+            let result = tokio::time::timeout(GUARD, service.oneshot(http_request(None)))
+                .await
+                .expect("the call ended by its deadline");
+            (result.map(|_| ()), start.elapsed())
+        });
+        match answer {
+            Some(ms) if ms <= deadline => {
+                proptest::prop_assert!(result.is_ok(), "{:?}", result.err());
+                proptest::prop_assert_eq!(took, Duration::from_millis(ms));
+            }
+            _ => {
+                let err = result.expect_err("past its deadline");
+                proptest::prop_assert!(is_deadline_exceeded(&*err), "{}", err);
+                proptest::prop_assert_eq!(took, Duration::from_millis(deadline));
+            }
+        }
+    }
 }
