@@ -1,8 +1,10 @@
 use crate::{
     Breaker, BreakerConfig, Mode, Snapshot,
+    permit::Permit,
     shared::{Handles, Keyed, Shared},
 };
 use backstop_core::ConfigError;
+use backstop_core::{Outcome, Retryable};
 use std::sync::Arc;
 use tower_layer::Layer;
 
@@ -117,6 +119,54 @@ impl<C> BreakerLayer<C> {
         }
     }
 
+    /// Asks the breaker to let one call through, for code that calls its dependency without
+    /// tower: a database or cache driver, a hand-written loop. The [`CallPermit`] records the
+    /// call's outcome when you give it (or nothing if it is dropped, as a cancelled call);
+    /// an open breaker answers [`BreakerOpen`](crate::BreakerOpen) at once, with the time
+    /// left open when it is known. Same breaker, same rules, same window as the [`Breaker`]
+    /// services this layer builds (a keyed layer's: the breaker of calls with no key).
+    ///
+    /// ```
+    /// use backstop_breaker::{BreakerConfig, State};
+    ///
+    /// # fn main() -> Result<(), backstop_core::ConfigError> {
+    /// let breaker = BreakerConfig::http().count_window(10).minimum_calls(5).build()?;
+    /// // A dependency that fails every time.
+    /// let query = || Err::<(), &str>("connection refused");
+    /// let mut refused = 0;
+    /// for _ in 0..8 {
+    ///     let Ok(permit) = breaker.try_acquire() else {
+    ///         refused += 1; // failed fast, the dependency was not called
+    ///         continue;
+    ///     };
+    ///     match query() {
+    ///         Ok(()) => permit.success(),
+    ///         Err(_) => permit.failure(),
+    ///     }
+    /// }
+    /// assert_eq!(breaker.snapshot().state, State::Open);
+    /// assert_eq!(refused, 3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`BreakerOpen`](crate::BreakerOpen) while the breaker refuses calls: open, half-open
+    /// with every probe slot taken, in slow start, or forced open.
+    pub fn try_acquire(&self) -> Result<CallPermit<C>, crate::BreakerOpen> {
+        let handle = self.handles.current();
+        match handle.admit() {
+            Ok(admission) => {
+                let start = handle.slow.map(|_| tokio::time::Instant::now());
+                Ok(CallPermit {
+                    permit: Permit::new(handle, admission, start),
+                })
+            }
+            Err(retry_after) => Err(crate::BreakerOpen::new(retry_after)),
+        }
+    }
+
     /// Closes the breaker and forgets its window, whatever its state, as an operator would;
     /// calls in flight from before decide nothing. Reported with [`Reason::Reset`](crate::Reason).
     /// A keyed layer resets every key.
@@ -167,5 +217,46 @@ impl<S, C> Layer<S> for BreakerLayer<C> {
 
     fn layer(&self, inner: S) -> Self::Service {
         Breaker::from_handles(inner, self.handles.clone())
+    }
+}
+
+/// A call the breaker let through, made outside tower; see [`BreakerLayer::try_acquire`].
+///
+/// Give it the call's outcome with [`success`](Self::success), [`failure`](Self::failure) or
+/// [`record`](Self::record) (any [`Outcome`]: a [throttled](Outcome::Throttled) one counts as a
+/// failure only with [`BreakerConfig::count_throttled`], an [ignored](Outcome::Ignored) one
+/// not at all). Dropped without an outcome, it counts as a cancelled call: nothing, a probe
+/// slot given back, or a slow call when slow-call detection is on and the call had run that
+/// long.
+#[must_use = "a permit records nothing until it is given the call's outcome"]
+pub struct CallPermit<C> {
+    /// `None` when the breaker records nothing (`Mode::Disabled`).
+    permit: Option<Permit<C>>,
+}
+
+impl<C> CallPermit<C> {
+    /// Records the call's outcome.
+    pub fn record(self, outcome: Outcome) {
+        if let Some(permit) = self.permit {
+            permit.finish(outcome);
+        }
+    }
+
+    /// Records a success.
+    pub fn success(self) {
+        self.record(Outcome::Success);
+    }
+
+    /// Records a failure of the dependency.
+    pub fn failure(self) {
+        self.record(Outcome::failure(Retryable::Never));
+    }
+}
+
+impl<C> std::fmt::Debug for CallPermit<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallPermit")
+            .field("permit", &self.permit)
+            .finish()
     }
 }

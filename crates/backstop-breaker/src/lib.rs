@@ -109,6 +109,10 @@
 //! `MetricsOnly` records and moves between states but never refuses a call.
 //! [`BreakerLayer::reset`] closes it by hand.
 //!
+//! **Without tower.** [`BreakerLayer::try_acquire`] admits one call made some other way (a
+//! database or cache driver, a hand-written loop) into the same breaker, and its
+//! [`CallPermit`] records the outcome you give it, or a cancellation when dropped.
+//!
 //! **Observing it.** [`BreakerLayer::snapshot`] (state, rates, counts, open-until);
 //! [`BreakerConfig::on_state_change`] runs a hook on every [`Transition`]; every transition
 //! is also a `tracing` event with its [`Reason`] (`warn` when opening, `info` otherwise).
@@ -152,7 +156,7 @@ pub use body::BreakerBody;
 pub use config::BreakerConfig;
 pub use future::ResponseFuture;
 pub use key::BreakerKey;
-pub use layer::BreakerLayer;
+pub use layer::{BreakerLayer, CallPermit};
 pub use service::Breaker;
 pub use shared::Snapshot;
 pub use transition::{Mode, Reason, State, Transition};
