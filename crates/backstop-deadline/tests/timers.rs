@@ -11,7 +11,7 @@ use backstop_core::{BoxError, timer::LazySleep};
 use backstop_deadline::{
     Deadline, DeadlineLayer, PropagateDeadlineLayer, current, is_deadline_exceeded, woken_by,
 };
-use backstop_test_support::http_request;
+use backstop_test_support::{http_request, script_answer, scripted, step};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -381,78 +381,6 @@ async fn a_call_polled_with_another_waker_arms_its_own_timer() {
     assert!(is_deadline_exceeded(&*result.unwrap_err()));
 }
 
-/// What a scripted dependency does on its way to answering.
-#[derive(Debug, Clone, Copy)]
-enum Step {
-    /// Waits on a timer of its own for this many milliseconds (dropped once it fired).
-    Wait(u64),
-    /// Arms a timer for this many milliseconds and drops it in the same poll.
-    ArmAndDrop(u64),
-    /// Is pending this many times, waking its task each time.
-    Spin(u8),
-    /// Never goes further, with no timer.
-    Hang,
-}
-
-/// A dependency future that runs its steps, then answers 200.
-struct Script {
-    steps: Vec<Step>,
-    at: usize,
-    timer: Option<(Pin<Box<LazySleep>>, Instant)>,
-    spins: Option<u8>,
-}
-
-impl Future for Script {
-    type Output = Result<Response<String>, Infallible>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        while let Some(&step) = this.steps.get(this.at) {
-            match step {
-                Step::Wait(ms) => {
-                    let (timer, end) = this.timer.get_or_insert_with(|| {
-                        (
-                            Box::pin(LazySleep::new()),
-                            Instant::now() + Duration::from_millis(ms),
-                        )
-                    });
-                    if timer.as_mut().poll_until(cx, *end).is_pending() {
-                        return Poll::Pending;
-                    }
-                    this.timer = None;
-                }
-                Step::ArmAndDrop(ms) => {
-                    let mut timer = Box::pin(LazySleep::new());
-                    let end = Instant::now() + Duration::from_millis(ms);
-                    assert!(timer.as_mut().poll_until(cx, end).is_pending());
-                }
-                Step::Spin(n) => {
-                    let left = this.spins.get_or_insert(n);
-                    if *left > 0 {
-                        *left -= 1;
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
-                    }
-                    this.spins = None;
-                }
-                Step::Hang => return Poll::Pending,
-            }
-            this.at += 1;
-        }
-        Poll::Ready(Ok(Response::new(String::new())))
-    }
-}
-
-fn step() -> impl proptest::strategy::Strategy<Value = Step> {
-    use proptest::prelude::*;
-    prop_oneof![
-        4 => (1u64..40).prop_map(Step::Wait),
-        2 => (1u64..80).prop_map(Step::ArmAndDrop),
-        2 => (0u8..3).prop_map(Step::Spin),
-        1 => Just(Step::Hang),
-    ]
-}
-
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
 
@@ -471,28 +399,11 @@ proptest::proptest! {
             .start_paused(true)
             .build()
             .unwrap();
-        // When the dependency answers, and whether it still needs polls after its last timer
-        // fired (a spin): at the deadline's own instant those come too late.
-        let answer = if steps.iter().any(|s| matches!(s, Step::Hang)) {
-            None
-        } else {
-            Some(steps.iter().map(|s| match s { Step::Wait(ms) => *ms, _ => 0 }).sum::<u64>())
-        };
-        let last_wait = steps.iter().rposition(|s| matches!(s, Step::Wait(_)));
-        let spins_after = steps
-            .iter()
-            .skip(last_wait.map_or(0, |i| i + 1))
-            .any(|s| matches!(s, Step::Spin(n) if *n > 0));
+        let (answer, spins_after) = script_answer(&steps);
         let deadline = *timeouts.iter().min().unwrap();
         let in_time = answer.is_some_and(|ms| ms < deadline || (ms == deadline && !spins_after));
         let (result, took) = rt.block_on(async {
-            let script = steps.clone();
-            let dependency = service_fn(move |_req: Request<String>| Script {
-                steps: script.clone(),
-                at: 0,
-                timer: None,
-                spins: None,
-            });
+            let dependency = scripted::<Request<String>>(steps.clone());
             let layer = |ms: u64| {
                 PropagateDeadlineLayer::builder()
                     .timeout(Duration::from_millis(ms))

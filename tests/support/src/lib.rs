@@ -3,6 +3,7 @@
 //! services that hang or record being dropped. Like tower's own `tests/support`, one place, so
 //! a test reads as what it checks.
 
+use backstop_core::timer::LazySleep;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::channel::{Channel, Sender};
@@ -17,6 +18,7 @@ use std::{
     task::{Context, Poll},
     time::Duration,
 };
+use tokio::time::Instant;
 use tower::{Service, service_fn};
 
 /// One millisecond.
@@ -179,4 +181,117 @@ pub fn streaming(
         }
         std::future::ready(Ok::<_, Infallible>(response))
     })
+}
+
+// A scripted dependency for the timer properties: what it does with timers of its own (a
+// `LazySleep`, as the layers' own timers are) on its way to answering.
+
+/// What a scripted dependency does on its way to answering.
+#[derive(Debug, Clone, Copy)]
+pub enum Step {
+    /// Waits on a timer of its own for this many milliseconds (dropped once it fired).
+    Wait(u64),
+    /// Arms a timer for this many milliseconds and drops it in the same poll.
+    ArmAndDrop(u64),
+    /// Is pending this many times, waking its task each time.
+    Spin(u8),
+    /// Never goes further, with no timer.
+    Hang,
+}
+
+/// A dependency future that runs its steps, then answers 200 (see [`scripted`]).
+#[derive(Debug)]
+pub struct Script {
+    steps: Vec<Step>,
+    at: usize,
+    timer: Option<(Pin<Box<LazySleep>>, Instant)>,
+    spins: Option<u8>,
+}
+
+impl Future for Script {
+    type Output = Result<Response<String>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        while let Some(&step) = this.steps.get(this.at) {
+            match step {
+                Step::Wait(ms) => {
+                    let (timer, end) = this.timer.get_or_insert_with(|| {
+                        (
+                            Box::pin(LazySleep::new()),
+                            Instant::now() + Duration::from_millis(ms),
+                        )
+                    });
+                    if timer.as_mut().poll_until(cx, *end).is_pending() {
+                        return Poll::Pending;
+                    }
+                    this.timer = None;
+                }
+                Step::ArmAndDrop(ms) => {
+                    let mut timer = Box::pin(LazySleep::new());
+                    let end = Instant::now() + Duration::from_millis(ms);
+                    assert!(timer.as_mut().poll_until(cx, end).is_pending());
+                }
+                Step::Spin(n) => {
+                    let left = this.spins.get_or_insert(n);
+                    if *left > 0 {
+                        *left -= 1;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    this.spins = None;
+                }
+                Step::Hang => return Poll::Pending,
+            }
+            this.at += 1;
+        }
+        Poll::Ready(Ok(Response::new(String::new())))
+    }
+}
+
+/// Any [`Step`], for properties: mostly waits, some timers armed and dropped, some spins, now
+/// and then a hang.
+pub fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (1u64..40).prop_map(Step::Wait),
+        2 => (1u64..80).prop_map(Step::ArmAndDrop),
+        2 => (0u8..3).prop_map(Step::Spin),
+        1 => Just(Step::Hang),
+    ]
+}
+
+/// A dependency whose every call runs `steps` (each call from the first step).
+pub fn scripted<Req: Send + 'static>(steps: Vec<Step>) -> impl Dependency<Req> {
+    service_fn(move |_req: Req| Script {
+        steps: steps.clone(),
+        at: 0,
+        timer: None,
+        spins: None,
+    })
+}
+
+/// When a call to [`scripted`] `steps` answers, in milliseconds after it starts (`None`: it
+/// hangs), and whether it still needs a poll after its last timer fired (a spin), which at a
+/// deadline's own instant comes too late.
+pub fn script_answer(steps: &[Step]) -> (Option<u64>, bool) {
+    let answer = if steps.iter().any(|s| matches!(s, Step::Hang)) {
+        None
+    } else {
+        Some(
+            steps
+                .iter()
+                .map(|s| match s {
+                    Step::Wait(ms) => *ms,
+                    _ => 0,
+                })
+                .sum(),
+        )
+    };
+    let last_wait = steps.iter().rposition(|s| matches!(s, Step::Wait(_)));
+    let spins_after = steps
+        .iter()
+        .skip(last_wait.map_or(0, |i| i + 1))
+        .any(|s| matches!(s, Step::Spin(n) if *n > 0));
+    (answer, spins_after)
 }
