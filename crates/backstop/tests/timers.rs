@@ -58,3 +58,60 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+    /// A handler behind the server preset calls a dependency through the client preset, which
+    /// inherits the request's deadline: the server answers by that deadline whatever the
+    /// dependency does, with the handler's answer when the dependency answered in time.
+    #[test]
+    fn the_server_answers_by_its_deadline_whatever_the_timers_inside(
+        steps in proptest::collection::vec(step(), 0..6),
+        deadline in 5u64..120,
+        attempt in 3u64..150,
+    ) {
+        use http::{Response, StatusCode};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let (status, took) = rt.block_on(async {
+            let client = ServiceBuilder::new()
+                .layer(backstop::client::http().attempt_timeout(Duration::from_millis(attempt)))
+                .service(scripted::<Request<ReplayBody<String>>>(steps.clone()));
+            let handler = tower::service_fn(move |_req: Request<String>| {
+                let client = client.clone();
+                async move {
+                    let status = match client.oneshot(backstop_test_support::get()).await {
+                        Ok(_) => StatusCode::OK,
+                        Err(_) => StatusCode::BAD_GATEWAY,
+                    };
+                    let mut response = Response::new(String::new());
+                    *response.status_mut() = status;
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+            let server = ServiceBuilder::new().layer(backstop::server()).service(handler);
+            let timeout = format!("{deadline}m");
+            let start = Instant::now();
+            let response = tokio::time::timeout(
+                GUARD,
+                server.oneshot(backstop_test_support::http_request(Some(&timeout))),
+            )
+            .await
+            .expect("the server answered by its deadline")
+            .unwrap();
+            (response.status(), start.elapsed())
+        });
+        // The server keeps 1 ms of the caller's time for its answer.
+        let by = Duration::from_millis(deadline - 1);
+        proptest::prop_assert!(took <= by, "took {:?}", took);
+        let (answer, _) = script_answer(&steps);
+        if let Some(ms) = answer.filter(|&ms| ms < attempt.min(deadline - 1)) {
+            proptest::prop_assert_eq!(status, StatusCode::OK);
+            proptest::prop_assert_eq!(took, Duration::from_millis(ms));
+        }
+    }
+}
