@@ -175,7 +175,7 @@ impl Heard {
         dropped: false,
     };
 
-    /// The earliest timer heard of, unless one that may be it was dropped.
+    /// The earliest timer heard of, unless an armed timer was dropped meanwhile.
     #[inline]
     fn earliest(&self) -> Option<Instant> {
         self.earliest.filter(|_| !self.dropped)
