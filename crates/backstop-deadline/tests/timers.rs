@@ -394,11 +394,7 @@ proptest::proptest! {
         steps in proptest::collection::vec(step(), 0..6),
         timeouts in proptest::collection::vec(5u64..100, 1..4),
     ) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = backstop_test_support::paused_runtime();
         let (answer, spins_after) = script_answer(&steps);
         let deadline = *timeouts.iter().min().unwrap();
         let in_time = answer.is_some_and(|ms| ms < deadline || (ms == deadline && !spins_after));

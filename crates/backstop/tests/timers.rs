@@ -25,11 +25,7 @@ proptest::proptest! {
         attempts in 1u32..4,
         seed in 0u64..1_000,
     ) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = backstop_test_support::paused_runtime();
         let (result, took) = rt.block_on(async {
             let retry = RetryConfig::http()
                 .max_attempts(attempts)
@@ -72,11 +68,7 @@ proptest::proptest! {
         attempt in 3u64..150,
     ) {
         use http::{Response, StatusCode};
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = backstop_test_support::paused_runtime();
         let (status, took) = rt.block_on(async {
             let client = ServiceBuilder::new()
                 .layer(backstop::client::http().attempt_timeout(Duration::from_millis(attempt)))

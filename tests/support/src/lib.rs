@@ -295,3 +295,12 @@ pub fn script_answer(steps: &[Step]) -> (Option<u64>, bool) {
         .any(|s| matches!(s, Step::Spin(n) if *n > 0));
     (answer, spins_after)
 }
+
+/// A current-thread runtime with paused time, for a property that runs each case on its own.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
