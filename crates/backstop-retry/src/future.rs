@@ -215,7 +215,8 @@ where
                             };
                             // No timer when the enclosing deadline layer wakes the task by
                             // then (under `PropagateDeadline`, the same instant).
-                            let covered = backstop_deadline::woken_by(at, cx.waker());
+                            let covered =
+                                !timer.is_armed() && backstop_deadline::woken_by(at, cx.waker());
                             ready!(timer.poll_until_or_covered(cx, at, covered));
                             Err(DeadlineExceeded::new().into())
                         }

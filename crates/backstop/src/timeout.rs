@@ -677,11 +677,8 @@ where
         };
         // No timer when an enclosing deadline layer wakes the task by the attempt's end (a
         // bound no shorter than what is left of the deadline).
-        ready!(
-            this.sleep
-                .as_mut()
-                .poll_until_or_covered(cx, end, woken_by(end, cx.waker()))
-        );
+        let covered = !this.sleep.is_armed() && woken_by(end, cx.waker());
+        ready!(this.sleep.as_mut().poll_until_or_covered(cx, end, covered));
         let bound = bound.expect("a timer only with a bound");
         // Censored: it took at least its bound.
         shared.model.record(bound, shared.now_us(start + bound));
