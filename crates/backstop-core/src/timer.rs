@@ -6,7 +6,12 @@
 //! deadline layer already wakes the task for does not arm it at all
 //! ([`poll_until_or_covered`](LazySleep::poll_until_or_covered)): a timer costs about 600
 //! instructions to register and clear, and nested layers bounded by the same deadline would
-//! otherwise each register one per call.
+//! otherwise each register one per call. A [`Watch`] is the other direction: what a deadline
+//! layer learns of the timers armed inside it, so that it need not arm its own.
+//!
+//! **Concurrency rule.** What a watch hears lives in a thread-local, set only while one poll
+//! runs (a guard puts back what it found, panics included) and never shared between threads;
+//! a timer reports only to the watch of the poll that polled it with that poll's waker.
 
 use pin_project_lite::pin_project;
 use std::{
