@@ -155,14 +155,8 @@ impl<C> BreakerLayer<C> {
     /// [`BreakerOpen`](crate::BreakerOpen) while the breaker refuses calls: open, half-open
     /// with every probe slot taken, in slow start, or forced open.
     pub fn try_acquire(&self) -> Result<CallPermit<C>, crate::BreakerOpen> {
-        let handle = self.handles.current();
-        match handle.admit() {
-            Ok(admission) => {
-                let start = handle.slow.map(|_| tokio::time::Instant::now());
-                Ok(CallPermit {
-                    permit: Permit::new(handle, admission, start),
-                })
-            }
+        match Permit::admit(self.handles.current()) {
+            Ok(permit) => Ok(CallPermit { permit }),
             Err(retry_after) => Err(crate::BreakerOpen::new(retry_after)),
         }
     }

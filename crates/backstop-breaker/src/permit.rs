@@ -5,7 +5,7 @@ use crate::{
     state::{Admission, Verdict},
 };
 use backstop_core::Outcome;
-use std::{fmt, sync::Arc};
+use std::{fmt, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
 /// An admitted call's claim on the breaker, held until its outcome is known.
@@ -23,18 +23,19 @@ pub(crate) struct Permit<C> {
 }
 
 impl<C> Permit<C> {
-    /// A permit, or none for a call that is not counted.
-    pub(crate) fn new(
-        handle: &Arc<Handle<C>>,
-        admission: Admission,
-        start: Option<Instant>,
-    ) -> Option<Self> {
-        (admission != Admission::Passive).then(|| Self {
+    /// Asks `handle`'s breaker to let a call in: its permit (none for a call that is not
+    /// counted), or how long until calls pass again (`None`: no time can be promised). The
+    /// clock is read only with slow-call detection on. The one admission of the `Breaker`
+    /// service and of `BreakerLayer::try_acquire`.
+    pub(crate) fn admit(handle: &Arc<Handle<C>>) -> Result<Option<Self>, Option<Duration>> {
+        let admission = handle.admit()?;
+        let start = handle.slow.map(|_| Instant::now());
+        Ok((admission != Admission::Passive).then(|| Self {
             handle: handle.clone(),
             admission,
             start,
             armed: true,
-        })
+        }))
     }
 
     /// Whether the call has run for at least the slow-call duration.

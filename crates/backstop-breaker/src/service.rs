@@ -2,7 +2,6 @@ use crate::{BreakerBody, future::ResponseFuture, permit::Permit, shared::Handles
 use backstop_core::{BoxError, Classify, is_grpc};
 use http::{Request, Response};
 use std::task::{Context, Poll};
-use tokio::time::Instant;
 use tower_service::Service;
 
 /// The service built by [`BreakerLayer`](crate::BreakerLayer).
@@ -69,12 +68,8 @@ where
             by_key = h;
             handle = &by_key;
         }
-        match handle.admit() {
-            Ok(admission) => {
-                let start = handle.slow.map(|_| Instant::now());
-                let permit = Permit::new(handle, admission, start);
-                ResponseFuture::running(self.inner.call(req), permit)
-            }
+        match Permit::admit(handle) {
+            Ok(permit) => ResponseFuture::running(self.inner.call(req), permit),
             Err(retry_after) => ResponseFuture::open(retry_after, is_grpc(req.headers())),
         }
     }
