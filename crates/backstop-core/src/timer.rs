@@ -105,11 +105,7 @@ impl LazySleep {
         let mut sleep = self.project().sleep;
         if sleep.is_none() {
             if covered {
-                return if Instant::now() >= at {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                };
+                return due(at);
             }
             sleep.set(Some(Armed {
                 sleep: sleep_until(at),
@@ -124,6 +120,17 @@ impl LazySleep {
                 Poll::Pending
             }
         }
+    }
+}
+
+/// What a bound by `at` answers in place of its timer when another wakes the task by then
+/// (see [`LazySleep::poll_until_or_covered`]): `Ready` once the clock has reached `at`.
+#[inline]
+pub fn due(at: Instant) -> Poll<()> {
+    if Instant::now() >= at {
+        Poll::Ready(())
+    } else {
+        Poll::Pending
     }
 }
 

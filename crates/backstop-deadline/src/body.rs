@@ -1,6 +1,6 @@
 use crate::{Deadline, deadline::woken_by};
 use backstop_core::DeadlineExceeded;
-use backstop_core::timer::LazySleep;
+use backstop_core::timer::{LazySleep, due};
 use backstop_core::{BoxError, Rejection, ResponseBody, grpc};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
@@ -10,7 +10,6 @@ use std::{
     pin::Pin,
     task::{Context, Poll, ready},
 };
-use tokio::time::Instant;
 
 pin_project! {
     /// A response body bounded by the request's deadline.
@@ -97,19 +96,11 @@ where
             return Poll::Pending;
         };
         let at = deadline.instant();
-        match this.sleep {
-            Some(sleep) => ready!(sleep.as_mut().poll_until(cx, at)),
-            None if woken_by(at, cx.waker()) => {
-                if Instant::now() < at {
-                    return Poll::Pending;
-                }
-            }
-            None => ready!(
-                this.sleep
-                    .insert(Box::pin(LazySleep::new()))
-                    .as_mut()
-                    .poll_until(cx, at)
-            ),
+        if this.sleep.is_none() && woken_by(at, cx.waker()) {
+            ready!(due(at));
+        } else {
+            let sleep = this.sleep.get_or_insert_with(|| Box::pin(LazySleep::new()));
+            ready!(sleep.as_mut().poll_until(cx, at));
         }
         *this.expired = true;
         if *this.grpc {
