@@ -1,6 +1,6 @@
-use crate::{Deadline, deadline::woken_by};
+use crate::Deadline;
 use backstop_core::DeadlineExceeded;
-use backstop_core::timer::{LazySleep, due};
+use backstop_core::timer::LazySleep;
 use backstop_core::{BoxError, Rejection, ResponseBody, grpc};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
@@ -19,19 +19,15 @@ pin_project! {
     /// gRPC client sees the right status; any other body ends with a [`DeadlineExceeded`] error,
     /// which makes hyper reset the stream. The timer is only created the first time the body
     /// is not ready, so a body that is complete at once (a unary response) costs no timer and
-    /// no allocation, and not at all while the body is read where a deadline layer already
-    /// wakes the task by this deadline (a client's response read in a handler behind
-    /// [`DeadlineLayer`](crate::DeadlineLayer); see [`woken_by`](crate::woken_by)); the body is
-    /// `Unpin` whenever the inner body is.
+    /// no allocation; the body is `Unpin` whenever the inner body is.
     #[derive(Debug)]
     pub struct DeadlineBody<B> {
         #[pin]
         body: ResponseBody<B>,
         deadline: Option<Deadline>,
         // Boxed (a `LazySleep` is not `Unpin`): the body stays `Unpin` whenever the inner body
-        // is, as hyper and tonic bodies are used. Allocated only when armed: not while the
-        // body is read inside a deadline layer's future that wakes the task by this deadline
-        // (a client's response read in a handler), see `woken_by`.
+        // is, as hyper and tonic bodies are used. Allocated only the first time the body is
+        // not ready.
         sleep: Option<Pin<Box<LazySleep>>>,
         grpc: bool,
         expired: bool,
@@ -96,12 +92,8 @@ where
             return Poll::Pending;
         };
         let at = deadline.instant();
-        if this.sleep.is_none() && woken_by(at, cx.waker()) {
-            ready!(due(at));
-        } else {
-            let sleep = this.sleep.get_or_insert_with(|| Box::pin(LazySleep::new()));
-            ready!(sleep.as_mut().poll_until(cx, at));
-        }
+        let sleep = this.sleep.get_or_insert_with(|| Box::pin(LazySleep::new()));
+        ready!(sleep.as_mut().poll_until(cx, at));
         *this.expired = true;
         if *this.grpc {
             Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))

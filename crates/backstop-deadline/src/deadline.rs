@@ -1,10 +1,9 @@
-use backstop_core::timer::WakerId;
 use pin_project_lite::pin_project;
 use std::{
     cell::Cell,
     future::Future,
     pin::Pin,
-    task::{Context, Poll, Waker},
+    task::{Context, Poll},
     time::Duration,
 };
 use tokio::time::Instant;
@@ -119,36 +118,25 @@ pub(crate) fn scale(d: Duration, fraction: f64) -> Duration {
     }
 }
 
-/// What the current scope holds: the deadline, and (while a `PropagateDeadline` calls the
-/// layers inside it) what its `grpc-timeout` header told the server.
-#[derive(Debug, Clone, Copy)]
-struct Current {
-    deadline: Deadline,
-    wire: Option<Instant>,
-    /// The `grpc-timeout` header saying `wire` is left to a layer inside; see [`header_owed`].
-    owed: bool,
-    /// The future polling now wakes the task of this waker by `deadline` whenever what it
-    /// polls is pending; see [`woken_by`].
-    wakes: Option<WakerId>,
-}
-
 // The current deadline lives in a thread-local that is set only while a scope runs: a
 // `PropagateDeadline` or `Deadline` layer calling its inner service, a poll of one of their
 // futures or of a `Scoped` future. So it follows the task being polled, as a tokio
 // `task_local!` would, at the cost of a plain thread-local read (a `task_local!` is a
-// `RefCell` behind a lazily initialised key: about 40 instructions per read on the success
-// path, which reads it several times per call). Nothing is shared between threads: each
-// thread sees only the scopes it is running, and a scope puts back what it found when it
-// ends, panics included.
+// `RefCell` behind a lazily initialised key). Nothing is shared between threads: each thread
+// sees only the scopes it is running, and a scope puts back what it found when it ends, panics
+// included. It is what user code (a handler) reads with [`current()`] and what the outermost
+// client layer inherits; backstop's layers never use it to talk to each other: what one layer
+// tells another about a request travels on the request (its `Deadline` extension, its
+// `grpc-timeout` header), so it survives a `Buffer` or a spawned task between them.
 thread_local! {
-    static CURRENT: Cell<Option<Current>> = const { Cell::new(None) };
+    static CURRENT: Cell<Option<Deadline>> = const { Cell::new(None) };
 }
 
 /// A scope entered by [`enter`]: puts back the value it found when dropped (also when what
 /// ran inside panicked). A guard rather than a closure, so the request going in and the
 /// result coming out are not moved through one.
 #[must_use = "the scope ends when the guard is dropped"]
-pub(crate) struct Scope(Option<Current>);
+pub(crate) struct Scope(Option<Deadline>);
 
 impl Drop for Scope {
     #[inline]
@@ -157,139 +145,35 @@ impl Drop for Scope {
     }
 }
 
-/// Makes `current` the scope's value until the guard is dropped.
-#[inline]
-fn scoped(current: Current) -> Scope {
-    Scope(CURRENT.replace(Some(current)))
-}
-
 /// The deadline of the request this task is working for, if any.
 ///
 /// Inside a handler behind [`DeadlineLayer`](crate::DeadlineLayer) this is the request's
 /// deadline; inside [`Deadline::scope`] it is that deadline. A task spawned from a handler does
 /// not inherit it: wrap the spawned future with
-/// [`with_current_deadline`](DeadlineFutureExt::with_current_deadline).
+/// [`with_current_deadline`](DeadlineFutureExt::with_current_deadline), or put the deadline in
+/// the request's extensions (`req.extensions_mut().insert(deadline)`), which every backstop
+/// client layer reads wherever the request goes.
 pub fn current() -> Option<Deadline> {
-    CURRENT.get().map(|c| c.deadline)
-}
-
-/// While a [`PropagateDeadline`](crate::PropagateDeadline) calls the layers inside it: the
-/// instant its `grpc-timeout` header tells the server to answer by. `None` anywhere else.
-///
-/// The retry layer reads it to keep each attempt's header within what the caller was told,
-/// instead of parsing back the header written a moment before. A layer between the two that
-/// rewrites `grpc-timeout` makes it stale.
-pub fn wire_deadline() -> Option<Instant> {
-    CURRENT.get().and_then(|c| c.wire)
-}
-
-/// While a [`PropagateDeadline`](crate::PropagateDeadline) built with
-/// [`leave_header_inside`](crate::PropagateDeadlineLayer::leave_header_inside) calls the layers
-/// inside it: `true` until one of them writes the request's `grpc-timeout` (and says so with
-/// [`header_written`]). The layer that sends the request on writes it then, no later than
-/// [`wire_deadline`] (backstop's attempt bound does: the time left until then, or its own
-/// shorter bound). `false` anywhere else.
-pub fn header_owed() -> bool {
-    CURRENT.get().is_some_and(|c| c.owed)
-}
-
-/// Tells the enclosing [`PropagateDeadline`](crate::PropagateDeadline) call that the request's
-/// `grpc-timeout` is written: [`header_owed`] is `false` for the rest of the call. Nothing
-/// outside one.
-pub fn header_written() {
-    if let Some(current) = CURRENT.get()
-        && current.owed
-    {
-        CURRENT.set(Some(Current {
-            owed: false,
-            ..current
-        }));
-    }
+    CURRENT.get()
 }
 
 /// Makes `deadline` the current deadline (or keeps the enclosing one where that is earlier)
-/// until the guard is dropped. `wakes`: the waker of the poll of the future entering the scope,
-/// which wakes that task by `deadline` whenever what it polls is pending (its own timer, or
-/// one inside or enclosing it that covers it); `None` for a scope that promises nothing. See
-/// [`woken_by`].
+/// until the guard is dropped.
 #[inline]
-pub(crate) fn enter(deadline: Deadline, wakes: Option<&Waker>) -> Scope {
-    let wakes = wakes.map(WakerId::of);
-    let current = match CURRENT.get() {
-        // An earlier enclosing deadline stays, and so does what wakes the task for it.
-        Some(outer) if outer.deadline < deadline => Current {
-            deadline: outer.deadline,
-            wakes: outer.wakes,
-            wire: None,
-            owed: false,
-        },
-        Some(outer) if outer.deadline == deadline => Current {
-            deadline,
-            wakes: wakes.or(outer.wakes),
-            wire: None,
-            owed: false,
-        },
-        _ => Current {
-            deadline,
-            wakes,
-            wire: None,
-            owed: false,
-        },
+pub(crate) fn enter(deadline: Deadline) -> Scope {
+    let deadline = match CURRENT.get() {
+        Some(outer) if outer < deadline => outer,
+        _ => deadline,
     };
-    scoped(current)
+    Scope(CURRENT.replace(Some(deadline)))
 }
 
-/// Whether the task that `waker` wakes will be woken by `at` or earlier without a timer of
-/// the caller's own: `true` while the future of a [`PropagateDeadline`](crate::PropagateDeadline)
-/// or of a [`DeadlineLayer`](crate::DeadlineLayer) service polls, with that same waker, the
-/// layers inside it with a deadline no later than `at` — that future wakes its task by its
-/// deadline whenever they are pending. `false` anywhere else: in a [`Deadline::scope`] (which
-/// bounds nothing), while a service is called (its future may be polled elsewhere), in a task
-/// spawned from a handler, or for a future polled with another waker (a nested executor's, or
-/// one of its own inside `FuturesUnordered`).
-///
-/// A layer inside bounded by `at` then need not arm a timer of its own: comparing the clock
-/// with `at` when polled tells it its time is up as soon as the enclosing future polls it after
-/// waking (the enclosing future polls what it bounds before it looks at its own timer, so the
-/// layer inside answers first, as its own timer firing at the same instant would have made it).
-/// Asked again at each poll, so a future moved to another task arms its own timer there. What
-/// it saves: a tokio timer costs about 600 instructions to register and clear, and the
-/// deadline, the retry layer and the attempt bound of a client stack would each register one
-/// per call. See `backstop_core::timer::LazySleep::poll_until_or_covered`.
-///
-/// ```
-/// use backstop_deadline::{Deadline, woken_by};
-/// use std::{task::Waker, time::Duration};
-///
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-/// # async fn main() {
-/// let deadline = Deadline::after(Duration::from_secs(1));
-/// let waker = Waker::noop();
-/// // A scope set by hand bounds nothing: no timer wakes the task for it.
-/// assert!(!deadline.scope(async { woken_by(deadline.instant(), waker) }).await);
-/// assert!(!woken_by(deadline.instant(), waker));
-/// # }
-/// ```
+/// As [`enter`], for a `deadline` picked no later than the current one (`PropagateDeadline`'s,
+/// which starts from it): no second read of it.
 #[inline]
-pub fn woken_by(at: Instant, waker: &Waker) -> bool {
-    CURRENT.get().is_some_and(|c| {
-        c.deadline.instant() <= at && c.wakes.is_some_and(|w| w == WakerId::of(waker))
-    })
-}
-
-/// As [`enter`], with what the request's `grpc-timeout` header says (see [`wire_deadline`])
-/// and whether it is still to be written ([`header_owed`]), for a `deadline` picked no later
-/// than the current one (`PropagateDeadline`'s, which starts from it): no second read of it.
-#[inline]
-pub(crate) fn enter_wire(deadline: Deadline, wire: Option<Instant>, owed: bool) -> Scope {
+pub(crate) fn enter_picked(deadline: Deadline) -> Scope {
     debug_assert!(current().is_none_or(|outer| deadline <= outer));
-    scoped(Current {
-        deadline,
-        wire,
-        owed,
-        // Inside `call` nothing is polled yet, and the future may be polled by another task.
-        wakes: None,
-    })
+    Scope(CURRENT.replace(Some(deadline)))
 }
 
 pin_project! {
@@ -320,7 +204,7 @@ impl<F: Future> Future for Scoped<F> {
             None => this.future.poll(cx),
             Some(own) => {
                 // No timer here: a hand-set scope bounds nothing by itself.
-                let _scope = enter(own, None);
+                let _scope = enter(own);
                 this.future.poll(cx)
             }
         }
@@ -431,39 +315,27 @@ mod tests {
         assert_eq!(current(), None);
     }
 
-    /// A scope's guard puts back what it found: nested scopes unwind in order, the header's
-    /// flag is the innermost's, and a panic inside a scope leaves no deadline behind.
+    /// A scope's guard puts back what it found: nested scopes unwind in order, and a panic
+    /// inside a scope leaves no deadline behind.
     #[tokio::test(start_paused = true)]
     async fn scope_guards_put_back_what_they_found_even_on_panic() {
         let outer = Deadline::after(Duration::from_millis(100));
         let inner = Deadline::after(Duration::from_millis(50));
-        let wire = Instant::now() + Duration::from_millis(40);
         {
-            let _outer = enter(outer, None);
+            let _outer = enter(outer);
             {
-                let _inner = enter_wire(inner, Some(wire), true);
-                assert_eq!(
-                    (current(), wire_deadline(), header_owed()),
-                    (Some(inner), Some(wire), true)
-                );
-                header_written();
-                assert!(!header_owed());
+                let _inner = enter_picked(inner);
+                assert_eq!(current(), Some(inner));
             }
-            assert_eq!(
-                (current(), wire_deadline(), header_owed()),
-                (Some(outer), None, false)
-            );
+            assert_eq!(current(), Some(outer));
         }
         assert_eq!(current(), None);
         let panicked = std::panic::catch_unwind(|| {
-            let _scope = enter(outer, None);
+            let _scope = enter(outer);
             panic!("inside a scope");
         });
         assert!(panicked.is_err());
         assert_eq!(current(), None);
-        // Outside any scope, marking the header written changes nothing.
-        header_written();
-        assert!(!header_owed());
     }
 
     #[tokio::test(start_paused = true)]

@@ -155,10 +155,7 @@ mod outbound;
 
 pub use backstop_core::{DeadlineExceeded, is_deadline_exceeded};
 pub use body::DeadlineBody;
-pub use deadline::{
-    Deadline, DeadlineFutureExt, Scoped, current, header_owed, header_written, wire_deadline,
-    woken_by,
-};
+pub use deadline::{Deadline, DeadlineFutureExt, Scoped, current};
 pub use grpc_timeout::MalformedTimeout;
 pub use inbound::{DeadlineLayer, DeadlineLayerBuilder, DeadlineService, ResponseFuture};
 pub use outbound::{

@@ -1,16 +1,13 @@
-//! Timers are not armed twice for one instant: a layer whose bound an enclosing deadline layer
-//! already wakes the task for compares the clock instead of arming its own, and a deadline
-//! layer that hears of an earlier timer armed inside does not arm one either. What must still
-//! hold: every call ends at its deadline, whatever the futures inside do with their timers —
-//! let one fire and hang on, drop one in the poll that armed it, or move to another task.
+//! Each deadline layer owns its timer: every call ends at its deadline, whatever the futures
+//! inside do with their timers (let one fire and hang on, drop one in the poll that armed it)
+//! and whatever the caller does with the call (poll it once in a handler and then spawn it,
+//! drop it on another task, poll it with another waker).
 //!
 //! Each call is bounded by a guard `timeout` far past its deadline: a call that no timer wakes
 //! would otherwise hang (paused time only moves to registered timers); with the guard, it fails.
 
 use backstop_core::{BoxError, timer::LazySleep};
-use backstop_deadline::{
-    Deadline, DeadlineLayer, PropagateDeadlineLayer, current, is_deadline_exceeded, woken_by,
-};
+use backstop_deadline::{DeadlineLayer, PropagateDeadlineLayer, current, is_deadline_exceeded};
 use backstop_test_support::{http_request, script_answer, scripted, step};
 use http::{Request, Response};
 use std::{
@@ -40,8 +37,8 @@ enum Timer {
     DroppedAtOnce(Duration),
 }
 
-/// A dependency future that never answers; it records, at each poll, whether the layers
-/// around it say an enclosing future wakes the task by the current deadline.
+/// A dependency future that never answers; it records, at each poll, whether it sees a
+/// current deadline.
 struct Hung {
     timer: Timer,
     armed: Option<Pin<Box<LazySleep>>>,
@@ -53,8 +50,8 @@ impl Future for Hung {
     type Output = Result<Response<String>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let covered = current().is_some_and(|d| woken_by(d.instant(), cx.waker()));
-        self.seen.lock().unwrap().push(covered);
+        let seen = current().is_some();
+        self.seen.lock().unwrap().push(seen);
         let this = &mut *self;
         match this.timer {
             Timer::None => {}
@@ -127,8 +124,7 @@ async fn nested_deadline_layers_end_the_call_at_the_deadline() {
     let (err, took) = expiry(one_second().layer(inner), http_request(None)).await;
     assert!(backstop_core::find::<backstop_core::DeadlineExceeded>(&*err).is_some());
     assert_eq!(took, Duration::from_secs(1));
-    // Inside both, the task is woken by the deadline: the inner layer armed no timer.
-    assert!(seen.lock().unwrap().iter().all(|&covered| covered));
+    assert!(seen.lock().unwrap().iter().all(|&seen| seen));
 }
 
 #[tokio::test(start_paused = true)]
@@ -168,7 +164,7 @@ async fn the_server_deadline_holds_whatever_the_handler_does_with_its_timers() {
         assert_eq!(response.status(), 504, "{timer:?}");
         // One second less the server's 1 ms lead.
         assert_eq!(start.elapsed(), 999 * MS, "{timer:?}");
-        assert!(seen.lock().unwrap().iter().all(|&covered| covered));
+        assert!(seen.lock().unwrap().iter().all(|&seen| seen));
     }
 }
 
@@ -188,9 +184,8 @@ where
     start
 }
 
-/// A client call polled once inside a handler (where the server's deadline layer covers it, so
-/// it arms no timer) and then moved to a task of its own arms its timer there, and ends at its
-/// deadline.
+/// A client call polled once inside a handler and then moved to a task of its own ends at its
+/// deadline there.
 #[tokio::test(start_paused = true)]
 async fn a_call_moved_to_another_task_arms_its_own_timer_there() {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -220,24 +215,7 @@ async fn a_call_moved_to_another_task_arms_its_own_timer_there() {
         .unwrap();
     assert!(is_deadline_exceeded(&*result.unwrap_err()));
     assert_eq!(start.elapsed(), 999 * MS);
-    // What it polls is covered throughout: by the server's deadline layer in the handler, then
-    // by the call's own timer on its task.
-    assert!(seen.lock().unwrap().iter().all(|&covered| covered));
-}
-
-/// Neither a hand-set scope nor a service's `call` promises a wake-up.
-#[tokio::test(start_paused = true)]
-async fn only_a_deadline_layers_future_covers_what_it_polls() {
-    let deadline = Deadline::after(Duration::from_secs(1));
-    let polled = std::future::poll_fn(|cx| Poll::Ready(woken_by(deadline.instant(), cx.waker())));
-    assert!(!deadline.scope(polled).await);
-    let mut during_call = None;
-    let mut layered = one_second().layer(service_fn(|_req: Request<String>| {
-        during_call = current().map(|d| woken_by(d.instant(), std::task::Waker::noop()));
-        std::future::ready(Ok::<_, Infallible>(Response::new(String::new())))
-    }));
-    layered.call(http_request(None)).await.unwrap();
-    assert_eq!(during_call, Some(false));
+    assert!(seen.lock().unwrap().iter().all(|&seen| seen));
 }
 
 type Stalled = http_body_util::channel::Channel<bytes::Bytes>;
@@ -262,11 +240,10 @@ fn stalled_body(
     })
 }
 
-/// A client's response body read inside a handler arms no timer (the server's deadline layer
-/// wakes the task by the same deadline) and still ends at that deadline; the same body read on
-/// a task of its own arms its timer there and ends at its deadline.
+/// A client's response body read inside a handler ends at its deadline; the same body read on
+/// a task of its own ends at its deadline there.
 #[tokio::test(start_paused = true)]
-async fn a_response_body_read_in_a_handler_arms_no_timer_of_its_own() {
+async fn a_response_body_ends_at_its_deadline_wherever_it_is_read() {
     use http_body_util::BodyExt;
     let senders = Arc::new(Mutex::new(Vec::new()));
     let client = PropagateDeadlineLayer::new().layer(stalled_body(&senders));
@@ -287,10 +264,9 @@ async fn a_response_body_read_in_a_handler_arms_no_timer_of_its_own() {
             })
             .await;
             assert!(first.is_pending());
-            assert!(format!("{body:?}").contains("sleep: None"), "{body:?}");
             if read_here {
-                // At the deadline the body answers first, as its own timer firing at the same
-                // instant as the server's would have made it.
+                // At the deadline the body answers first: the handler polls it before the
+                // server's deadline layer looks at its own timer.
                 let start = Instant::now();
                 let err = body.frame().await.expect("a frame").unwrap_err();
                 assert!(is_deadline_exceeded(&*err), "{err}");
@@ -340,9 +316,7 @@ impl std::task::Wake for Counting {
 }
 
 /// A client call polled inside a handler, but with another waker (a nested executor's, a
-/// `block_on` inside the poll), is not covered by the server's deadline layer, whose timer
-/// wakes the handler's task: it arms its own timer, with that waker, which wakes it at the
-/// deadline.
+/// `block_on` inside the poll): its own timer wakes that waker at the deadline.
 #[tokio::test(start_paused = true)]
 async fn a_call_polled_with_another_waker_arms_its_own_timer() {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -366,8 +340,6 @@ async fn a_call_polled_with_another_waker_arms_its_own_timer() {
         })
     };
     let start = answered_in_one_second(handler).await;
-    // The dependency's future is covered by the client's own deadline layer, whose timer was
-    // armed for that waker (the server's does not cover it).
     assert_eq!(*seen.lock().unwrap(), [true]);
     tokio::time::sleep(Duration::from_millis(999)).await;
     tokio::task::yield_now().await;
@@ -388,7 +360,7 @@ proptest::proptest! {
     /// drops others, spins and may hang: the call ends exactly when the dependency answers or
     /// at the earliest deadline, whichever is first (at the same instant the dependency, polled
     /// first, answers if its timer firing is all it waited for; one that still needs a poll
-    /// more is too late), and never later — whichever timers the layers left unarmed.
+    /// more is too late), and never later.
     #[test]
     fn a_call_ends_at_its_answer_or_its_deadline_whatever_the_timers_inside(
         steps in proptest::collection::vec(step(), 0..6),
@@ -433,5 +405,58 @@ proptest::proptest! {
                 proptest::prop_assert_eq!(took, Duration::from_millis(deadline));
             }
         }
+    }
+}
+
+/// What a handler does with a client call it polled once, before it waits on something no
+/// timer wakes (a channel nobody sends on).
+#[derive(Clone, Copy, Debug)]
+enum Then {
+    /// Moves the call to a task of its own.
+    Spawn,
+    /// Hands the call to another task, which drops it.
+    DropElsewhere,
+    /// Drops it here.
+    Drop,
+}
+
+/// A server's deadline holds whatever its handler does with a client call it polled once
+/// (with a bound shorter than the server's deadline, so a timer was armed inside): the server
+/// answers 504 at its own deadline. (A deadline layer that relied on the timer armed inside
+/// lost the wake-up to the task the call was moved to, or to nothing once it was dropped.)
+#[tokio::test(start_paused = true)]
+async fn the_server_answers_at_its_deadline_whatever_the_handler_does_with_a_polled_call() {
+    for then in [Then::Spawn, Then::DropElsewhere, Then::Drop] {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let client = PropagateDeadlineLayer::builder()
+            .timeout(500 * MS)
+            .build()
+            .unwrap()
+            .layer(hung(Timer::None, &seen));
+        let handler = service_fn(move |_req: Request<String>| {
+            let client = client.clone();
+            async move {
+                let mut call = Box::pin(client.oneshot(http_request(None)));
+                let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+                assert!(first.is_pending());
+                match then {
+                    Then::Spawn => drop(tokio::spawn(call)),
+                    Then::DropElsewhere => drop(tokio::spawn(async move { drop(call) })),
+                    Then::Drop => drop(call),
+                }
+                let (_tx, never) = tokio::sync::oneshot::channel::<()>();
+                let _ = never.await;
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        });
+        let service = DeadlineLayer::new().layer(handler);
+        let start = Instant::now();
+        let response = tokio::time::timeout(GUARD, service.oneshot(http_request(Some("1S"))))
+            .await
+            .unwrap_or_else(|_| panic!("{then:?}: the server answered at its deadline"))
+            .unwrap();
+        assert_eq!(response.status(), 504, "{then:?}");
+        assert_eq!(start.elapsed(), 999 * MS, "{then:?}");
     }
 }

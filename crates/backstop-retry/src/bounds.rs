@@ -42,6 +42,9 @@ pub(crate) struct Bounds {
     pub(crate) deadline: Option<Deadline>,
     /// What the caller told the server, as an instant (the request's `grpc-timeout`).
     pub(crate) wire: Option<Instant>,
+    /// Whether attempts get a `grpc-timeout` from this layer
+    /// ([`RetryConfig::send_grpc_timeout`](crate::RetryConfig::send_grpc_timeout)).
+    pub(crate) header: bool,
 }
 
 impl Bounds {
@@ -63,6 +66,17 @@ impl Bounds {
             return Armed::Unbounded;
         };
         let at = deadline.instant();
+        if !self.header {
+            // The deadline alone goes on the request; a layer inside tells the server.
+            if first && req.extensions().get::<Deadline>() == Some(&deadline) {
+                return Armed::Until(at);
+            }
+            if Instant::now() >= at {
+                return Armed::Expired;
+            }
+            req.extensions_mut().insert(deadline);
+            return Armed::Until(at);
+        }
         if first && self.wire.is_some_and(|w| w <= at) {
             return Armed::Until(at);
         }
@@ -73,9 +87,7 @@ impl Bounds {
         };
         req.headers_mut()
             .insert(GRPC_TIMEOUT, encoded.to_header_value());
-        // Sent from an outer `PropagateDeadline`'s call that left its header inside: written.
-        backstop_deadline::header_written();
-        req.extensions_mut().insert(Deadline::at(at));
+        req.extensions_mut().insert(deadline);
         Armed::Until(at)
     }
 }

@@ -213,11 +213,8 @@ where
                             let Some(at) = *end else {
                                 return Poll::Pending;
                             };
-                            // No timer when the enclosing deadline layer wakes the task by
-                            // then (under `PropagateDeadline`, the same instant).
-                            let covered =
-                                !timer.is_armed() && backstop_deadline::woken_by(at, cx.waker());
-                            ready!(timer.poll_until_or_covered(cx, at, covered));
+                            // Its own timer, whatever the layers around it arm.
+                            ready!(timer.poll_until(cx, at));
                             Err(DeadlineExceeded::new().into())
                         }
                     };

@@ -16,6 +16,8 @@ use tower_layer::Layer;
 pub struct RetryLayer<C> {
     pub(crate) shared: Arc<Shared<C>>,
     handles: Handles<C>,
+    /// Whether its services write `grpc-timeout` on the attempts they arm.
+    header: bool,
 }
 
 impl<C> Clone for RetryLayer<C> {
@@ -23,6 +25,7 @@ impl<C> Clone for RetryLayer<C> {
         Self {
             shared: self.shared.clone(),
             handles: self.handles.clone(),
+            header: self.header,
         }
     }
 }
@@ -94,7 +97,22 @@ impl<C> RetryLayer<C> {
             metrics: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
-        Self { shared, handles }
+        let header = shared.policy.send_grpc_timeout;
+        Self {
+            shared,
+            handles,
+            header,
+        }
+    }
+
+    /// The same layer (sharing its budget, stats and name), its services writing
+    /// `grpc-timeout` or not; see [`RetryConfig::send_grpc_timeout`], which sets the default.
+    #[must_use]
+    pub fn send_grpc_timeout(&self, send: bool) -> Self {
+        Self {
+            header: send,
+            ..self.clone()
+        }
     }
 
     /// What the layer (and every service it built) has done so far.
@@ -122,6 +140,6 @@ impl<S, C> Layer<S> for RetryLayer<C> {
     type Service = Retry<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Retry::from_handles(inner, self.handles.clone())
+        Retry::from_handles(inner, self.handles.clone(), self.header)
     }
 }

@@ -130,6 +130,7 @@ pub struct RetryConfig<C> {
     pub(crate) max_hint: Duration,
     pub(crate) seed: Option<u64>,
     pub(crate) hedging: Option<crate::hedge::Hedging>,
+    pub(crate) send_grpc_timeout: bool,
 }
 
 impl RetryConfig<HttpClassifier> {
@@ -164,6 +165,7 @@ impl<C> RetryConfig<C> {
             max_hint: Duration::from_secs(30),
             seed: None,
             hedging: None,
+            send_grpc_timeout: true,
         }
     }
 
@@ -212,6 +214,7 @@ impl<C> RetryConfig<C> {
             max_hint: self.max_hint,
             seed: self.seed,
             hedging: self.hedging,
+            send_grpc_timeout: self.send_grpc_timeout,
         }
     }
 
@@ -261,6 +264,17 @@ impl<C> RetryConfig<C> {
     #[must_use]
     pub fn hedging(mut self, hedging: crate::hedge::Hedging) -> Self {
         self.hedging = Some(hedging);
+        self
+    }
+
+    /// Whether each retry and hedge rewrites the request's `grpc-timeout` to the time really
+    /// left (default `true`). Turn it off where nothing is to be told to the server (a
+    /// third-party HTTP API), or where a layer inside writes every attempt's header itself
+    /// (backstop's client presets leave it to their attempt bound): the attempt's deadline
+    /// still goes on the request, as its [`Deadline`](backstop_deadline::Deadline) extension.
+    #[must_use]
+    pub fn send_grpc_timeout(mut self, send: bool) -> Self {
+        self.send_grpc_timeout = send;
         self
     }
 

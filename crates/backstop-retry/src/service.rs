@@ -20,6 +20,7 @@ use tower_service::Service;
 pub struct Retry<S, C> {
     inner: S,
     handles: Handles<C>,
+    header: bool,
 }
 
 impl<S: Clone, C> Clone for Retry<S, C> {
@@ -27,13 +28,18 @@ impl<S: Clone, C> Clone for Retry<S, C> {
         Self {
             inner: self.inner.clone(),
             handles: self.handles.clone(),
+            header: self.header,
         }
     }
 }
 
 impl<S, C> Retry<S, C> {
-    pub(crate) fn from_handles(inner: S, handles: Handles<C>) -> Self {
-        Self { inner, handles }
+    pub(crate) fn from_handles(inner: S, handles: Handles<C>, header: bool) -> Self {
+        Self {
+            inner,
+            handles,
+            header,
+        }
     }
 
     /// The inner service.
@@ -100,16 +106,15 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        // What the server is told: an outer `PropagateDeadline` says what it wrote; otherwise
-        // a header the caller set is read. Without a local deadline, it is the deadline.
-        let wire = backstop_deadline::wire_deadline().or_else(|| {
-            caller_timeout(req.headers())
-                .and_then(|v| grpc_timeout::decode_header(v).ok())
-                .and_then(|t| Instant::now().checked_add(t))
-        });
+        // What the server is told: the request's own header (an outer `PropagateDeadline`'s,
+        // or the caller's), read off the request. Without a local deadline, it is the deadline.
+        let wire = caller_timeout(req.headers())
+            .and_then(|v| grpc_timeout::decode_header(v).ok())
+            .and_then(|t| Instant::now().checked_add(t));
         let bounds = Bounds {
             deadline: local.or(wire.map(Deadline::at)),
             wire,
+            header: self.header,
         };
         let template = Template::new(&req);
         let (parts, body) = req.into_parts();

@@ -383,10 +383,14 @@ impl<S, C> Layer<S> for ClientLayer<C> {
     type Service = PropagateDeadline<Retry<Breaker<AttemptTimeout<S>, C>, C>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let inner = self.attempt.layer(inner);
+        // One writer of each attempt's `grpc-timeout`, decided here: the attempt bound,
+        // innermost, from the deadline each attempt carries on the request (less the deadline
+        // layer's offset); the deadline and retry layers write none.
+        let inner = self
+            .attempt
+            .layer_writing_header(inner, self.deadline.offset());
         let inner = self.breaker.layer(inner);
-        let inner = self.retry.layer(inner);
-        // The attempt bound, innermost, writes each attempt's `grpc-timeout` once.
-        self.deadline.leave_header_inside().layer(inner)
+        let inner = self.retry.send_grpc_timeout(false).layer(inner);
+        self.deadline.send_grpc_timeout(false).layer(inner)
     }
 }

@@ -31,7 +31,9 @@ use crate::{
 };
 use backstop_core::{BoxError, GrpcClassifier};
 use backstop_deadline::Deadline;
-use backstop_retry::{Budget, Idempotency, RatioBudget, Retry, RetryConfig, RetryLayer};
+use backstop_retry::{
+    Budget, Idempotency, RatioBudget, ReplayBody, Retry, RetryConfig, RetryLayer,
+};
 use http::Request;
 use std::{
     sync::Arc,
@@ -127,68 +129,70 @@ impl<S: Clone> Layer<S> for MethodsLayer {
     >;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let inner = self
-            .client
-            .breaker_layer()
-            .layer(self.client.attempt_layer().layer(inner));
-        let routes = self
-            .retries
-            .iter()
-            .map(|retry| retry.layer(inner.clone()))
-            .collect::<Vec<_>>();
+        // As in the preset: the attempt bound, innermost, writes each attempt's
+        // `grpc-timeout`; the deadline and retry layers write none.
+        let deadline = self.client.deadline_layer();
+        let inner = self.client.breaker_layer().layer(
+            self.client
+                .attempt_layer()
+                .layer_writing_header(inner, deadline.offset()),
+        );
         let methods = Methods {
-            routes,
+            inner: Some(inner),
+            retries: self.retries.clone(),
             config: self.config.clone(),
         };
         MethodTimeout {
-            // The attempt bound, innermost, writes each attempt's `grpc-timeout` once.
-            inner: self
-                .client
-                .deadline_layer()
-                .leave_header_inside()
-                .layer(methods),
+            inner: deadline.send_grpc_timeout(false).layer(methods),
             config: self.config.clone(),
         }
     }
 }
 
-/// Routes each call to its method's retry layer; see [`MethodsLayer`].
+/// Routes each call to its method's retry policy; see [`MethodsLayer`].
+///
+/// One inner service for every method: readiness is the transport's own, and a call reserves
+/// capacity (a `ConcurrencyLimit` permit, a `Buffer` slot such as a tonic `Channel`'s) only
+/// on the service it is sent on. The method's retry layer is picked in `call`, and wraps the
+/// ready service for that call alone.
 #[derive(Debug, Clone)]
 pub struct Methods<S> {
-    routes: Vec<Retry<S, GrpcClassifier>>,
+    /// `None` only while `call` lends it to the method's retry layer.
+    inner: Option<S>,
+    /// One retry layer per `methodConfig` entry, then one for calls no entry names.
+    retries: Arc<[RetryLayer<GrpcClassifier>]>,
     config: Arc<ServiceConfig>,
 }
 
 impl<S, B> Service<Request<B>> for Methods<S>
 where
+    S: Service<Request<ReplayBody<B>>> + Clone,
+    S::Error: Into<BoxError>,
     Retry<S, GrpcClassifier>: Service<Request<B>, Error = BoxError>,
 {
     type Response = <Retry<S, GrpcClassifier> as Service<Request<B>>>::Response;
     type Error = BoxError;
     type Future = <Retry<S, GrpcClassifier> as Service<Request<B>>>::Future;
 
-    /// Ready when every route is (as tower's `Steer`: the call's route is known only at
-    /// `call`).
+    /// The inner service's readiness: every method is sent on it.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        let mut pending = false;
-        for route in &mut self.routes {
-            match route.poll_ready(cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => pending = true,
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(Ok(()))
-        }
+        self.inner
+            .as_mut()
+            .expect("lent only during call")
+            .poll_ready(cx)
+            .map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let none = self.routes.len() - 1;
+        let none = self.retries.len() - 1;
         let i = self.config.method_index(req.uri().path()).unwrap_or(none);
-        self.routes[i].call(req)
+        // The ready service makes this call, under the method's retry layer, which keeps a
+        // clone for its retries and gives back another for the next call.
+        let ready = self.inner.take().expect("lent only during call");
+        let mut route = self.retries[i].send_grpc_timeout(false).layer(ready);
+        let future = route.call(req);
+        self.inner = Some(route.into_inner());
+        future
     }
 }
 

@@ -216,7 +216,6 @@ impl AttemptBound {
 }
 
 /// `d` rounded down to three significant digits of microseconds.
-#[cfg(feature = "deadline")]
 fn three_digits(d: Duration) -> Duration {
     let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     let mut scale = 1;
@@ -271,12 +270,11 @@ impl Shared {
     /// significant digits (at most 1 % shorter): calls a few microseconds apart then get the
     /// same bound, so its header value is reused rather than encoded and allocated again (and
     /// HPACK can index it).
-    fn capped(&self, bound: Duration, now: Instant) -> Duration {
-        #[cfg(feature = "deadline")]
+    fn capped(&self, bound: Duration, now: Instant, deadline: Option<Instant>) -> Duration {
         if let AttemptBound::Adaptive(a) = self.bound
-            && let Some(deadline) = backstop_deadline::current()
+            && let Some(deadline) = deadline
         {
-            let left = deadline.instant().saturating_duration_since(now);
+            let left = deadline.saturating_duration_since(now);
             // Integer arithmetic: Duration::mul_f64 goes through floating-point seconds.
             let left_us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
             let share_ppm = (a.deadline_share * 1e6) as u64;
@@ -288,14 +286,14 @@ impl Shared {
                 return three_digits(share);
             }
         }
-        let _ = now;
         bound
     }
 
-    /// The bound of an attempt that starts at `now`: the fixed one, or the adaptive one from
-    /// the model, capped by the deadline's share.
-    fn bound_at(&self, now: Instant) -> Option<Duration> {
-        self.model_bound(now).map(|bound| self.capped(bound, now))
+    /// The bound of an attempt that starts at `now` under `deadline` (the request's): the
+    /// fixed one, or the adaptive one from the model, capped by the deadline's share.
+    fn bound_at(&self, now: Instant, deadline: Option<Instant>) -> Option<Duration> {
+        self.model_bound(now)
+            .map(|bound| self.capped(bound, now, deadline))
     }
 
     /// The fixed bound, or the adaptive one from the model (cached for 100 ms), uncapped.
@@ -391,7 +389,11 @@ impl AttemptTimeoutLayer {
 
     /// The bound an attempt starting now would get (under the current deadline, if any).
     pub fn current_bound(&self) -> Option<Duration> {
-        self.shared.bound_at(Instant::now())
+        #[cfg(feature = "deadline")]
+        let deadline = backstop_deadline::current().map(|d| d.instant());
+        #[cfg(not(feature = "deadline"))]
+        let deadline = None;
+        self.shared.bound_at(Instant::now(), deadline)
     }
 }
 
@@ -468,6 +470,22 @@ impl<S> Layer<S> for AttemptTimeoutLayer {
         AttemptTimeout {
             inner,
             handles: self.handles.clone(),
+            writes: None,
+        }
+    }
+}
+
+impl AttemptTimeoutLayer {
+    /// The service for a stack whose outer deadline layer leaves `grpc-timeout` to this one
+    /// (the client presets, decided when they build the stack): every attempt with a deadline
+    /// gets its header from here, the shorter of its bound and the request's deadline less
+    /// `offset` (the deadline layer's).
+    #[cfg(feature = "deadline")]
+    pub(crate) fn layer_writing_header<S>(&self, inner: S, offset: Duration) -> AttemptTimeout<S> {
+        AttemptTimeout {
+            inner,
+            handles: self.handles.clone(),
+            writes: Some(offset),
         }
     }
 }
@@ -477,6 +495,9 @@ impl<S> Layer<S> for AttemptTimeoutLayer {
 pub struct AttemptTimeout<S> {
     inner: S,
     handles: stripe::Handles<Shared>,
+    /// `Some(offset)`: this layer writes every attempt's `grpc-timeout` (its outer deadline
+    /// layer does not); `None`: it only shortens a header already on the request.
+    writes: Option<Duration>,
 }
 
 impl<S, B, RB> Service<Request<B>> for AttemptTimeout<S>
@@ -494,39 +515,67 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let handle = self.handles.current().clone();
-        let told = tell_the_wire(&handle, &mut req);
+        let told = tell_the_wire(&handle, self.writes, &mut req);
+        let deadline = match told {
+            Some(_) => None,
+            None => request_deadline(&req),
+        };
         AttemptTimeoutFuture {
             future: self.inner.call(req),
             handle,
             told,
             start: None,
+            deadline,
             sleep: LazySleep::new(),
         }
     }
 }
 
-/// When the request tells the server how long it has (`grpc-timeout`, from an outer
-/// `PropagateDeadline` or the retry layer) and the attempt's bound is shorter, the header is
-/// rewritten to the bound: the server gives up when this attempt will. Returns the bound
-/// written and when it ends (the attempt's timer ends then too), or `None` when none was, and
-/// the timer picks the bound when the attempt first waits.
+/// The request's deadline, if it carries one (its `Deadline` extension: the outer
+/// `PropagateDeadline`'s, or the retry layer's for a retry).
+#[cfg(feature = "deadline")]
+#[inline]
+fn request_deadline<B>(req: &Request<B>) -> Option<Instant> {
+    req.extensions()
+        .get::<backstop_deadline::Deadline>()
+        .map(|d| d.instant())
+}
+
+#[cfg(not(feature = "deadline"))]
+#[inline]
+fn request_deadline<B>(_: &Request<B>) -> Option<Instant> {
+    None
+}
+
+/// Writes the attempt's `grpc-timeout` where it is this layer's to write, and returns the
+/// bound written and when it ends (the attempt's timer ends then too), or `None` when none
+/// was, and the timer picks the bound when the attempt first waits.
 ///
-/// Under the client preset the outer `PropagateDeadline` leaves the header to this layer
-/// ([`header_owed`](backstop_deadline::header_owed)), so it is written once per attempt: the
-/// bound when shorter, otherwise the time left until what the outer layer picked to tell.
+/// - `writes` is `Some(offset)` (the client presets, decided when the stack is built: their
+///   deadline layer writes no header): with a deadline on the request, this layer is the one
+///   writer of every attempt's header, the shorter of its bound and the deadline less
+///   `offset`.
+/// - Otherwise, when the request already tells the server how long it has (an outer
+///   `PropagateDeadline` or the retry layer wrote it) and the attempt's bound is shorter, the
+///   header is rewritten to the bound: the server gives up when this attempt will.
 #[cfg(feature = "deadline")]
 #[inline(always)]
-fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, Instant)> {
+fn tell_the_wire<B>(
+    shared: &Shared,
+    writes: Option<Duration>,
+    req: &mut Request<B>,
+) -> Option<(Duration, Instant)> {
     use backstop_core::grpc::GRPC_TIMEOUT;
     use backstop_deadline::grpc_timeout;
-    // What the server is told: an outer `PropagateDeadline`'s instant, or else the header's
-    // duration (nothing told: nothing to shorten).
-    let wire = backstop_deadline::wire_deadline();
-    let owed = wire.filter(|_| backstop_deadline::header_owed());
+    let deadline = request_deadline(req);
+    // The instant the server is to be told, when this layer is the header's writer.
+    let owed = writes
+        .zip(deadline)
+        .map(|(offset, at)| at.checked_sub(offset).unwrap_or(at));
     if matches!(shared.bound, AttemptBound::None) && owed.is_none() {
         return None;
     }
-    let header = match wire {
+    let header = match owed {
         Some(_) => None,
         None => Some(
             req.headers()
@@ -535,8 +584,8 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
         ),
     };
     let now = Instant::now();
-    let bound = shared.bound_at(now);
-    let shorter = bound.filter(|&bound| match (wire, header) {
+    let bound = shared.bound_at(now, deadline);
+    let shorter = bound.filter(|&bound| match (owed, header) {
         (Some(at), _) => now.checked_add(bound).is_some_and(|end| end < at),
         (None, left) => left.is_some_and(|left| bound < left),
     });
@@ -545,8 +594,7 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
     // significant digits (at most 1 % less): the server gives up no later than this attempt.
     let (told, result) = match (shorter, owed) {
         (Some(bound), _) => (bound, Some((bound, now + bound))),
-        // What is left until the instant the outer layer picked to tell (a moment later than
-        // when it picked it: the same value or, rounded down again, one a little shorter).
+        // What is left until the deadline less the offset.
         (None, Some(at)) => (at.saturating_duration_since(now), None),
         // What is told is already no longer than the bound.
         (None, None) => return None,
@@ -554,39 +602,28 @@ fn tell_the_wire<B>(shared: &Shared, req: &mut Request<B>) -> Option<(Duration, 
     match grpc_timeout::coarse_header_value(told) {
         Some((value, _)) => {
             req.headers_mut().insert(GRPC_TIMEOUT, value);
-            backstop_deadline::header_written();
             result
         }
-        // Nothing left to tell (the outer layer refuses to send with nothing left, so only a
-        // clock that went past `at` in between gets here): the header says the least it can,
-        // and the timer picks the bound when the attempt first waits.
+        // Nothing left to tell (the deadline layer refuses to send with nothing left, so only
+        // a clock that went past it in between, or an offset longer than what is left, gets
+        // here): the header says the least it can, and the timer picks the bound when the
+        // attempt first waits.
         None => {
             if owed.is_some() {
                 let least = http::HeaderValue::from_static("1n");
                 req.headers_mut().insert(GRPC_TIMEOUT, least);
-                backstop_deadline::header_written();
             }
             None
         }
     }
 }
 
-/// Whether an enclosing deadline layer wakes the task by `at`; see
-/// [`woken_by`](backstop_deadline::woken_by).
-#[cfg(feature = "deadline")]
-#[inline]
-fn woken_by(at: Instant, waker: &std::task::Waker) -> bool {
-    backstop_deadline::woken_by(at, waker)
-}
-
 #[cfg(not(feature = "deadline"))]
-#[inline]
-fn woken_by(_: Instant, _: &std::task::Waker) -> bool {
-    false
-}
-
-#[cfg(not(feature = "deadline"))]
-fn tell_the_wire<B>(_: &Shared, _: &mut Request<B>) -> Option<(Duration, Instant)> {
+fn tell_the_wire<B>(
+    _: &Shared,
+    _: Option<Duration>,
+    _: &mut Request<B>,
+) -> Option<(Duration, Instant)> {
     None
 }
 
@@ -605,6 +642,8 @@ pin_project! {
         told: Option<(Duration, Instant)>,
         // When the attempt first waited, its bound, and when that ends.
         start: Option<(Instant, Option<Duration>, Option<Instant>)>,
+        // The request's deadline, which caps an adaptive bound picked at the first wait.
+        deadline: Option<Instant>,
         #[pin]
         sleep: LazySleep,
     }
@@ -664,7 +703,7 @@ where
                 let (bound, end) = match *this.told {
                     Some((bound, end)) => (Some(bound), Some(end)),
                     None => {
-                        let bound = shared.bound_at(now);
+                        let bound = shared.bound_at(now, *this.deadline);
                         (bound, bound.map(|b| now + b))
                     }
                 };
@@ -675,10 +714,8 @@ where
         let Some(end) = end else {
             return Poll::Pending;
         };
-        // No timer when an enclosing deadline layer wakes the task by the attempt's end (a
-        // bound no shorter than what is left of the deadline).
-        let covered = !this.sleep.is_armed() && woken_by(end, cx.waker());
-        ready!(this.sleep.as_mut().poll_until_or_covered(cx, end, covered));
+        // Its own timer, whatever the layers around it arm.
+        ready!(this.sleep.as_mut().poll_until(cx, end));
         let bound = bound.expect("a timer only with a bound");
         // Censored: it took at least its bound.
         shared.model.record(bound, shared.now_us(start + bound));
@@ -735,7 +772,6 @@ mod tests {
         assert!(AttemptTimeoutLayer::new(AttemptBound::None).is_ok());
     }
 
-    #[cfg(feature = "deadline")]
     #[test]
     fn shares_are_rounded_down_to_three_digits() {
         let us = Duration::from_micros;

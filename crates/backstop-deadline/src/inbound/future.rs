@@ -1,9 +1,5 @@
-use crate::{
-    Deadline, DeadlineBody,
-    body::local,
-    deadline::{enter, woken_by},
-};
-use backstop_core::timer::{LazySleep, Watch};
+use crate::{Deadline, DeadlineBody, body::local, deadline::enter};
+use backstop_core::timer::LazySleep;
 use backstop_core::{Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
@@ -88,14 +84,7 @@ where
                 deadline,
                 grpc,
             } => {
-                // Asked before this future's own scope is entered: whether an enclosing one
-                // wakes the task by this deadline, so that no timer of its own is needed.
-                // (Once its own timer is armed, neither is asked again.)
-                let open = deadline.filter(|_| !sleep.is_armed());
-                let covered = open.is_some_and(|d| woken_by(d.instant(), cx.waker()));
-                // And whether a timer inside fires first (a client call's attempt bound).
-                let watch = open.map(|_| Watch::start(cx.waker()));
-                let scope = deadline.map(|d| enter(d, Some(cx.waker())));
+                let scope = deadline.map(enter);
                 let polled = future.poll(cx);
                 drop(scope);
                 if let Poll::Ready(result) = polled {
@@ -108,11 +97,8 @@ where
                 let Some(d) = *deadline else {
                     return Poll::Pending;
                 };
-                let at = d.instant();
-                let heard = watch.as_ref().and_then(Watch::earliest);
-                let covered = covered || heard.is_some_and(|t| t <= at);
-                drop(watch);
-                ready!(sleep.poll_until_or_covered(cx, at, covered));
+                // Its own timer, whatever the handler arms or hands to other tasks.
+                ready!(sleep.poll_until(cx, d.instant()));
                 tracing::debug!(grpc = *grpc, "deadline expired: the handler is cancelled");
                 #[cfg(feature = "metrics")]
                 meter_server(Rejection::DeadlineExceeded);

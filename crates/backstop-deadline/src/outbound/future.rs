@@ -1,9 +1,5 @@
-use crate::{
-    Deadline, DeadlineBody,
-    body::local,
-    deadline::{enter, woken_by},
-};
-use backstop_core::timer::{LazySleep, Watch};
+use crate::{Deadline, DeadlineBody, body::local, deadline::enter};
+use backstop_core::timer::LazySleep;
 use backstop_core::{BoxError, DeadlineExceeded, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
@@ -117,16 +113,8 @@ where
                 grpc,
                 meter,
             } => {
-                let deadline_now = *deadline;
-                // Asked before this future's own scope is entered: whether an enclosing one
-                // wakes the task by this deadline, so that no timer of its own is needed.
-                // (Once its own timer is armed, neither is asked again.)
-                let armed = sleep.is_armed();
-                let covered = !armed && woken_by(deadline_now.instant(), cx.waker());
-                // And whether a timer inside fires first (an attempt's shorter bound).
-                let watch = (!armed).then(|| Watch::start(cx.waker()));
                 let polled = {
-                    let _scope = enter(deadline_now, Some(cx.waker()));
+                    let _scope = enter(*deadline);
                     future.poll(cx)
                 };
                 match polled {
@@ -152,11 +140,8 @@ where
                         }
                     }
                     Poll::Pending => {
-                        let at = deadline.instant();
-                        let heard = watch.as_ref().and_then(Watch::earliest);
-                        let covered = covered || heard.is_some_and(|t| t <= at);
-                        drop(watch);
-                        ready!(sleep.poll_until_or_covered(cx, at, covered));
+                        // Its own timer, whatever the layers inside arm.
+                        ready!(sleep.poll_until(cx, deadline.instant()));
                         (*grpc, meter)
                     }
                 }

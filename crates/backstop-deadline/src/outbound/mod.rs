@@ -64,9 +64,9 @@ pub(crate) struct OutboundConfig {
     pub(crate) fraction: Option<f64>,
     pub(crate) offset: Duration,
     pub(crate) min_remaining: Duration,
-    /// The `grpc-timeout` header is written by a layer inside; see
-    /// [`PropagateDeadlineLayer::leave_header_inside`].
-    pub(crate) leave_header: bool,
+    /// Whether this layer writes `grpc-timeout`; see
+    /// [`PropagateDeadlineLayer::send_grpc_timeout`].
+    pub(crate) send_header: bool,
 }
 
 impl PropagateDeadlineLayer {
@@ -79,7 +79,7 @@ impl PropagateDeadlineLayer {
                 fraction: None,
                 offset: Duration::ZERO,
                 min_remaining: Duration::ZERO,
-                leave_header: false,
+                send_header: true,
             },
             name: Arc::default(),
         }
@@ -100,21 +100,20 @@ impl PropagateDeadlineLayer {
         self.name.name.get()
     }
 
-    /// The same layer (same configuration, same name), except that it leaves the
-    /// `grpc-timeout` header to a layer inside it, which writes it once for each attempt.
+    /// The same layer (same configuration, same name), writing the `grpc-timeout` header or
+    /// not (default: it does).
     ///
-    /// For stacks whose innermost layer writes every attempt's header anyway: backstop's
-    /// client preset does this with its attempt bound, which would otherwise overwrite the
-    /// header this layer had just written (a second encoding and hash-map insert on every
-    /// call). This layer still picks the deadline and what the server is told, bounds the
-    /// call by it, and tells the layers inside through [`wire_deadline`](crate::wire_deadline)
-    /// and [`header_owed`](crate::header_owed), which are seen by the layers it calls
-    /// synchronously from its own `call` (not across a `tower::buffer::Buffer` or a spawned
-    /// task). Without a layer inside that writes the header when it is owed, the server is
-    /// told nothing.
+    /// Without it the server is told nothing by this layer; the call is still bounded by its
+    /// deadline, and the deadline still travels on the request as a [`Deadline`] extension
+    /// for the layers inside. For calls to third-party HTTP APIs, which have no business
+    /// knowing your internal deadlines, and for stacks where a layer inside writes each
+    /// attempt's header itself: backstop's client presets leave it to their attempt bound,
+    /// which says the shorter of its own bound and this layer's deadline less its
+    /// [`offset`](PropagateDeadlineLayerBuilder::offset). Decided when the stack is built,
+    /// never per request.
     ///
     /// ```
-    /// use backstop_deadline::{PropagateDeadlineLayer, header_owed, wire_deadline};
+    /// use backstop_deadline::{Deadline, PropagateDeadlineLayer};
     /// use http::{Request, Response};
     /// use std::time::Duration;
     /// use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -124,13 +123,13 @@ impl PropagateDeadlineLayer {
     /// let layer = PropagateDeadlineLayer::builder()
     ///     .timeout(Duration::from_millis(300))
     ///     .build()?
-    ///     .leave_header_inside();
+    ///     .send_grpc_timeout(false);
     /// let svc = ServiceBuilder::new()
     ///     .layer(layer)
     ///     .service(service_fn(|req: Request<String>| {
-    ///         // Called by the layer: the header is owed, the instant it is to say is known.
-    ///         assert!(header_owed() && wire_deadline().is_some());
+    ///         // No header, but the deadline is on the request.
     ///         assert!(req.headers().get("grpc-timeout").is_none());
+    ///         assert!(req.extensions().get::<Deadline>().is_some());
     ///         async { Ok::<_, backstop_core::BoxError>(Response::new(String::new())) }
     ///     }));
     /// svc.oneshot(Request::new(String::new())).await?;
@@ -138,14 +137,20 @@ impl PropagateDeadlineLayer {
     /// # }
     /// ```
     #[must_use]
-    pub fn leave_header_inside(&self) -> Self {
+    pub fn send_grpc_timeout(&self, send: bool) -> Self {
         Self {
             config: OutboundConfig {
-                leave_header: true,
+                send_header: send,
                 ..self.config
             },
             name: self.name.clone(),
         }
+    }
+
+    /// What this layer keeps back from the time it tells the server; see
+    /// [`PropagateDeadlineLayerBuilder::offset`].
+    pub fn offset(&self) -> Duration {
+        self.config.offset
     }
 
     /// A builder for a tuned `PropagateDeadlineLayer`.
@@ -217,6 +222,14 @@ impl PropagateDeadlineLayerBuilder {
     #[must_use]
     pub fn offset(mut self, offset: Duration) -> Self {
         self.config.offset = offset;
+        self
+    }
+
+    /// Whether the layer writes `grpc-timeout` (default `true`); see
+    /// [`PropagateDeadlineLayer::send_grpc_timeout`].
+    #[must_use]
+    pub fn send_grpc_timeout(mut self, send: bool) -> Self {
+        self.config.send_header = send;
         self
     }
 

@@ -1,5 +1,5 @@
 use super::{Named, OutboundConfig, PropagateFuture, future::Meter};
-use crate::{Deadline, deadline::enter_wire, grpc_timeout, head::Head};
+use crate::{Deadline, deadline::enter_picked, grpc_timeout, head::Head};
 use backstop_core::{BoxError, grpc::GRPC_TIMEOUT};
 use http::{Request, Response};
 use std::{
@@ -78,15 +78,14 @@ where
         };
         // Three significant digits, rounded down (at most 1 % short): consecutive calls send
         // the same value, so its header value is shared rather than encoded and allocated
-        // again, and HPACK can index it.
-        // Left to a layer inside, only the duration it will say is needed.
+        // again, and HPACK can index it. Without the header (another layer writes it, or the
+        // server is not to be told), only the duration it would say is needed.
         let to_tell = remaining.saturating_sub(self.config.offset);
-        let owed = self.config.leave_header;
-        let told = if owed {
-            grpc_timeout::coarse_duration(to_tell)
-        } else {
+        let told = if self.config.send_header {
             grpc_timeout::coarse_header_value(to_tell)
                 .map(|(value, told)| (req.headers_mut().insert(GRPC_TIMEOUT, value), told).1)
+        } else {
+            grpc_timeout::coarse_duration(to_tell)
         };
         let told = match told {
             Some(told) if remaining >= self.config.min_remaining => told,
@@ -95,11 +94,13 @@ where
         // What the server was told: once this instant has passed, every failure of the call is
         // the deadline's (a transport timer armed from our header, or the server giving up).
         let wire_deadline = Deadline::after_from(now, told);
-        // Layers further in (retries, breakers) see the call's deadline as `current()`, in
-        // `call` and in every poll of their future: cheaper than a request extension, which
-        // would cost two allocations here and more in every copy of the request.
+        // The call's deadline travels on the request: layers further in (retries, the attempt
+        // bound) read it there, wherever the request is called (behind a `Buffer`, on another
+        // task), never from a thread-local this layer sets.
+        req.extensions_mut().insert(deadline);
         let meter = self.meter();
-        let scope = enter_wire(deadline, Some(wire_deadline.instant()), owed);
+        // User code inside (a service of its own) sees it as `current()` too.
+        let scope = enter_picked(deadline);
         // Built here, so the inner call's future is written into it rather than moved in.
         let future =
             PropagateFuture::bounded(self.inner.call(req), deadline, wire_deadline, grpc, meter);
