@@ -91,7 +91,8 @@ impl<B: fmt::Debug, C> fmt::Debug for RetryBody<B, C> {
     }
 }
 
-fn record<C>(handle: &Handle<C>, outcome: Outcome, to_budget: bool) {
+/// Tells `outcome` to the metrics and, when `to_budget`, to the budget.
+pub(crate) fn record<C>(handle: &Handle<C>, outcome: Outcome, to_budget: bool) {
     handle.meter_outcome(outcome);
     let Some(budget) = handle.policy.budget.as_ref().filter(|_| to_budget) else {
         return;

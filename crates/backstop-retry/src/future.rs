@@ -1,3 +1,4 @@
+use crate::metrics::RetryMetrics;
 use crate::{
     ReplayBody,
     body::RetryBody,
@@ -8,7 +9,7 @@ use crate::{
     stats::GiveUp,
 };
 use backstop_core::timer::LazySleep;
-use backstop_core::{BoxError, Classify, DeadlineExceeded};
+use backstop_core::{BoxError, Classify, DeadlineExceeded, Outcome, Retryable};
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::{
@@ -28,18 +29,32 @@ pin_project! {
         S: Service<Request<ReplayBody<B>>>,
     {
         retry: Option<RetryState<S, B, C>>,
-        // A call that is never retried keeps its layer's handle only to record its outcome
-        // (feature `metrics`; otherwise nothing).
-        meter: Meter<C>,
+        // A call that is never retried keeps its layer's handle to tell its outcome to the
+        // budget (gRPC A6 counts every call) and the metrics, and why it was not retried.
+        once: Once<C>,
         #[pin]
         state: State<S::Future, S::Response>,
     }
 }
 
-#[cfg(feature = "metrics")]
-type Meter<C> = Option<Arc<Handle<C>>>;
-#[cfg(not(feature = "metrics"))]
-type Meter<C> = std::marker::PhantomData<fn() -> C>;
+/// What a call sent once (retries off for it) records when it ends.
+struct Once<C> {
+    /// The layer's handle, when there is something to tell: a budget, the metrics, or a
+    /// reason not to retry.
+    handle: Option<Arc<Handle<C>>>,
+    /// `Some(idempotent)`: the call could have been retried but its body was too long to
+    /// keep, so a failure is given up for the first reason of the decision order that holds
+    /// ([`GiveUp::NotReplayable`] when nothing else stops it). `None`: retries are off for it
+    /// (`max_attempts` ≤ 1) and nothing is given up.
+    unreplayable: Option<bool>,
+}
+
+impl<C> Once<C> {
+    const NONE: Self = Self {
+        handle: None,
+        unreplayable: None,
+    };
+}
 
 pin_project! {
     /// Where a call is: an attempt in flight (alone or with its hedges), the backoff before
@@ -83,17 +98,19 @@ impl<S, B, C> ResponseFuture<S, B, C>
 where
     S: Service<Request<ReplayBody<B>>>,
 {
-    pub(crate) fn once(future: S::Future, handle: &Arc<Handle<C>>) -> Self {
-        #[cfg(feature = "metrics")]
-        let meter = Some(handle.clone());
-        #[cfg(not(feature = "metrics"))]
-        let meter = {
-            let _ = handle;
-            std::marker::PhantomData
-        };
+    /// A call sent once; `unreplayable` as in [`Once`].
+    pub(crate) fn once(
+        future: S::Future,
+        handle: &Arc<Handle<C>>,
+        unreplayable: Option<bool>,
+    ) -> Self {
+        let tells = RetryMetrics::ON || handle.policy.budget.is_some() || unreplayable.is_some();
         Self {
             retry: None,
-            meter,
+            once: Once {
+                handle: tells.then(|| handle.clone()),
+                unreplayable,
+            },
             state: State::Calling {
                 future,
                 timer: LazySleep::new(),
@@ -108,7 +125,7 @@ where
         state: State<S::Future, S::Response>,
     ) -> Self {
         Self {
-            meter: Meter::default(),
+            once: Once::NONE,
             retry: Some(retry),
             state,
         }
@@ -141,25 +158,80 @@ impl<F, T> State<F, T> {
 #[inline(always)]
 fn finish<S, B, C, R>(
     retry: Option<&RetryState<S, B, C>>,
-    meter: &Meter<C>,
+    once: &Once<C>,
     result: Result<Response<R>, BoxError>,
     watch: Option<Arc<Handle<C>>>,
 ) -> Result<Response<RetryBody<R, C>>, BoxError>
 where
     C: Classify<Response<R>>,
 {
-    let (attempts, gave_up) = retry.map_or((1, None), |r| (r.attempts, r.gave_up));
-    #[cfg(feature = "metrics")]
-    let (watch, budget) = match retry.map(|r| &r.shared).or(meter.as_ref()) {
-        Some(handle) => meter_end(handle, result.as_ref(), watch),
-        None => (watch, true),
+    let (attempts, gave_up, watch, budget) = match retry {
+        Some(r) => {
+            // The budget heard of every attempt when it was decided.
+            let (watch, budget) = meter_end(&r.shared, result.as_ref(), watch);
+            (r.attempts, r.gave_up, watch, budget)
+        }
+        None => match &once.handle {
+            Some(handle) => {
+                let (watch, gave_up) = once_end(handle, once.unreplayable, result.as_ref());
+                (1, gave_up, watch, true)
+            }
+            None => (1, None, None, true),
+        },
     };
-    #[cfg(not(feature = "metrics"))]
-    let (budget, _) = (true, meter);
     // The error is wrapped out of line: the success path keeps its size.
     result
         .map(|response| response.map(|body| RetryBody::new(body, watch, budget, attempts, gave_up)))
         .map_err(|e| wrap(attempts, gave_up, e))
+}
+
+/// The end of a call sent once: its outcome goes to the budget and the metrics as any
+/// call's (or, still to come in the trailers, to its body), and a failure of a call whose
+/// body could not be kept (`unreplayable`: `Some(idempotent)`) is a give-up, counted and
+/// reported as the retry path would.
+#[cold]
+#[inline(never)]
+fn once_end<C, R>(
+    handle: &Arc<Handle<C>>,
+    unreplayable: Option<bool>,
+    result: Result<&Response<R>, &BoxError>,
+) -> (Option<Arc<Handle<C>>>, Option<GiveUp>)
+where
+    C: Classify<Response<R>>,
+{
+    let classifier = &handle.policy.classifier;
+    if let Ok(response) = result
+        && classifier.awaits_trailers(response)
+    {
+        // The body records the outcome, in the budget too.
+        return (Some(handle.clone()), None);
+    }
+    let outcome =
+        classifier.classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
+    crate::body::record(handle, outcome, true);
+    let gave_up = match (outcome, unreplayable) {
+        (
+            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint },
+            Some(idempotent),
+        ) => Some(match retryable {
+            // The decision order of the retry path, without the attempts it never reached.
+            Retryable::Never => GiveUp::NotRetryable,
+            Retryable::IfIdempotent if !idempotent => GiveUp::NotIdempotent,
+            _ if hint == Some(backstop_core::ServerHint::DoNotRetry) => GiveUp::Hint,
+            _ => GiveUp::NotReplayable,
+        }),
+        _ => None,
+    };
+    if let Some(why) = gave_up {
+        handle.stats.give_up(why);
+        handle.meter_give_up(why);
+        tracing::debug!(
+            dependency = handle.name.get(),
+            reason = why.as_str(),
+            "not retrying"
+        );
+    }
+    (None, gave_up)
 }
 
 #[cold]
@@ -168,9 +240,10 @@ fn wrap(attempts: u32, gave_up: Option<GiveUp>, e: BoxError) -> BoxError {
     Box::new(crate::RetryError::new(attempts, gave_up, e))
 }
 
-/// Counts the call's outcome, or, when it is still to come in the trailers, leaves it to the
-/// body: the watch to give the body, and whether its trailers also go to the budget.
-#[cfg(feature = "metrics")]
+/// Counts the call's outcome in the metrics, or, when it is still to come in the trailers,
+/// leaves it to the body: the watch to give the body, and whether its trailers also go to the
+/// budget.
+#[inline(always)]
 fn meter_end<C, R>(
     handle: &Arc<Handle<C>>,
     result: Result<&Response<R>, &BoxError>,
@@ -179,6 +252,9 @@ fn meter_end<C, R>(
 where
     C: Classify<Response<R>>,
 {
+    if !RetryMetrics::ON {
+        return (watch, true);
+    }
     let classifier = &handle.policy.classifier;
     if let Ok(response) = result
         && classifier.awaits_trailers(response)
@@ -232,14 +308,14 @@ where
                         Verdict::ReturnWatched => this.retry.as_ref().map(|r| r.shared.clone()),
                     };
                     this.state.set(State::Done);
-                    return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, watch));
+                    return Poll::Ready(finish(this.retry.as_ref(), this.once, result, watch));
                 }
                 StateProj::Hedging { hedges } => {
                     let retry = this.retry.as_mut().expect("a hedged request");
                     let (result, watch) = ready!(retry.poll_hedges(hedges.get(), cx));
                     // The attempts still in flight are cancelled here.
                     this.state.set(State::Done);
-                    return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, watch));
+                    return Poll::Ready(finish(this.retry.as_ref(), this.once, result, watch));
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);
@@ -248,7 +324,7 @@ where
                         retry.attempts -= 1;
                     }
                     let result = Err(DeadlineExceeded::new().into());
-                    return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, None));
+                    return Poll::Ready(finish(this.retry.as_ref(), this.once, result, None));
                 }
                 StateProj::BackingOff { sleep } => {
                     ready!(sleep.poll(cx));
@@ -259,7 +335,7 @@ where
                     if let Err(e) = ready!(retry.service.poll_ready(cx)) {
                         this.state.set(State::Done);
                         let result = Err(e.into());
-                        return Poll::Ready(finish(this.retry.as_ref(), this.meter, result, None));
+                        return Poll::Ready(finish(this.retry.as_ref(), this.once, result, None));
                     }
                     let mut req = retry
                         .next_request()

@@ -97,9 +97,17 @@ where
         let max_attempts = overrides.max_attempts.unwrap_or(policy.max_attempts);
         let replay_ok = req.body().size_hint().lower() <= policy.max_replay_bytes as u64;
         if max_attempts <= 1 || !replay_ok {
-            // Retries are off for this request: no buffering, no copy of the request.
+            // Retries are off for this request: no buffering, no copy of the request. One
+            // whose body is too long to keep is reported as given up when it fails.
+            let unreplayable = (max_attempts > 1).then(|| {
+                overrides.idempotent.unwrap_or_else(|| {
+                    policy.idempotency.allows_with(req.method(), || {
+                        req.headers().contains_key(crate::template::IDEMPOTENCY_KEY)
+                    })
+                })
+            });
             let req = req.map(ReplayBody::passthrough);
-            return ResponseFuture::once(self.inner.call(req), handle);
+            return ResponseFuture::once(self.inner.call(req), handle, unreplayable);
         }
 
         let local = match (req.extensions().get::<Deadline>().copied(), current()) {

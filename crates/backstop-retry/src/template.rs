@@ -55,7 +55,7 @@ impl Drop for Template {
 }
 
 /// The `Idempotency-Key` header.
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The URI's parts in the order its text has them.
 fn uri_parts(uri: &Uri) -> [&str; 3] {

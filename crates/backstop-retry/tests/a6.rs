@@ -238,3 +238,38 @@ fn status_of<B>(response: &Response<B>) -> String {
         .unwrap()
         .to_owned()
 }
+
+/// Defect (issue 23, 9): a call sent once (retries off: `max_attempts(1)`, as the service
+/// config gives a method without a policy) never told the throttle its outcome; A6 counts
+/// every RPC, whatever its method. Its failures take tokens and its successes add them.
+#[tokio::test(start_paused = true)]
+async fn the_throttle_hears_calls_that_are_never_retried() {
+    let throttle = Arc::new(
+        GrpcThrottle::builder()
+            .max_tokens(10)
+            .token_ratio(0.1)
+            .build()
+            .unwrap(),
+    );
+    let once = RetryConfig::grpc()
+        .max_attempts(1)
+        .budget(throttle.clone())
+        .build()
+        .unwrap();
+    for _ in 0..6 {
+        let (attempts, _, code) = run(once.clone(), &[status(14, None)]).await;
+        assert_eq!((attempts, code.as_str()), (1, "14"));
+    }
+    assert!((throttle.balance() - 4.0).abs() < 1e-9);
+    for _ in 0..30 {
+        run(once.clone(), &[status(0, None)]).await;
+    }
+    assert!(
+        (throttle.balance() - 7.0).abs() < 1e-9,
+        "{}",
+        throttle.balance()
+    );
+    // A status that is not retryable is not a throttle failure, sent once or not.
+    run(once, &[status(13, None)]).await;
+    assert!((throttle.balance() - 7.0).abs() < 1e-9);
+}

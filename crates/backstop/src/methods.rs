@@ -73,11 +73,18 @@ impl MethodsLayer {
                 // The service owner chose hedging for these methods (A6: that is the opt-in).
                 .idempotency(Idempotency::All)
                 .budget(budget.clone()),
-                None => RetryConfig::grpc().max_attempts(1),
+                // Never retried, yet heard by the budget: A6's throttle counts every call of
+                // the channel, whatever its method.
+                None => RetryConfig::grpc().max_attempts(1).budget(budget.clone()),
             };
             retries.push(policy.build()?);
         }
-        retries.push(RetryConfig::grpc().max_attempts(1).build()?);
+        retries.push(
+            RetryConfig::grpc()
+                .max_attempts(1)
+                .budget(budget.clone())
+                .build()?,
+        );
         // Every method's events and metrics carry the dependency's name.
         for (i, retry) in retries.iter().enumerate() {
             retry.set_name(client.dependency())?;

@@ -394,7 +394,7 @@ mod dispatch {
     use backstop::ReplayBody;
     use http::{Request, Response};
     use std::sync::{Arc, Mutex};
-    use tower::{Layer, ServiceExt, service_fn};
+    use tower::{Layer, Service, ServiceExt, service_fn};
 
     /// What the dependency saw: each attempt's path, `grpc-timeout` and when it came.
     type Seen = Arc<Mutex<Vec<(String, Option<String>, Duration)>>>;
@@ -486,5 +486,86 @@ mod dispatch {
         let stats = layer.retry_layer(1).unwrap().stats();
         assert_eq!(stats.retries, 3);
         assert_eq!(layer.retry_layer(2).unwrap().stats().retries, 0);
+    }
+
+    /// A config with two entries (three retry layers: the default too).
+    fn two_entries() -> ServiceConfig {
+        ServiceConfig::from_json(
+            r#"{ "methodConfig": [
+                { "name": [{ "service": "bank.Accounts", "method": "GetBalance" }],
+                  "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+                                   "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] } },
+                { "name": [{ "service": "bank.Accounts", "method": "Charge" }] }
+              ],
+              "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 } }"#,
+        )
+        .unwrap()
+    }
+
+    /// Defect (issue 23, 3): `poll_ready` polled every method's route, each a clone of the
+    /// transport, so a transport that reserves capacity there (`ConcurrencyLimit`, a
+    /// `Buffer`: a tonic `Channel`) was never ready for one call with two entries. One
+    /// transport is made ready, for the call it serves.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_reserves_capacity_once_whatever_the_number_of_methods() {
+        let layer = backstop::client::grpc()
+            .service_config(two_entries())
+            .unwrap();
+        let seen: Seen = Arc::default();
+        let limited = tower::limit::ConcurrencyLimit::new(unavailable(seen.clone()), 1);
+        let mut client = layer.layer(limited);
+        for path in ["/bank.Accounts/Charge", "/bank.Cards/List"] {
+            let ready = tokio::time::timeout(Duration::from_secs(1), client.ready()).await;
+            let response = ready
+                .expect("ready with one permit")
+                .unwrap()
+                .call(call(path))
+                .await
+                .unwrap();
+            assert_eq!(response.headers()["grpc-status"], "14");
+        }
+        // A `Buffer` (what a tonic `Channel` is) with room for one request.
+        let buffered = tower::buffer::Buffer::new(unavailable(seen.clone()), 1);
+        let mut client = layer.layer(buffered);
+        let ready = tokio::time::timeout(Duration::from_secs(1), client.ready()).await;
+        let response = ready
+            .expect("ready with one slot")
+            .unwrap()
+            .call(call("/bank.Accounts/GetBalance"))
+            .await
+            .unwrap();
+        assert_eq!(response.headers()["grpc-status"], "14");
+        assert_eq!(seen.lock().unwrap().len(), 2 + 3);
+    }
+
+    /// Defect (issue 23, 9): methods without a retry policy had budgets of their own, so
+    /// their failures never reached the channel's throttle (A6 counts every call, whatever
+    /// its method). Six failed `Charge` calls take the throttle below half: `GetBalance` is
+    /// then not retried.
+    #[tokio::test(start_paused = true)]
+    async fn the_throttle_hears_every_method() {
+        let layer = backstop::client::grpc()
+            .service_config(two_entries())
+            .unwrap();
+        let seen: Seen = Arc::default();
+        let client = layer.layer(unavailable(seen.clone()));
+        for _ in 0..6 {
+            let response = client
+                .clone()
+                .oneshot(call("/bank.Accounts/Charge"))
+                .await
+                .unwrap();
+            assert_eq!(response.headers()["grpc-status"], "14");
+        }
+        seen.lock().unwrap().clear();
+        client
+            .oneshot(call("/bank.Accounts/GetBalance"))
+            .await
+            .unwrap();
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            1,
+            "no retry with the throttle at 4 of 10"
+        );
     }
 }
