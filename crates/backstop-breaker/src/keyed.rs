@@ -26,13 +26,21 @@
 //! key first (so two calls racing for a new key share one breaker), evicts idle keys if the
 //! table is full, and publishes the copy. A call holds its breaker (an `Arc`) until its
 //! outcome is recorded, so an evicted breaker lives on until its last call ends.
+//!
+//! The layer's run-time setters ([`set_mode`](crate::BreakerLayer::set_mode),
+//! [`set_name`](crate::BreakerLayer::set_name)) take the same mutex: they record the setting
+//! for the keys to come and apply it to every key in the table, and a key is built with the
+//! setting recorded when it is added. So a key added while a setter runs gets the setting
+//! either way (a loom model checks it).
 
 pub use crate::key::{BreakerKey, KeyFn};
 
 use crate::{
+    Mode,
     shared::{Entry, Handle, Handles, Keyed, Shared, Table},
     sync::{AtomicU64, Ordering},
 };
+use backstop_core::ConfigError;
 use http::{Method, Uri};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -44,18 +52,18 @@ impl<C: Clone> Keyed<C> {
             .as_secs()
     }
 
-    /// The handle of the breaker of a request with this method and URI, for dependency
-    /// `name`; `None`: the request has no key, or the table is full of keys in use (the
-    /// layer's own breaker, the overflow breaker, takes it).
+    /// The handle of the breaker of a request with this method and URI; `None`: the request
+    /// has no key, or the table is full of keys in use (the layer's own breaker, the overflow
+    /// breaker, takes it).
     #[inline(never)]
-    pub(crate) fn handle(&self, method: &Method, uri: &Uri, name: &str) -> Option<Arc<Handle<C>>> {
+    pub(crate) fn handle(&self, method: &Method, uri: &Uri) -> Option<Arc<Handle<C>>> {
         let key = self.key.of(method, uri)?;
-        let entry = self.entry(&key, name)?;
+        let entry = self.entry(&key)?;
         Some(entry.handles.current().clone())
     }
 
     /// `key`'s entry, added if need be; `None` when the table is full of keys in use.
-    fn entry(&self, key: &str, name: &str) -> Option<Arc<Entry<C>>> {
+    fn entry(&self, key: &str) -> Option<Arc<Entry<C>>> {
         let now = self.now_s();
         if let Some(entry) = self.table.load().get(key) {
             if entry.last_used.load(Ordering::Relaxed) != now {
@@ -66,19 +74,19 @@ impl<C: Clone> Keyed<C> {
         if now < self.full_until.load(Ordering::Relaxed) {
             return None; // full, and no key can be idle yet
         }
-        self.add(key, name, now)
+        self.add(key, now)
     }
 
     /// `key`'s entry, for the loom models.
     #[cfg(loom)]
     pub(crate) fn entry_for_test(&self, key: &str) -> Option<Arc<Entry<C>>> {
-        self.entry(key, "")
+        self.entry(key)
     }
 
     #[cold]
     #[inline(never)]
-    fn add(&self, key: &str, name: &str, now: u64) -> Option<Arc<Entry<C>>> {
-        let _grow = self.grow.lock().unwrap_or_else(|e| e.into_inner());
+    fn add(&self, key: &str, now: u64) -> Option<Arc<Entry<C>>> {
+        let run_time = self.grow.lock().unwrap_or_else(|e| e.into_inner());
         let table = self.table.load_full();
         if let Some(entry) = table.get(key) {
             return Some(entry.clone()); // added by a call that raced this one
@@ -99,9 +107,13 @@ impl<C: Clone> Keyed<C> {
         if next.len() >= self.max_keys {
             next.retain(|_, e| !idle(e));
         }
-        let shared = Shared::from_config(self.template.clone(), None)
+        // The layer's config, in the mode and with the name the layer has now: a setter holds
+        // the lock while it changes them on every key, so no key misses a change.
+        let mut config = self.template.clone();
+        config.mode = run_time.mode;
+        let shared = Shared::from_config(config, None)
             .expect("the template was validated with the keyed layer");
-        shared.keyed_as(name, key);
+        shared.keyed_as(run_time.name.as_deref(), key);
         let entry = Arc::new(Entry {
             handles: Handles::uncopied(&shared),
             shared,
@@ -114,6 +126,29 @@ impl<C: Clone> Keyed<C> {
 }
 
 impl<C> Keyed<C> {
+    /// Sets the mode of the layer's breakers: `overflow`, every key's, and those of the keys
+    /// added from now on.
+    pub(crate) fn set_mode(&self, mode: Mode, overflow: &Shared<C>) {
+        let mut run_time = self.grow.lock().unwrap_or_else(|e| e.into_inner());
+        run_time.mode = mode;
+        overflow.machine.set_mode(mode);
+        for entry in self.table.load_full().values() {
+            entry.shared.machine.set_mode(mode);
+        }
+    }
+
+    /// Names the layer's breakers: `overflow`, every key's, and those of the keys added from
+    /// now on.
+    pub(crate) fn set_name(&self, name: &str, overflow: &Shared<C>) -> Result<(), ConfigError> {
+        let mut run_time = self.grow.lock().unwrap_or_else(|e| e.into_inner());
+        overflow.name.set(name)?;
+        run_time.name = Some(name.into());
+        for entry in self.table.load_full().values() {
+            entry.shared.name.set(name)?;
+        }
+        Ok(())
+    }
+
     /// Every key's breaker now, sorted by key.
     pub(crate) fn entries(&self) -> Vec<(String, Arc<Entry<C>>)> {
         let table = self.table.load_full();

@@ -275,3 +275,24 @@ fn loom_a_full_table_never_grows_past_its_bound() {
         assert_eq!(table.entries().len(), 1);
     });
 }
+
+/// A mode set while a call adds a key reaches that key, whichever comes first: the new key
+/// starts in the mode the layer has when it is added, or the setter finds it in the table.
+#[test]
+fn loom_a_mode_set_while_a_key_is_added_reaches_it() {
+    loom::model(|| {
+        let table = keyed(4);
+        let overflow = crate::shared::Shared::from_config(table.template.clone(), None).unwrap();
+        let adder = {
+            let table = table.clone();
+            thread::spawn(move || table.entry_for_test("a").expect("room for it"))
+        };
+        table.set_mode(Mode::ForcedOpen, &overflow);
+        let entry = adder.join().unwrap();
+        assert_eq!(entry.shared.machine.load().mode, Mode::ForcedOpen);
+        assert_eq!(overflow.machine.load().mode, Mode::ForcedOpen);
+        // And the next key too.
+        let next = table.entry_for_test("b").expect("room for it");
+        assert_eq!(next.shared.machine.load().mode, Mode::ForcedOpen);
+    });
+}

@@ -144,10 +144,13 @@ impl<C> Shared<C> {
         })
     }
 
-    /// Makes this the breaker of `key` in a keyed layer of dependency `name`.
-    pub(crate) fn keyed_as(&self, name: &str, key: &str) {
+    /// Makes this the breaker of `key` in a keyed layer of dependency `name` (`None`: not
+    /// named yet; naming the layer later names it).
+    pub(crate) fn keyed_as(&self, name: Option<&str>, key: &str) {
         // A new breaker: neither is set yet.
-        let _ = self.name.set(name);
+        if let Some(name) = name {
+            let _ = self.name.set(name);
+        }
         let _ = self.key.set(key.into());
     }
 
@@ -307,7 +310,9 @@ pub(crate) struct Keyed<C> {
     /// What each new key's breaker is built from (the layer's config, unkeyed).
     pub(crate) template: BreakerConfig<C>,
     pub(crate) table: Swap<Table<C>>,
-    pub(crate) grow: crate::sync::Mutex<()>,
+    /// Taken to add a key and by the layer's run-time setters (never by a call to a key that
+    /// exists): what those setters changed, that a key added later must start with.
+    pub(crate) grow: crate::sync::Mutex<RunTime>,
     pub(crate) max_keys: usize,
     pub(crate) idle_s: u64,
     pub(crate) start: Instant,
@@ -316,6 +321,17 @@ pub(crate) struct Keyed<C> {
     /// Until then a new key goes to the overflow breaker at once, without the lock or a
     /// scan of the table.
     pub(crate) full_until: AtomicU64,
+}
+
+/// What the layer's run-time setters ([`set_mode`](crate::BreakerLayer::set_mode),
+/// [`set_name`](crate::BreakerLayer::set_name)) changed since it was built: the breaker of a key
+/// added later starts with it, not with the config's.
+#[derive(Debug)]
+pub(crate) struct RunTime {
+    /// The mode every key's breaker is in.
+    pub(crate) mode: Mode,
+    /// The dependency's name, once the layer is named.
+    pub(crate) name: Option<Box<str>>,
 }
 
 impl<C> fmt::Debug for Keyed<C> {
@@ -337,9 +353,12 @@ impl<C> Keyed<C> {
     ) -> Self {
         Self {
             key,
+            grow: crate::sync::Mutex::new(RunTime {
+                mode: template.mode,
+                name: None,
+            }),
             template,
             table: Swap::new(Arc::new(HashMap::new())),
-            grow: crate::sync::Mutex::new(()),
             max_keys,
             idle_s: idle.as_secs().max(1),
             start: Instant::now(),

@@ -2,7 +2,7 @@
 //! `max_keys` (idle keys make room, the rest share the overflow breaker), and every key's
 //! breaker reports under its key.
 
-use backstop_breaker::{BreakerConfig, BreakerKey, BreakerLayer, State};
+use backstop_breaker::{BreakerConfig, BreakerKey, BreakerLayer, Mode, State};
 use backstop_core::{BreakerOpen, HttpClassifier};
 use http::{Request, Response};
 use std::{borrow::Cow, convert::Infallible, time::Duration};
@@ -200,6 +200,70 @@ async fn a_key_that_is_still_called_while_open_is_never_evicted() {
     }
     assert_eq!(layer.key_snapshot("/down").unwrap().state, State::Open);
     assert!(layer.key_snapshot("/other").is_none());
+}
+
+/// An operator's kill switch holds for every route: a mode set at run time applies to the
+/// keys the layer has and to every key it adds later, whatever mode the config started in.
+#[tokio::test(start_paused = true)]
+async fn a_mode_set_at_run_time_applies_to_keys_added_later() {
+    let layer = config().per_key(BreakerKey::Path).build().unwrap();
+    let mut service = layer.layer(dependency());
+    assert_eq!(send(&mut service, "http://svc/a").await, Some(200));
+    layer.set_mode(Mode::ForcedOpen);
+    assert_eq!(send(&mut service, "http://svc/a").await, None);
+    assert_eq!(
+        send(&mut service, "http://svc/new").await,
+        None,
+        "a key added after the kill switch is forced open too"
+    );
+    assert_eq!(layer.key_snapshot("/new").unwrap().mode, Mode::ForcedOpen);
+    assert_eq!(
+        layer.snapshot().mode,
+        Mode::ForcedOpen,
+        "the overflow breaker too"
+    );
+
+    layer.set_mode(Mode::Disabled);
+    for _ in 0..5 {
+        assert_eq!(send(&mut service, "http://svc/down").await, Some(503));
+    }
+    let down = layer.key_snapshot("/down").unwrap();
+    assert_eq!(
+        (down.mode, down.state, down.calls),
+        (Mode::Disabled, State::Closed, 0)
+    );
+
+    layer.set_mode(Mode::Normal);
+    assert_eq!(send(&mut service, "http://svc/later").await, Some(200));
+    let modes: Vec<Mode> = layer.keys().into_iter().map(|(_, s)| s.mode).collect();
+    assert_eq!(modes, [Mode::Normal; 4]);
+
+    // A layer built forced open and switched to normal: new keys are normal.
+    let layer = config()
+        .mode(Mode::ForcedOpen)
+        .per_key(BreakerKey::Path)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(dependency());
+    assert_eq!(send(&mut service, "http://svc/a").await, None);
+    layer.set_mode(Mode::Normal);
+    assert_eq!(send(&mut service, "http://svc/a").await, Some(200));
+    assert_eq!(send(&mut service, "http://svc/b").await, Some(200));
+}
+
+/// Naming a keyed layer once it has keys names them, and the keys it adds later.
+#[tokio::test(start_paused = true)]
+async fn a_name_set_after_keys_were_added_reaches_every_key() {
+    let layer = config().per_key(BreakerKey::Path).build().unwrap();
+    let mut service = layer.layer(dependency());
+    send(&mut service, "http://svc/a").await;
+    layer.set_name("inventory").unwrap();
+    assert_eq!(layer.name(), "inventory");
+    send(&mut service, "http://svc/b").await;
+    assert_eq!(layer.keys().len(), 2);
+    // Every key has the name now: naming it again is fine, another name is refused.
+    layer.set_name("inventory").unwrap();
+    assert_eq!(layer.set_name("billing").unwrap_err().knob(), "name");
 }
 
 #[test]
