@@ -166,10 +166,9 @@ impl<C> BreakerLayer<C> {
     /// calls in flight from before decide nothing. Reported with [`Reason::Reset`](crate::Reason).
     /// A keyed layer resets every key.
     pub fn reset(&self) {
-        let transition = self.shared.machine.reset(|| self.shared.now_us());
-        self.shared.emit(transition);
-        for (_, layer) in self.keys_now() {
-            layer.reset();
+        match &self.shared.keyed {
+            Some(keyed) => keyed.reset(&self.shared),
+            None => self.shared.reset(),
         }
     }
 }

@@ -144,6 +144,23 @@ impl<C> Shared<C> {
         })
     }
 
+    /// Closes the breaker and forgets its window, whatever its state, and reports it.
+    pub(crate) fn reset(&self) {
+        let transition = self.machine.reset(|| self.now_us());
+        self.emit(transition);
+    }
+
+    /// While open: the microseconds of open time left (zero once it is over, though no call
+    /// has moved the breaker to half-open yet; one, as not over, while the thread that opened
+    /// it has not stored its open time yet). `None` when not open.
+    pub(crate) fn open_left_us(&self) -> Option<u64> {
+        let word = self.machine.load();
+        (word.state == State::Open).then(|| match self.machine.open_until(word) {
+            Some(until) => until.saturating_sub(self.now_us()),
+            None => 1,
+        })
+    }
+
     /// Makes this the breaker of `key` in a keyed layer of dependency `name` (`None`: not
     /// named yet; naming the layer later names it).
     pub(crate) fn keyed_as(&self, name: Option<&str>, key: &str) {
@@ -298,7 +315,8 @@ pub struct Snapshot {
 pub(crate) struct Entry<C> {
     pub(crate) shared: Arc<Shared<C>>,
     pub(crate) handles: Handles<C>,
-    /// Seconds since the table was built, at the last call (written at most once a second).
+    /// Milliseconds since the table was built, at the last call (written at most once a
+    /// millisecond, and only forward).
     pub(crate) last_used: AtomicU64,
 }
 
@@ -314,11 +332,13 @@ pub(crate) struct Keyed<C> {
     /// exists): what those setters changed, that a key added later must start with.
     pub(crate) grow: crate::sync::Mutex<RunTime>,
     pub(crate) max_keys: usize,
-    pub(crate) idle_s: u64,
+    /// `idle_keys_after`, in milliseconds.
+    pub(crate) idle_ms: u64,
     pub(crate) start: Instant,
-    /// While the table is full: the earliest second at which a key can have gone idle (the
-    /// oldest last use seen, plus `idle_s`; last uses only grow, so none is idle before).
-    /// Until then a new key goes to the overflow breaker at once, without the lock or a
+    /// While the table is full: the earliest millisecond at which a key can be evicted (the
+    /// earliest of the keys' idle and open times seen by the last scan; last uses only grow
+    /// and a breaker only opens for longer, so none can be evicted before; a reset clears
+    /// it). Until then a new key goes to the overflow breaker at once, without the lock or a
     /// scan of the table.
     pub(crate) full_until: AtomicU64,
 }
@@ -360,7 +380,7 @@ impl<C> Keyed<C> {
             template,
             table: Swap::new(Arc::new(HashMap::new())),
             max_keys,
-            idle_s: idle.as_secs().max(1),
+            idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
             start: Instant::now(),
             full_until: AtomicU64::new(0),
         }
