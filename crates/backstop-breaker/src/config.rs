@@ -295,7 +295,8 @@ impl<C> BreakerConfig<C> {
     }
 
     /// The most keys with a breaker of their own (default 64, at most 10 000); further keys
-    /// take the place of idle ones, or share the overflow breaker.
+    /// take the place of idle ones whose breaker is not open, or share the overflow breaker
+    /// (see [`keyed`](crate::keyed)).
     #[must_use]
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
@@ -303,7 +304,8 @@ impl<C> BreakerConfig<C> {
     }
 
     /// How long a key must go without a call before its breaker may be evicted to make room
-    /// (default 5 min; from 1 s to one day).
+    /// (default 5 min; from 1 s to one day; counted in milliseconds). An open breaker is
+    /// evicted only once its open time is over too.
     #[must_use]
     pub fn idle_keys_after(mut self, idle: Duration) -> Self {
         self.key_idle = idle;

@@ -47,17 +47,17 @@ impl<C> BreakerLayer<C> {
     }
 
     /// Names the dependency: every event this breaker emits carries it as `dependency`
-    /// (unnamed: `""`).
+    /// (unnamed: `""`). A keyed layer names every key's breaker, and those of the keys it adds
+    /// later.
     ///
     /// # Errors
     ///
     /// When the breaker already has another name.
     pub fn set_name(&self, name: &str) -> Result<(), backstop_core::ConfigError> {
-        self.shared.name.set(name)?;
-        for (_, layer) in self.keys_now() {
-            layer.shared.name.set(name)?;
+        match &self.shared.keyed {
+            Some(keyed) => keyed.set_name(name, &self.shared),
+            None => self.shared.name.set(name),
         }
-        Ok(())
     }
 
     /// Whether the layer holds a breaker per key ([`BreakerConfig::per_key`]).
@@ -111,11 +111,12 @@ impl<C> BreakerLayer<C> {
     }
 
     /// Changes the [`Mode`] at run time (the state is kept); a keyed layer changes every
-    /// key's, and the keys added later start in it.
+    /// key's, and the keys it adds later start in it (not in the config's): a
+    /// [`Mode::ForcedOpen`] kill switch holds for routes first called after it was thrown.
     pub fn set_mode(&self, mode: Mode) {
-        self.shared.machine.set_mode(mode);
-        for (_, layer) in self.keys_now() {
-            layer.shared.machine.set_mode(mode);
+        match &self.shared.keyed {
+            Some(keyed) => keyed.set_mode(mode, &self.shared),
+            None => self.shared.machine.set_mode(mode),
         }
     }
 
@@ -165,10 +166,9 @@ impl<C> BreakerLayer<C> {
     /// calls in flight from before decide nothing. Reported with [`Reason::Reset`](crate::Reason).
     /// A keyed layer resets every key.
     pub fn reset(&self) {
-        let transition = self.shared.machine.reset(|| self.shared.now_us());
-        self.shared.emit(transition);
-        for (_, layer) in self.keys_now() {
-            layer.reset();
+        match &self.shared.keyed {
+            Some(keyed) => keyed.reset(&self.shared),
+            None => self.shared.reset(),
         }
     }
 }

@@ -228,14 +228,26 @@ fn loom_a_close_racing_an_old_generation_failure() {
 
 /// A keyed table with room for `max_keys`, built as a layer would build it.
 fn keyed(max_keys: usize) -> Arc<crate::shared::Keyed<backstop_core::HttpClassifier>> {
+    keyed_idle(max_keys, std::time::Duration::from_secs(60))
+}
+
+/// A keyed table whose keys can be evicted after `idle`; a breaker opens on one failure, for
+/// an hour.
+fn keyed_idle(
+    max_keys: usize,
+    idle: std::time::Duration,
+) -> Arc<crate::shared::Keyed<backstop_core::HttpClassifier>> {
+    let hour = std::time::Duration::from_secs(3600);
     let config = crate::BreakerConfig::http()
         .count_window(2)
-        .minimum_calls(1);
+        .minimum_calls(1)
+        .open_duration(hour, hour)
+        .jitter(false);
     Arc::new(crate::shared::Keyed::new(
         crate::BreakerKey::Path,
         config,
         max_keys,
-        std::time::Duration::from_secs(60),
+        idle,
     ))
 }
 
@@ -273,5 +285,58 @@ fn loom_a_full_table_never_grows_past_its_bound() {
             "one key got the room"
         );
         assert_eq!(table.entries().len(), 1);
+    });
+}
+
+/// A mode set while a call adds a key reaches that key, whichever comes first: the new key
+/// starts in the mode the layer has when it is added, or the setter finds it in the table.
+#[test]
+fn loom_a_mode_set_while_a_key_is_added_reaches_it() {
+    loom::model(|| {
+        let table = keyed(4);
+        let overflow = crate::shared::Shared::from_config(table.template.clone(), None).unwrap();
+        let adder = {
+            let table = table.clone();
+            thread::spawn(move || table.entry_for_test("a").expect("room for it"))
+        };
+        table.set_mode(Mode::ForcedOpen, &overflow);
+        let entry = adder.join().unwrap();
+        assert_eq!(entry.shared.machine.load().mode, Mode::ForcedOpen);
+        assert_eq!(overflow.machine.load().mode, Mode::ForcedOpen);
+        // And the next key too.
+        let next = table.entry_for_test("b").expect("room for it");
+        assert_eq!(next.shared.machine.load().mode, Mode::ForcedOpen);
+    });
+}
+
+/// A reset racing the scan of a full table. The scan may see the key's breaker still open and
+/// note that no key can be evicted for an hour; the reset's clear of that note always comes
+/// after it, so once both are done, a new key takes the place of the idle, now closed, one.
+#[test]
+fn loom_a_reset_racing_a_full_scan_lets_the_next_key_in() {
+    loom::model(|| {
+        let table = keyed_idle(1, std::time::Duration::from_secs(1));
+        let overflow = crate::shared::Shared::from_config(table.template.clone(), None).unwrap();
+        let a = table.entry_at_for_test("a", 0).expect("room for it");
+        let opened = a
+            .shared
+            .machine
+            .complete(Admission::Closed(0), FAIL, 0, || 0);
+        assert!(opened.is_some());
+        let scan = {
+            let table = table.clone();
+            thread::spawn(move || table.entry_at_for_test("b", 2_000).is_some())
+        };
+        table.reset(&overflow);
+        let got_b = scan.join().unwrap();
+        assert_eq!(a.shared.machine.load().state, State::Closed);
+        // Idle for 2 s: once reset, it makes room at once, whichever ran first.
+        let b = table.entry_at_for_test("b", 2_001);
+        assert!(
+            got_b || b.is_some(),
+            "the hint of the scan outlived the reset"
+        );
+        let keys: Vec<String> = table.entries().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["b"]);
     });
 }

@@ -63,7 +63,7 @@ where
         // past the bound).
         let by_key;
         if let Some(keyed) = &handle.keyed
-            && let Some(h) = keyed.handle(req.method(), req.uri(), handle.name.get())
+            && let Some(h) = keyed.handle(req.method(), req.uri())
         {
             by_key = h;
             handle = &by_key;

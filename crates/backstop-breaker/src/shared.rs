@@ -144,10 +144,30 @@ impl<C> Shared<C> {
         })
     }
 
-    /// Makes this the breaker of `key` in a keyed layer of dependency `name`.
-    pub(crate) fn keyed_as(&self, name: &str, key: &str) {
+    /// Closes the breaker and forgets its window, whatever its state, and reports it.
+    pub(crate) fn reset(&self) {
+        let transition = self.machine.reset(|| self.now_us());
+        self.emit(transition);
+    }
+
+    /// While open: the microseconds of open time left (zero once it is over, though no call
+    /// has moved the breaker to half-open yet; one, as not over, while the thread that opened
+    /// it has not stored its open time yet). `None` when not open.
+    pub(crate) fn open_left_us(&self) -> Option<u64> {
+        let word = self.machine.load();
+        (word.state == State::Open).then(|| match self.machine.open_until(word) {
+            Some(until) => until.saturating_sub(self.now_us()),
+            None => 1,
+        })
+    }
+
+    /// Makes this the breaker of `key` in a keyed layer of dependency `name` (`None`: not
+    /// named yet; naming the layer later names it).
+    pub(crate) fn keyed_as(&self, name: Option<&str>, key: &str) {
         // A new breaker: neither is set yet.
-        let _ = self.name.set(name);
+        if let Some(name) = name {
+            let _ = self.name.set(name);
+        }
         let _ = self.key.set(key.into());
     }
 
@@ -295,7 +315,8 @@ pub struct Snapshot {
 pub(crate) struct Entry<C> {
     pub(crate) shared: Arc<Shared<C>>,
     pub(crate) handles: Handles<C>,
-    /// Seconds since the table was built, at the last call (written at most once a second).
+    /// Milliseconds since the table was built, at the last call (written at most once a
+    /// millisecond, and only forward).
     pub(crate) last_used: AtomicU64,
 }
 
@@ -307,15 +328,30 @@ pub(crate) struct Keyed<C> {
     /// What each new key's breaker is built from (the layer's config, unkeyed).
     pub(crate) template: BreakerConfig<C>,
     pub(crate) table: Swap<Table<C>>,
-    pub(crate) grow: crate::sync::Mutex<()>,
+    /// Taken to add a key and by the layer's run-time setters (never by a call to a key that
+    /// exists): what those setters changed, that a key added later must start with.
+    pub(crate) grow: crate::sync::Mutex<RunTime>,
     pub(crate) max_keys: usize,
-    pub(crate) idle_s: u64,
+    /// `idle_keys_after`, in milliseconds.
+    pub(crate) idle_ms: u64,
     pub(crate) start: Instant,
-    /// While the table is full: the earliest second at which a key can have gone idle (the
-    /// oldest last use seen, plus `idle_s`; last uses only grow, so none is idle before).
-    /// Until then a new key goes to the overflow breaker at once, without the lock or a
+    /// While the table is full: the earliest millisecond at which a key can be evicted (the
+    /// earliest of the keys' idle and open times seen by the last scan; last uses only grow
+    /// and a breaker only opens for longer, so none can be evicted before; a reset clears
+    /// it). Until then a new key goes to the overflow breaker at once, without the lock or a
     /// scan of the table.
     pub(crate) full_until: AtomicU64,
+}
+
+/// What the layer's run-time setters ([`set_mode`](crate::BreakerLayer::set_mode),
+/// [`set_name`](crate::BreakerLayer::set_name)) changed since it was built: the breaker of a key
+/// added later starts with it, not with the config's.
+#[derive(Debug)]
+pub(crate) struct RunTime {
+    /// The mode every key's breaker is in.
+    pub(crate) mode: Mode,
+    /// The dependency's name, once the layer is named.
+    pub(crate) name: Option<Box<str>>,
 }
 
 impl<C> fmt::Debug for Keyed<C> {
@@ -337,11 +373,14 @@ impl<C> Keyed<C> {
     ) -> Self {
         Self {
             key,
+            grow: crate::sync::Mutex::new(RunTime {
+                mode: template.mode,
+                name: None,
+            }),
             template,
             table: Swap::new(Arc::new(HashMap::new())),
-            grow: crate::sync::Mutex::new(()),
             max_keys,
-            idle_s: idle.as_secs().max(1),
+            idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
             start: Instant::now(),
             full_until: AtomicU64::new(0),
         }

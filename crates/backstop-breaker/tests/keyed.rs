@@ -2,7 +2,7 @@
 //! `max_keys` (idle keys make room, the rest share the overflow breaker), and every key's
 //! breaker reports under its key.
 
-use backstop_breaker::{BreakerConfig, BreakerKey, BreakerLayer, State};
+use backstop_breaker::{BreakerConfig, BreakerKey, BreakerLayer, Mode, State};
 use backstop_core::{BreakerOpen, HttpClassifier};
 use http::{Request, Response};
 use std::{borrow::Cow, convert::Infallible, time::Duration};
@@ -200,6 +200,154 @@ async fn a_key_that_is_still_called_while_open_is_never_evicted() {
     }
     assert_eq!(layer.key_snapshot("/down").unwrap().state, State::Open);
     assert!(layer.key_snapshot("/other").is_none());
+}
+
+/// Idleness is counted in milliseconds: with `idle_keys_after(1 s)`, a key used 200 ms ago is
+/// not idle, though a second boundary passed in between; its open breaker keeps refusing.
+#[tokio::test(start_paused = true)]
+async fn a_key_used_less_than_idle_keys_after_ago_is_never_evicted() {
+    let layer = config()
+        .per_key(BreakerKey::Path)
+        .max_keys(1)
+        .idle_keys_after(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut service = layer.layer(dependency());
+    tokio::time::advance(Duration::from_millis(900)).await;
+    for _ in 0..3 {
+        send(&mut service, "http://svc/down").await;
+    }
+    tokio::time::advance(Duration::from_millis(200)).await;
+    assert_eq!(
+        send(&mut service, "http://svc/other").await,
+        Some(200),
+        "on the overflow breaker"
+    );
+    assert!(layer.key_snapshot("/other").is_none());
+    assert_eq!(layer.key_snapshot("/down").unwrap().state, State::Open);
+    assert_eq!(
+        send(&mut service, "http://svc/down").await,
+        None,
+        "still open"
+    );
+
+    // Really idle for a second, and its open time (5 s) over: it makes room.
+    tokio::time::advance(Duration::from_millis(999)).await;
+    send(&mut service, "http://svc/other").await;
+    assert!(
+        layer.key_snapshot("/other").is_none(),
+        "idle for 999 ms only"
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    send(&mut service, "http://svc/other").await;
+    let keys: Vec<String> = layer.keys().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, ["/other"]);
+}
+
+/// An open breaker is never evicted before its open time has run out, called or not: a fresh
+/// breaker in its place would let calls through to a route that is down. A reset closes it,
+/// and then it makes room as soon as it is idle.
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_is_kept_until_its_open_time_is_over() {
+    let layer = config()
+        .per_key(BreakerKey::Path)
+        .max_keys(1)
+        .idle_keys_after(Duration::from_secs(1))
+        .open_duration(Duration::from_secs(600), Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let mut service = layer.layer(dependency());
+    for _ in 0..3 {
+        send(&mut service, "http://svc/down").await;
+    }
+    // Idle for 10 s, but open for 600.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(send(&mut service, "http://svc/other").await, Some(200));
+    assert!(layer.key_snapshot("/other").is_none());
+    assert_eq!(
+        send(&mut service, "http://svc/down").await,
+        None,
+        "still open"
+    );
+    tokio::time::advance(Duration::from_secs(580)).await;
+    send(&mut service, "http://svc/other").await;
+    assert!(
+        layer.key_snapshot("/other").is_none(),
+        "10 s of open time left"
+    );
+    assert_eq!(send(&mut service, "http://svc/down").await, None);
+
+    // Closed by hand: it makes room once idle, without waiting out the 10 s it had left.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    layer.reset();
+    tokio::time::advance(Duration::from_millis(501)).await;
+    send(&mut service, "http://svc/other").await;
+    let keys: Vec<String> = layer.keys().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, ["/other"]);
+}
+
+/// An operator's kill switch holds for every route: a mode set at run time applies to the
+/// keys the layer has and to every key it adds later, whatever mode the config started in.
+#[tokio::test(start_paused = true)]
+async fn a_mode_set_at_run_time_applies_to_keys_added_later() {
+    let layer = config().per_key(BreakerKey::Path).build().unwrap();
+    let mut service = layer.layer(dependency());
+    assert_eq!(send(&mut service, "http://svc/a").await, Some(200));
+    layer.set_mode(Mode::ForcedOpen);
+    assert_eq!(send(&mut service, "http://svc/a").await, None);
+    assert_eq!(
+        send(&mut service, "http://svc/new").await,
+        None,
+        "a key added after the kill switch is forced open too"
+    );
+    assert_eq!(layer.key_snapshot("/new").unwrap().mode, Mode::ForcedOpen);
+    assert_eq!(
+        layer.snapshot().mode,
+        Mode::ForcedOpen,
+        "the overflow breaker too"
+    );
+
+    layer.set_mode(Mode::Disabled);
+    for _ in 0..5 {
+        assert_eq!(send(&mut service, "http://svc/down").await, Some(503));
+    }
+    let down = layer.key_snapshot("/down").unwrap();
+    assert_eq!(
+        (down.mode, down.state, down.calls),
+        (Mode::Disabled, State::Closed, 0)
+    );
+
+    layer.set_mode(Mode::Normal);
+    assert_eq!(send(&mut service, "http://svc/later").await, Some(200));
+    let modes: Vec<Mode> = layer.keys().into_iter().map(|(_, s)| s.mode).collect();
+    assert_eq!(modes, [Mode::Normal; 4]);
+
+    // A layer built forced open and switched to normal: new keys are normal.
+    let layer = config()
+        .mode(Mode::ForcedOpen)
+        .per_key(BreakerKey::Path)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(dependency());
+    assert_eq!(send(&mut service, "http://svc/a").await, None);
+    layer.set_mode(Mode::Normal);
+    assert_eq!(send(&mut service, "http://svc/a").await, Some(200));
+    assert_eq!(send(&mut service, "http://svc/b").await, Some(200));
+}
+
+/// Naming a keyed layer once it has keys names them, and the keys it adds later.
+#[tokio::test(start_paused = true)]
+async fn a_name_set_after_keys_were_added_reaches_every_key() {
+    let layer = config().per_key(BreakerKey::Path).build().unwrap();
+    let mut service = layer.layer(dependency());
+    send(&mut service, "http://svc/a").await;
+    layer.set_name("inventory").unwrap();
+    assert_eq!(layer.name(), "inventory");
+    send(&mut service, "http://svc/b").await;
+    assert_eq!(layer.keys().len(), 2);
+    // Every key has the name now: naming it again is fine, another name is refused.
+    layer.set_name("inventory").unwrap();
+    assert_eq!(layer.set_name("billing").unwrap_err().knob(), "name");
 }
 
 #[test]

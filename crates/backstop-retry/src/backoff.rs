@@ -51,8 +51,10 @@ pub trait Backoff: fmt::Debug + Send + Sync {
     }
 }
 
-/// The longest delay a backoff may be configured with: a retry an hour later serves no caller.
-const MAX_DELAY: Duration = Duration::from_secs(3600);
+/// The longest delay a backoff may be configured with (its `cap`, or a constant delay), 1 h,
+/// checked by [`Backoff::validate`]: a retry an hour later serves no caller. (A gRPC service
+/// config's `maxBackoff`, unbounded in gRFC A6, is clamped to it.)
+pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 
 fn check(knob: &'static str, base: Duration, cap: Duration) -> Result<(), ConfigError> {
     if base.is_zero() {

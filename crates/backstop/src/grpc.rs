@@ -31,10 +31,16 @@
 //! | field | honoured as |
 //! |---|---|
 //! | `methodConfig[].name[]` (`service`, optional `method`; neither: the default) | the entry for those methods; the most specific wins: `service/method`, then `service`, then the default; none: no retries |
-//! | `timeout` | the method's timeout (proto3 JSON duration, e.g. `"1.5s"`) |
-//! | `retryPolicy` | `maxAttempts` (≥ 2, clamped to 5 unless [`ServiceConfig::from_json_with_max_attempts`] raises the cap), `initialBackoff`, `maxBackoff` (> 0), `backoffMultiplier` (> 0), `retryableStatusCodes` (non-empty; names like `"UNAVAILABLE"` or numbers) |
-//! | `hedgingPolicy` | `maxAttempts` (≥ 2, clamped likewise), `hedgingDelay` (default `0s`: all at once), `nonFatalStatusCodes` |
+//! | `timeout` | the method's timeout (proto3 JSON duration, e.g. `"1.5s"`, at most proto3's 315 576 000 000 s, as every duration here) |
+//! | `retryPolicy` | `maxAttempts` (≥ 2, clamped to 5 unless [`ServiceConfig::from_json_with_max_attempts`] raises the cap), `initialBackoff`, `maxBackoff` (> 0; above 1 h, clamped to 1 h: see below), `backoffMultiplier` (> 0), `retryableStatusCodes` (non-empty; names like `"UNAVAILABLE"` or numbers; not `OK`) |
+//! | `hedgingPolicy` | `maxAttempts` (≥ 2, clamped likewise), `hedgingDelay` (default `0s`: all at once), `nonFatalStatusCodes` (not `OK`) |
 //! | `retryThrottling` | `maxTokens` (a whole number in (0, 1000]), `tokenRatio` (> 0, at most 3 decimals; above `maxTokens` it could not be told from `maxTokens`, and is refused) |
+//!
+//! **One deliberate difference:** A6 sets no bound on `maxBackoff`; the retry layer waits at
+//! most [`MAX_DELAY`](backstop_retry::backoff::MAX_DELAY) (1 h) between attempts, so a longer
+//! `maxBackoff` is read as written and its waits are capped at 1 h
+//! ([`RetryPolicyConfig::backoff`]). Every value A6 allows is accepted, and a config
+//! [`from_json`](ServiceConfig::from_json) accepts always builds into a client.
 //!
 //! Accepted and ignored (they do not apply to a tower layer): `waitForReady`,
 //! `maxRequestMessageBytes`, `maxResponseMessageBytes`, `loadBalancingPolicy`,
@@ -46,7 +52,10 @@
 //! [`knob`](ConfigError::knob) is the JSON path of the field at fault
 //! (`methodConfig[2].retryPolicy.maxAttempts`): a required field missing, a value out of its
 //! range, a duration that is not proto3 JSON, an unknown status code, a `retryPolicy` and a
-//! `hedgingPolicy` in one entry, or the same method named by two entries.
+//! `hedgingPolicy` in one entry, or the same method named by two entries. The rules on values
+//! are [`ServiceConfig::validate`]'s, which
+//! [`ClientLayer::service_config`](crate::ClientLayer::service_config) applies to a config
+//! built or changed by hand too, naming the same paths.
 
 use crate::ConfigError;
 use backstop_core::Code;
@@ -133,16 +142,19 @@ impl RetryPolicyConfig {
     /// The policy's backoff: gRFC A6's formula, `random(0, min(initialBackoff ×
     /// backoffMultiplier^(n−1), maxBackoff))` ([`exponential`](backstop_retry::backoff::exponential)
     /// with this multiplier and full jitter). A `maxBackoff` below `initialBackoff` caps every
-    /// wait at `maxBackoff`.
+    /// wait at `maxBackoff`; one above the retry layer's longest backoff
+    /// ([`MAX_DELAY`](backstop_retry::backoff::MAX_DELAY), 1 h) is clamped to it, a deliberate
+    /// difference from A6, which sets no bound.
     pub fn backoff(&self) -> backstop_retry::backoff::Exponential {
-        let base = self.initial_backoff.min(self.max_backoff);
-        backstop_retry::backoff::exponential(base, self.max_backoff)
-            .multiplier(self.backoff_multiplier)
+        let cap = self.max_backoff.min(backstop_retry::backoff::MAX_DELAY);
+        let base = self.initial_backoff.min(cap);
+        backstop_retry::backoff::exponential(base, cap).multiplier(self.backoff_multiplier)
     }
 
     /// The policy as a [`RetryConfig`](backstop_retry::RetryConfig) for gRPC: its attempts, its
     /// backoff and its retryable codes (no budget: the channel's throttle is one per client,
-    /// see [`RetryThrottling::throttle`]).
+    /// see [`RetryThrottling::throttle`]). It builds for every policy that passes
+    /// [`ServiceConfig::validate`].
     pub fn retry_policy(&self) -> backstop_retry::RetryConfig<backstop_core::GrpcClassifier> {
         backstop_retry::RetryConfig::with_classifier(
             backstop_core::GrpcClassifier::new()
@@ -155,7 +167,8 @@ impl RetryPolicyConfig {
 }
 
 impl HedgingPolicyConfig {
-    /// The policy as [`Hedging`](backstop_retry::hedge::Hedging): its attempts, a fixed delay.
+    /// The policy as [`Hedging`](backstop_retry::hedge::Hedging): its attempts, a fixed delay
+    /// (valid for every policy that passes [`ServiceConfig::validate`]).
     pub fn hedging(&self) -> backstop_retry::hedge::Hedging {
         backstop_retry::hedge::Hedging::new(self.hedging_delay).max_attempts(self.max_attempts)
     }
@@ -163,12 +176,117 @@ impl HedgingPolicyConfig {
 
 impl RetryThrottling {
     /// gRFC A6's throttle with these parameters.
+    ///
+    /// # Panics
+    ///
+    /// For parameters [`ServiceConfig::validate`] refuses (never for a config read by
+    /// [`ServiceConfig::from_json`], nor in
+    /// [`ClientLayer::service_config`](crate::ClientLayer::service_config), which validates
+    /// first).
     pub fn throttle(&self) -> backstop_retry::GrpcThrottle {
         backstop_retry::GrpcThrottle::builder()
             .max_tokens(self.max_tokens)
             .token_ratio(self.token_ratio)
             .build()
             .expect("validated when the config was read")
+    }
+}
+
+impl RetryPolicyConfig {
+    /// The rules of a `retryPolicy` at `path`; see [`ServiceConfig::validate`].
+    fn validate(&self, path: &str) -> Result<(), ConfigError> {
+        attempts(self.max_attempts, path)?;
+        for (key, d) in [
+            ("initialBackoff", self.initial_backoff),
+            ("maxBackoff", self.max_backoff),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::new(
+                    format!("{path}.{key}"),
+                    "must be greater than zero",
+                ));
+            }
+        }
+        let m = self.backoff_multiplier;
+        if !(m.is_finite() && m > 0.0) {
+            return Err(ConfigError::new(
+                format!("{path}.backoffMultiplier"),
+                format!("must be a number greater than zero, got {m}"),
+            ));
+        }
+        let at = format!("{path}.retryableStatusCodes");
+        if self.retryable_status_codes.is_empty() {
+            return Err(ConfigError::new(at, "must not be empty"));
+        }
+        error_codes(&self.retryable_status_codes, &at)
+    }
+}
+
+impl HedgingPolicyConfig {
+    /// The rules of a `hedgingPolicy` at `path`; see [`ServiceConfig::validate`].
+    fn validate(&self, path: &str) -> Result<(), ConfigError> {
+        attempts(self.max_attempts, path)?;
+        error_codes(
+            &self.non_fatal_status_codes,
+            &format!("{path}.nonFatalStatusCodes"),
+        )
+    }
+}
+
+impl RetryThrottling {
+    /// The rules of `retryThrottling` at `path`; see [`ServiceConfig::validate`].
+    fn validate(&self, path: &str) -> Result<(), ConfigError> {
+        if !(1..=1000).contains(&self.max_tokens) {
+            return Err(ConfigError::new(
+                format!("{path}.maxTokens"),
+                format!(
+                    "must be a whole number in (0, 1000], got {}",
+                    self.max_tokens
+                ),
+            ));
+        }
+        let at = format!("{path}.tokenRatio");
+        let r = self.token_ratio;
+        if !(r.is_finite() && r > 0.0 && r <= f64::from(self.max_tokens)) {
+            return Err(ConfigError::new(
+                at,
+                format!("must be a number greater than zero and at most maxTokens, got {r}"),
+            ));
+        }
+        // "Up to 3 decimal places are supported": more is refused rather than silently
+        // rounded (r ≤ 1000, so a thousandth is far above the error of the product).
+        let thousandths = r * 1000.0;
+        if (thousandths - thousandths.round()).abs() > 1e-6 {
+            return Err(ConfigError::new(
+                at,
+                format!("at most 3 decimal places, got {r}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `maxAttempts` at `path`: 2 or more (A6), at most what the retry layer takes.
+fn attempts(n: u32, path: &str) -> Result<(), ConfigError> {
+    let limit = backstop_retry::MAX_ATTEMPTS_LIMIT;
+    let reason = if n < 2 {
+        format!("must be 2 or more, got {n}")
+    } else if n > limit {
+        format!("must be at most {limit} (the retry layer's limit), got {n}")
+    } else {
+        return Ok(());
+    };
+    Err(ConfigError::new(format!("{path}.maxAttempts"), reason))
+}
+
+/// Status codes after which something is done again: `OK` is not one.
+fn error_codes(codes: &[Code], path: &str) -> Result<(), ConfigError> {
+    match codes.iter().position(|c| *c == Code::Ok) {
+        Some(k) => Err(ConfigError::new(
+            format!("{path}[{k}]"),
+            "OK is not an error code",
+        )),
+        None => Ok(()),
     }
 }
 
@@ -210,26 +328,64 @@ impl ServiceConfig {
                 methods.push(method_config(entry, &format!("methodConfig[{i}]"), cap)?);
             }
         }
-        // A6 and gRPC's service-config document: a method may be named once.
-        let mut seen = std::collections::HashMap::new();
-        for (i, m) in methods.iter().enumerate() {
-            for (j, name) in m.names.iter().enumerate() {
-                if let Some((first, _)) = seen.insert(name.clone(), (i, j)) {
-                    return Err(ConfigError::new(
-                        format!("methodConfig[{i}].name[{j}]"),
-                        format!("names a method that methodConfig[{first}] names already"),
-                    ));
-                }
-            }
-        }
         let retry_throttling = root
             .get("retryThrottling")
             .map(|t| throttling(t, "retryThrottling"))
             .transpose()?;
-        Ok(Self {
+        let config = Self {
             methods,
             retry_throttling,
-        })
+        };
+        // What was read has the right shapes; its values meet the rules here, the same
+        // rules as for a config built by hand.
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the config's values against gRFC A6's rules, as
+    /// [`from_json`](Self::from_json) does (after its clamp of `maxAttempts`), for a config
+    /// built or changed by hand (the fields are public);
+    /// [`ClientLayer::service_config`](crate::ClientLayer::service_config) calls it. A config
+    /// that passes builds into retry layers, hedging and a throttle as it is.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] whose [`knob`](ConfigError::knob) is the JSON path of the field at
+    /// fault (`methodConfig[1].retryPolicy.maxAttempts`): a method named without its service,
+    /// or named by two entries; `maxAttempts` not in
+    /// `2..=`[`MAX_ATTEMPTS_LIMIT`](backstop_retry::MAX_ATTEMPTS_LIMIT); a backoff of zero; a
+    /// `backoffMultiplier` not a finite number above zero; no retryable code, or `OK` among
+    /// the codes; `maxTokens` not in 1..=1000; a `tokenRatio` not above zero, above
+    /// `maxTokens`, or with more than 3 decimal places.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        // A6 and gRPC's service-config document: a method may be named once.
+        let mut seen = std::collections::HashMap::new();
+        for (i, m) in self.methods.iter().enumerate() {
+            let path = format!("methodConfig[{i}]");
+            for (j, name) in m.names.iter().enumerate() {
+                if name.service.is_none() && name.method.is_some() {
+                    return Err(ConfigError::new(
+                        format!("{path}.name[{j}].service"),
+                        "is required when a method is named",
+                    ));
+                }
+                if let Some((first, _)) = seen.insert(name.clone(), (i, j)) {
+                    return Err(ConfigError::new(
+                        format!("{path}.name[{j}]"),
+                        format!("names a method that methodConfig[{first}] names already"),
+                    ));
+                }
+            }
+            match &m.policy {
+                Some(MethodPolicy::Retry(r)) => r.validate(&format!("{path}.retryPolicy"))?,
+                Some(MethodPolicy::Hedging(h)) => h.validate(&format!("{path}.hedgingPolicy"))?,
+                None => {}
+            }
+        }
+        if let Some(t) = &self.retry_throttling {
+            t.validate("retryThrottling")?;
+        }
+        Ok(())
     }
 
     /// The entry for a request's `:path` (`/package.Service/Method`): the most specific of the
@@ -322,12 +478,6 @@ fn method_name(value: &Value, path: &str) -> Result<MethodName, ConfigError> {
         }
     };
     let (service, method) = (text("service")?, text("method")?);
-    if service.is_none() && method.is_some() {
-        return Err(ConfigError::new(
-            format!("{path}.service"),
-            "is required when a method is named",
-        ));
-    }
     Ok(MethodName { service, method })
 }
 
@@ -336,17 +486,13 @@ fn field<'a>(map: &'a Map<String, Value>, path: &str, key: &str) -> Result<&'a V
         .ok_or_else(|| ConfigError::new(format!("{path}.{key}"), "is required"))
 }
 
+/// `maxAttempts`, clamped to the cap (the range is checked by `validate`).
 fn max_attempts(value: &Value, path: &str, cap: u32) -> Result<u32, ConfigError> {
     let n = value
         .as_u64()
         .ok_or_else(|| ConfigError::new(path.to_owned(), "must be a whole number"))?;
-    if n < 2 {
-        return Err(ConfigError::new(
-            path.to_owned(),
-            format!("must be 2 or more, got {n}"),
-        ));
-    }
-    // A6: larger values are treated as the client's cap.
+    // A6: larger values are treated as the client's cap (which is at least 2, so a value
+    // below 2 is left for `validate` to refuse).
     Ok(n.min(u64::from(cap)) as u32)
 }
 
@@ -357,20 +503,12 @@ fn retry_policy(value: &Value, path: &str, cap: u32) -> Result<RetryPolicyConfig
         &format!("{path}.maxAttempts"),
         cap,
     )?;
-    let positive = |key: &str| -> Result<Duration, ConfigError> {
-        let at = format!("{path}.{key}");
-        let d = duration(field(map, path, key)?, &at)?;
-        if d.is_zero() {
-            return Err(ConfigError::new(at, "must be greater than zero"));
-        }
-        Ok(d)
-    };
-    let initial_backoff = positive("initialBackoff")?;
-    let max_backoff = positive("maxBackoff")?;
+    let backoff = |key: &str| duration(field(map, path, key)?, &format!("{path}.{key}"));
+    let initial_backoff = backoff("initialBackoff")?;
+    let max_backoff = backoff("maxBackoff")?;
     let multiplier_at = format!("{path}.backoffMultiplier");
     let backoff_multiplier = field(map, path, "backoffMultiplier")?
         .as_f64()
-        .filter(|m| m.is_finite() && *m > 0.0)
         .ok_or_else(|| ConfigError::new(multiplier_at, "must be a number greater than zero"))?;
     let retryable_status_codes = codes(
         field(map, path, "retryableStatusCodes")?,
@@ -397,8 +535,13 @@ fn hedging_policy(value: &Value, path: &str, cap: u32) -> Result<HedgingPolicyCo
         .map(|d| duration(d, &format!("{path}.hedgingDelay")))
         .transpose()?
         .unwrap_or_default();
+    let codes_at = format!("{path}.nonFatalStatusCodes");
     let non_fatal_status_codes = match map.get("nonFatalStatusCodes") {
-        Some(list) => codes(list, &format!("{path}.nonFatalStatusCodes"))?,
+        // Absent: every failure is fatal; an empty list says nothing, and is refused.
+        Some(Value::Array(list)) if list.is_empty() => {
+            return Err(ConfigError::new(codes_at, "must not be empty"));
+        }
+        Some(list) => codes(list, &codes_at)?,
         None => Vec::new(),
     };
     Ok(HedgingPolicyConfig {
@@ -413,32 +556,17 @@ fn throttling(value: &Value, path: &str) -> Result<RetryThrottling, ConfigError>
     let tokens_at = format!("{path}.maxTokens");
     let max_tokens = field(map, path, "maxTokens")?
         .as_u64()
-        .filter(|n| (1..=1000).contains(n))
         .ok_or_else(|| ConfigError::new(tokens_at, "must be a whole number in (0, 1000]"))?;
     let ratio_at = format!("{path}.tokenRatio");
-    let ratio = field(map, path, "tokenRatio")?;
-    let token_ratio = ratio
-        .as_f64()
-        .filter(|r| r.is_finite() && *r > 0.0 && *r <= max_tokens as f64)
-        .ok_or_else(|| {
-            ConfigError::new(
-                ratio_at.clone(),
-                "must be a number greater than zero (and at most maxTokens)",
-            )
-        })?;
-    // "Up to 3 decimal places are supported": more is refused rather than silently rounded.
-    let text = ratio.to_string();
-    let decimals = text
-        .split_once('.')
-        .map_or(0, |(_, frac)| frac.trim_end_matches('0').len());
-    if decimals > 3 || text.contains(['e', 'E']) {
-        return Err(ConfigError::new(
+    let token_ratio = field(map, path, "tokenRatio")?.as_f64().ok_or_else(|| {
+        ConfigError::new(
             ratio_at,
-            format!("at most 3 decimal places, got {text}"),
-        ));
-    }
+            "must be a number greater than zero (and at most maxTokens)",
+        )
+    })?;
     Ok(RetryThrottling {
-        max_tokens: max_tokens as u32,
+        // Out of range either way: `validate` refuses it.
+        max_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
         token_ratio,
     })
 }
@@ -450,9 +578,6 @@ fn codes(value: &Value, path: &str) -> Result<Vec<Code>, ConfigError> {
             "must be an array of status codes",
         ));
     };
-    if list.is_empty() {
-        return Err(ConfigError::new(path.to_owned(), "must not be empty"));
-    }
     list.iter()
         .enumerate()
         .map(|(i, code)| {
@@ -461,19 +586,26 @@ fn codes(value: &Value, path: &str) -> Result<Vec<Code>, ConfigError> {
                 Value::String(name) => Code::from_name(name).ok_or_else(|| {
                     ConfigError::new(at(), format!("{name:?} is not a gRPC status code"))
                 }),
+                // `OK` (0) is a code, though not an error one: `validate` refuses it, by
+                // name or by number alike.
                 Value::Number(n) => n
                     .as_u64()
-                    .filter(|n| (1..=16).contains(n))
+                    .filter(|n| (0..=16).contains(n))
                     .map(|n| Code::from_i32(n as i32))
-                    .ok_or_else(|| ConfigError::new(at(), format!("{n} is not a gRPC error code"))),
+                    .ok_or_else(|| {
+                        ConfigError::new(at(), format!("{n} is not a gRPC status code"))
+                    }),
                 _ => Err(ConfigError::new(at(), "must be a code name or number")),
             }
         })
         .collect()
 }
 
+/// The longest proto3 `Duration`: 10 000 years of seconds.
+const PROTO3_MAX_SECONDS: u64 = 315_576_000_000;
+
 /// A proto3 JSON duration: decimal seconds with an `s`, up to 9 fractional digits (`"1.5s"`,
-/// `".1s"`, `"0s"`); never negative here.
+/// `".1s"`, `"0s"`), at most proto3's 315 576 000 000 s; never negative here.
 fn duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
     let bad = || {
         ConfigError::new(
@@ -501,5 +633,13 @@ fn duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
     } else {
         format!("{frac:0<9}").parse().map_err(|_| bad())?
     };
+    if secs > PROTO3_MAX_SECONDS {
+        return Err(ConfigError::new(
+            path.to_owned(),
+            format!(
+                "must be at most {PROTO3_MAX_SECONDS}s (proto3's longest duration), got {text}"
+            ),
+        ));
+    }
     Ok(Duration::new(secs, nanos))
 }

@@ -57,6 +57,9 @@ impl MethodsLayer {
         client: ClientLayer<GrpcClassifier>,
         config: ServiceConfig,
     ) -> Result<Self, crate::ConfigError> {
+        // A config built by hand is held to `from_json`'s rules, and refused by JSON path;
+        // one that passes builds below as it is.
+        config.validate()?;
         let budget: Arc<dyn Budget> = match &config.retry_throttling {
             Some(throttling) => Arc::new(throttling.throttle()),
             None => Arc::new(RatioBudget::new()),
@@ -257,8 +260,9 @@ impl ClientLayer<GrpcClassifier> {
     ///
     /// # Errors
     ///
-    /// When a policy cannot be built (e.g. a `maxAttempts` above this crate's limit after a
-    /// raised cap).
+    /// A config [`ServiceConfig::validate`](crate::grpc::ServiceConfig::validate) refuses
+    /// (one built or changed by hand: every config `from_json` returns passes), named by the
+    /// JSON path of the field at fault.
     pub fn service_config(
         self,
         config: crate::grpc::ServiceConfig,

@@ -389,6 +389,274 @@ fn policies_become_retry_policies_hedging_and_a_throttle() {
     );
 }
 
+/// Every value gRFC A6 allows that `from_json` accepts, `service_config` builds into a client:
+/// the parse and the build agree on every field that becomes a retry, hedging or throttle
+/// knob. What the retry layer cannot take as is (a `maxBackoff` above its 1 h limit) is
+/// clamped, as the module docs say.
+#[test]
+fn every_value_a6_allows_builds_a_client() {
+    let r = |fields: &str| retry(fields);
+    let h = |fields: &str| one_method(&format!(r#""hedgingPolicy": {{ {fields} }}"#));
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "maxBackoff above 1 h",
+            r(&GOOD_RETRY.replace(r#""1s""#, r#""7200s""#)),
+        ),
+        (
+            "both backoffs above 1 h",
+            r(&GOOD_RETRY
+                .replace(r#"".1s""#, r#""7200s""#)
+                .replace(r#""1s""#, r#""9000s""#)),
+        ),
+        (
+            "proto3's longest duration",
+            r(&GOOD_RETRY.replace(r#""1s""#, r#""315576000000s""#)),
+        ),
+        (
+            "initialBackoff above maxBackoff",
+            r(&GOOD_RETRY.replace(r#"".1s""#, r#""5s""#)),
+        ),
+        (
+            "1 ns backoff",
+            r(&GOOD_RETRY.replace(r#"".1s""#, r#"".000000001s""#)),
+        ),
+        (
+            "multiplier below 1",
+            r(&GOOD_RETRY.replace(r#""backoffMultiplier": 2"#, r#""backoffMultiplier": 0.5"#)),
+        ),
+        (
+            "huge multiplier",
+            r(&GOOD_RETRY.replace(r#""backoffMultiplier": 2"#, r#""backoffMultiplier": 1e300"#)),
+        ),
+        (
+            "maxAttempts above the cap",
+            r(&GOOD_RETRY.replace(r#""maxAttempts": 4"#, r#""maxAttempts": 1000000"#)),
+        ),
+        (
+            "hedging, many attempts",
+            h(r#""maxAttempts": 99, "hedgingDelay": "7200s""#),
+        ),
+        (
+            "hedging, longest delay",
+            h(r#""maxAttempts": 2, "hedgingDelay": "315576000000s""#),
+        ),
+        (
+            "longest timeout",
+            one_method(r#""timeout": "315576000000s""#),
+        ),
+        ("zero timeout", one_method(r#""timeout": "0s""#)),
+        (
+            "largest throttle",
+            r#"{ "retryThrottling": { "maxTokens": 1000, "tokenRatio": 1000 } }"#.into(),
+        ),
+        (
+            "smallest token ratio",
+            r#"{ "retryThrottling": { "maxTokens": 1, "tokenRatio": 0.001 } }"#.into(),
+        ),
+    ];
+    for (what, json) in &cases {
+        let config = ServiceConfig::from_json(json).unwrap_or_else(|e| panic!("{what}: {e}"));
+        if let Err(e) = backstop::client::grpc().service_config(config) {
+            panic!("{what}: accepted by from_json, refused by service_config: {e}");
+        }
+    }
+    // The clamp: A6's formula with `maxBackoff` at the retry layer's limit.
+    let config =
+        ServiceConfig::from_json(&r(&GOOD_RETRY.replace(r#""1s""#, r#""7200s""#))).unwrap();
+    let Some(MethodPolicy::Retry(policy)) = &config.methods[0].policy else {
+        panic!("a retry policy")
+    };
+    assert_eq!(
+        policy.max_backoff,
+        Duration::from_secs(7200),
+        "kept as written"
+    );
+    assert_eq!(
+        format!("{:?}", policy.backoff()),
+        format!(
+            "{:?}",
+            backstop::retry::backoff::exponential(100 * MS, backstop::retry::backoff::MAX_DELAY)
+        )
+    );
+}
+
+/// What A6 (or proto3 JSON) refuses, `from_json` refuses, naming the field's JSON path.
+#[test]
+fn values_outside_a6_are_refused_by_their_path() {
+    let p = "methodConfig[0]";
+    let h = |fields: &str| one_method(&format!(r#""hedgingPolicy": {{ {fields} }}"#));
+    let cases: Vec<(String, String)> = vec![
+        (
+            retry(&GOOD_RETRY.replace(r#"["UNAVAILABLE"]"#, r#"["UNAVAILABLE", "OK"]"#)),
+            format!("{p}.retryPolicy.retryableStatusCodes[1]"),
+        ),
+        (
+            h(r#""maxAttempts": 2, "nonFatalStatusCodes": ["OK"]"#),
+            format!("{p}.hedgingPolicy.nonFatalStatusCodes[0]"),
+        ),
+        (
+            one_method(r#""timeout": "315576000001s""#),
+            format!("{p}.timeout"),
+        ),
+        (
+            retry(&GOOD_RETRY.replace(r#""1s""#, r#""315576000001s""#)),
+            format!("{p}.retryPolicy.maxBackoff"),
+        ),
+        (
+            h(r#""maxAttempts": 2, "hedgingDelay": "99999999999999999999s""#),
+            format!("{p}.hedgingPolicy.hedgingDelay"),
+        ),
+    ];
+    for (json, knob) in &cases {
+        assert_eq!(&rejected(json), knob, "{json}");
+    }
+}
+
+/// A config built by hand (its fields are public) is checked by `service_config` with the
+/// rules `from_json` applies, and refused by the JSON path of the field at fault, never by a
+/// knob of the retry crate, and never with a panic.
+#[test]
+fn a_config_built_by_hand_is_refused_by_its_json_path() {
+    let retry_policy = RetryPolicyConfig {
+        max_attempts: 3,
+        initial_backoff: 100 * MS,
+        max_backoff: Duration::from_secs(7200),
+        backoff_multiplier: 2.0,
+        retryable_status_codes: vec![Code::Unavailable],
+    };
+    let hedging = HedgingPolicyConfig {
+        max_attempts: 2,
+        hedging_delay: Duration::ZERO,
+        non_fatal_status_codes: vec![],
+    };
+    let with = |policy: MethodPolicy| ServiceConfig {
+        methods: vec![
+            backstop::grpc::MethodConfig {
+                names: vec![MethodName {
+                    service: Some("a.A".into()),
+                    method: None,
+                }],
+                timeout: None,
+                policy: None,
+            },
+            backstop::grpc::MethodConfig {
+                names: vec![MethodName {
+                    service: Some("s.S".into()),
+                    method: None,
+                }],
+                timeout: None,
+                policy: Some(policy),
+            },
+        ],
+        retry_throttling: None,
+    };
+    let build = |config: ServiceConfig| backstop::client::grpc().service_config(config).map(drop);
+    assert!(build(with(MethodPolicy::Retry(retry_policy.clone()))).is_ok());
+    assert!(build(with(MethodPolicy::Hedging(hedging.clone()))).is_ok());
+    let p = "methodConfig[1]";
+    let cases: Vec<(ServiceConfig, String)> = vec![
+        (
+            with(MethodPolicy::Retry(RetryPolicyConfig {
+                max_attempts: 11,
+                ..retry_policy.clone()
+            })),
+            format!("{p}.retryPolicy.maxAttempts"),
+        ),
+        (
+            with(MethodPolicy::Retry(RetryPolicyConfig {
+                max_attempts: 1,
+                ..retry_policy.clone()
+            })),
+            format!("{p}.retryPolicy.maxAttempts"),
+        ),
+        (
+            with(MethodPolicy::Retry(RetryPolicyConfig {
+                initial_backoff: Duration::ZERO,
+                ..retry_policy.clone()
+            })),
+            format!("{p}.retryPolicy.initialBackoff"),
+        ),
+        (
+            with(MethodPolicy::Retry(RetryPolicyConfig {
+                max_backoff: Duration::ZERO,
+                ..retry_policy.clone()
+            })),
+            format!("{p}.retryPolicy.maxBackoff"),
+        ),
+        (
+            with(MethodPolicy::Retry(RetryPolicyConfig {
+                backoff_multiplier: f64::NAN,
+                ..retry_policy.clone()
+            })),
+            format!("{p}.retryPolicy.backoffMultiplier"),
+        ),
+        (
+            with(MethodPolicy::Retry(RetryPolicyConfig {
+                retryable_status_codes: vec![],
+                ..retry_policy.clone()
+            })),
+            format!("{p}.retryPolicy.retryableStatusCodes"),
+        ),
+        (
+            with(MethodPolicy::Retry(RetryPolicyConfig {
+                retryable_status_codes: vec![Code::Unavailable, Code::Ok],
+                ..retry_policy.clone()
+            })),
+            format!("{p}.retryPolicy.retryableStatusCodes[1]"),
+        ),
+        (
+            with(MethodPolicy::Hedging(HedgingPolicyConfig {
+                max_attempts: 1,
+                ..hedging.clone()
+            })),
+            format!("{p}.hedgingPolicy.maxAttempts"),
+        ),
+        (
+            with(MethodPolicy::Hedging(HedgingPolicyConfig {
+                max_attempts: 11,
+                ..hedging.clone()
+            })),
+            format!("{p}.hedgingPolicy.maxAttempts"),
+        ),
+        (
+            ServiceConfig {
+                retry_throttling: Some(RetryThrottling {
+                    max_tokens: 0,
+                    token_ratio: 0.1,
+                }),
+                ..with(MethodPolicy::Hedging(hedging.clone()))
+            },
+            "retryThrottling.maxTokens".to_owned(),
+        ),
+        (
+            ServiceConfig {
+                retry_throttling: Some(RetryThrottling {
+                    max_tokens: 10,
+                    token_ratio: 0.0004,
+                }),
+                ..with(MethodPolicy::Hedging(hedging.clone()))
+            },
+            "retryThrottling.tokenRatio".to_owned(),
+        ),
+        (
+            ServiceConfig {
+                retry_throttling: Some(RetryThrottling {
+                    max_tokens: 10,
+                    token_ratio: 11.0,
+                }),
+                ..with(MethodPolicy::Hedging(hedging.clone()))
+            },
+            "retryThrottling.tokenRatio".to_owned(),
+        ),
+    ];
+    for (i, (config, knob)) in cases.into_iter().enumerate() {
+        let validated = config.validate().map_err(|e| e.knob().to_owned());
+        assert_eq!(validated.err().as_ref(), Some(&knob), "case {i}");
+        let built = build(config).map_err(|e| e.knob().to_owned());
+        assert_eq!(built.err().as_ref(), Some(&knob), "case {i}");
+    }
+}
+
 mod dispatch {
     use super::*;
     use backstop::ReplayBody;
@@ -427,6 +695,57 @@ mod dispatch {
             .header("content-type", "application/grpc")
             .body(String::new())
             .unwrap()
+    }
+
+    /// The longest values A6 allows serve calls: a timeout of proto3's longest duration (a
+    /// deadline far off, a well-formed `grpc-timeout`), backoffs of two hours (waits capped
+    /// at 1 h), a hedging delay that never comes.
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_values_a6_allows_serve_calls() {
+        let config = ServiceConfig::from_json(
+            r#"{ "methodConfig": [
+                { "name": [{}], "timeout": "315576000000s",
+                  "retryPolicy": { "maxAttempts": 3, "initialBackoff": "7200s",
+                                   "maxBackoff": "7200s", "backoffMultiplier": 2,
+                                   "retryableStatusCodes": ["UNAVAILABLE"] } },
+                { "name": [{ "service": "a.Hedged" }], "timeout": "315576000000s",
+                  "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "315576000000s" } }
+              ] }"#,
+        )
+        .unwrap();
+        let layer = backstop::client::grpc().service_config(config).unwrap();
+        let seen: Seen = Arc::default();
+        let client = layer.layer(unavailable(seen.clone()));
+        for path in ["/a.Retried/Call", "/a.Hedged/Call"] {
+            let response = client.clone().oneshot(call(path)).await.unwrap();
+            assert_eq!(response.headers()["grpc-status"], "14", "{path}");
+        }
+        let seen = seen.lock().unwrap().clone();
+        let paths: Vec<_> = seen.iter().map(|(p, ..)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/a.Retried/Call",
+                "/a.Retried/Call",
+                "/a.Retried/Call",
+                "/a.Hedged/Call"
+            ]
+        );
+        for (_, timeout, _) in &seen {
+            let timeout = timeout.as_deref().expect("the attempt bound is sent");
+            let (digits, unit) = timeout.split_at(timeout.len() - 1);
+            assert!(
+                digits.len() <= 8 && digits.bytes().all(|b| b.is_ascii_digit()),
+                "{timeout}"
+            );
+            assert!("HMSmun".contains(unit), "{timeout}");
+        }
+        for pair in seen[..3].windows(2) {
+            assert!(
+                pair[1].2 - pair[0].2 <= Duration::from_secs(3600),
+                "capped at 1 h"
+            );
+        }
     }
 
     /// One JSON, three behaviours: `GetBalance` retried 4 times with A6's backoff, `Charge`
