@@ -17,6 +17,7 @@
 //! it leaves its buffer there.
 
 use crate::Idempotency;
+use backstop_deadline::Deadline;
 use bytes::Bytes;
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 use std::cell::Cell;
@@ -26,13 +27,49 @@ use std::cell::Cell;
 pub(crate) struct Template {
     pub(crate) method: Method,
     version: Version,
-    extensions: Extensions,
+    extensions: Kept,
     /// The URI's length and text, then per header nine fixed bytes (the name's length, the
     /// value's length, the sensitivity) and the name and value; lengths are `u32` in native
     /// order (the buffer never leaves the process). A `Vec`, not `Bytes`: an attempt after the
     /// first copies it into one shared `Bytes` that its header values slice.
     head: Vec<u8>,
     headers: usize,
+}
+
+/// A request's extensions, kept for its retries. Most requests carry none but the call's
+/// [`Deadline`] (an outer `PropagateDeadline` puts it there): that one is kept by value, which
+/// spares a copy of the map (three allocations) for every request that is never retried.
+#[derive(Debug)]
+enum Kept {
+    /// No extension but, maybe, the deadline.
+    Deadline(Option<Deadline>),
+    /// Any other extensions: the whole map.
+    All(Extensions),
+}
+
+impl Kept {
+    fn of(extensions: &Extensions) -> Self {
+        match extensions.len() {
+            0 => Kept::Deadline(None),
+            1 => match extensions.get::<Deadline>() {
+                Some(&deadline) => Kept::Deadline(Some(deadline)),
+                None => Kept::All(extensions.clone()),
+            },
+            _ => Kept::All(extensions.clone()),
+        }
+    }
+
+    fn to_extensions(&self) -> Extensions {
+        match self {
+            Kept::Deadline(None) => Extensions::new(),
+            Kept::Deadline(Some(deadline)) => {
+                let mut extensions = Extensions::new();
+                extensions.insert(*deadline);
+                extensions
+            }
+            Kept::All(extensions) => extensions.clone(),
+        }
+    }
 }
 
 /// The largest buffer kept as a thread's spare: a request with a larger head allocates its
@@ -132,7 +169,7 @@ impl Template {
         Self {
             method: req.method().clone(),
             version: req.version(),
-            extensions: req.extensions().clone(),
+            extensions: Kept::of(req.extensions()),
             head,
             headers: headers.len(),
         }
@@ -167,7 +204,7 @@ impl Template {
         *req.uri_mut() = uri;
         *req.version_mut() = self.version;
         *req.headers_mut() = headers;
-        *req.extensions_mut() = self.extensions.clone();
+        *req.extensions_mut() = self.extensions.to_extensions();
         req
     }
 

@@ -289,6 +289,13 @@ impl Shared {
         bound
     }
 
+    /// Whether the bound depends on the request's deadline (an adaptive one takes at most its
+    /// share of what is left).
+    #[inline]
+    fn capped_by_deadline(&self) -> bool {
+        matches!(self.bound, AttemptBound::Adaptive(_))
+    }
+
     /// The bound of an attempt that starts at `now` under `deadline` (the request's): the
     /// fixed one, or the adaptive one from the model, capped by the deadline's share.
     fn bound_at(&self, now: Instant, deadline: Option<Instant>) -> Option<Duration> {
@@ -518,7 +525,9 @@ where
         let told = tell_the_wire(&handle, self.writes, &mut req);
         let deadline = match told {
             Some(_) => None,
-            None => request_deadline(&req),
+            // Only an adaptive bound is capped by the deadline.
+            None if handle.capped_by_deadline() => request_deadline(&req),
+            None => None,
         };
         AttemptTimeoutFuture {
             future: self.inner.call(req),
@@ -531,14 +540,29 @@ where
     }
 }
 
-/// The request's deadline, if it carries one (its `Deadline` extension: the outer
-/// `PropagateDeadline`'s, or the retry layer's for a retry).
+/// The request's deadline, if it carries one: its `Deadline` extension (an outer
+/// `PropagateDeadline` that leaves the header to this layer, or the retry layer), else what
+/// its `grpc-timeout` says is left.
 #[cfg(feature = "deadline")]
 #[inline]
 fn request_deadline<B>(req: &Request<B>) -> Option<Instant> {
-    req.extensions()
-        .get::<backstop_deadline::Deadline>()
-        .map(|d| d.instant())
+    match req.extensions().get::<backstop_deadline::Deadline>() {
+        Some(deadline) => Some(deadline.instant()),
+        // A deadline layer that writes its header carries the deadline there. The names of a
+        // small map are compared first: cheaper than hashing a custom name for the many
+        // requests without it.
+        None => {
+            let headers = req.headers();
+            let name = backstop_core::grpc::GRPC_TIMEOUT;
+            if headers.keys_len() <= 8 && !headers.keys().any(|n| *n == name) {
+                return None;
+            }
+            headers
+                .get(name)
+                .and_then(|v| backstop_deadline::grpc_timeout::decode_header(v).ok())
+                .and_then(|left| Instant::now().checked_add(left))
+        }
+    }
 }
 
 #[cfg(not(feature = "deadline"))]
@@ -567,7 +591,12 @@ fn tell_the_wire<B>(
 ) -> Option<(Duration, Instant)> {
     use backstop_core::grpc::GRPC_TIMEOUT;
     use backstop_deadline::grpc_timeout;
-    let deadline = request_deadline(req);
+    // Needed to write the header, or to cap an adaptive bound.
+    let deadline = if writes.is_some() || shared.capped_by_deadline() {
+        request_deadline(req)
+    } else {
+        None
+    };
     // The instant the server is to be told, when this layer is the header's writer.
     let owed = writes
         .zip(deadline)

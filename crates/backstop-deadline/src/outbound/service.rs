@@ -94,10 +94,13 @@ where
         // What the server was told: once this instant has passed, every failure of the call is
         // the deadline's (a transport timer armed from our header, or the server giving up).
         let wire_deadline = Deadline::after_from(now, told);
-        // The call's deadline travels on the request: layers further in (retries, the attempt
-        // bound) read it there, wherever the request is called (behind a `Buffer`, on another
-        // task), never from a thread-local this layer sets.
-        req.extensions_mut().insert(deadline);
+        // Layers further in (retries, the attempt bound) read the call's deadline off the
+        // request, wherever it is called (behind a `Buffer`, on another task), never from a
+        // thread-local this layer sets: in its header when this layer writes one (no
+        // allocation), otherwise in an extension.
+        if !self.config.send_header {
+            req.extensions_mut().insert(deadline);
+        }
         let meter = self.meter();
         // User code inside (a service of its own) sees it as `current()` too.
         let scope = enter_picked(deadline);
