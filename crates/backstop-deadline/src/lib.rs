@@ -107,10 +107,14 @@
 //! 2. If less than [`min_remaining`](PropagateDeadlineLayerBuilder::min_remaining) is left, or
 //!    nothing is left once the [`offset`](PropagateDeadlineLayerBuilder::offset) is taken off,
 //!    the call fails at once without being sent.
-//! 3. Otherwise `grpc-timeout` is set to the remaining time minus the offset, the inner
-//!    service is called and its future polled with the call's deadline as [`current()`] (so
-//!    layers further in, such as retries, see it), and the call is bounded by the deadline:
-//!    its future, and then its response body.
+//! 3. Otherwise `grpc-timeout` is set to the remaining time minus the offset (unless built
+//!    with [`send_grpc_timeout(false)`](PropagateDeadlineLayer::send_grpc_timeout), which
+//!    puts the [`Deadline`] in the request's extensions instead, for a layer inside that
+//!    writes the header), the inner service is called and its future polled with the call's
+//!    deadline as [`current()`] (for user code inside), and the call is bounded by the
+//!    deadline with a timer of its own: its future, and then its response body. Layers
+//!    further in (retries, an attempt bound) read the deadline off the request, never from
+//!    [`current()`], so it holds behind a `Buffer` or on another task.
 //! 4. A call that fails after the time written in `grpc-timeout` has passed failed because of
 //!    the deadline (a transport timer armed from that header, such as tonic's channel, fires
 //!    there), and is reported as such.
@@ -126,7 +130,13 @@
 //! [`current()`] is task-local. A task spawned from a handler starts without it: wrap its future
 //! in [`with_current_deadline`](DeadlineFutureExt::with_current_deadline), or in
 //! [`Deadline::scope`] to give it a deadline of its own. Scopes only ever shorten: an inner
-//! scope with a later deadline keeps the outer one.
+//! scope with a later deadline keeps the outer one. A client whose `call` runs on another
+//! task (a `Buffer` around it) takes the deadline on the request instead:
+//! `req.extensions_mut().insert(deadline)`.
+//!
+//! A call made in the handler keeps its deadline wherever its future goes afterwards: picked
+//! in `call`, bounded by a timer the call's own future arms. A handler that polls a call and
+//! then spawns it, drops it, or races it in `select!` cannot make the server answer late.
 //!
 //! # Ordering
 //!

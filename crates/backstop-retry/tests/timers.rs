@@ -62,8 +62,8 @@ async fn an_earlier_deadline_than_the_handlers_arms_its_own_timer() {
     assert_eq!(response.status(), 200);
 }
 
-/// A retried call polled once inside a handler (covered there: no timer armed) and then moved
-/// to a task of its own arms its timer there, and ends at its deadline.
+/// A retried call polled once inside a handler and then moved to a task of its own ends at
+/// its deadline there (its timer wakes the task it is polled on).
 #[tokio::test(start_paused = true)]
 async fn a_call_moved_to_another_task_arms_its_timer_there() {
     let retry = RetryConfig::http().build().unwrap().layer(hung());

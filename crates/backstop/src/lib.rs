@@ -247,7 +247,9 @@ pub mod prelude {
     pub use backstop_breaker::{BreakerConfig, BreakerLayer, Mode, State};
     pub use backstop_core::{BoxError, GrpcClassifier, HttpClassifier};
     #[cfg(feature = "deadline")]
-    pub use backstop_deadline::{Deadline, DeadlineLayer, PropagateDeadlineLayer, current};
+    pub use backstop_deadline::{
+        Deadline, DeadlineFutureExt, DeadlineLayer, PropagateDeadlineLayer, current,
+    };
     #[cfg(feature = "retry")]
     pub use backstop_retry::{PushbackLayer, ReplayBody, RetryConfig, RetryLayer};
 }

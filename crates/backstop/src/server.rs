@@ -10,6 +10,65 @@ use tower_layer::Layer;
 /// cancels them when it passes; [`PushbackLayer`] tells callers not to retry when this
 /// service's own retries gave up. Keeps `Error = S::Error`, so it fits
 /// `tonic::transport::Server::layer` and `axum::Router::layer` as is.
+///
+/// # Carrying the deadline into a handler's calls
+///
+/// While the handler runs, its deadline is [`current()`](backstop_deadline::current): a
+/// client call made in the handler's task picks it up, whatever the handler then does with
+/// the call's future. Two ways out of that task need a word from the handler:
+///
+/// - **A spawned task** starts with no deadline (task-locals do not follow `tokio::spawn` or a
+///   `JoinSet`): wrap the future in
+///   [`with_current_deadline()`](backstop_deadline::DeadlineFutureExt::with_current_deadline)
+///   where it is built, in the handler.
+/// - **A client whose `call` runs on another task** (a `Buffer` around it) does not see the
+///   handler's scope: put the deadline on the request, `req.extensions_mut().insert(deadline)`.
+///   A `Buffer` inside the client preset (a tonic `Channel`) needs nothing.
+///
+/// Either way the server answers at its deadline; without them the call goes out with only
+/// its own timeouts.
+///
+/// ```
+/// use backstop::prelude::*;
+/// use http::{Request, Response};
+/// use std::convert::Infallible;
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// // A dependency that says which grpc-timeout it was sent.
+/// let dependency = service_fn(|req: Request<ReplayBody<String>>| async move {
+///     let mut response = Response::new(String::new());
+///     if let Some(told) = req.headers().get("grpc-timeout") {
+///         response.headers_mut().insert("told", told.clone());
+///     }
+///     Ok::<_, Infallible>(response)
+/// });
+/// let client = ServiceBuilder::new()
+///     .layer(backstop::client::http())
+///     .service(dependency);
+/// let handler = service_fn(move |_req: Request<String>| {
+///     let client = client.clone();
+///     async move {
+///         // Called on a task of its own, with the handler's deadline carried along.
+///         let call = client.oneshot(Request::new(String::new())).with_current_deadline();
+///         let response = tokio::spawn(call).await.unwrap().unwrap();
+///         let mut answer = Response::new(String::new());
+///         *answer.headers_mut() = response.headers().clone();
+///         Ok::<_, Infallible>(answer)
+///     }
+/// });
+/// let server = ServiceBuilder::new().layer(backstop::server()).service(handler);
+/// let request = Request::builder().header("grpc-timeout", "2S").body(String::new()).unwrap();
+/// let response = server.oneshot(request).await.unwrap();
+/// // What is left of the 2 s (less the server's 1 ms lead, the attempt's share of it, rounded
+/// // down); without `with_current_deadline` the spawned call would be sent its attempt
+/// // bound alone.
+/// let told = response.headers()["told"].to_str().unwrap();
+/// let ms: u64 = told.strip_suffix('m').unwrap().parse().unwrap();
+/// assert!((1_000..2_000).contains(&ms), "{told}");
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ServerLayer {
     deadline: DeadlineLayer,

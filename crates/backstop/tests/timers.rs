@@ -1,7 +1,6 @@
-//! The client preset arms one timer per attempt (its deadline layer, retry layer and attempt
-//! bound share the one that fires first; see docs/ARCHITECTURE.md, "One timer per instant").
-//! What must hold whatever the dependency does with timers of its own and however the attempts
-//! go: every call ends by its deadline, and a first attempt that answers within its bound and
+//! Each layer of the client preset arms its own timer (docs/ARCHITECTURE.md, "Timers: each
+//! layer owns its timer"). What must hold whatever the dependency does with timers of its own
+//! and however the attempts go (`tests/callers.rs` varies what the caller does instead): every call ends by its deadline, and a first attempt that answers within its bound and
 //! the deadline is the answer, at exactly that time.
 
 use backstop::{retry::ReplayBody, retry::RetryConfig};
