@@ -30,7 +30,10 @@
 //!   success deposits once per request. Failures reach the budget as they do for retries.
 //! - **The deadline.** No hedge is sent without `min_attempt_time` left on the wire; each
 //!   hedge's `grpc-timeout` says the time really left, and gRPC hedges carry
-//!   `grpc-previous-rpc-attempts` (the number of attempts sent before it).
+//!   `grpc-previous-rpc-attempts` (the number of attempts sent before it). The deadline ends
+//!   the call whatever it waits for — an attempt, the next hedge's time, or a service that is
+//!   not ready to take a hedge (its own timer, armed the first time the call waits) — with
+//!   the deadline's error.
 //!
 //! Compared with tower's `Hedge`: that sends one hedge at most, needs `Clone` requests, keeps
 //! its histogram behind a `Mutex` (and reads only the last full period of it, so it does not

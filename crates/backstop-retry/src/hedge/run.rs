@@ -8,6 +8,7 @@ use crate::{
     state::{Heard, RetryState},
     stats::GiveUp,
 };
+use backstop_core::timer::LazySleep;
 use backstop_core::{
     BoxError, Classify, DeadlineExceeded, ServerHint, grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
 };
@@ -30,6 +31,7 @@ pub(crate) struct Hedges<F, T> {
     next: Option<Instant>,
     stopped: bool,
     deadline: Option<Instant>,
+    /// The next hedge's timer (the deadline's is the response future's).
     timer: Option<Pin<Box<Sleep>>>,
     /// The last attempt that did not commit, returned when nothing else is left.
     last: Option<Result<T, BoxError>>,
@@ -89,6 +91,16 @@ enum Judged {
     Stop(Option<GiveUp>),
 }
 
+/// What [`RetryState::poll_hedge`] did.
+enum Hedge {
+    /// A hedge was sent.
+    Sent,
+    /// None is due, or none will be sent.
+    NotDue,
+    /// One is due, and waits for the service to be ready, which wakes the task.
+    Waiting,
+}
+
 /// The result of a hedged request, and whether its body tells the budget of the outcome.
 pub(crate) type Settled<R, C> = (Result<Response<R>, BoxError>, Option<Arc<Handle<C>>>);
 
@@ -115,23 +127,22 @@ impl<S, B, C> RetryState<S, B, C> {
         }
     }
 
-    /// Sends the next hedge if one is due and every rule allows it. `Pending` only while the
-    /// service is not ready.
+    /// Sends the next hedge if one is due and every rule allows it.
     fn poll_hedge<R>(
         &mut self,
         hedges: &mut Hedges<S::Future, Response<R>>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<(), BoxError>>
+    ) -> Result<Hedge, BoxError>
     where
         S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
         S::Error: Into<BoxError>,
     {
         let Some(due) = hedges.next else {
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         };
         let now = Instant::now();
         if now < due {
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
         let policy = &self.shared.policy;
         let hedging = policy.hedging.as_ref().expect("a hedged request");
@@ -141,7 +152,7 @@ impl<S, B, C> RetryState<S, B, C> {
             .map_or(hedging.max_attempts, |n| n.min(hedging.max_attempts));
         if self.attempts >= cap {
             hedges.stop(Some(GiveUp::Attempts));
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
         if let Some(send_by) = self.bounds.send_by()
             && now
@@ -149,19 +160,23 @@ impl<S, B, C> RetryState<S, B, C> {
                 .is_none_or(|t| t > send_by)
         {
             hedges.stop(Some(GiveUp::Deadline));
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
         if !self.body.is_complete() {
             hedges.stop(Some(GiveUp::NotReplayable));
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
-        ready!(self.service.poll_ready(cx)).map_err(Into::into)?;
+        if let Poll::Ready(ready) = self.service.poll_ready(cx) {
+            ready.map_err(Into::into)?;
+        } else {
+            return Ok(Hedge::Waiting);
+        }
         if let Some(budget) = &policy.budget {
             let granted = budget.try_withdraw();
             self.shared.meter_budget();
             if !granted {
                 hedges.stop(Some(GiveUp::Budget));
-                return Poll::Ready(Ok(()));
+                return Ok(Hedge::NotDue);
             }
         }
         let body = self.body.replay().expect("a complete body is replayable");
@@ -176,7 +191,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 self.shared.meter_budget();
             }
             hedges.stop(Some(GiveUp::Deadline));
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
         self.attempts += 1;
         self.shared.stats.hedge();
@@ -192,16 +207,19 @@ impl<S, B, C> RetryState<S, B, C> {
         // No delay (a model not trusted any more): no hedge on a timer, but a retryable
         // failure still sends the next one.
         hedges.next = hedging.delay.delay().and_then(|d| now.checked_add(d));
-        Poll::Ready(Ok(()))
+        Ok(Hedge::Sent)
     }
 
-    /// Drives a hedged request until one attempt commits or none is left. Never inlined:
-    /// the response future's `poll` stays as small as it was without hedging, so requests
-    /// that are not hedged pay nothing for it.
+    /// Drives a hedged request until one attempt commits or none is left, or its deadline
+    /// (`deadline_timer` is its timer: whatever it waits for, a hedge's time, the service's
+    /// readiness or an attempt, the deadline ends the wait). Never inlined: the response
+    /// future's `poll` stays as small as it was without hedging, so requests that are not
+    /// hedged pay nothing for it.
     #[inline(never)]
     pub(crate) fn poll_hedges<R>(
         &mut self,
         hedges: &mut Hedges<S::Future, Response<R>>,
+        mut deadline_timer: Pin<&mut LazySleep>,
         cx: &mut Context<'_>,
     ) -> Poll<Settled<R, C>>
     where
@@ -232,12 +250,10 @@ impl<S, B, C> RetryState<S, B, C> {
                 }
                 hedges.last = Some(result);
             }
-            let before = hedges.in_flight.len();
-            if let Err(e) = ready!(self.poll_hedge(hedges, cx)) {
-                return Poll::Ready((Err(e), None));
-            }
-            if hedges.in_flight.len() > before {
-                continue; // a hedge was just sent: poll it
+            match self.poll_hedge(hedges, cx) {
+                Err(e) => return Poll::Ready((Err(e), None)),
+                Ok(Hedge::Sent) => continue, // poll it
+                Ok(Hedge::NotDue | Hedge::Waiting) => {}
             }
             if hedges.in_flight.is_empty() && hedges.next.is_none() {
                 return Poll::Ready(self.settle(hedges));
@@ -246,20 +262,24 @@ impl<S, B, C> RetryState<S, B, C> {
             if hedges.deadline.is_some_and(|d| d <= now) {
                 return Poll::Ready((Err(DeadlineExceeded::new().into()), None));
             }
-            let wake = match (hedges.next, hedges.deadline) {
-                (Some(a), Some(b)) => a.min(b),
-                (a, b) => match a.or(b) {
-                    Some(t) => t,
-                    None => return Poll::Pending,
-                },
-            };
-            match &mut hedges.timer {
-                Some(timer) if timer.deadline() == wake => {}
-                Some(timer) => timer.as_mut().reset(wake),
-                None => hedges.timer = Some(Box::pin(sleep_until(wake))),
+            // The next hedge's timer, when it is still to come (one due already waits for the
+            // service, which wakes the task when it is ready).
+            if let Some(next) = hedges.next.filter(|&next| next > now) {
+                match &mut hedges.timer {
+                    Some(timer) if timer.deadline() == next => {}
+                    Some(timer) => timer.as_mut().reset(next),
+                    None => hedges.timer = Some(Box::pin(sleep_until(next))),
+                }
+                let timer = hedges.timer.as_mut().expect("set above");
+                if timer.as_mut().poll(cx).is_ready() {
+                    continue;
+                }
             }
-            let timer = hedges.timer.as_mut().expect("set above");
-            ready!(timer.as_mut().poll(cx));
+            // The deadline's own timer, whatever else the task waits for.
+            let Some(deadline) = hedges.deadline else {
+                return Poll::Pending;
+            };
+            ready!(deadline_timer.as_mut().poll_until(cx, deadline));
         }
     }
 
