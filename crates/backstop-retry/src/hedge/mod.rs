@@ -10,13 +10,19 @@
 //!   (by default GET, HEAD, OPTIONS, TRACE, PUT, DELETE or an `Idempotency-Key`; every gRPC
 //!   call is a POST, so a gRPC client opts in with [`Idempotency::All`](crate::Idempotency::All)
 //!   when all its methods are safe to run twice). Other requests are retried as without
-//!   hedging. A request is hedged only while its body is complete in the replay buffer (an
-//!   empty body always is): a copy then never cuts another attempt's body short
-//!   ([`ReplayBody::is_complete`](crate::ReplayBody::is_complete)). A body still streaming, or
-//!   past `max_replay_bytes`, is not hedged.
+//!   hedging.
+//! - **The body.** A copy goes beside an attempt in flight only once the request's body is
+//!   complete in the replay buffer (an empty body always is), so it never cuts another
+//!   attempt's body short ([`ReplayBody::is_complete`](crate::ReplayBody::is_complete)): a
+//!   hedge due while the transport is still sending the body (hyper and tonic send it on their
+//!   connection task, after the first poll) waits for the body's end, then goes at once. With
+//!   no attempt in flight (the last one failed), the next copy takes the body over as a
+//!   retry's does, complete or not. A body past `max_replay_bytes` is neither hedged nor
+//!   retried.
 //! - **When.** The first attempt goes at once; each further one [`HedgeDelay`] after the
-//!   previous one, up to `max_attempts` in all. A delay of `None` (a measured delay whose
-//!   model is not trusted yet) sends no hedge: the request is retried as without hedging.
+//!   previous one, up to `max_attempts` in all (a delay of zero sends them all at once, once
+//!   the body is complete). A delay of `None` (a measured delay whose model is not trusted
+//!   yet) sends no hedge: the request is retried as without hedging.
 //! - **Which answer wins.** The first attempt that *commits*: a success, a response whose
 //!   outcome the trailers will tell (gRPC headers without a status), or a failure that is not
 //!   retryable (A6's "fatal"). Every other attempt is dropped at that moment — for the breaker

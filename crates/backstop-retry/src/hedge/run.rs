@@ -97,7 +97,8 @@ enum Hedge {
     Sent,
     /// None is due, or none will be sent.
     NotDue,
-    /// One is due, and waits for the service to be ready, which wakes the task.
+    /// One is due, and waits for the service to be ready or the body to be complete, either
+    /// of which wakes the task.
     Waiting,
 }
 
@@ -162,9 +163,21 @@ impl<S, B, C> RetryState<S, B, C> {
             hedges.stop(Some(GiveUp::Deadline));
             return Ok(Hedge::NotDue);
         }
-        if !self.body.is_complete() {
-            hedges.stop(Some(GiveUp::NotReplayable));
-            return Ok(Hedge::NotDue);
+        // A copy sent beside an attempt in flight needs the whole body in the buffer (made
+        // before, it would take the body over from the attempt still sending it): a hedge due
+        // while the transport sends the body waits for its end. With none in flight, a copy
+        // takes the body over, as a retry's does.
+        let whole = match hedges.in_flight.is_empty() {
+            true => Poll::Ready(self.body.is_replayable()),
+            false => self.body.poll_complete(cx),
+        };
+        match whole {
+            Poll::Ready(true) => {}
+            Poll::Ready(false) => {
+                hedges.stop(Some(GiveUp::NotReplayable));
+                return Ok(Hedge::NotDue);
+            }
+            Poll::Pending => return Ok(Hedge::Waiting),
         }
         if let Poll::Ready(ready) = self.service.poll_ready(cx) {
             ready.map_err(Into::into)?;
@@ -179,7 +192,16 @@ impl<S, B, C> RetryState<S, B, C> {
                 return Ok(Hedge::NotDue);
             }
         }
-        let body = self.body.replay().expect("a complete body is replayable");
+        // `None` only when the body crossed its cap a moment ago (the attempt that failed may
+        // still be sending it, on another thread).
+        let Some(body) = self.body.replay() else {
+            if let Some(budget) = &policy.budget {
+                budget.refund();
+                self.shared.meter_budget();
+            }
+            hedges.stop(Some(GiveUp::NotReplayable));
+            return Ok(Hedge::NotDue);
+        };
         let mut req = self.template.request(body);
         if is_grpc(req.headers()) {
             req.headers_mut()
