@@ -286,6 +286,66 @@ async fn pushback_n_sends_the_next_hedge_in_n_ms() {
     assert_eq!(log.at(), [0, 310]);
 }
 
+fn retry_after(code: u16, seconds: u64) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .header("retry-after", seconds.to_string())
+        .body(String::new())
+        .unwrap()
+}
+
+/// `Retry-After` is the least wait before the next hedge, as it is before a retry (RFC 9110):
+/// neither the failure's shortcut nor the hedging delay sends one sooner.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_holds_the_next_hedge_back() {
+    // The first attempt is slow; the hedge at 100 ms is told to come back in 2 s at 110 ms.
+    let (svc, log) = dependency(vec![(5_000, ok()), (10, retry_after(429, 2)), (10, ok())]);
+    let layer = hedged(100, 3);
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // Not at 110 ms (the failure's shortcut) nor at 200 ms (the delay): at 2 110 ms.
+    assert_eq!(log.at(), [0, 100, 2_110]);
+    assert_eq!((Instant::now() - t0).as_millis(), 2_120);
+
+    // Nothing else in flight: the same wait.
+    let (svc, log) = dependency(vec![(10, retry_after(503, 2)), (10, ok())]);
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(log.at(), [0, 2_010]);
+}
+
+/// A server's wait that ends past the deadline (less `min_attempt_time`) stops hedging at
+/// once, as it gives a retry up: with nothing else in flight, the failure is the answer now,
+/// not the deadline's error later.
+#[tokio::test(start_paused = true)]
+async fn a_server_wait_past_the_deadline_stops_hedging_at_once() {
+    let (svc, log) = dependency(vec![(10, retry_after(503, 2))]);
+    let layer = hedged(100, 3);
+    let mut req = get();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(1)));
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(req).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!((Instant::now() - t0).as_millis(), 10);
+    assert_eq!(log.at(), [0]);
+    assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 1);
+
+    // A gRPC pushback likewise.
+    let (svc, log) = dependency(vec![(10, status(14, Some("5000")))]);
+    let layer = grpc_hedged(100, 3);
+    let mut req = grpc_call();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(1)));
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(req).await.unwrap();
+    assert_eq!(grpc_status(&response), "14");
+    assert_eq!((Instant::now() - t0).as_millis(), 10);
+    assert_eq!(log.at(), [0]);
+    assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_the_idempotency_rule_refuses_is_not_hedged() {
     let (svc, log) = dependency(vec![(1_000, ok())]);

@@ -28,9 +28,12 @@
 //!   retryable (A6's "fatal"). Every other attempt is dropped at that moment — for the breaker
 //!   and the latency model a cancellation, never a failure.
 //! - **Retryable failures** (A6's "non-fatal codes": the classifier's retryable set) send the
-//!   next hedge at once; `grpc-retry-pushback-ms: n` sends it in exactly `n` ms; a negative
-//!   pushback stops hedging. When no attempt is left in flight and no hedge will be sent, the
-//!   last failure is returned.
+//!   next hedge at once; `grpc-retry-pushback-ms: n` sends it in exactly `n` ms, and a
+//!   `Retry-After` after that long (both clamped by `max_hint`, as for retries), and no hedge
+//!   goes before a wait the server asked for is over, whatever the hedging delay says; a wait
+//!   that does not leave `min_attempt_time` before the deadline stops hedging at once, and a
+//!   negative pushback stops it too. When no attempt is left in flight and no hedge will be
+//!   sent, the last failure is returned.
 //! - **The budget.** Every hedge takes a token from the same [`Budget`](crate::Budget) as
 //!   retries, so retries and hedges together stay within its ratio; no token, no hedge. A
 //!   success deposits once per request. Failures reach the budget as they do for retries.

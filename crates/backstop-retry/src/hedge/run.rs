@@ -29,6 +29,8 @@ pub(crate) struct Hedges<F, T> {
     /// When the next hedge is due; `None`: none is scheduled (a retryable failure may still
     /// schedule one, unless hedging `stopped`).
     next: Option<Instant>,
+    /// No hedge before this instant: the end of the last wait a server asked for.
+    hold: Option<Instant>,
     stopped: bool,
     deadline: Option<Instant>,
     /// The next hedge's timer (the deadline's is the response future's).
@@ -47,6 +49,7 @@ impl<F, T> Hedges<F, T> {
         HedgesBox(Some(Box::new(Self {
             in_flight: vec![Box::pin(first)],
             next: Instant::now().checked_add(delay),
+            hold: None,
             stopped: false,
             deadline,
             timer: None,
@@ -85,7 +88,8 @@ impl<F, T> Drop for HedgesBox<F, T> {
 enum Judged {
     /// It wins: return it (watching its trailers for the budget when `true`).
     Commit(bool),
-    /// A retryable failure: the next hedge goes after this wait (at once by default).
+    /// A retryable failure: the next hedge goes after this wait (at once, unless the server
+    /// asked for one), and none before it.
     HedgeAfter(Duration),
     /// No further hedge.
     Stop(Option<GiveUp>),
@@ -121,9 +125,12 @@ impl<S, B, C> RetryState<S, B, C> {
                 Judged::Commit(false)
             }
             Heard::Failure(_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
-            Heard::Failure(_, Some(ServerHint::Pushback(asked))) => {
-                Judged::HedgeAfter(asked.min(self.shared.policy.max_hint))
-            }
+            // A pushback says exactly when, a `Retry-After` the least wait (RFC 9110): the
+            // failure's shortcut (at once) makes both the same.
+            Heard::Failure(
+                _,
+                Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked)),
+            ) => Judged::HedgeAfter(asked.min(self.shared.policy.max_hint)),
             Heard::Failure(..) => Judged::HedgeAfter(Duration::ZERO),
         }
     }
@@ -228,8 +235,40 @@ impl<S, B, C> RetryState<S, B, C> {
         hedges.in_flight.push(Box::pin(self.service.call(req)));
         // No delay (a model not trusted any more): no hedge on a timer, but a retryable
         // failure still sends the next one.
-        hedges.next = hedging.delay.delay().and_then(|d| now.checked_add(d));
+        hedges.next = hedging
+            .delay
+            .delay()
+            .and_then(|d| now.checked_add(d))
+            .map(|at| hedges.hold.map_or(at, |hold| at.max(hold)));
         Ok(Hedge::Sent)
+    }
+
+    /// Schedules the next hedge after a retryable failure: at once (A6), or when the wait the
+    /// server asked for is over (a pushback's exactly, a `Retry-After`'s at least), and from
+    /// then on no hedge goes before the end of that wait. A wait that does not leave
+    /// `min_attempt_time` before the deadline on the wire ends hedging at once, as it gives a
+    /// retry up.
+    fn hedge_after<F, T>(&self, hedges: &mut Hedges<F, T>, wait: Duration) {
+        if hedges.stopped {
+            return;
+        }
+        let Some(at) = Instant::now().checked_add(wait) else {
+            hedges.stop(Some(GiveUp::Deadline));
+            return;
+        };
+        if !wait.is_zero() {
+            hedges.hold = hedges.hold.max(Some(at));
+        }
+        let at = hedges.hold.map_or(at, |hold| at.max(hold));
+        if let Some(send_by) = self.bounds.send_by()
+            && at
+                .checked_add(self.shared.policy.min_attempt_time)
+                .is_none_or(|t| t > send_by)
+        {
+            hedges.stop(Some(GiveUp::Deadline));
+            return;
+        }
+        hedges.next = Some(at);
     }
 
     /// Drives a hedged request until one attempt commits or none is left, or its deadline
@@ -264,10 +303,7 @@ impl<S, B, C> RetryState<S, B, C> {
                         let watch = watch.then(|| self.shared.clone());
                         return Poll::Ready((result, watch));
                     }
-                    Judged::HedgeAfter(wait) if !hedges.stopped => {
-                        hedges.next = Instant::now().checked_add(wait);
-                    }
-                    Judged::HedgeAfter(_) => {}
+                    Judged::HedgeAfter(wait) => self.hedge_after(hedges, wait),
                     Judged::Stop(why) => hedges.stop(why),
                 }
                 hedges.last = Some(result);
