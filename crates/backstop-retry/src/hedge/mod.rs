@@ -26,7 +26,9 @@
 //! - **Which answer wins.** The first attempt that *commits*: a success, a response whose
 //!   outcome the trailers will tell (gRPC headers without a status), or a failure that is not
 //!   retryable (A6's "fatal"). Every other attempt is dropped at that moment — for the breaker
-//!   and the latency model a cancellation, never a failure.
+//!   a cancellation, never a failure; for the facade's latency model (the measured delay's
+//!   source) a censored sample, at least as long as it ran, so the model's tail, and with it
+//!   the delay, is not read short from the winners alone.
 //! - **Retryable failures** (A6's "non-fatal codes": the classifier's retryable set) send the
 //!   next hedge at once; `grpc-retry-pushback-ms: n` sends it in exactly `n` ms, and a
 //!   `Retry-After` after that long (both clamped by `max_hint`, as for retries), and no hedge
