@@ -252,15 +252,18 @@ impl<S, B, C> RetryState<S, B, C> {
         if hedges.stopped {
             return;
         }
+        let send_by = self.bounds.send_by();
         let Some(at) = Instant::now().checked_add(wait) else {
-            hedges.stop(Some(GiveUp::Deadline));
+            // A wait past the end of time: past any deadline, or asked never to come back.
+            let why = send_by.map_or(GiveUp::Hint, |_| GiveUp::Deadline);
+            hedges.stop(Some(why));
             return;
         };
         if !wait.is_zero() {
             hedges.hold = hedges.hold.max(Some(at));
         }
         let at = hedges.hold.map_or(at, |hold| at.max(hold));
-        if let Some(send_by) = self.bounds.send_by()
+        if let Some(send_by) = send_by
             && at
                 .checked_add(self.shared.policy.min_attempt_time)
                 .is_none_or(|t| t > send_by)
@@ -321,7 +324,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 return Poll::Ready((Err(DeadlineExceeded::new().into()), None));
             }
             // The next hedge's timer, when it is still to come (one due already waits for the
-            // service, which wakes the task when it is ready).
+            // service or the body, which wake the task).
             if let Some(next) = hedges.next.filter(|&next| next > now) {
                 match &mut hedges.timer {
                     Some(timer) if timer.deadline() == next => {}
