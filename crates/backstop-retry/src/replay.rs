@@ -78,7 +78,9 @@ impl Error for BodyFailedEarlier {}
 /// - **Once the whole body is buffered, no one is fenced off.** When the original body has
 ///   ended within `max_replay_bytes`, nobody reads it, appends to the buffer or clears it any
 ///   more: every copy, older or newer, replays the same frozen buffer to its end. This is what
-///   lets hedged attempts send one body side by side ([`ReplayBody::is_complete`]).
+///   lets hedged attempts send one body side by side ([`ReplayBody::is_complete`]); a hedge due
+///   before that moment waits for it, woken by the poll that reads the body's end (or crosses
+///   `max_replay_bytes`, or fails: then no copy will come), after the lock is let go.
 /// - **A copy sends exactly the original bytes, or fails.** It replays the buffered chunks in
 ///   order, then reads on from where the original body was left. The buffer is only appended
 ///   to by the owner and only cleared when the owner crosses `max_replay_bytes`, and from then
