@@ -73,11 +73,19 @@ pin_project! {
         },
         Expired,
         // The attempts of a hedged request (boxed: a request that is not hedged pays nothing
-        // for the space).
-        Hedging { hedges: HedgesBox<F, T> },
+        // for the space), and the deadline's timer, armed the first time the call waits.
+        Hedging {
+            hedges: HedgesBox<F, T>,
+            #[pin]
+            timer: LazySleep,
+        },
         BackingOff { #[pin] sleep: Sleep },
-        // The backoff is over: the retry goes out once the service is ready.
-        SendingRetry,
+        // The backoff is over: the retry goes out once the service is ready, unless the
+        // deadline comes first (its timer armed the first time the service is not ready).
+        SendingRetry {
+            #[pin]
+            timer: LazySleep,
+        },
         Done,
     }
 }
@@ -147,7 +155,10 @@ impl<F, T> State<F, T> {
 
     /// A first attempt sent with its hedges to come.
     pub(crate) fn hedging(hedges: HedgesBox<F, T>) -> Self {
-        State::Hedging { hedges }
+        State::Hedging {
+            hedges,
+            timer: LazySleep::new(),
+        }
     }
 }
 
@@ -310,29 +321,42 @@ where
                     this.state.set(State::Done);
                     return Poll::Ready(finish(this.retry.as_ref(), this.once, result, watch));
                 }
-                StateProj::Hedging { hedges } => {
+                StateProj::Hedging { hedges, timer } => {
                     let retry = this.retry.as_mut().expect("a hedged request");
-                    let (result, watch) = ready!(retry.poll_hedges(hedges.get(), cx));
+                    let (result, watch) = ready!(retry.poll_hedges(hedges.get(), timer, cx));
                     // The attempts still in flight are cancelled here.
                     this.state.set(State::Done);
                     return Poll::Ready(finish(this.retry.as_ref(), this.once, result, watch));
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);
-                    // The attempt counted when it was decided was never sent.
                     if let Some(retry) = this.retry.as_mut() {
-                        retry.attempts -= 1;
+                        retry.unsent();
                     }
                     let result = Err(DeadlineExceeded::new().into());
                     return Poll::Ready(finish(this.retry.as_ref(), this.once, result, None));
                 }
                 StateProj::BackingOff { sleep } => {
                     ready!(sleep.poll(cx));
-                    this.state.set(State::SendingRetry);
+                    this.state.set(State::SendingRetry {
+                        timer: LazySleep::new(),
+                    });
                 }
-                StateProj::SendingRetry => {
+                StateProj::SendingRetry { timer } => {
                     let retry = this.retry.as_mut().expect("only retries wait");
-                    if let Err(e) = ready!(retry.service.poll_ready(cx)) {
+                    let ready = match retry.service.poll_ready(cx) {
+                        Poll::Ready(ready) => ready,
+                        Poll::Pending => {
+                            let Some(at) = retry.bounds.deadline.map(|d| d.instant()) else {
+                                return Poll::Pending;
+                            };
+                            // Its own timer: the deadline ends the wait for the service.
+                            ready!(timer.poll_until(cx, at));
+                            this.state.set(State::Expired);
+                            continue;
+                        }
+                    };
+                    if let Err(e) = ready {
                         this.state.set(State::Done);
                         let result = Err(e.into());
                         return Poll::Ready(finish(this.retry.as_ref(), this.once, result, None));

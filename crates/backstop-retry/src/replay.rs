@@ -78,7 +78,9 @@ impl Error for BodyFailedEarlier {}
 /// - **Once the whole body is buffered, no one is fenced off.** When the original body has
 ///   ended within `max_replay_bytes`, nobody reads it, appends to the buffer or clears it any
 ///   more: every copy, older or newer, replays the same frozen buffer to its end. This is what
-///   lets hedged attempts send one body side by side ([`ReplayBody::is_complete`]).
+///   lets hedged attempts send one body side by side ([`ReplayBody::is_complete`]); a hedge due
+///   before that moment waits for it, woken by the poll that reads the body's end (or crosses
+///   `max_replay_bytes`, or fails: then no copy will come), after the lock is let go.
 /// - **A copy sends exactly the original bytes, or fails.** It replays the buffered chunks in
 ///   order, then reads on from where the original body was left. The buffer is only appended
 ///   to by the owner and only cleared when the owner crosses `max_replay_bytes`, and from then
@@ -125,6 +127,9 @@ struct State<B> {
     next_id: u64,
     /// The owner's waker while it waits on the original body, to wake it when it is fenced off.
     waiting: Option<Waker>,
+    /// The waker of a hedged request waiting for the body to be complete, woken when it is or
+    /// can no longer be (see [`ReplayBody::poll_complete`]).
+    completion: Option<Waker>,
 }
 
 impl<B: Body> ReplayBody<B> {
@@ -154,6 +159,7 @@ impl<B: Body> ReplayBody<B> {
                     owner: 0,
                     next_id: 1,
                     waiting: None,
+                    completion: None,
                 })),
                 id: 0,
                 pos: 0,
@@ -225,6 +231,32 @@ impl<B> ReplayBody<B> {
         }
     }
 
+    /// [`is_complete`](Self::is_complete), waiting for it: `Ready(true)` once the whole body
+    /// is in the buffer, `Ready(false)` when it never will be (passed through, past
+    /// `max_replay_bytes`, or failed), and `Pending` until then, `cx` woken when the copy being
+    /// sent reads the body's end or it can no longer be complete. For a hedge due while the
+    /// transport is still sending the body (hyper and tonic send it on their connection task).
+    pub(crate) fn poll_complete(&self, cx: &mut Context<'_>) -> Poll<bool> {
+        match &self.inner {
+            Inner::Shared { state, .. } => {
+                let mut state = lock(state);
+                if state.is_complete() {
+                    return Poll::Ready(true);
+                }
+                if state.is_settled() {
+                    return Poll::Ready(false);
+                }
+                match &state.completion {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => state.completion = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            Inner::Empty => Poll::Ready(true),
+            Inner::Passthrough(_) => Poll::Ready(false),
+        }
+    }
+
     /// Whether a newer copy has taken the original body over from this one before it was
     /// complete, so polling this copy fails with [`BodySuperseded`].
     pub fn is_superseded(&self) -> bool {
@@ -263,6 +295,11 @@ impl<B> State<B> {
     fn is_complete(&self) -> bool {
         self.ended && self.is_replayable()
     }
+
+    /// Whether the body is as complete as it will ever be: ended, or no longer replayable.
+    fn is_settled(&self) -> bool {
+        self.ended || !self.is_replayable()
+    }
 }
 
 impl<B> Body for ReplayBody<B>
@@ -291,87 +328,18 @@ where
             } => (state, *id, pos, trailers_sent),
         };
         let mut state = lock(state);
-        if state.owner != id && !state.is_complete() {
-            return Poll::Ready(Some(Err(BodySuperseded.into())));
-        }
-        if let Some(chunk) = state.chunks.get(*pos) {
-            *pos += 1;
-            return Poll::Ready(Some(Ok(Frame::data(chunk.clone()))));
-        }
-        if state.ended {
-            if !*trailers_sent && let Some(trailers) = &state.trailers {
-                *trailers_sent = true;
-                return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
-            }
-            return Poll::Ready(None);
-        }
-        if state.failed {
-            // The original body failed while an older copy read it; this copy cannot go on.
-            return Poll::Ready(Some(Err(BodyFailedEarlier.into())));
-        }
-        let Some(body) = state.body.as_mut() else {
-            return Poll::Ready(None);
+        let polled = poll_shared(&mut state, cx, id, pos, trailers_sent);
+        // The poll that settled the body wakes a hedge waiting for it, once the lock is let go.
+        let completion = if state.is_settled() {
+            state.completion.take()
+        } else {
+            None
         };
-        let polled = body.as_mut().poll_frame(cx);
-        match polled {
-            Poll::Pending => {
-                match &state.waiting {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    _ => state.waiting = Some(cx.waker().clone()),
-                }
-                Poll::Pending
-            }
-            Poll::Ready(None) => {
-                state.ended = true;
-                state.body = None;
-                state.waiting = None;
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Err(e))) => {
-                state.failed = true;
-                state.body = None;
-                state.chunks = Vec::new();
-                state.waiting = None;
-                Poll::Ready(Some(Err(e.into())))
-            }
-            Poll::Ready(Some(Ok(frame))) => {
-                state.waiting = None;
-                let frame = match frame.into_data() {
-                    Ok(data) => {
-                        if !state.overflowed && state.buffered + data.len() <= state.max {
-                            state.buffered += data.len();
-                            state.chunks.push(data.clone());
-                            *pos += 1;
-                        } else if !state.overflowed {
-                            state.overflowed = true;
-                            // No copy can be made any more: free the buffer. This copy is the
-                            // owner and has sent every chunk, so it loses nothing.
-                            state.chunks = Vec::new();
-                            *pos = 0;
-                        }
-                        // A body that says it has ended is never polled again by hyper or
-                        // h2 (they send END_STREAM with this frame): it is complete now.
-                        if state.body.as_ref().is_some_and(|b| b.is_end_stream()) {
-                            state.ended = true;
-                            state.body = None;
-                        }
-                        Frame::data(data)
-                    }
-                    Err(frame) => match frame.into_trailers() {
-                        Ok(trailers) => {
-                            state.trailers = Some(trailers.clone());
-                            state.ended = true;
-                            state.body = None;
-                            *trailers_sent = true;
-                            Frame::trailers(trailers)
-                        }
-                        // Unknown frame kinds pass through unrecorded.
-                        Err(frame) => frame,
-                    },
-                };
-                Poll::Ready(Some(Ok(frame)))
-            }
+        drop(state);
+        if let Some(waker) = completion {
+            waker.wake();
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -400,6 +368,101 @@ where
             Inner::Passthrough(body) => body.size_hint(),
             Inner::Empty => SizeHint::with_exact(0),
             Inner::Shared { state, .. } => lock(state).hint,
+        }
+    }
+}
+
+/// One poll of a shared copy, under the lock of the copies' state.
+fn poll_shared<B>(
+    state: &mut State<B>,
+    cx: &mut Context<'_>,
+    id: u64,
+    pos: &mut usize,
+    trailers_sent: &mut bool,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    if state.owner != id && !state.is_complete() {
+        return Poll::Ready(Some(Err(BodySuperseded.into())));
+    }
+    if let Some(chunk) = state.chunks.get(*pos) {
+        *pos += 1;
+        return Poll::Ready(Some(Ok(Frame::data(chunk.clone()))));
+    }
+    if state.ended {
+        if !*trailers_sent && let Some(trailers) = &state.trailers {
+            *trailers_sent = true;
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
+        }
+        return Poll::Ready(None);
+    }
+    if state.failed {
+        // The original body failed while an older copy read it; this copy cannot go on.
+        return Poll::Ready(Some(Err(BodyFailedEarlier.into())));
+    }
+    let Some(body) = state.body.as_mut() else {
+        return Poll::Ready(None);
+    };
+    let polled = body.as_mut().poll_frame(cx);
+    match polled {
+        Poll::Pending => {
+            match &state.waiting {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => state.waiting = Some(cx.waker().clone()),
+            }
+            Poll::Pending
+        }
+        Poll::Ready(None) => {
+            state.ended = true;
+            state.body = None;
+            state.waiting = None;
+            Poll::Ready(None)
+        }
+        Poll::Ready(Some(Err(e))) => {
+            state.failed = true;
+            state.body = None;
+            state.chunks = Vec::new();
+            state.waiting = None;
+            Poll::Ready(Some(Err(e.into())))
+        }
+        Poll::Ready(Some(Ok(frame))) => {
+            state.waiting = None;
+            let frame = match frame.into_data() {
+                Ok(data) => {
+                    if !state.overflowed && state.buffered + data.len() <= state.max {
+                        state.buffered += data.len();
+                        state.chunks.push(data.clone());
+                        *pos += 1;
+                    } else if !state.overflowed {
+                        state.overflowed = true;
+                        // No copy can be made any more: free the buffer. This copy is the
+                        // owner and has sent every chunk, so it loses nothing.
+                        state.chunks = Vec::new();
+                        *pos = 0;
+                    }
+                    // A body that says it has ended is never polled again by hyper or
+                    // h2 (they send END_STREAM with this frame): it is complete now.
+                    if state.body.as_ref().is_some_and(|b| b.is_end_stream()) {
+                        state.ended = true;
+                        state.body = None;
+                    }
+                    Frame::data(data)
+                }
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => {
+                        state.trailers = Some(trailers.clone());
+                        state.ended = true;
+                        state.body = None;
+                        *trailers_sent = true;
+                        Frame::trailers(trailers)
+                    }
+                    // Unknown frame kinds pass through unrecorded.
+                    Err(frame) => frame,
+                },
+            };
+            Poll::Ready(Some(Ok(frame)))
         }
     }
 }
@@ -671,6 +734,43 @@ mod tests {
         assert_eq!(data(poll(&mut hedge, &waker)), "\0\0\0\0\0");
         assert!(matches!(poll(&mut hedge, &waker), Poll::Ready(None)));
         assert!(matches!(poll(&mut first, &waker), Poll::Ready(None)));
+    }
+
+    /// A hedge waiting for the body is woken by the poll that reads its end (the transport's,
+    /// on another task), and told at once when the body can never be complete.
+    #[tokio::test]
+    async fn a_hedge_waiting_for_the_body_is_woken_when_it_is_complete_or_never_will_be() {
+        let (wakes, waker) = counting();
+        let mut cx = Context::from_waker(&waker);
+        let (mut tx, rx) = Channel::<Bytes, Infallible>::new(4);
+        let keeper = ReplayBody::new(rx, 8);
+        let mut first = keeper.replay().unwrap();
+        let (_, transport) = counting();
+        assert!(keeper.poll_complete(&mut cx).is_pending());
+        tx.send_data(Bytes::from_static(b"abcd")).await.unwrap();
+        assert_eq!(data(poll(&mut first, &transport)), "abcd");
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "not complete yet");
+        drop(tx);
+        assert!(matches!(poll(&mut first, &transport), Poll::Ready(None)));
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+        assert_eq!(keeper.poll_complete(&mut cx), Poll::Ready(true));
+
+        // Past the cap: woken, and never complete.
+        let (wakes, waker) = counting();
+        let mut cx = Context::from_waker(&waker);
+        let (mut tx, rx) = Channel::<Bytes, Infallible>::new(4);
+        let keeper = ReplayBody::new(rx, 2);
+        let mut first = keeper.replay().unwrap();
+        assert!(keeper.poll_complete(&mut cx).is_pending());
+        tx.send_data(Bytes::from_static(b"abcd")).await.unwrap();
+        assert_eq!(data(poll(&mut first, &transport)), "abcd");
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+        assert_eq!(keeper.poll_complete(&mut cx), Poll::Ready(false));
+
+        let empty = ReplayBody::<Full<Bytes>>::empty();
+        assert_eq!(empty.poll_complete(&mut cx), Poll::Ready(true));
+        let passed = ReplayBody::passthrough(Full::new(Bytes::new()));
+        assert_eq!(passed.poll_complete(&mut cx), Poll::Ready(false));
     }
 
     /// A body that ended past the cap is not complete: its buffer was freed.

@@ -274,6 +274,19 @@ impl<S, B, C> RetryState<S, B, C> {
         Ok(wait)
     }
 
+    /// The attempt counted when it was decided was never sent (the deadline came first, while
+    /// it waited for the service or before it was armed): it no longer counts, and a retry
+    /// gives its budget token back.
+    pub(crate) fn unsent(&mut self) {
+        if self.attempts > 1
+            && let Some(budget) = &self.shared.policy.budget
+        {
+            budget.refund();
+            self.shared.meter_budget();
+        }
+        self.attempts -= 1;
+    }
+
     pub(crate) fn next_request(&mut self) -> Option<Request<ReplayBody<B>>> {
         let body = self.next.take()?;
         let mut req = self.template.request(body);

@@ -286,6 +286,66 @@ async fn pushback_n_sends_the_next_hedge_in_n_ms() {
     assert_eq!(log.at(), [0, 310]);
 }
 
+fn retry_after(code: u16, seconds: u64) -> Response<String> {
+    Response::builder()
+        .status(code)
+        .header("retry-after", seconds.to_string())
+        .body(String::new())
+        .unwrap()
+}
+
+/// `Retry-After` is the least wait before the next hedge, as it is before a retry (RFC 9110):
+/// neither the failure's shortcut nor the hedging delay sends one sooner.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_holds_the_next_hedge_back() {
+    // The first attempt is slow; the hedge at 100 ms is told to come back in 2 s at 110 ms.
+    let (svc, log) = dependency(vec![(5_000, ok()), (10, retry_after(429, 2)), (10, ok())]);
+    let layer = hedged(100, 3);
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // Not at 110 ms (the failure's shortcut) nor at 200 ms (the delay): at 2 110 ms.
+    assert_eq!(log.at(), [0, 100, 2_110]);
+    assert_eq!((Instant::now() - t0).as_millis(), 2_120);
+
+    // Nothing else in flight: the same wait.
+    let (svc, log) = dependency(vec![(10, retry_after(503, 2)), (10, ok())]);
+    let response = layer.layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(log.at(), [0, 2_010]);
+}
+
+/// A server's wait that ends past the deadline (less `min_attempt_time`) stops hedging at
+/// once, as it gives a retry up: with nothing else in flight, the failure is the answer now,
+/// not the deadline's error later.
+#[tokio::test(start_paused = true)]
+async fn a_server_wait_past_the_deadline_stops_hedging_at_once() {
+    let (svc, log) = dependency(vec![(10, retry_after(503, 2))]);
+    let layer = hedged(100, 3);
+    let mut req = get();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(1)));
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(req).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!((Instant::now() - t0).as_millis(), 10);
+    assert_eq!(log.at(), [0]);
+    assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 1);
+
+    // A gRPC pushback likewise.
+    let (svc, log) = dependency(vec![(10, status(14, Some("5000")))]);
+    let layer = grpc_hedged(100, 3);
+    let mut req = grpc_call();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(1)));
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(req).await.unwrap();
+    assert_eq!(grpc_status(&response), "14");
+    assert_eq!((Instant::now() - t0).as_millis(), 10);
+    assert_eq!(log.at(), [0]);
+    assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_the_idempotency_rule_refuses_is_not_hedged() {
     let (svc, log) = dependency(vec![(1_000, ok())]);
@@ -356,24 +416,181 @@ async fn no_hedge_without_time_left() {
     assert_eq!(log.at(), [0], "at 100 ms only 50 ms were left");
 }
 
-/// A body still streaming when the hedge is due is not hedged: a copy would cut the first
-/// attempt's body short.
+/// What a [`connection`] does with one attempt: when (ms after the call) its task reads the
+/// request body, if it ever does, and when and what it answers.
+struct Exchange {
+    read_at: Option<u64>,
+    answer_at: u64,
+    response: Response<String>,
+}
+
+fn exchange(read_at: Option<u64>, answer_at: u64, response: Response<String>) -> Exchange {
+    Exchange {
+        read_at,
+        answer_at,
+        response,
+    }
+}
+
+/// A transport as hyper's and tonic's are: the call hands the request to a connection task,
+/// which sends (reads) the body on its own time, so the body is not in the replay buffer yet
+/// when the response future is first polled; the response future waits for the answer.
+/// Attempt `i` follows `script[i]` (the last entry repeats).
+fn connection<B>(
+    script: Vec<Exchange>,
+) -> (
+    impl tower::Service<Req<B>, Response = Response<String>, Error = BoxError> + Clone,
+    Arc<Log>,
+)
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let log = Arc::new(Log::default());
+    let t0 = Instant::now();
+    let script = Arc::new(script);
+    let svc_log = log.clone();
+    let svc = service_fn(move |req: Req<B>| {
+        let i = {
+            let mut seen = svc_log.seen.lock().unwrap();
+            seen.push(Seen {
+                at: Instant::now() - t0,
+                previous: None,
+                timeout: None,
+                body: Vec::new(),
+            });
+            seen.len() - 1
+        };
+        let step = &script[i.min(script.len() - 1)];
+        let (read_at, answer_at) = (step.read_at, step.answer_at);
+        let response = step.response.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let log = svc_log.clone();
+        let start = Instant::now();
+        tokio::spawn(async move {
+            let body = req.into_body();
+            if let Some(at) = read_at {
+                tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+                if let Ok(body) = body.collect().await {
+                    log.seen.lock().unwrap()[i].body = body.to_bytes().to_vec();
+                }
+            } else {
+                drop(body);
+            }
+            tokio::time::sleep_until(start + Duration::from_millis(answer_at)).await;
+            let _ = tx.send(response);
+        });
+        async move { rx.await.map_err(|_| BoxError::from("connection closed")) }
+    });
+    (svc, log)
+}
+
+fn put(body: &'static [u8]) -> Request<Full<Bytes>> {
+    Request::put("http://dep/item")
+        .body(Full::new(Bytes::from_static(body)))
+        .unwrap()
+}
+
+/// A failure that came before the transport read the body (a server shedding load answers
+/// before it reads) is retried as it is without hedging: the next attempt takes the body over.
 #[tokio::test(start_paused = true)]
-async fn a_body_still_streaming_is_not_hedged() {
-    let (mut tx, rx) = Channel::<Bytes, Infallible>::new(4);
-    let (svc, log) = dependency(vec![(10, ok())]);
+async fn a_failure_before_the_body_was_read_is_retried_as_without_hedging() {
+    let script = || {
+        vec![
+            exchange(None, 5, http_status(503)),
+            exchange(Some(0), 10, ok()),
+        ]
+    };
+    let unhedged = RetryConfig::http().no_budget().seed(1).build().unwrap();
+    let (svc, log) = connection(script());
+    let response = unhedged.layer(svc).oneshot(put(b"payload")).await.unwrap();
+    assert_eq!(response.status(), 200, "without hedging");
+    assert_eq!(log.seen()[1].body, b"payload");
+
+    let (svc, log) = connection(script());
     let layer = hedged(100, 3);
+    let response = layer.layer(svc).oneshot(put(b"payload")).await.unwrap();
+    assert_eq!(response.status(), 200, "with hedging");
+    assert_eq!(log.at(), [0, 5], "sent when the first failed");
+    assert_eq!(log.seen()[1].body, b"payload");
+    assert_eq!(layer.stats().hedges, 1);
+}
+
+/// A hedge due while the transport is still sending the body waits for the body to be
+/// complete in the replay buffer (a copy before would cut the first attempt's body short),
+/// then goes at once, with every byte.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_due_while_the_body_streams_goes_once_it_is_complete() {
+    let (mut tx, rx) = Channel::<Bytes, Infallible>::new(4);
+    let (svc, log) = connection(vec![
+        exchange(Some(0), 1_000, ok()),
+        exchange(Some(0), 5, ok()),
+    ]);
+    let layer = hedged(10, 3);
     let req = Request::put("http://dep/item").body(rx).unwrap();
     let send = async move {
         tx.send_data(Bytes::from_static(b"part")).await.unwrap();
-        sleep(Duration::from_millis(500)).await;
+        sleep(Duration::from_millis(50)).await;
         tx.send_data(Bytes::from_static(b"-rest")).await.unwrap();
     };
+    let t0 = Instant::now();
     let (response, ()) = tokio::join!(layer.layer(svc).oneshot(req), send);
-    let response = response.unwrap();
-    assert_eq!(response.status(), 200);
+    assert_eq!(response.unwrap().status(), 200);
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_millis(55),
+        "the hedge answered"
+    );
+    // The third is due 10 ms after the hedge; the hedge answers first.
+    assert_eq!(log.at(), [0, 50]);
+    for seen in log.seen() {
+        assert_eq!(seen.body, b"part-rest");
+    }
+}
+
+/// A body past `max_replay_bytes` can never be copied: it is neither hedged nor retried, and
+/// the call waits for its one attempt.
+#[tokio::test(start_paused = true)]
+async fn a_body_past_the_replay_cap_is_sent_once() {
+    let (mut tx, rx) = Channel::<Bytes, Infallible>::new(4);
+    let (svc, log) = connection(vec![exchange(Some(0), 200, http_status(503))]);
+    let layer = RetryConfig::http()
+        .hedging(Hedging::new(Duration::from_millis(10)).max_attempts(3))
+        .max_replay_bytes(4)
+        .no_budget()
+        .build()
+        .unwrap();
+    let req = Request::put("http://dep/item").body(rx).unwrap();
+    let send = async move {
+        tx.send_data(Bytes::from_static(b"payload")).await.unwrap();
+    };
+    let (response, ()) = tokio::join!(layer.layer(svc).oneshot(req), send);
+    assert_eq!(response.unwrap().status(), 503);
     assert_eq!(log.at(), [0]);
-    assert_eq!(log.seen()[0].body, b"part-rest");
+    assert_eq!(log.seen()[0].body, b"payload");
+    assert_eq!(layer.stats().gave_up(GiveUp::NotReplayable), 1);
+}
+
+/// A6: with a hedging delay of 0, every attempt goes at once — on a transport that sends the
+/// body on its connection task, once the body is complete (the same instant here).
+#[tokio::test(start_paused = true)]
+async fn a_zero_hedging_delay_sends_every_attempt_at_once_on_a_streaming_transport() {
+    let (svc, log) = connection(vec![
+        exchange(Some(0), 30, ok()),
+        exchange(Some(0), 20, ok()),
+        exchange(Some(0), 10, ok()),
+    ]);
+    let layer = hedged(0, 3);
+    let t0 = Instant::now();
+    let response = layer.layer(svc).oneshot(put(b"payload")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_millis(10),
+        "the third answered first"
+    );
+    assert_eq!(log.at(), [0, 0, 0]);
+    assert_eq!(layer.stats().hedges, 2);
 }
 
 /// A delay source with nothing to say yet (a latency model not trusted): the request is

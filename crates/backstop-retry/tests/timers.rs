@@ -1,7 +1,8 @@
 //! The retry layer's attempt timer is not armed when the deadline layer polling it already
 //! wakes the task by the attempt's deadline; these tests hold what must not change with it:
-//! every call still ends at its own deadline — one earlier than the enclosing one, or one
-//! moved to another task after a first poll inside a handler.
+//! every call still ends at its own deadline — one earlier than the enclosing one, one moved
+//! to another task after a first poll inside a handler, or one whose retry or hedge waits for
+//! a transport that is not ready.
 //!
 //! Each call is bounded by a guard `timeout` far past its deadline: a call that no timer wakes
 //! would otherwise hang (paused time only moves to registered timers); with the guard, it fails.
@@ -95,4 +96,111 @@ async fn a_call_moved_to_another_task_arms_its_timer_there() {
     assert!(is_deadline_exceeded(&*err), "{err}");
     // The handler's deadline: one second less the server's 1 ms lead.
     assert_eq!(start.elapsed(), 999 * MS);
+}
+
+type Req = Request<ReplayBody<String>>;
+
+/// A transport that takes one call, then is not ready until its handle allows more (what
+/// `tower::limit::ConcurrencyLimit(1)` does while the first call is in flight).
+fn one_at_a_time() -> (
+    tower_test::mock::Mock<Req, Response<String>>,
+    tower_test::mock::Handle<Req, Response<String>>,
+) {
+    let (mock, mut handle) = tower_test::mock::pair();
+    handle.allow(1);
+    (mock, handle)
+}
+
+/// A hedged call whose transport is not ready when its hedge is due (the first attempt hangs
+/// and holds the only slot) still ends at its deadline, with the deadline's error; and the
+/// hedge still goes the moment the transport is ready again.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_waiting_for_the_transport_still_ends_at_the_deadline() {
+    use backstop_retry::hedge::Hedging;
+    let (mock, mut handle) = one_at_a_time();
+    let layer = RetryConfig::http()
+        .hedging(Hedging::new(10 * MS).max_attempts(3))
+        .no_budget()
+        .build()
+        .unwrap();
+    let mut req = request();
+    req.extensions_mut().insert(Deadline::after(100 * MS));
+    let start = Instant::now();
+    let call = tokio::spawn(tokio::time::timeout(GUARD, layer.layer(mock).oneshot(req)));
+    // The first attempt hangs and keeps the slot.
+    let (_first, _never) = handle.next_request().await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // The hedge was due at 10 ms; the transport is ready again at 50 ms: it goes then.
+    tokio::time::sleep(50 * MS).await;
+    handle.allow(1);
+    let (_hedge, _never_either) = handle.next_request().await.unwrap();
+    assert_eq!(start.elapsed(), 50 * MS);
+    // The third attempt is due at 60 ms and never gets a slot: the deadline ends the wait.
+    let err = call
+        .await
+        .unwrap()
+        .expect("the call ended at its deadline")
+        .unwrap_err();
+    assert!(is_deadline_exceeded(&*err), "{err}");
+    assert_eq!(start.elapsed(), 100 * MS);
+    let info = err.downcast_ref::<backstop_retry::RetryError>().unwrap();
+    assert_eq!(info.attempts(), 2);
+}
+
+/// A budget with tokens to spare that counts what it gives and gets back.
+#[derive(Debug, Default)]
+struct Counted {
+    withdrawn: std::sync::atomic::AtomicUsize,
+    refunded: std::sync::atomic::AtomicUsize,
+}
+
+impl backstop_retry::Budget for Counted {
+    fn record_success(&self) {}
+    fn try_withdraw(&self) -> bool {
+        self.withdrawn
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        true
+    }
+    fn refund(&self) {
+        self.refunded
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn balance(&self) -> f64 {
+        1.0
+    }
+}
+
+/// A retry whose transport is not ready after its backoff waits for it only until the
+/// deadline: the call then ends with the deadline's error, the retry never sent and its
+/// budget token given back.
+#[tokio::test(start_paused = true)]
+async fn a_retry_waiting_for_the_transport_still_ends_at_the_deadline() {
+    let (mock, mut handle) = one_at_a_time();
+    let budget = Arc::new(Counted::default());
+    let layer = RetryConfig::http()
+        .backoff(backstop_retry::backoff::constant(10 * MS))
+        .budget(budget.clone())
+        .build()
+        .unwrap();
+    let mut req = request();
+    req.extensions_mut().insert(Deadline::after(100 * MS));
+    let start = Instant::now();
+    let call = tokio::spawn(tokio::time::timeout(GUARD, layer.layer(mock).oneshot(req)));
+    let (_first, send) = handle.next_request().await.unwrap();
+    send.send_response(Response::builder().status(503).body(String::new()).unwrap());
+    let err = call
+        .await
+        .unwrap()
+        .expect("the call ended at its deadline")
+        .unwrap_err();
+    assert!(is_deadline_exceeded(&*err), "{err}");
+    assert_eq!(start.elapsed(), 100 * MS);
+    let info = err.downcast_ref::<backstop_retry::RetryError>().unwrap();
+    assert_eq!(info.attempts(), 1, "the retry was never sent");
+    let counts = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        (counts(&budget.withdrawn), counts(&budget.refunded)),
+        (1, 1)
+    );
+    drop(handle);
 }

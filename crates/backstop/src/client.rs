@@ -289,8 +289,9 @@ impl<C> ClientLayer<C> {
     /// wins (the rules: [`backstop_retry::hedge`]). Only requests the retry policy's
     /// idempotency rule allows are hedged (for gRPC, opt in with
     /// [`Idempotency::All`](backstop_retry::Idempotency::All) when every method of the
-    /// dependency is safe to run twice), only with a body that is complete in the replay
-    /// buffer, and every hedge takes a token from the retry budget, so retries and hedges
+    /// dependency is safe to run twice), a copy goes beside an attempt in flight only once
+    /// the body is complete in the replay buffer (a hedge due before waits for it), and every
+    /// hedge takes a token from the retry budget, so retries and hedges
     /// together stay within its ratio. No hedge goes before the latency model is trusted
     /// (100 calls in its window).
     ///

@@ -1,7 +1,7 @@
 //! Hedged attempts side by side on a real transport: hyper (HTTP/1.1 and HTTP/2) over
 //! 127.0.0.1. The first attempt is slow; the hedge goes while the first is still in flight,
-//! with the same body, and wins. A body still streaming when the hedge is due is not hedged,
-//! so no attempt's body is ever cut short.
+//! with the same body, and wins. A hedge due while the body is still streaming waits for the
+//! body to be complete, then goes, so no attempt's body is ever cut short.
 
 use backstop_integration::serve_hyper;
 use backstop_retry::{ReplayBody, RetryConfig, hedge::Hedging};
@@ -114,14 +114,24 @@ async fn a_hedge_overtakes_a_slow_attempt_with_the_same_body() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_still_streaming_at_the_hedge_is_not_hedged() {
+async fn a_hedge_due_while_the_body_streams_goes_once_the_body_is_complete() {
     let expected: Vec<u8> = chunks().concat();
+    let gap = Duration::from_millis(20);
     for http2 in [false, true] {
         let (url, seen) = serve(http2).await;
-        // 12 chunks 20 ms apart: the body is still streaming when the hedge is due.
-        let (answer, _) = put(&url, http2, Duration::from_millis(20)).await;
-        assert_eq!(answer, "slow", "http2: {http2}");
-        assert_eq!(seen.attempts.load(Ordering::SeqCst), 1, "http2: {http2}");
-        assert!(seen.bodies.lock().unwrap()[0] == expected);
+        // 12 chunks 20 ms apart: the body is still streaming when the hedge is due, and
+        // complete once the last chunk has gone (after 11 gaps).
+        let (answer, took) = put(&url, http2, gap).await;
+        assert_eq!(answer, "fast", "http2: {http2}");
+        assert!(
+            took >= gap * 11 && took < SLOW,
+            "http2: {http2}, took {took:?}"
+        );
+        assert_eq!(seen.attempts.load(Ordering::SeqCst), 2, "http2: {http2}");
+        let bodies = seen.bodies.lock().unwrap().clone();
+        assert_eq!(bodies.len(), 2, "http2: {http2}");
+        for body in bodies {
+            assert!(body == expected, "http2: {http2}: a body differs");
+        }
     }
 }

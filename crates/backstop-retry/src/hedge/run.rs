@@ -8,6 +8,7 @@ use crate::{
     state::{Heard, RetryState},
     stats::GiveUp,
 };
+use backstop_core::timer::LazySleep;
 use backstop_core::{
     BoxError, Classify, DeadlineExceeded, ServerHint, grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
 };
@@ -28,8 +29,11 @@ pub(crate) struct Hedges<F, T> {
     /// When the next hedge is due; `None`: none is scheduled (a retryable failure may still
     /// schedule one, unless hedging `stopped`).
     next: Option<Instant>,
+    /// No hedge before this instant: the end of the last wait a server asked for.
+    hold: Option<Instant>,
     stopped: bool,
     deadline: Option<Instant>,
+    /// The next hedge's timer (the deadline's is the response future's).
     timer: Option<Pin<Box<Sleep>>>,
     /// The last attempt that did not commit, returned when nothing else is left.
     last: Option<Result<T, BoxError>>,
@@ -45,6 +49,7 @@ impl<F, T> Hedges<F, T> {
         HedgesBox(Some(Box::new(Self {
             in_flight: vec![Box::pin(first)],
             next: Instant::now().checked_add(delay),
+            hold: None,
             stopped: false,
             deadline,
             timer: None,
@@ -83,10 +88,22 @@ impl<F, T> Drop for HedgesBox<F, T> {
 enum Judged {
     /// It wins: return it (watching its trailers for the budget when `true`).
     Commit(bool),
-    /// A retryable failure: the next hedge goes after this wait (at once by default).
+    /// A retryable failure: the next hedge goes after this wait (at once, unless the server
+    /// asked for one), and none before it.
     HedgeAfter(Duration),
     /// No further hedge.
     Stop(Option<GiveUp>),
+}
+
+/// What [`RetryState::poll_hedge`] did.
+enum Hedge {
+    /// A hedge was sent.
+    Sent,
+    /// None is due, or none will be sent.
+    NotDue,
+    /// One is due, and waits for the service to be ready or the body to be complete, either
+    /// of which wakes the task.
+    Waiting,
 }
 
 /// The result of a hedged request, and whether its body tells the budget of the outcome.
@@ -108,30 +125,32 @@ impl<S, B, C> RetryState<S, B, C> {
                 Judged::Commit(false)
             }
             Heard::Failure(_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
-            Heard::Failure(_, Some(ServerHint::Pushback(asked))) => {
-                Judged::HedgeAfter(asked.min(self.shared.policy.max_hint))
-            }
+            // A pushback says exactly when, a `Retry-After` the least wait (RFC 9110): the
+            // failure's shortcut (at once) makes both the same.
+            Heard::Failure(
+                _,
+                Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked)),
+            ) => Judged::HedgeAfter(asked.min(self.shared.policy.max_hint)),
             Heard::Failure(..) => Judged::HedgeAfter(Duration::ZERO),
         }
     }
 
-    /// Sends the next hedge if one is due and every rule allows it. `Pending` only while the
-    /// service is not ready.
+    /// Sends the next hedge if one is due and every rule allows it.
     fn poll_hedge<R>(
         &mut self,
         hedges: &mut Hedges<S::Future, Response<R>>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<(), BoxError>>
+    ) -> Result<Hedge, BoxError>
     where
         S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
         S::Error: Into<BoxError>,
     {
         let Some(due) = hedges.next else {
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         };
         let now = Instant::now();
         if now < due {
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
         let policy = &self.shared.policy;
         let hedging = policy.hedging.as_ref().expect("a hedged request");
@@ -141,7 +160,7 @@ impl<S, B, C> RetryState<S, B, C> {
             .map_or(hedging.max_attempts, |n| n.min(hedging.max_attempts));
         if self.attempts >= cap {
             hedges.stop(Some(GiveUp::Attempts));
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
         if let Some(send_by) = self.bounds.send_by()
             && now
@@ -149,22 +168,47 @@ impl<S, B, C> RetryState<S, B, C> {
                 .is_none_or(|t| t > send_by)
         {
             hedges.stop(Some(GiveUp::Deadline));
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
-        if !self.body.is_complete() {
-            hedges.stop(Some(GiveUp::NotReplayable));
-            return Poll::Ready(Ok(()));
+        // A copy sent beside an attempt in flight needs the whole body in the buffer (made
+        // before, it would take the body over from the attempt still sending it): a hedge due
+        // while the transport sends the body waits for its end. With none in flight, a copy
+        // takes the body over, as a retry's does.
+        let whole = match hedges.in_flight.is_empty() {
+            true => Poll::Ready(self.body.is_replayable()),
+            false => self.body.poll_complete(cx),
+        };
+        match whole {
+            Poll::Ready(true) => {}
+            Poll::Ready(false) => {
+                hedges.stop(Some(GiveUp::NotReplayable));
+                return Ok(Hedge::NotDue);
+            }
+            Poll::Pending => return Ok(Hedge::Waiting),
         }
-        ready!(self.service.poll_ready(cx)).map_err(Into::into)?;
+        if let Poll::Ready(ready) = self.service.poll_ready(cx) {
+            ready.map_err(Into::into)?;
+        } else {
+            return Ok(Hedge::Waiting);
+        }
         if let Some(budget) = &policy.budget {
             let granted = budget.try_withdraw();
             self.shared.meter_budget();
             if !granted {
                 hedges.stop(Some(GiveUp::Budget));
-                return Poll::Ready(Ok(()));
+                return Ok(Hedge::NotDue);
             }
         }
-        let body = self.body.replay().expect("a complete body is replayable");
+        // `None` only when the body crossed its cap a moment ago (the attempt that failed may
+        // still be sending it, on another thread).
+        let Some(body) = self.body.replay() else {
+            if let Some(budget) = &policy.budget {
+                budget.refund();
+                self.shared.meter_budget();
+            }
+            hedges.stop(Some(GiveUp::NotReplayable));
+            return Ok(Hedge::NotDue);
+        };
         let mut req = self.template.request(body);
         if is_grpc(req.headers()) {
             req.headers_mut()
@@ -176,7 +220,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 self.shared.meter_budget();
             }
             hedges.stop(Some(GiveUp::Deadline));
-            return Poll::Ready(Ok(()));
+            return Ok(Hedge::NotDue);
         }
         self.attempts += 1;
         self.shared.stats.hedge();
@@ -191,17 +235,55 @@ impl<S, B, C> RetryState<S, B, C> {
         hedges.in_flight.push(Box::pin(self.service.call(req)));
         // No delay (a model not trusted any more): no hedge on a timer, but a retryable
         // failure still sends the next one.
-        hedges.next = hedging.delay.delay().and_then(|d| now.checked_add(d));
-        Poll::Ready(Ok(()))
+        hedges.next = hedging
+            .delay
+            .delay()
+            .and_then(|d| now.checked_add(d))
+            .map(|at| hedges.hold.map_or(at, |hold| at.max(hold)));
+        Ok(Hedge::Sent)
     }
 
-    /// Drives a hedged request until one attempt commits or none is left. Never inlined:
-    /// the response future's `poll` stays as small as it was without hedging, so requests
-    /// that are not hedged pay nothing for it.
+    /// Schedules the next hedge after a retryable failure: at once (A6), or when the wait the
+    /// server asked for is over (a pushback's exactly, a `Retry-After`'s at least), and from
+    /// then on no hedge goes before the end of that wait. A wait that does not leave
+    /// `min_attempt_time` before the deadline on the wire ends hedging at once, as it gives a
+    /// retry up.
+    fn hedge_after<F, T>(&self, hedges: &mut Hedges<F, T>, wait: Duration) {
+        if hedges.stopped {
+            return;
+        }
+        let send_by = self.bounds.send_by();
+        let Some(at) = Instant::now().checked_add(wait) else {
+            // A wait past the end of time: past any deadline, or asked never to come back.
+            let why = send_by.map_or(GiveUp::Hint, |_| GiveUp::Deadline);
+            hedges.stop(Some(why));
+            return;
+        };
+        if !wait.is_zero() {
+            hedges.hold = hedges.hold.max(Some(at));
+        }
+        let at = hedges.hold.map_or(at, |hold| at.max(hold));
+        if let Some(send_by) = send_by
+            && at
+                .checked_add(self.shared.policy.min_attempt_time)
+                .is_none_or(|t| t > send_by)
+        {
+            hedges.stop(Some(GiveUp::Deadline));
+            return;
+        }
+        hedges.next = Some(at);
+    }
+
+    /// Drives a hedged request until one attempt commits or none is left, or its deadline
+    /// (`deadline_timer` is its timer: whatever it waits for, a hedge's time, the service's
+    /// readiness or an attempt, the deadline ends the wait). Never inlined: the response
+    /// future's `poll` stays as small as it was without hedging, so requests that are not
+    /// hedged pay nothing for it.
     #[inline(never)]
     pub(crate) fn poll_hedges<R>(
         &mut self,
         hedges: &mut Hedges<S::Future, Response<R>>,
+        mut deadline_timer: Pin<&mut LazySleep>,
         cx: &mut Context<'_>,
     ) -> Poll<Settled<R, C>>
     where
@@ -224,20 +306,15 @@ impl<S, B, C> RetryState<S, B, C> {
                         let watch = watch.then(|| self.shared.clone());
                         return Poll::Ready((result, watch));
                     }
-                    Judged::HedgeAfter(wait) if !hedges.stopped => {
-                        hedges.next = Instant::now().checked_add(wait);
-                    }
-                    Judged::HedgeAfter(_) => {}
+                    Judged::HedgeAfter(wait) => self.hedge_after(hedges, wait),
                     Judged::Stop(why) => hedges.stop(why),
                 }
                 hedges.last = Some(result);
             }
-            let before = hedges.in_flight.len();
-            if let Err(e) = ready!(self.poll_hedge(hedges, cx)) {
-                return Poll::Ready((Err(e), None));
-            }
-            if hedges.in_flight.len() > before {
-                continue; // a hedge was just sent: poll it
+            match self.poll_hedge(hedges, cx) {
+                Err(e) => return Poll::Ready((Err(e), None)),
+                Ok(Hedge::Sent) => continue, // poll it
+                Ok(Hedge::NotDue | Hedge::Waiting) => {}
             }
             if hedges.in_flight.is_empty() && hedges.next.is_none() {
                 return Poll::Ready(self.settle(hedges));
@@ -246,20 +323,24 @@ impl<S, B, C> RetryState<S, B, C> {
             if hedges.deadline.is_some_and(|d| d <= now) {
                 return Poll::Ready((Err(DeadlineExceeded::new().into()), None));
             }
-            let wake = match (hedges.next, hedges.deadline) {
-                (Some(a), Some(b)) => a.min(b),
-                (a, b) => match a.or(b) {
-                    Some(t) => t,
-                    None => return Poll::Pending,
-                },
-            };
-            match &mut hedges.timer {
-                Some(timer) if timer.deadline() == wake => {}
-                Some(timer) => timer.as_mut().reset(wake),
-                None => hedges.timer = Some(Box::pin(sleep_until(wake))),
+            // The next hedge's timer, when it is still to come (one due already waits for the
+            // service or the body, which wake the task).
+            if let Some(next) = hedges.next.filter(|&next| next > now) {
+                match &mut hedges.timer {
+                    Some(timer) if timer.deadline() == next => {}
+                    Some(timer) => timer.as_mut().reset(next),
+                    None => hedges.timer = Some(Box::pin(sleep_until(next))),
+                }
+                let timer = hedges.timer.as_mut().expect("set above");
+                if timer.as_mut().poll(cx).is_ready() {
+                    continue;
+                }
             }
-            let timer = hedges.timer.as_mut().expect("set above");
-            ready!(timer.as_mut().poll(cx));
+            // The deadline's own timer, whatever else the task waits for.
+            let Some(deadline) = hedges.deadline else {
+                return Poll::Pending;
+            };
+            ready!(deadline_timer.as_mut().poll_until(cx, deadline));
         }
     }
 
