@@ -10,11 +10,13 @@ use std::{
     pin::Pin,
     task::{Context, Poll, ready},
 };
+use tokio::time::Instant;
 
 pin_project! {
     /// A response body bounded by the request's deadline.
     ///
-    /// While the deadline holds, frames pass through untouched. When it passes in the middle of
+    /// While the deadline holds, frames pass through untouched (the clock is read at each
+    /// frame, so a body that is always ready is cut too). When it passes in the middle of
     /// a streamed body, a gRPC body ends with trailers `grpc-status: 4` (DEADLINE_EXCEEDED), so a
     /// gRPC client sees the right status; any other body ends with a [`DeadlineExceeded`] error,
     /// which makes hyper reset the stream. The timer is only created the first time the body
@@ -85,15 +87,21 @@ where
         if *this.expired {
             return Poll::Ready(None);
         }
-        if let Poll::Ready(frame) = this.body.poll_frame(cx) {
-            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        // The clock first: a body whose frames are always ready (a stream held back only by
+        // its reader) would otherwise never reach its timer, and run past the deadline.
+        let due = this
+            .deadline
+            .is_some_and(|deadline| deadline.instant() <= Instant::now());
+        if !due {
+            if let Poll::Ready(frame) = this.body.poll_frame(cx) {
+                return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+            }
+            let Some(deadline) = *this.deadline else {
+                return Poll::Pending;
+            };
+            let sleep = this.sleep.get_or_insert_with(|| Box::pin(LazySleep::new()));
+            ready!(sleep.as_mut().poll_until(cx, deadline.instant()));
         }
-        let Some(deadline) = *this.deadline else {
-            return Poll::Pending;
-        };
-        let at = deadline.instant();
-        let sleep = this.sleep.get_or_insert_with(|| Box::pin(LazySleep::new()));
-        ready!(sleep.as_mut().poll_until(cx, at));
         *this.expired = true;
         if *this.grpc {
             Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))

@@ -460,3 +460,83 @@ async fn the_server_answers_at_its_deadline_whatever_the_handler_does_with_a_pol
         assert_eq!(start.elapsed(), 999 * MS, "{then:?}");
     }
 }
+
+/// A body whose frames are always ready: a stream held back only by a slow reader.
+struct AlwaysReady(u32);
+
+impl http_body::Body for AlwaysReady {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
+        if self.0 == 0 {
+            return Poll::Ready(None);
+        }
+        self.0 -= 1;
+        Poll::Ready(Some(Ok(http_body::Frame::data(bytes::Bytes::from_static(
+            b"x",
+        )))))
+    }
+}
+
+/// Reads `body` a frame every 30 ms: when each data frame came, and how it ended (`Some`:
+/// the gRPC status of its trailers, `None`: an error).
+async fn read_slowly<B>(body: B) -> (Vec<Duration>, Option<Option<String>>)
+where
+    B: http_body::Body,
+{
+    use http_body_util::BodyExt;
+    let start = Instant::now();
+    let mut body = std::pin::pin!(body);
+    let mut data = Vec::new();
+    loop {
+        match body.frame().await {
+            None => return (data, Some(None)),
+            Some(Err(_)) => return (data, None),
+            Some(Ok(frame)) if frame.is_data() => data.push(start.elapsed()),
+            Some(Ok(frame)) => {
+                let trailers = frame.into_trailers().ok().unwrap();
+                let status = trailers["grpc-status"].to_str().unwrap().to_owned();
+                return (data, Some(Some(status)));
+            }
+        }
+        tokio::time::sleep(30 * MS).await;
+    }
+}
+
+/// Defect (found attacking the change): a response body whose frames were always ready never
+/// reached its timer, so a streaming handler read by a slow client ran past the deadline on
+/// both sides. Every frame now reads the clock: the body ends at the first frame read past
+/// the deadline, with DEADLINE_EXCEEDED trailers for gRPC and an error otherwise.
+#[tokio::test(start_paused = true)]
+async fn a_body_of_always_ready_frames_ends_at_its_deadline() {
+    for grpc in [true, false] {
+        let handler = service_fn(|_req: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(AlwaysReady(20)))
+        });
+        let request = |timeout: Option<&str>| {
+            let mut req = backstop_test_support::request(grpc, timeout);
+            *req.body_mut() = String::new();
+            req
+        };
+        // The server's side: its answer to a caller that gave it 100 ms.
+        let server = DeadlineLayer::new().layer(handler);
+        let response = server.oneshot(request(Some("101m"))).await.unwrap();
+        let (data, end) = read_slowly(response.into_body()).await;
+        assert!(data.iter().all(|&at| at < 100 * MS), "{grpc}: {data:?}");
+        assert_eq!(end, grpc.then(|| Some("4".to_owned())), "{grpc}");
+        // The client's side: a call bounded by 100 ms.
+        let client = PropagateDeadlineLayer::builder()
+            .timeout(100 * MS)
+            .build()
+            .unwrap()
+            .layer(handler);
+        let response = client.oneshot(request(None)).await.unwrap();
+        let (data, end) = read_slowly(response.into_body()).await;
+        assert!(data.iter().all(|&at| at < 100 * MS), "{grpc}: {data:?}");
+        assert_eq!(end, grpc.then(|| Some("4".to_owned())), "{grpc}");
+    }
+}
