@@ -88,10 +88,12 @@ where
             return Poll::Ready(None);
         }
         // The clock first: a body whose frames are always ready (a stream held back only by
-        // its reader) would otherwise never reach its timer, and run past the deadline.
+        // its reader) would otherwise never reach its timer, and run past the deadline. Past
+        // it, not at it: a response answered at its deadline's instant (the handler is polled
+        // before the timer) is read at that instant too.
         let due = this
             .deadline
-            .is_some_and(|deadline| deadline.instant() <= Instant::now());
+            .is_some_and(|deadline| deadline.instant() < Instant::now());
         if !due {
             if let Poll::Ready(frame) = this.body.poll_frame(cx) {
                 return Poll::Ready(frame.map(|f| f.map_err(Into::into)));

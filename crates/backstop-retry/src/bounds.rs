@@ -27,6 +27,19 @@ impl Armed {
     }
 }
 
+/// Who writes each attempt's `grpc-timeout`, decided when the layer is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wire {
+    /// This layer ([`RetryConfig::send_grpc_timeout`](crate::RetryConfig::send_grpc_timeout),
+    /// the default).
+    Write,
+    /// Nobody this layer knows of: the server is told nothing by it.
+    Silent,
+    /// A layer inside, as the deadline less this offset
+    /// ([`RetryLayer::grpc_timeout_written_inside`](crate::RetryLayer::grpc_timeout_written_inside)).
+    Inside(std::time::Duration),
+}
+
 /// The time bounds of a request's attempts.
 ///
 /// What each attempt's `grpc-timeout` says, whoever wrote the original header: the time
@@ -71,7 +84,8 @@ impl Bounds {
             if first && req.extensions().get::<Deadline>() == Some(&deadline) {
                 return Armed::Until(at);
             }
-            if Instant::now() >= at {
+            // Nothing left to tell the server (what the layer inside will say): not sent.
+            if Instant::now() >= self.send_by().unwrap_or(at) {
                 return Armed::Expired;
             }
             req.extensions_mut().insert(deadline);

@@ -1,3 +1,4 @@
+use crate::bounds::Wire;
 use crate::{
     Retry, RetryConfig,
     shared::{Handles, Shared},
@@ -5,7 +6,7 @@ use crate::{
 };
 use backstop_core::ConfigError;
 use backstop_core::stripe;
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 use tower_layer::Layer;
 
 /// Retries failed requests within their deadline and a shared budget.
@@ -16,8 +17,8 @@ use tower_layer::Layer;
 pub struct RetryLayer<C> {
     pub(crate) shared: Arc<Shared<C>>,
     handles: Handles<C>,
-    /// Whether its services write `grpc-timeout` on the attempts they arm.
-    header: bool,
+    /// Who writes `grpc-timeout` on the attempts its services arm.
+    header: Wire,
 }
 
 impl<C> Clone for RetryLayer<C> {
@@ -97,7 +98,11 @@ impl<C> RetryLayer<C> {
             metrics: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
-        let header = shared.policy.send_grpc_timeout;
+        let header = if shared.policy.send_grpc_timeout {
+            Wire::Write
+        } else {
+            Wire::Silent
+        };
         Self {
             shared,
             handles,
@@ -110,7 +115,23 @@ impl<C> RetryLayer<C> {
     #[must_use]
     pub fn send_grpc_timeout(&self, send: bool) -> Self {
         Self {
-            header: send,
+            header: if send { Wire::Write } else { Wire::Silent },
+            ..self.clone()
+        }
+    }
+
+    /// The same layer (sharing its budget, stats and name), for a stack where a layer inside
+    /// writes every attempt's `grpc-timeout` as the request's deadline less `offset` (the
+    /// facade's `AttemptTimeoutLayer::write_grpc_timeout(offset)`, under a
+    /// `PropagateDeadlineLayer` built with `send_grpc_timeout(false)` and that `offset`; the
+    /// client presets are built so). Its services write no header; they put each attempt's
+    /// deadline on the request, and send a retry or a hedge only if `min_attempt_time` fits
+    /// before what the server will be told, the deadline less `offset`, as they do when they
+    /// read that off a header.
+    #[must_use]
+    pub fn grpc_timeout_written_inside(&self, offset: Duration) -> Self {
+        Self {
+            header: Wire::Inside(offset),
             ..self.clone()
         }
     }

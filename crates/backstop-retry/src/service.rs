@@ -20,7 +20,7 @@ use tower_service::Service;
 pub struct Retry<S, C> {
     inner: S,
     handles: Handles<C>,
-    header: bool,
+    header: crate::bounds::Wire,
 }
 
 impl<S: Clone, C> Clone for Retry<S, C> {
@@ -34,7 +34,7 @@ impl<S: Clone, C> Clone for Retry<S, C> {
 }
 
 impl<S, C> Retry<S, C> {
-    pub(crate) fn from_handles(inner: S, handles: Handles<C>, header: bool) -> Self {
+    pub(crate) fn from_handles(inner: S, handles: Handles<C>, header: crate::bounds::Wire) -> Self {
         Self {
             inner,
             handles,
@@ -119,10 +119,19 @@ where
         let wire = caller_timeout(req.headers())
             .and_then(|v| grpc_timeout::decode_header(v).ok())
             .and_then(|t| Instant::now().checked_add(t));
+        let deadline = local.or(wire.map(Deadline::at));
+        // A layer inside will tell the server the deadline less its offset.
+        let wire = match (self.header, deadline) {
+            (crate::bounds::Wire::Inside(offset), Some(d)) => {
+                let inside = d.instant().checked_sub(offset).unwrap_or(d.instant());
+                Some(wire.map_or(inside, |w| w.min(inside)))
+            }
+            _ => wire,
+        };
         let bounds = Bounds {
-            deadline: local.or(wire.map(Deadline::at)),
+            deadline,
             wire,
-            header: self.header,
+            header: self.header == crate::bounds::Wire::Write,
         };
         let template = Template::new(&req);
         let (parts, body) = req.into_parts();

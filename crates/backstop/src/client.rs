@@ -389,9 +389,13 @@ impl<S, C> Layer<S> for ClientLayer<C> {
         // layer's offset); the deadline and retry layers write none.
         let inner = self
             .attempt
-            .layer_writing_header(inner, self.deadline.offset());
+            .write_grpc_timeout(self.deadline.offset())
+            .layer(inner);
         let inner = self.breaker.layer(inner);
-        let inner = self.retry.send_grpc_timeout(false).layer(inner);
+        let inner = self
+            .retry
+            .grpc_timeout_written_inside(self.deadline.offset())
+            .layer(inner);
         self.deadline.send_grpc_timeout(false).layer(inner)
     }
 }

@@ -145,11 +145,18 @@ impl<S: Clone> Layer<S> for MethodsLayer {
         let inner = self.client.breaker_layer().layer(
             self.client
                 .attempt_layer()
-                .layer_writing_header(inner, deadline.offset()),
+                .write_grpc_timeout(deadline.offset())
+                .layer(inner),
         );
+        // Each method's retry layer, arranged once for this stack.
+        let retries = self
+            .retries
+            .iter()
+            .map(|retry| retry.grpc_timeout_written_inside(deadline.offset()))
+            .collect();
         let methods = Methods {
             inner: Some(inner),
-            retries: self.retries.clone(),
+            retries,
             config: self.config.clone(),
         };
         MethodTimeout {
@@ -199,7 +206,7 @@ where
         // The ready service makes this call, under the method's retry layer, which keeps a
         // clone for its retries and gives back another for the next call.
         let ready = self.inner.take().expect("lent only during call");
-        let mut route = self.retries[i].send_grpc_timeout(false).layer(ready);
+        let mut route = self.retries[i].layer(ready);
         let future = route.call(req);
         self.inner = Some(route.into_inner());
         future

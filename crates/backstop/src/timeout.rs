@@ -342,6 +342,9 @@ impl Shared {
 pub struct AttemptTimeoutLayer {
     handles: stripe::Handles<Shared>,
     shared: Arc<Shared>,
+    /// `Some(offset)`: the services write every attempt's `grpc-timeout`
+    /// ([`write_grpc_timeout`](Self::write_grpc_timeout)).
+    writes: Option<Duration>,
 }
 
 impl AttemptTimeoutLayer {
@@ -375,6 +378,7 @@ impl AttemptTimeoutLayer {
         Ok(Self {
             handles: stripe::Handles::new(&shared),
             shared,
+            writes: None,
         })
     }
 
@@ -483,22 +487,56 @@ impl<S> Layer<S> for AttemptTimeoutLayer {
         AttemptTimeout {
             inner,
             handles: self.handles.clone(),
-            writes: None,
+            writes: self.writes,
         }
     }
 }
 
 impl AttemptTimeoutLayer {
-    /// The service for a stack whose outer deadline layer leaves `grpc-timeout` to this one
-    /// (the client presets, decided when they build the stack): every attempt with a deadline
-    /// gets its header from here, the shorter of its bound and the request's deadline less
-    /// `offset` (the deadline layer's).
+    /// The same layer (sharing its model), its services writing every attempt's
+    /// `grpc-timeout`: the shorter of the attempt's bound and the request's deadline less
+    /// `offset`. For a stack whose outer deadline layer leaves the header to this one, as the
+    /// client presets build theirs: `PropagateDeadlineLayer::send_grpc_timeout(false)` outside
+    /// (with this `offset`), the retry layer's `grpc_timeout_written_inside(offset)` between.
+    /// One header write per attempt, decided when the stack is built.
+    ///
+    /// Without it (the default) the layer only shortens a `grpc-timeout` already on the
+    /// request to its bound, when that is shorter.
+    ///
+    /// ```
+    /// use backstop::deadline::PropagateDeadlineLayer;
+    /// use backstop::timeout::{AttemptBound, AttemptTimeoutLayer};
+    /// use http::{Request, Response};
+    /// use std::{convert::Infallible, time::Duration};
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), backstop::BoxError> {
+    /// let deadline = PropagateDeadlineLayer::builder()
+    ///     .timeout(Duration::from_secs(2))
+    ///     .offset(Duration::from_millis(10))
+    ///     .build()?;
+    /// let attempt = AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_secs(5)))?
+    ///     .write_grpc_timeout(deadline.offset());
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(deadline.send_grpc_timeout(false))
+    ///     .layer(attempt)
+    ///     .service(service_fn(|req: Request<String>| async move {
+    ///         let told = req.headers()["grpc-timeout"].clone();
+    ///         Ok::<_, Infallible>(Response::builder().header("told", told).body(String::new()).unwrap())
+    ///     }));
+    /// let response = svc.oneshot(Request::new(String::new())).await?;
+    /// // The deadline's 2 s less the 10 ms offset: shorter than the attempt's 5 s bound.
+    /// assert_eq!(response.headers()["told"], "1990m");
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "deadline")]
-    pub(crate) fn layer_writing_header<S>(&self, inner: S, offset: Duration) -> AttemptTimeout<S> {
-        AttemptTimeout {
-            inner,
-            handles: self.handles.clone(),
+    #[must_use]
+    pub fn write_grpc_timeout(&self, offset: Duration) -> Self {
+        Self {
             writes: Some(offset),
+            ..self.clone()
         }
     }
 }
@@ -546,28 +584,32 @@ where
     }
 }
 
-/// The request's deadline, if it carries one: its `Deadline` extension (an outer
-/// `PropagateDeadline` that leaves the header to this layer, or the retry layer), else what
-/// its `grpc-timeout` says is left.
+/// The request's deadline, if it carries one: the earlier of its `Deadline` extension (an
+/// outer `PropagateDeadline` that leaves the header to this layer, or the retry layer) and
+/// what its `grpc-timeout` says is left.
 #[cfg(feature = "deadline")]
 #[inline]
 fn request_deadline<B>(req: &Request<B>) -> Option<Instant> {
-    match req.extensions().get::<backstop_deadline::Deadline>() {
-        Some(deadline) => Some(deadline.instant()),
-        // A deadline layer that writes its header carries the deadline there. The names of a
-        // small map are compared first: cheaper than hashing a custom name for the many
-        // requests without it.
-        None => {
-            let headers = req.headers();
-            let name = backstop_core::grpc::GRPC_TIMEOUT;
-            if headers.keys_len() <= 8 && !headers.keys().any(|n| *n == name) {
-                return None;
-            }
-            headers
-                .get(name)
-                .and_then(|v| backstop_deadline::grpc_timeout::decode_header(v).ok())
-                .and_then(|left| Instant::now().checked_add(left))
-        }
+    let carried = req
+        .extensions()
+        .get::<backstop_deadline::Deadline>()
+        .map(|d| d.instant());
+    // A deadline layer that writes its header carries the deadline there. The names of a
+    // small map are compared first: cheaper than hashing a custom name for the many requests
+    // without it.
+    let headers = req.headers();
+    let name = backstop_core::grpc::GRPC_TIMEOUT;
+    if headers.keys_len() <= 8 && !headers.keys().any(|n| *n == name) {
+        return carried;
+    }
+    let told = headers
+        .get(name)
+        .and_then(|v| backstop_deadline::grpc_timeout::decode_header(v).ok())
+        .and_then(|left| Instant::now().checked_add(left));
+    // The earlier of the two: neither may say more time than the other allows.
+    match (carried, told) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

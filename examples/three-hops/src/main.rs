@@ -41,8 +41,9 @@ type Replayed = Client<HttpConnector, ReplayBody<Empty<Bytes>>>;
 #[derive(Clone)]
 enum Caller {
     Naive(Plain),
+    // Boxed: the preset's layer is several times the size of a hyper client.
     Backstop(
-        backstop::client::ClientLayer<backstop::core::HttpClassifier>,
+        Box<backstop::client::ClientLayer<backstop::core::HttpClassifier>>,
         Replayed,
     ),
 }
@@ -58,7 +59,7 @@ impl Caller {
             .build()
             .expect("a valid deadline");
         Caller::Backstop(
-            backstop::client::http().deadline(deadline),
+            Box::new(backstop::client::http().deadline(deadline)),
             Client::builder(TokioExecutor::new()).build_http(),
         )
     }
@@ -89,7 +90,7 @@ impl Caller {
             }
             Caller::Backstop(layer, client) => {
                 let stack = ServiceBuilder::new()
-                    .layer(layer.clone())
+                    .layer(layer.as_ref().clone())
                     .service(client.clone());
                 match stack.oneshot(request()).await {
                     Ok(response) => response.status(),

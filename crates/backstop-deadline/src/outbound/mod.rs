@@ -103,14 +103,21 @@ impl PropagateDeadlineLayer {
     /// The same layer (same configuration, same name), writing the `grpc-timeout` header or
     /// not (default: it does).
     ///
-    /// Without it the server is told nothing by this layer; the call is still bounded by its
-    /// deadline, and the deadline still travels on the request as a [`Deadline`] extension
-    /// for the layers inside. For calls to third-party HTTP APIs, which have no business
-    /// knowing your internal deadlines, and for stacks where a layer inside writes each
-    /// attempt's header itself: backstop's client presets leave it to their attempt bound,
-    /// which says the shorter of its own bound and this layer's deadline less its
-    /// [`offset`](PropagateDeadlineLayerBuilder::offset). Decided when the stack is built,
-    /// never per request.
+    /// Without it the server is told nothing by this layer, and a `grpc-timeout` the caller
+    /// put on the request is removed (it was read into the deadline; passed on, it could say
+    /// more time than the call has). The call is still bounded by its deadline, and the
+    /// deadline travels on the request as a [`Deadline`] extension for the layers inside. For
+    /// calls to third-party HTTP APIs, which have no business knowing your internal
+    /// deadlines, and for stacks where a layer inside writes each attempt's header itself:
+    /// backstop's client presets leave it to their attempt bound (the facade's
+    /// `AttemptTimeoutLayer::write_grpc_timeout`), which says the shorter of its own bound and
+    /// this layer's deadline less its [`offset`](PropagateDeadlineLayerBuilder::offset), and
+    /// build their retry layer with `grpc_timeout_written_inside(offset)`. Decided when the
+    /// stack is built, never per request.
+    ///
+    /// With the header on (the default), a [`Deadline`] extension the caller put on the
+    /// request is replaced by the deadline this layer picked, so layers inside never read
+    /// more time than the call has.
     ///
     /// ```
     /// use backstop_deadline::{Deadline, PropagateDeadlineLayer};
@@ -127,12 +134,13 @@ impl PropagateDeadlineLayer {
     /// let svc = ServiceBuilder::new()
     ///     .layer(layer)
     ///     .service(service_fn(|req: Request<String>| {
-    ///         // No header, but the deadline is on the request.
+    ///         // No header, not even the caller's, but the deadline is on the request.
     ///         assert!(req.headers().get("grpc-timeout").is_none());
     ///         assert!(req.extensions().get::<Deadline>().is_some());
     ///         async { Ok::<_, backstop_core::BoxError>(Response::new(String::new())) }
     ///     }));
-    /// svc.oneshot(Request::new(String::new())).await?;
+    /// let request = Request::builder().header("grpc-timeout", "10S").body(String::new())?;
+    /// svc.oneshot(request).await?;
     /// # Ok(())
     /// # }
     /// ```

@@ -99,7 +99,15 @@ where
         // thread-local this layer sets: in its header when this layer writes one (no
         // allocation), otherwise in an extension.
         if !self.config.send_header {
+            // Whatever the caller's header said is no longer what the server may be told.
+            if head.timeout.is_some() || head.malformed {
+                req.headers_mut().remove(GRPC_TIMEOUT);
+            }
             req.extensions_mut().insert(deadline);
+        } else if let Some(carried) = req.extensions_mut().get_mut::<Deadline>() {
+            // A caller's own (later) extension would tell the layers inside more time than
+            // the call has: the picked deadline replaces it, in place.
+            *carried = deadline;
         }
         let meter = self.meter();
         // User code inside (a service of its own) sees it as `current()` too.

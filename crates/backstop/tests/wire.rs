@@ -1,0 +1,207 @@
+//! What the server is told: every attempt's `grpc-timeout` says no more than the time really
+//! left on the wire (the deadline less the deadline layer's offset), however the stack was
+//! built, and whatever deadline or header the caller already put on the request. Defects
+//! found attacking the "each layer owns its timer" change from the caller's side.
+
+use backstop::deadline::{Deadline, PropagateDeadlineLayer, grpc_timeout};
+use backstop::retry::{RetryConfig, backoff};
+use backstop::timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop::{BoxError, ReplayBody};
+use http::{Request, Response};
+use std::{
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// When each attempt came (since the call) and the `grpc-timeout` it carried.
+type Seen = Arc<Mutex<Vec<(Duration, Option<String>)>>>;
+
+fn grpc_call() -> Request<String> {
+    Request::post("http://svc/pkg.Svc/Call")
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap()
+}
+
+fn grpc_status(code: u16) -> Response<String> {
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", code.to_string())
+        .body(String::new())
+        .unwrap()
+}
+
+fn told<B>(req: &Request<B>) -> Option<String> {
+    let value = req.headers().get("grpc-timeout")?;
+    Some(value.to_str().unwrap().to_owned())
+}
+
+/// An adaptive attempt bound takes at most its share (80 %) of what is left of the call's
+/// deadline. Defect: a caller's own later `Deadline` extension (10 s) won over the 100 ms the
+/// deadline layer picked and wrote in the header, so the attempt ran to the outer deadline
+/// and ended as an expired deadline instead of a timed-out attempt.
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_bound_takes_its_share_whatever_deadline_the_caller_put_on_the_request() {
+    for caller in [None, Some(Deadline::after(Duration::from_secs(10)))] {
+        let svc = ServiceBuilder::new()
+            .layer(
+                PropagateDeadlineLayer::builder()
+                    .timeout(100 * MS)
+                    .build()
+                    .unwrap(),
+            )
+            .layer(AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new())).unwrap())
+            .service(service_fn(|_req: Request<String>| async {
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }));
+        let mut req = grpc_call();
+        if let Some(deadline) = caller {
+            req.extensions_mut().insert(deadline);
+        }
+        let start = Instant::now();
+        let _ = svc.oneshot(req).await;
+        assert_eq!(start.elapsed(), 80 * MS, "caller's extension: {caller:?}");
+    }
+}
+
+/// Defect: the client preset, whose attempt bound writes the header, sent a retry with
+/// `grpc-timeout: 1n` once the deadline less the offset had passed (its retry layer checked
+/// the retry against the deadline, not against what the server would be told). The retry is
+/// now refused for the deadline, as a hand-built stack reading the header refuses it.
+#[tokio::test(start_paused = true)]
+async fn the_preset_sends_no_attempt_with_nothing_left_on_the_wire() {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let start = Instant::now();
+    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+        let mut log = log.lock().unwrap();
+        let first = log.is_empty();
+        log.push((start.elapsed(), told(&req)));
+        async move {
+            if first {
+                tokio::time::sleep(155 * MS).await;
+            }
+            Ok::<_, Infallible>(grpc_status(14))
+        }
+    });
+    let client = backstop::client::grpc()
+        .deadline(
+            PropagateDeadlineLayer::builder()
+                .timeout(200 * MS)
+                .offset(50 * MS)
+                .build()
+                .unwrap(),
+        )
+        .retry(
+            RetryConfig::grpc()
+                .max_attempts(3)
+                .backoff(backoff::constant(MS))
+                .build()
+                .unwrap(),
+        )
+        // Longer than the deadline: only the deadline bounds the attempts.
+        .attempt_timeout(Duration::from_secs(1));
+    let client = ServiceBuilder::new().layer(client).service(dependency);
+    let response = client.oneshot(grpc_call()).await.unwrap();
+    // The server's answer, not retried for the deadline.
+    assert_eq!(response.headers()["grpc-status"], "14");
+    let info = backstop::client::call_info(&response);
+    assert_eq!(info, Some((1, Some(backstop::retry::GiveUp::Deadline))));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.len(),
+        1,
+        "no retry with nothing left on the wire: {seen:?}"
+    );
+    let first = grpc_timeout::decode(seen[0].1.as_deref().unwrap().as_bytes()).unwrap();
+    assert!(first <= 150 * MS, "{first:?}");
+}
+
+/// The same preset with room for a retry: every attempt is told what is left on the wire,
+/// never more, never zero.
+#[tokio::test(start_paused = true)]
+async fn every_attempt_of_the_preset_is_told_what_is_left_on_the_wire() {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let start = Instant::now();
+    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+        log.lock().unwrap().push((start.elapsed(), told(&req)));
+        async move {
+            tokio::time::sleep(40 * MS).await;
+            Ok::<_, Infallible>(grpc_status(14))
+        }
+    });
+    let client = backstop::client::grpc()
+        .deadline(
+            PropagateDeadlineLayer::builder()
+                .timeout(200 * MS)
+                .offset(50 * MS)
+                .build()
+                .unwrap(),
+        )
+        .retry(
+            RetryConfig::grpc()
+                .max_attempts(5)
+                .backoff(backoff::constant(MS))
+                .build()
+                .unwrap(),
+        )
+        .attempt_timeout(Duration::from_secs(1));
+    let client = ServiceBuilder::new().layer(client).service(dependency);
+    client.oneshot(grpc_call()).await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() >= 2, "{seen:?}");
+    for (at, header) in &seen {
+        let told = grpc_timeout::decode(header.as_deref().unwrap().as_bytes()).unwrap();
+        let left = (150 * MS).saturating_sub(*at);
+        assert!(
+            !left.is_zero() && told <= left,
+            "{at:?}: {told:?} of {left:?}"
+        );
+    }
+}
+
+/// Defect: a deadline layer built with `send_grpc_timeout(false)` passed the caller's own
+/// `grpc-timeout: 10S` on for a call it bounds at 100 ms. The server is now told nothing;
+/// with an attempt bound inside that writes the header (`write_grpc_timeout`, as the presets
+/// build theirs), it is told what is left.
+#[tokio::test(start_paused = true)]
+async fn a_silent_deadline_layer_never_lets_the_server_hear_more_than_is_left() {
+    for writer in [false, true] {
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let dependency = service_fn(move |req: Request<String>| {
+            log.lock().unwrap().push((Duration::ZERO, told(&req)));
+            async { Ok::<_, BoxError>(grpc_status(0)) }
+        });
+        let deadline = PropagateDeadlineLayer::builder()
+            .timeout(100 * MS)
+            .build()
+            .unwrap();
+        let attempt =
+            AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_secs(1))).unwrap();
+        let attempt = match writer {
+            true => attempt.write_grpc_timeout(deadline.offset()),
+            false => attempt,
+        };
+        let svc = ServiceBuilder::new()
+            .layer(deadline.send_grpc_timeout(false))
+            .layer(attempt)
+            .service(dependency);
+        let mut req = grpc_call();
+        req.headers_mut()
+            .insert("grpc-timeout", "10S".parse().unwrap());
+        svc.oneshot(req).await.unwrap();
+        let heard = seen.lock().unwrap()[0].1.clone();
+        match writer {
+            false => assert_eq!(heard, None),
+            true => assert_eq!(heard.as_deref(), Some("100m")),
+        }
+    }
+}
