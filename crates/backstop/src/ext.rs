@@ -43,6 +43,18 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed {
         self,
         layer: backstop_breaker::BreakerLayer<C>,
     ) -> ServiceBuilder<Stack<backstop_breaker::BreakerLayer<C>, L>>;
+
+    /// Adds an [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer): each call
+    /// bounded by its attempt bound (fixed, or from the measured latency).
+    fn attempt_timeout(
+        self,
+        layer: crate::timeout::AttemptTimeoutLayer,
+    ) -> ServiceBuilder<tower::layer::util::Stack<crate::timeout::AttemptTimeoutLayer, L>>;
+
+    /// Adds a [`PushbackLayer`](crate::retry::PushbackLayer) (server side): tells callers not
+    /// to retry when this service's own retries gave up.
+    #[cfg(feature = "retry")]
+    fn pushback(self) -> ServiceBuilder<Stack<backstop_retry::PushbackLayer, L>>;
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
@@ -76,5 +88,42 @@ impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
         layer: backstop_breaker::BreakerLayer<C>,
     ) -> ServiceBuilder<Stack<backstop_breaker::BreakerLayer<C>, L>> {
         self.layer(layer)
+    }
+
+    fn attempt_timeout(
+        self,
+        layer: crate::timeout::AttemptTimeoutLayer,
+    ) -> ServiceBuilder<tower::layer::util::Stack<crate::timeout::AttemptTimeoutLayer, L>> {
+        self.layer(layer)
+    }
+
+    #[cfg(feature = "retry")]
+    fn pushback(self) -> ServiceBuilder<Stack<backstop_retry::PushbackLayer, L>> {
+        self.layer(backstop_retry::PushbackLayer::new())
+    }
+}
+
+#[cfg(all(test, feature = "retry"))]
+mod tests {
+    use super::ServiceBuilderExt;
+    use crate::timeout::{AttemptBound, AttemptTimeoutLayer};
+    use http::{Request, Response};
+    use std::{convert::Infallible, time::Duration};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+    /// The layers the presets use, by name, stack as `.layer(..)` would.
+    #[tokio::test(start_paused = true)]
+    async fn every_preset_layer_has_a_name() {
+        let bound =
+            AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_millis(5))).unwrap();
+        let svc = ServiceBuilder::new()
+            .pushback()
+            .attempt_timeout(bound)
+            .service(service_fn(|_req: Request<String>| async {
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }));
+        let err = svc.oneshot(Request::new(String::new())).await.unwrap_err();
+        assert!(crate::is_attempt_timed_out(&*err), "{err}");
     }
 }
