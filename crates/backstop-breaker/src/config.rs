@@ -413,7 +413,7 @@ impl<C> BreakerConfig<C> {
                 Window::Time(TimeRing::new(
                     bucket.as_micros() as u64,
                     buckets as usize,
-                    backstop_core::stripe::count(),
+                    backstop_core::__private::stripe::count(),
                 ))
             }
             WindowKind::Count(n) => {

@@ -13,13 +13,13 @@ use crate::{
     state::{Admission, Machine, Verdict},
     sync::{AtomicU64, Swap},
 };
-use backstop_core::stripe;
+use backstop_core::__private::stripe;
 use std::collections::HashMap;
 use std::{fmt, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
 /// One handle per stripe to the breaker, shared by every service of the layer (see
-/// [`backstop_core::stripe::Handles`]).
+/// [`backstop_core::__private::stripe::Handles`]).
 pub(crate) type Handles<C> = stripe::Handles<Shared<C>>;
 /// What a call holds on to until its outcome is known.
 pub(crate) type Handle<C> = stripe::Handle<Shared<C>>;
@@ -35,7 +35,7 @@ pub(crate) struct Shared<C> {
     hook: Option<Hook>,
     /// Transitions to open since the breaker was built.
     opens: std::sync::atomic::AtomicU64,
-    pub(crate) name: backstop_core::DependencyName,
+    pub(crate) name: backstop_core::__private::DependencyName,
     /// The key, for a breaker of a keyed layer: its events and metrics carry it.
     key: std::sync::OnceLock<Box<str>>,
     /// A keyed layer's breakers per key; this breaker then takes the calls with no key
@@ -72,7 +72,7 @@ impl BreakerMetrics {
     fn new(dependency: &str, key: Option<&str>) -> Self {
         use backstop_core::metrics as names;
         use metrics::Label;
-        names::describe();
+        backstop_core::__private::metrics::describe();
         let labels = |extra: Option<(&'static str, &'static str)>| {
             let mut labels = vec![Label::new("dependency", dependency.to_owned())];
             if let Some(key) = key {
@@ -117,7 +117,7 @@ impl<C> Shared<C> {
             count_throttled: config.count_throttled,
             hook: config.hook,
             opens: std::sync::atomic::AtomicU64::new(0),
-            name: backstop_core::DependencyName::default(),
+            name: backstop_core::__private::DependencyName::default(),
             key: std::sync::OnceLock::new(),
             keyed,
             #[cfg(feature = "metrics")]

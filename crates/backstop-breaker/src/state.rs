@@ -66,7 +66,7 @@ pub(crate) enum Verdict {
 /// two, so a seeded breaker is reproducible and needs no random-number state shared between
 /// threads.
 fn mix(seed: u64, generation: u32) -> u64 {
-    backstop_core::mix::splitmix(seed, u64::from(generation))
+    backstop_core::__private::mix::splitmix(seed, u64::from(generation))
 }
 
 /// The result of asking to be let in.

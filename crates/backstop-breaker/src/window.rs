@@ -5,7 +5,7 @@
 //!
 //! - [`TimeRing`]: the calls of the last `window`, in `buckets` buckets of `window / buckets`.
 //!   Each bucket is one 64-bit word `(epoch tag, calls, failures, slow)` of a
-//!   [`backstop_core::stripe::Ring`] (the retry budget's ring too): writing to a bucket whose
+//!   [`backstop_core::__private::stripe::Ring`] (the retry budget's ring too): writing to a bucket whose
 //!   tag is stale resets it in the same compare-and-swap. The window slides one bucket at a
 //!   time: it covers between `window - window / buckets` and `window` of history. The ring is
 //!   striped: each thread writes to its own copy of the buckets (on cache lines of its own),
@@ -15,7 +15,7 @@
 //!   totals, updated with the slot so that rates are read in O(1).
 
 use crate::sync::{AtomicU8, AtomicU64, Ordering};
-use backstop_core::stripe::Ring;
+use backstop_core::__private::stripe::Ring;
 use std::fmt;
 
 /// Calls, failures and slow calls seen by a window.

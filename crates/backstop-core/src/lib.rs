@@ -16,12 +16,12 @@
 //! - [`hint`]: [`ServerHint`], parsing `Retry-After` and `grpc-retry-pushback-ms`.
 //! - [`latency`]: [`LatencyModel`](latency::LatencyModel), the measured latency of one
 //!   dependency as quantiles over a rolling window, from which time bounds are derived.
-//! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
-//!   the retry budget's deposits).
-//! - [`timer`]: [`LazySleep`](timer::LazySleep), the timer a future arms only when it must
-//!   wait.
 //! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault;
 //!   [`DeadlineExceeded`], [`AttemptTimedOut`] and [`BreakerOpen`], the errors our layers add.
+//!
+//! The plumbing backstop's own crates share (timers, per-core striping, seeded mixing, a
+//! dependency's name, metric helpers) sits in a hidden module, `__private`: it is not part
+//! of the public API and has no semver promise.
 //!
 //! # Example
 //!
@@ -70,6 +70,9 @@
 //!   from the `h2` crate (under hyper and tonic) in [`classify::classify_error`].
 #![doc(test(attr(deny(warnings))))]
 
+#[doc(hidden)]
+#[path = "private/mod.rs"]
+pub mod __private;
 mod body;
 pub mod classify;
 mod error;
@@ -78,11 +81,8 @@ pub mod hint;
 pub mod latency;
 #[cfg(feature = "metrics")]
 pub mod metrics;
-pub mod mix;
 mod name;
 pub mod reject;
-pub mod stripe;
-pub mod timer;
 
 pub use body::ResponseBody;
 pub use classify::{Classify, GrpcClassifier, HttpClassifier, Outcome, Retryable};
@@ -92,5 +92,4 @@ pub use error::{
 };
 pub use grpc::{Code, is_grpc};
 pub use hint::ServerHint;
-pub use name::DependencyName;
 pub use reject::Rejection;

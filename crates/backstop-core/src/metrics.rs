@@ -33,8 +33,6 @@
 //! Handles are registered once per layer (a `OnceLock`) and shared by every clone; recording
 //! through a handle is the recorder's business (the usual exporters use atomics).
 
-use crate::Outcome;
-
 /// `backstop.client.requests`
 pub const CLIENT_REQUESTS: &str = "backstop.client.requests";
 /// `backstop.client.attempts`
@@ -70,73 +68,6 @@ pub const ALL: [&str; 10] = [
     DEADLINE_MALFORMED,
 ];
 
-/// The `outcome` labels of `backstop.client.requests`, in [`outcome_index`] order.
+/// The `outcome` labels of `backstop.client.requests`, in the order of [`Outcome`](crate::Outcome)'s
+/// variants: `Success`, `Failure`, `Throttled`, `Rejected`, `Ignored`.
 pub const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", "ignored"];
-
-/// Where an outcome's label sits in [`OUTCOMES`].
-pub fn outcome_index(outcome: Outcome) -> usize {
-    match outcome {
-        Outcome::Success => 0,
-        Outcome::Failure { .. } => 1,
-        Outcome::Throttled { .. } => 2,
-        Outcome::Rejected => 3,
-        Outcome::Ignored => 4,
-    }
-}
-
-/// Describes every name to the installed recorder (the help text a Prometheus exporter prints);
-/// each layer calls it when it registers its handles.
-pub fn describe() {
-    metrics::describe_counter!(CLIENT_REQUESTS, "Calls through a client stack, by outcome");
-    metrics::describe_counter!(
-        CLIENT_ATTEMPTS,
-        "Attempts sent, by kind (first, retry, hedge)"
-    );
-    metrics::describe_histogram!(
-        CLIENT_ATTEMPT_DURATION,
-        metrics::Unit::Seconds,
-        "Duration of attempts that waited for their answer"
-    );
-    metrics::describe_counter!(
-        RETRY_GIVE_UPS,
-        "Failures returned without a retry, by reason"
-    );
-    metrics::describe_gauge!(RETRY_BUDGET_BALANCE, "Retries the budget would allow now");
-    metrics::describe_gauge!(
-        BREAKER_STATE,
-        "Breaker state: 0 closed, 1 open, 2 half-open"
-    );
-    metrics::describe_counter!(BREAKER_TRANSITIONS, "Breaker state changes, by new state");
-    metrics::describe_counter!(BREAKER_REJECTIONS, "Calls refused by an open breaker");
-    metrics::describe_counter!(DEADLINE_EXPIRED, "Deadlines expired, by side");
-    metrics::describe_counter!(
-        DEADLINE_MALFORMED,
-        "Malformed grpc-timeout headers received"
-    );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Retryable;
-
-    #[test]
-    fn each_outcome_has_its_label() {
-        let cases = [
-            (Outcome::Success, "success"),
-            (Outcome::failure(Retryable::Always), "failure"),
-            (
-                Outcome::Throttled {
-                    retryable: Retryable::Always,
-                    hint: None,
-                },
-                "throttled",
-            ),
-            (Outcome::Rejected, "rejected"),
-            (Outcome::Ignored, "ignored"),
-        ];
-        for (outcome, label) in cases {
-            assert_eq!(OUTCOMES[outcome_index(outcome)], label);
-        }
-    }
-}

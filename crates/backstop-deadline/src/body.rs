@@ -1,6 +1,6 @@
 use crate::Deadline;
+use backstop_core::__private::timer::LazySleep;
 use backstop_core::DeadlineExceeded;
-use backstop_core::timer::LazySleep;
 use backstop_core::{BoxError, Rejection, ResponseBody, grpc};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};

@@ -6,7 +6,7 @@
 //! Each call is bounded by a guard `timeout` far past its deadline: a call that no timer wakes
 //! would otherwise hang (paused time only moves to registered timers); with the guard, it fails.
 
-use backstop_core::{BoxError, timer::LazySleep};
+use backstop_core::{__private::timer::LazySleep, BoxError};
 use backstop_deadline::{DeadlineLayer, PropagateDeadlineLayer, current, is_deadline_exceeded};
 use backstop_test_support::{http_request, script_answer, scripted, step};
 use http::{Request, Response};

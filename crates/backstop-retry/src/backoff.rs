@@ -16,10 +16,55 @@
 //! | [`constant(d)`](constant) | `d` |
 
 use backstop_core::ConfigError;
-use std::{fmt, time::Duration};
+use std::{fmt, ops::RangeBounds, time::Duration};
 
 /// A source of randomness for one request: a seeded, fast, non-cryptographic generator.
-pub type Rng = fastrand::Rng;
+///
+/// The retry layer gives each request its own, seeded from
+/// [`RetryConfig::seed`](crate::RetryConfig::seed) when one is set (so a seeded layer's delays
+/// are exact), at random otherwise; a [`Backoff`] draws its jitter from it. Which algorithm
+/// it runs is not part of the API: a seed gives the same sequence within one version of
+/// backstop, not across versions.
+///
+/// ```
+/// use backstop_retry::backoff::Rng;
+///
+/// let (mut a, mut b) = (Rng::with_seed(7), Rng::with_seed(7));
+/// assert_eq!(a.u64(..), b.u64(..));
+/// let x = a.u64(10..=20);
+/// assert!((10..=20).contains(&x));
+/// let f = a.f64();
+/// assert!((0.0..1.0).contains(&f));
+/// ```
+#[derive(Clone)]
+pub struct Rng(fastrand::Rng);
+
+impl Rng {
+    /// A generator seeded with `seed`: the same seed gives the same sequence.
+    pub fn with_seed(seed: u64) -> Self {
+        Self(fastrand::Rng::with_seed(seed))
+    }
+
+    /// A uniformly random `u64` in `range`.
+    ///
+    /// # Panics
+    ///
+    /// When `range` is empty.
+    pub fn u64(&mut self, range: impl RangeBounds<u64>) -> u64 {
+        self.0.u64(range)
+    }
+
+    /// A uniformly random `f64` in `[0, 1)`.
+    pub fn f64(&mut self) -> f64 {
+        self.0.f64()
+    }
+}
+
+impl fmt::Debug for Rng {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rng").finish_non_exhaustive()
+    }
+}
 
 /// Per-request backoff state, kept by the retry layer between retries.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

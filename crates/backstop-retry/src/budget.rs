@@ -29,10 +29,8 @@
 //! a token, so racing retries may all pass it — the throttle bounds retries by the failure
 //! ratio, not by a count.
 
-use backstop_core::{
-    ConfigError, Retryable, ServerHint,
-    stripe::{Ring, Update, Word},
-};
+use backstop_core::__private::stripe::{Ring, Update, Word};
+use backstop_core::{ConfigError, Retryable, ServerHint};
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
@@ -71,7 +69,7 @@ const COUNT_BITS: u32 = 32;
 
 /// The budget's counts of one kind (deposits or withdrawals): a [`Ring`] of time slots whose
 /// values are plain counts. Its 32-bit tags and sweeps keep old counts from ever coming back,
-/// however long it sits idle (see [`backstop_core::stripe::Ring`]).
+/// however long it sits idle (see [`backstop_core::__private::stripe::Ring`]).
 ///
 /// Deposits (one per successful request) are striped; withdrawals (one per retry) are not.
 #[derive(Debug)]
@@ -278,7 +276,7 @@ impl RatioBudgetBuilder {
             reserve_recent: f64::from(self.min_per_sec) * (recent_slots * slot_nanos) as f64 / 1e9,
             recent_slots,
             burst_share: self.max_burst * recent_slots as f64 / SLOTS as f64,
-            deposits: Counts::new(SLOTS as usize, backstop_core::stripe::count()),
+            deposits: Counts::new(SLOTS as usize, backstop_core::__private::stripe::count()),
             withdrawals: Counts::new(SLOTS as usize + 1, 1),
             fence: AtomicU64::new(0),
         })
@@ -334,7 +332,7 @@ impl RatioBudget {
 impl Budget for RatioBudget {
     fn record_success(&self) {
         self.deposits
-            .add(backstop_core::stripe::index(), self.epoch(), 1);
+            .add(backstop_core::__private::stripe::index(), self.epoch(), 1);
     }
 
     fn try_withdraw(&self) -> bool {
@@ -492,7 +490,7 @@ fn reserve_only(per_sec: u32) -> RatioBudget {
         .unwrap()
 }
 
-/// Loom models of the budget (the ring's own are in `backstop_core::stripe`): `RUSTFLAGS="--cfg loom" cargo test -p backstop-retry
+/// Loom models of the budget (the ring's own are in `backstop_core::__private::stripe`): `RUSTFLAGS="--cfg loom" cargo test -p backstop-retry
 /// --lib loom` (what `.ci/run` does).
 #[cfg(all(test, loom))]
 mod loom_models {

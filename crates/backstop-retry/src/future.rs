@@ -8,7 +8,7 @@ use crate::{
     state::{RetryState, Verdict},
     stats::GiveUp,
 };
-use backstop_core::timer::LazySleep;
+use backstop_core::__private::timer::LazySleep;
 use backstop_core::{BoxError, Classify, DeadlineExceeded, Outcome, Retryable};
 use http::{Request, Response};
 use pin_project_lite::pin_project;

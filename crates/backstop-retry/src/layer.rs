@@ -4,8 +4,8 @@ use crate::{
     shared::{Handles, Shared},
     stats::Stats,
 };
+use backstop_core::__private::stripe;
 use backstop_core::ConfigError;
-use backstop_core::stripe;
 use std::{sync::Arc, time::Duration};
 use tower_layer::Layer;
 
@@ -93,7 +93,7 @@ impl<C> RetryLayer<C> {
         let shared = Arc::new(Shared {
             policy,
             stats: Stats::new(stripe::count()),
-            name: backstop_core::DependencyName::default(),
+            name: backstop_core::__private::DependencyName::default(),
             methods: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
         });

@@ -31,7 +31,7 @@ impl RetryMetrics {
     /// methods (a service config entry).
     pub(crate) fn new(dependency: &str, method: Option<&str>) -> Self {
         use metrics::Label;
-        names::describe();
+        backstop_core::__private::metrics::describe();
         let labels = |key: &'static str, value: &'static str| {
             let mut labels = vec![Label::new("dependency", dependency.to_owned())];
             if let Some(method) = method {
@@ -62,7 +62,7 @@ impl RetryMetrics {
     pub(crate) const ON: bool = true;
 
     pub(crate) fn outcome(&self, outcome: Outcome) {
-        self.requests[names::outcome_index(outcome)].increment(1);
+        self.requests[backstop_core::__private::metrics::outcome_index(outcome)].increment(1);
     }
 
     pub(crate) fn attempt(&self, kind: AttemptKind) {

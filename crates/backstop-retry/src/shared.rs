@@ -10,14 +10,14 @@ use crate::{
     metrics::{AttemptKind, RetryMetrics},
     stats::{GiveUp, Stats},
 };
-use backstop_core::{Outcome, stripe};
+use backstop_core::{__private::stripe, Outcome};
 
 /// The layer's shared state.
 #[derive(Debug)]
 pub(crate) struct Shared<C> {
     pub(crate) policy: RetryConfig<C>,
     pub(crate) stats: Stats,
-    pub(crate) name: backstop_core::DependencyName,
+    pub(crate) name: backstop_core::__private::DependencyName,
     /// Which of the dependency's methods this layer serves (a gRPC service config's entry):
     /// its events and metrics carry it as `method`.
     pub(crate) methods: std::sync::OnceLock<Box<str>>,
@@ -27,7 +27,7 @@ pub(crate) struct Shared<C> {
 }
 
 /// One handle per stripe to the layer's shared state, shared by every service of the layer
-/// (see [`backstop_core::stripe::Handles`]): a request holds its stripe's handle while it may
+/// (see [`backstop_core::__private::stripe::Handles`]): a request holds its stripe's handle while it may
 /// be retried.
 pub(crate) type Handles<C> = stripe::Handles<Shared<C>>;
 /// What a request holds on to while it may be retried.

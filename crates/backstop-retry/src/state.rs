@@ -230,7 +230,7 @@ impl<S, B, C> RetryState<S, B, C> {
         let rng = self.rng.get_or_insert_with(|| {
             Rng::with_seed(policy.seed.map_or_else(
                 || fastrand::u64(..),
-                |s| backstop_core::mix::splitmix(s, self.number),
+                |s| backstop_core::__private::mix::splitmix(s, self.number),
             ))
         });
         let wait =

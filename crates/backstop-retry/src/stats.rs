@@ -1,4 +1,4 @@
-use backstop_core::stripe::Padded;
+use backstop_core::__private::stripe::Padded;
 use std::{
     fmt,
     sync::atomic::{AtomicU64, Ordering::Relaxed},

@@ -40,13 +40,15 @@
 //!
 //! Clones of one layer share one model and one cached bound (an atomic word, refreshed by
 //! whichever attempt finds it stale; racing refreshes write the same value). Each attempt
-//! holds its core's handle to them (`backstop_core::stripe`), so no reference count is
+//! holds its core's handle to them (`backstop_core::__private::stripe`), so no reference count is
 //! shared across cores. An attempt answered on its first poll reads no clock and records
 //! nothing (it took no measurable time); every other attempt reads the clock when it first
 //! waits and when it ends (or is dropped).
 
-use backstop_core::timer::LazySleep;
-use backstop_core::{AttemptTimedOut, BoxError, ConfigError, latency::LatencyModel, stripe};
+use backstop_core::__private::timer::LazySleep;
+use backstop_core::{
+    __private::stripe, AttemptTimedOut, BoxError, ConfigError, latency::LatencyModel,
+};
 use http::Request;
 use pin_project_lite::pin_project;
 use std::{
@@ -242,7 +244,7 @@ pub(crate) struct Shared {
     bound: AttemptBound,
     /// `refresh at (ms since origin) << 32 | bound (µs)`; zero: never computed.
     cached: AtomicU64,
-    name: backstop_core::DependencyName,
+    name: backstop_core::__private::DependencyName,
     /// `backstop.client.attempt.duration`, registered on the first attempt that waited.
     #[cfg(feature = "metrics")]
     duration: std::sync::OnceLock<metrics::Histogram>,
@@ -256,7 +258,7 @@ impl Shared {
         self.duration
             .get_or_init(|| {
                 use backstop_core::metrics as names;
-                names::describe();
+                backstop_core::__private::metrics::describe();
                 metrics::histogram!(
                     names::CLIENT_ATTEMPT_DURATION,
                     "dependency" => self.name.get().to_owned()
@@ -371,7 +373,7 @@ impl AttemptTimeoutLayer {
             origin: Instant::now(),
             bound,
             cached: AtomicU64::new(0),
-            name: backstop_core::DependencyName::default(),
+            name: backstop_core::__private::DependencyName::default(),
             #[cfg(feature = "metrics")]
             duration: std::sync::OnceLock::new(),
         });

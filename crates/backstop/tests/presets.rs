@@ -690,7 +690,9 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
 /// Call `n`'s latency from a seeded log-normal distribution: median 10 ms, σ = 1 (so p95 ≈
 /// 52 ms, p99 ≈ 102 ms), by Box–Muller from two uniforms drawn for `n`.
 fn log_normal(seed: u64, n: u32) -> Duration {
-    let unit = |k: u64| (backstop_core::mix::splitmix(seed, k) >> 11) as f64 / (1u64 << 53) as f64;
+    let unit = |k: u64| {
+        (backstop_core::__private::mix::splitmix(seed, k) >> 11) as f64 / (1u64 << 53) as f64
+    };
     let k = 2 * u64::from(n);
     let (u1, u2) = (unit(k).max(f64::MIN_POSITIVE), unit(k + 1));
     let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();

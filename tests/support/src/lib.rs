@@ -3,7 +3,7 @@
 //! services that hang or record being dropped. Like tower's own `tests/support`, one place, so
 //! a test reads as what it checks.
 
-use backstop_core::timer::LazySleep;
+use backstop_core::__private::timer::LazySleep;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::channel::{Channel, Sender};

@@ -1,5 +1,5 @@
 use crate::{Deadline, DeadlineBody, body::local, deadline::enter};
-use backstop_core::timer::LazySleep;
+use backstop_core::__private::timer::LazySleep;
 use backstop_core::{Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
@@ -14,7 +14,7 @@ use std::{
 #[cfg(feature = "metrics")]
 pub(crate) fn meter_server(rejection: Rejection) {
     use backstop_core::metrics as names;
-    names::describe();
+    backstop_core::__private::metrics::describe();
     match rejection {
         Rejection::MalformedTimeout => metrics::counter!(names::DEADLINE_MALFORMED).increment(1),
         _ => metrics::counter!(names::DEADLINE_EXPIRED, "side" => "server").increment(1),

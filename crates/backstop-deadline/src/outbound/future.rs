@@ -1,5 +1,5 @@
 use crate::{Deadline, DeadlineBody, body::local, deadline::enter};
-use backstop_core::timer::LazySleep;
+use backstop_core::__private::timer::LazySleep;
 use backstop_core::{BoxError, DeadlineExceeded, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;

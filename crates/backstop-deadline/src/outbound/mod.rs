@@ -37,7 +37,7 @@ pub struct PropagateDeadlineLayer {
 /// counter (registered on the first call that needs it), shared by the layer's services.
 #[derive(Debug, Default)]
 pub(crate) struct Named {
-    pub(crate) name: backstop_core::DependencyName,
+    pub(crate) name: backstop_core::__private::DependencyName,
     #[cfg(feature = "metrics")]
     expired: std::sync::OnceLock<metrics::Counter>,
 }
@@ -48,7 +48,7 @@ impl Named {
     pub(crate) fn expired(&self) -> &metrics::Counter {
         self.expired.get_or_init(|| {
             use backstop_core::metrics as names;
-            names::describe();
+            backstop_core::__private::metrics::describe();
             metrics::counter!(
                 names::DEADLINE_EXPIRED,
                 "side" => "client",

@@ -8,7 +8,7 @@ use crate::{
     state::{Heard, RetryState},
     stats::GiveUp,
 };
-use backstop_core::timer::LazySleep;
+use backstop_core::__private::timer::LazySleep;
 use backstop_core::{
     BoxError, Classify, DeadlineExceeded, ServerHint, grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
 };

@@ -6,7 +6,7 @@
 /// threads.
 ///
 /// ```
-/// use backstop_core::mix::splitmix;
+/// use backstop_core::__private::mix::splitmix;
 ///
 /// assert_eq!(splitmix(7, 1), splitmix(7, 1));
 /// assert_ne!(splitmix(7, 1), splitmix(7, 2));

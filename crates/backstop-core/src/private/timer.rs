@@ -31,7 +31,7 @@ pin_project! {
     /// [`Sleep`] the first time it is called, then polls that one.
     ///
     /// ```
-    /// use backstop_core::timer::LazySleep;
+    /// use backstop_core::__private::timer::LazySleep;
     /// use std::{pin::pin, task::{Context, Poll, Waker}, time::Duration};
     /// use tokio::time::Instant;
     ///

@@ -1,0 +1,79 @@
+//! The helpers every layer calls when it registers and records its metric handles (the names
+//! and labels themselves are public, in [`crate::metrics`]).
+
+use crate::{
+    Outcome,
+    metrics::{
+        BREAKER_REJECTIONS, BREAKER_STATE, BREAKER_TRANSITIONS, CLIENT_ATTEMPT_DURATION,
+        CLIENT_ATTEMPTS, CLIENT_REQUESTS, DEADLINE_EXPIRED, DEADLINE_MALFORMED,
+        RETRY_BUDGET_BALANCE, RETRY_GIVE_UPS,
+    },
+};
+
+/// Where an outcome's label sits in [`OUTCOMES`](crate::metrics::OUTCOMES).
+pub fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Success => 0,
+        Outcome::Failure { .. } => 1,
+        Outcome::Throttled { .. } => 2,
+        Outcome::Rejected => 3,
+        Outcome::Ignored => 4,
+    }
+}
+
+/// Describes every name to the installed recorder (the help text a Prometheus exporter prints);
+/// each layer calls it when it registers its handles.
+pub fn describe() {
+    metrics::describe_counter!(CLIENT_REQUESTS, "Calls through a client stack, by outcome");
+    metrics::describe_counter!(
+        CLIENT_ATTEMPTS,
+        "Attempts sent, by kind (first, retry, hedge)"
+    );
+    metrics::describe_histogram!(
+        CLIENT_ATTEMPT_DURATION,
+        metrics::Unit::Seconds,
+        "Duration of attempts that waited for their answer"
+    );
+    metrics::describe_counter!(
+        RETRY_GIVE_UPS,
+        "Failures returned without a retry, by reason"
+    );
+    metrics::describe_gauge!(RETRY_BUDGET_BALANCE, "Retries the budget would allow now");
+    metrics::describe_gauge!(
+        BREAKER_STATE,
+        "Breaker state: 0 closed, 1 open, 2 half-open"
+    );
+    metrics::describe_counter!(BREAKER_TRANSITIONS, "Breaker state changes, by new state");
+    metrics::describe_counter!(BREAKER_REJECTIONS, "Calls refused by an open breaker");
+    metrics::describe_counter!(DEADLINE_EXPIRED, "Deadlines expired, by side");
+    metrics::describe_counter!(
+        DEADLINE_MALFORMED,
+        "Malformed grpc-timeout headers received"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Retryable, metrics::OUTCOMES};
+
+    #[test]
+    fn each_outcome_has_its_label() {
+        let cases = [
+            (Outcome::Success, "success"),
+            (Outcome::failure(Retryable::Always), "failure"),
+            (
+                Outcome::Throttled {
+                    retryable: Retryable::Always,
+                    hint: None,
+                },
+                "throttled",
+            ),
+            (Outcome::Rejected, "rejected"),
+            (Outcome::Ignored, "ignored"),
+        ];
+        for (outcome, label) in cases {
+            assert_eq!(OUTCOMES[outcome_index(outcome)], label);
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! Plumbing shared by backstop's own crates: **not part of the public API**.
+//!
+//! Everything in here exists so that `backstop-deadline`, `backstop-retry`, `backstop-breaker`
+//! and the `backstop` facade can share code. It is for backstop's own crates only: it carries
+//! **no semver promise** and may change or disappear in any release, patch releases included.
+//! Do not use it from outside backstop; the public API lives at the crate root.
+//!
+//! - [`mix`]: the seeded mixing function of every seeded layer.
+//! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
+//!   the retry budget's deposits).
+//! - [`timer`]: [`LazySleep`](timer::LazySleep), the timer a future arms only when it must
+//!   wait.
+//! - [`DependencyName`]: the name each client layer carries into its events.
+//! - `metrics` (feature `metrics`): the helpers every layer calls when it registers and
+//!   records its handles.
+
+#[cfg(feature = "metrics")]
+pub mod metrics;
+pub mod mix;
+pub mod stripe;
+pub mod timer;
+
+pub use crate::name::DependencyName;
