@@ -135,15 +135,7 @@ thread_local! {
 /// A scope entered by [`enter`]: puts back the value it found when dropped (also when what
 /// ran inside panicked). A guard rather than a closure, so the request going in and the
 /// result coming out are not moved through one.
-#[must_use = "the scope ends when the guard is dropped"]
-pub(crate) struct Scope(Option<Deadline>);
-
-impl Drop for Scope {
-    #[inline]
-    fn drop(&mut self) {
-        CURRENT.set(self.0);
-    }
-}
+pub(crate) type Scope = backstop_core::__private::scope::Scope<Option<Deadline>>;
 
 /// The deadline of the request this task is working for, if any.
 ///
@@ -165,7 +157,7 @@ pub(crate) fn enter(deadline: Deadline) -> Scope {
         Some(outer) if outer < deadline => outer,
         _ => deadline,
     };
-    Scope(CURRENT.replace(Some(deadline)))
+    Scope::enter(&CURRENT, Some(deadline))
 }
 
 /// As [`enter`], for a `deadline` picked no later than the current one (`PropagateDeadline`'s,
@@ -173,7 +165,7 @@ pub(crate) fn enter(deadline: Deadline) -> Scope {
 #[inline]
 pub(crate) fn enter_picked(deadline: Deadline) -> Scope {
     debug_assert!(current().is_none_or(|outer| deadline <= outer));
-    Scope(CURRENT.replace(Some(deadline)))
+    Scope::enter(&CURRENT, Some(deadline))
 }
 
 pin_project! {

@@ -84,8 +84,8 @@ impl<C> RetryLayer<C> {
         self.shared.methods.get().map(|m| &**m)
     }
 
-    /// The policy this layer was built from.
-    pub fn policy(&self) -> &RetryConfig<C> {
+    /// The configuration this layer was built from.
+    pub fn config(&self) -> &RetryConfig<C> {
         &self.shared.policy
     }
 

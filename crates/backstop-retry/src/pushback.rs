@@ -49,21 +49,13 @@ pub fn retries_exhausted() -> bool {
 
 /// Runs `f` with the request's mark in scope, and returns what it made with the mark after it.
 fn in_scope<R>(exhausted: bool, f: impl FnOnce() -> R) -> (R, bool) {
-    /// Puts the enclosing scope's mark back, also when `f` panics.
-    struct Restore(Mark);
-
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            EXHAUSTED.with(|mark| mark.set(self.0));
-        }
-    }
-
     let inner = if exhausted {
         Mark::Exhausted
     } else {
         Mark::Clear
     };
-    let _restore = Restore(EXHAUSTED.with(|mark| mark.replace(inner)));
+    // Puts the enclosing scope's mark back, also when `f` panics.
+    let _scope = backstop_core::__private::scope::Scope::enter(&EXHAUSTED, inner);
     let made = f();
     (made, retries_exhausted())
 }

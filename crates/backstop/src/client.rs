@@ -222,7 +222,7 @@ impl<C> ClientLayer<C> {
     {
         self.retry = self
             .retry
-            .policy()
+            .config()
             .clone()
             .max_attempts(n)
             .build()

@@ -568,7 +568,7 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let handle = self.handles.current().clone();
-        let told = tell_the_wire(&handle, self.writes, &mut req);
+        let told = write_attempt_grpc_timeout(&handle, self.writes, &mut req);
         let deadline = match told {
             Some(_) => None,
             // Only an adaptive bound is capped by the deadline.
@@ -634,7 +634,7 @@ fn request_deadline<B>(_: &Request<B>) -> Option<Instant> {
 ///   header is rewritten to the bound: the server gives up when this attempt will.
 #[cfg(feature = "deadline")]
 #[inline(always)]
-fn tell_the_wire<B>(
+fn write_attempt_grpc_timeout<B>(
     shared: &Shared,
     writes: Option<Duration>,
     req: &mut Request<B>,
@@ -698,7 +698,7 @@ fn tell_the_wire<B>(
 }
 
 #[cfg(not(feature = "deadline"))]
-fn tell_the_wire<B>(
+fn write_attempt_grpc_timeout<B>(
     _: &Shared,
     _: Option<Duration>,
     _: &mut Request<B>,

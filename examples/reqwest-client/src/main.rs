@@ -48,8 +48,14 @@ async fn main() -> Result<(), BoxError> {
         match response {
             Ok(response) => {
                 let status = response.status();
-                let body = response.into_body().collect().await?.to_bytes();
-                println!("{n}: {status} {}", String::from_utf8_lossy(&body).trim());
+                // The body is bounded by the deadline too: read past it, it fails.
+                match response.into_body().collect().await {
+                    Ok(body) => {
+                        let body = body.to_bytes();
+                        println!("{n}: {status} {}", String::from_utf8_lossy(&body).trim());
+                    }
+                    Err(err) => println!("{n}: {status}, body: error: {}", chain(&*err)),
+                }
             }
             Err(err) => println!("{n}: error: {}", chain(&*err)),
         }

@@ -6,6 +6,8 @@
 //! Do not use it from outside backstop; the public API lives at the crate root.
 //!
 //! - [`mix`]: the seeded mixing function of every seeded layer.
+//! - [`scope`]: the guard of every thread-local scope (the current deadline, the pushback
+//!   mark).
 //! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
 //!   the retry budget's deposits).
 //! - [`timer`]: [`LazySleep`](timer::LazySleep), the timer a future arms only when it must
@@ -17,6 +19,7 @@
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod mix;
+pub mod scope;
 pub mod stripe;
 pub mod timer;
 
