@@ -73,6 +73,7 @@
 #[doc(hidden)]
 #[path = "private/mod.rs"]
 pub mod __private;
+mod attempt;
 mod body;
 pub mod classify;
 mod error;
@@ -84,6 +85,7 @@ pub mod metrics;
 mod name;
 pub mod reject;
 
+pub use attempt::FinalAttempt;
 pub use body::ResponseBody;
 pub use classify::{Classify, GrpcClassifier, HttpClassifier, Outcome, Retryable};
 pub use error::{

@@ -365,6 +365,10 @@ where
                         .next_request()
                         .expect("the body is taken over when the retry is decided");
                     let armed = retry.bounds.arm(&mut req, false);
+                    if retry.is_last() {
+                        // No retry follows it: a bound inside may give it the whole deadline.
+                        req.extensions_mut().insert(backstop_core::FinalAttempt);
+                    }
                     let service = &mut retry.service;
                     this.state.set(State::sent(armed, || service.call(req)));
                 }

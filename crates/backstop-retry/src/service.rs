@@ -106,7 +106,9 @@ where
                     })
                 })
             });
-            let req = req.map(ReplayBody::passthrough);
+            let mut req = req.map(ReplayBody::passthrough);
+            // No retry follows it: a bound inside may give it the whole deadline.
+            req.extensions_mut().insert(backstop_core::FinalAttempt);
             return ResponseFuture::once(self.inner.call(req), handle, unreplayable);
         }
 

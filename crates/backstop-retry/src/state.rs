@@ -98,6 +98,15 @@ impl<S, B, C> RetryState<S, B, C> {
         }
     }
 
+    /// Whether the attempt just counted is the last one `max_attempts` allows.
+    pub(crate) fn is_last(&self) -> bool {
+        let max = self
+            .overrides
+            .max_attempts
+            .unwrap_or(self.shared.policy.max_attempts);
+        self.attempts >= max
+    }
+
     /// Classifies a finished attempt and tells the budget: a success deposits (or, committed
     /// by its headers, is left to its trailers), a failure the policy could retry or a "do not
     /// retry" is recorded (gRPC A6 throttling).

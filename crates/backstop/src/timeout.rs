@@ -9,7 +9,10 @@
 //! and a ceiling of 10 s by default, and never more than 80 % of what is left of the
 //! request's deadline ([`Adaptive::deadline_share`]): an attempt to a dependency slower than
 //! its callers' deadlines then times out before the deadline, a failure the breaker counts,
-//! where an expired deadline (the caller's own) would count as nothing. Until the model holds
+//! where an expired deadline (the caller's own) would count as nothing. The share is kept
+//! only where a retry may follow: an attempt marked [`FinalAttempt`] (the retry layer marks a
+//! call it sends once and its last attempt by count) may take the whole deadline, as gRPC's
+//! own clients give a single-attempt call. Until the model holds
 //! 100 samples (the first seconds of traffic, or after an idle spell), the `ceiling` applies.
 //!
 //! Why p99 × 3: the timeout's job is to cut attempts that will not answer, without cutting
@@ -47,7 +50,7 @@
 
 use backstop_core::__private::timer::LazySleep;
 use backstop_core::{
-    __private::stripe, AttemptTimedOut, BoxError, ConfigError, latency::LatencyModel,
+    __private::stripe, AttemptTimedOut, BoxError, ConfigError, FinalAttempt, latency::LatencyModel,
 };
 use http::Request;
 use pin_project_lite::pin_project;
@@ -152,7 +155,8 @@ impl Adaptive {
 
     /// The largest share, in (0, 1], of what is left of the request's deadline that one
     /// attempt may take (default 0.8): the attempt then times out, and the breaker counts it,
-    /// before the deadline expires (an expired deadline is the caller's, never counted). In
+    /// before the deadline expires (an expired deadline is the caller's, never counted). Not
+    /// applied to an attempt marked [`FinalAttempt`]: no retry needs the room. In
     /// the lab, when it was chosen, 0.8 kept the brownout's success of a fixed half-deadline
     /// bound (76.9 %) and lifted the slow scenario's from 45.1 % to 50.0 %; 0.5 cost retries
     /// their time (76.7 %).
@@ -278,14 +282,25 @@ impl Shared {
     /// significant digits (at most 1 % shorter): calls a few microseconds apart then get the
     /// same bound, so its header value is reused rather than encoded and allocated again (and
     /// HPACK can index it).
-    fn capped(&self, bound: Duration, now: Instant, deadline: Option<Instant>) -> Duration {
+    fn capped(
+        &self,
+        bound: Duration,
+        now: Instant,
+        deadline: Option<Instant>,
+        whole: bool,
+    ) -> Duration {
         if let AttemptBound::Adaptive(a) = self.bound
             && let Some(deadline) = deadline
         {
             let left = deadline.saturating_duration_since(now);
             // Integer arithmetic: Duration::mul_f64 goes through floating-point seconds.
             let left_us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
-            let share_ppm = (a.deadline_share * 1e6) as u64;
+            // A final attempt may take all that is left: its share was room for a retry.
+            let share_ppm = if whole {
+                1_000_000
+            } else {
+                (a.deadline_share * 1e6) as u64
+            };
             let share = Duration::from_micros(
                 u64::try_from(u128::from(left_us) * u128::from(share_ppm) / 1_000_000)
                     .unwrap_or(u64::MAX),
@@ -306,9 +321,9 @@ impl Shared {
 
     /// The bound of an attempt that starts at `now` under `deadline` (the request's): the
     /// fixed one, or the adaptive one from the model, capped by the deadline's share.
-    fn bound_at(&self, now: Instant, deadline: Option<Instant>) -> Option<Duration> {
+    fn bound_at(&self, now: Instant, deadline: Option<Instant>, whole: bool) -> Option<Duration> {
         self.model_bound(now)
-            .map(|bound| self.capped(bound, now, deadline))
+            .map(|bound| self.capped(bound, now, deadline, whole))
     }
 
     /// The fixed bound, or the adaptive one from the model (cached for 100 ms), uncapped.
@@ -412,7 +427,7 @@ impl AttemptTimeoutLayer {
         let deadline = backstop_deadline::current().map(|d| d.instant());
         #[cfg(not(feature = "deadline"))]
         let deadline = None;
-        self.shared.bound_at(Instant::now(), deadline)
+        self.shared.bound_at(Instant::now(), deadline, false)
     }
 }
 
@@ -571,16 +586,19 @@ where
         let told = write_attempt_grpc_timeout(&handle, self.writes, &mut req);
         let deadline = match told {
             Some(_) => None,
-            // Only an adaptive bound is capped by the deadline.
+            // Only an adaptive bound is capped by the deadline, and only where a retry may
+            // follow (the cap leaves it room).
             None if handle.capped_by_deadline() => request_deadline(&req),
             None => None,
         };
+        let whole = FinalAttempt::is_on(&req);
         AttemptTimeoutFuture {
             future: self.inner.call(req),
             handle,
             told,
             start: None,
             deadline,
+            whole,
             sleep: LazySleep::new(),
         }
     }
@@ -663,7 +681,8 @@ fn write_attempt_grpc_timeout<B>(
         ),
     };
     let now = Instant::now();
-    let bound = shared.bound_at(now, deadline);
+    // The last attempt gets the whole deadline: its share was kept for a retry.
+    let bound = shared.bound_at(now, deadline, FinalAttempt::is_on(req));
     let shorter = bound.filter(|&bound| match (owed, header) {
         (Some(at), _) => now.checked_add(bound).is_some_and(|end| end < at),
         (None, left) => left.is_some_and(|left| bound < left),
@@ -724,6 +743,8 @@ pin_project! {
         start: Option<(Instant, Option<Duration>, Option<Instant>)>,
         // The request's deadline, which caps an adaptive bound picked at the first wait.
         deadline: Option<Instant>,
+        // A final attempt (`FinalAttempt`): the cap is all that is left, not the share.
+        whole: bool,
         #[pin]
         sleep: LazySleep,
     }
@@ -800,7 +821,7 @@ where
                 let (bound, end) = match *this.told {
                     Some((bound, end)) => (Some(bound), Some(end)),
                     None => {
-                        let bound = shared.bound_at(now, *this.deadline);
+                        let bound = shared.bound_at(now, *this.deadline, *this.whole);
                         (bound, bound.map(|b| now + b))
                     }
                 };

@@ -205,3 +205,83 @@ async fn a_silent_deadline_layer_never_lets_the_server_hear_more_than_is_left() 
         }
     }
 }
+
+/// Issue 25, 1: a call after which no retry can follow gets the whole deadline. A service
+/// config's `"timeout": "0.3s"` on a method without a retry policy, and the preset with
+/// `max_attempts(1)`, were cut at 240 ms (the adaptive bound's 80 % share) and told the server
+/// 240 ms; gRPC's own clients wait the full 300 ms and say so.
+#[tokio::test(start_paused = true)]
+async fn a_call_no_retry_can_follow_gets_the_whole_deadline() {
+    let config = backstop::grpc::ServiceConfig::from_json(
+        r#"{ "methodConfig": [ { "name": [{}], "timeout": "0.3s" } ] }"#,
+    )
+    .unwrap();
+    let service_config = backstop::client::grpc().service_config(config).unwrap();
+    let once = backstop::client::grpc()
+        .timeout(300 * MS)
+        .retry(RetryConfig::grpc().max_attempts(1).build().unwrap());
+    for which in ["service config", "max_attempts(1)"] {
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+            log.lock().unwrap().push((Duration::ZERO, told(&req)));
+            async {
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(grpc_status(0))
+            }
+        });
+        let start = Instant::now();
+        let response = match which {
+            "service config" => {
+                let client = ServiceBuilder::new()
+                    .layer(service_config.clone())
+                    .service(dependency);
+                client.oneshot(grpc_call()).await.unwrap().map(|_| ())
+            }
+            _ => {
+                let client = ServiceBuilder::new()
+                    .layer(once.clone())
+                    .service(dependency);
+                client.oneshot(grpc_call()).await.unwrap().map(|_| ())
+            }
+        };
+        assert_eq!(response.headers()["grpc-status"], "4", "{which}");
+        assert_eq!(start.elapsed(), 300 * MS, "{which}");
+        let heard = seen.lock().unwrap()[0].1.clone();
+        assert_eq!(heard.as_deref(), Some("300m"), "{which}");
+    }
+}
+
+/// The last attempt of a retried call gets what is left of the deadline, not its share; the
+/// ones before it keep the share, so a retry has room.
+#[tokio::test(start_paused = true)]
+async fn the_last_attempt_gets_what_is_left() {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let start = Instant::now();
+    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+        log.lock().unwrap().push((start.elapsed(), told(&req)));
+        async {
+            std::future::pending::<()>().await;
+            Ok::<_, Infallible>(grpc_status(0))
+        }
+    });
+    let client = backstop::client::http()
+        .timeout(Duration::from_secs(1))
+        .retry(
+            RetryConfig::http()
+                .max_attempts(2)
+                .backoff(backoff::constant(MS))
+                .build()
+                .unwrap(),
+        );
+    let client = ServiceBuilder::new().layer(client).service(dependency);
+    let req = Request::get("http://svc/").body(String::new()).unwrap();
+    let err = client.oneshot(req).await.unwrap_err();
+    assert!(backstop::is_deadline_exceeded(&*err), "{err}");
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    let seen = seen.lock().unwrap().clone();
+    // The first: 80 % of 1 s. The second, at 801 ms: all of the 199 ms left.
+    assert_eq!(seen[0], (Duration::ZERO, Some("800m".to_owned())));
+    assert_eq!(seen[1], (801 * MS, Some("199m".to_owned())));
+}
