@@ -9,7 +9,7 @@ use crate::{
     stats::GiveUp,
 };
 use backstop_core::__private::timer::LazySleep;
-use backstop_core::{BoxError, Classify, DeadlineExceeded, Outcome, Retryable};
+use backstop_core::{BoxError, Classify, DeadlineExceeded, Outcome};
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::{
@@ -224,13 +224,10 @@ where
         (
             Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint },
             Some(idempotent),
-        ) => Some(match retryable {
-            // The decision order of the retry path, without the attempts it never reached.
-            Retryable::Never => GiveUp::NotRetryable,
-            Retryable::IfIdempotent if !idempotent => GiveUp::NotIdempotent,
-            _ if hint == Some(backstop_core::ServerHint::DoNotRetry) => GiveUp::Hint,
-            _ => GiveUp::NotReplayable,
-        }),
+        ) => {
+            // The retry path's decision order, with attempts left and nothing to replay.
+            crate::state::refusal(retryable, hint, true, || idempotent, false)
+        }
         _ => None,
     };
     if let Some(why) = gave_up {

@@ -100,11 +100,9 @@ where
             // Retries are off for this request: no buffering, no copy of the request. One
             // whose body is too long to keep is reported as given up when it fails.
             let unreplayable = (max_attempts > 1).then(|| {
-                overrides.idempotent.unwrap_or_else(|| {
-                    policy.idempotency.allows_with(req.method(), || {
-                        req.headers().contains_key(crate::template::IDEMPOTENCY_KEY)
-                    })
-                })
+                overrides
+                    .idempotent
+                    .unwrap_or_else(|| policy.idempotency.allows(req.method(), req.headers()))
             });
             let mut req = req.map(ReplayBody::passthrough);
             // No retry follows it: a bound inside may give it the whole deadline.

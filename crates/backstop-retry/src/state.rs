@@ -216,25 +216,21 @@ impl<S, B, C> RetryState<S, B, C> {
         hint: Option<ServerHint>,
     ) -> Result<Duration, GiveUp> {
         let policy = &self.shared.policy;
-        if retryable == Retryable::Never {
-            return Err(GiveUp::NotRetryable);
-        }
-        if self.attempts >= self.overrides.max_attempts.unwrap_or(policy.max_attempts) {
-            return Err(GiveUp::Attempts);
-        }
-        if retryable == Retryable::IfIdempotent
-            && !self
-                .overrides
+        let attempts_left =
+            self.attempts < self.overrides.max_attempts.unwrap_or(policy.max_attempts);
+        let idempotent = || {
+            self.overrides
                 .idempotent
                 .unwrap_or_else(|| self.template.idempotent(policy.idempotency))
-        {
-            return Err(GiveUp::NotIdempotent);
-        }
-        if hint == Some(ServerHint::DoNotRetry) {
-            return Err(GiveUp::Hint);
-        }
-        if !self.body.is_replayable() {
-            return Err(GiveUp::NotReplayable);
+        };
+        if let Some(why) = refusal(
+            retryable,
+            hint,
+            attempts_left,
+            idempotent,
+            self.body.is_replayable(),
+        ) {
+            return Err(why);
         }
         let rng = self.rng.get_or_insert_with(|| {
             Rng::with_seed(policy.seed.map_or_else(
@@ -332,4 +328,32 @@ fn next_backoff<C>(
 ) -> Duration {
     state.retry += 1;
     policy.backoff.next_delay(state, rng)
+}
+
+/// Steps 1 to 5 of the decision order, the ones that need no clock, budget or backoff: why a
+/// failure is not retried, if any of them refuses. One place for the retry path and for a call
+/// sent once because its body could not be kept (which reaches step 5 as not replayable).
+pub(crate) fn refusal(
+    retryable: Retryable,
+    hint: Option<ServerHint>,
+    attempts_left: bool,
+    idempotent: impl FnOnce() -> bool,
+    replayable: bool,
+) -> Option<GiveUp> {
+    if retryable == Retryable::Never {
+        return Some(GiveUp::NotRetryable);
+    }
+    if !attempts_left {
+        return Some(GiveUp::Attempts);
+    }
+    if retryable == Retryable::IfIdempotent && !idempotent() {
+        return Some(GiveUp::NotIdempotent);
+    }
+    if hint == Some(ServerHint::DoNotRetry) {
+        return Some(GiveUp::Hint);
+    }
+    if !replayable {
+        return Some(GiveUp::NotReplayable);
+    }
+    None
 }

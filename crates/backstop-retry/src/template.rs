@@ -92,7 +92,7 @@ impl Drop for Template {
 }
 
 /// The `Idempotency-Key` header.
-pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The URI's parts in the order its text has them.
 fn uri_parts(uri: &Uri) -> [&str; 3] {
