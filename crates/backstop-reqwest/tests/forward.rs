@@ -44,7 +44,7 @@ async fn forward(
 ) -> Response<Body> {
     let outbound = Request::put(url).body(req.into_body()).unwrap();
     let response = client.oneshot(outbound).await.unwrap();
-    let attempts = backstop::client::call_info(&response).map_or(0, |(n, _)| n);
+    let attempts = backstop::client::call_info(&response).attempts();
     let (mut parts, body) = response.into_parts();
     parts
         .headers

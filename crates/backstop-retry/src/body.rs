@@ -2,7 +2,6 @@
 //! is in its trailers.
 
 use crate::shared::Handle;
-use crate::stats::GiveUp;
 use backstop_core::{Classify, Outcome, Retryable};
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
@@ -29,39 +28,16 @@ pin_project! {
         watch: Option<Arc<Handle<C>>>,
         // Whether the watched trailers go to the budget (otherwise only to the metrics).
         budget: bool,
-        attempts: u32,
-        gave_up: Option<GiveUp>,
     }
 }
 
 impl<B, C> RetryBody<B, C> {
-    pub(crate) fn new(
-        inner: B,
-        watch: Option<Arc<Handle<C>>>,
-        budget: bool,
-        attempts: u32,
-        gave_up: Option<GiveUp>,
-    ) -> Self {
+    pub(crate) fn new(inner: B, watch: Option<Arc<Handle<C>>>, budget: bool) -> Self {
         Self {
             inner,
             watch,
             budget,
-            attempts,
-            gave_up,
         }
-    }
-
-    /// How many attempts the call took, the first included (hedges count as attempts): a
-    /// caller can log it per call instead of diffing the layer's stats.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    /// Why no further attempt was made, when this response is a failure the layer did not
-    /// retry ([`GiveUp`], the same reason its stats count); `None` for a success, or a
-    /// response that was never a candidate (e.g. a client error).
-    pub fn gave_up(&self) -> Option<GiveUp> {
-        self.gave_up
     }
 
     /// The inner body.
@@ -85,8 +61,6 @@ impl<B: fmt::Debug, C> fmt::Debug for RetryBody<B, C> {
         f.debug_struct("RetryBody")
             .field("inner", &self.inner)
             .field("watching", &self.watch.is_some())
-            .field("attempts", &self.attempts)
-            .field("gave_up", &self.gave_up)
             .finish()
     }
 }

@@ -1,7 +1,7 @@
 //! The error of a call the retry layer returns: the last attempt's error, with what the call
 //! did.
 
-use crate::GiveUp;
+use crate::{CallInfo, GiveUp};
 use backstop_core::BoxError;
 use std::{error::Error, fmt};
 
@@ -27,8 +27,7 @@ use std::{error::Error, fmt};
 /// ```
 #[derive(Debug)]
 pub struct RetryError {
-    attempts: u32,
-    gave_up: Option<GiveUp>,
+    info: CallInfo,
     source: BoxError,
 }
 
@@ -37,23 +36,27 @@ impl RetryError {
     /// `source`.
     pub fn new(attempts: u32, gave_up: Option<GiveUp>, source: BoxError) -> Self {
         Self {
-            attempts,
-            gave_up,
+            info: CallInfo::new(attempts, gave_up),
             source,
         }
+    }
+
+    /// What the call did, as a response's [`CallInfo`] extension says it for a response.
+    pub fn info(&self) -> CallInfo {
+        self.info
     }
 
     /// Attempts the call sent, the first included (hedges count); 0 when its deadline had
     /// passed before any was sent.
     pub fn attempts(&self) -> u32 {
-        self.attempts
+        self.info.attempts()
     }
 
     /// Why no further attempt was made, when the last error was one the layer could have
     /// retried; `None` for an error that was never a candidate (e.g. an open breaker, which
     /// its callers must not retry either).
     pub fn gave_up(&self) -> Option<GiveUp> {
-        self.gave_up
+        self.info.gave_up()
     }
 
     /// The last attempt's error.
@@ -69,9 +72,10 @@ impl RetryError {
 
 impl fmt::Display for RetryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let plural = if self.attempts == 1 { "" } else { "s" };
-        write!(f, "{} attempt{plural}", self.attempts)?;
-        match self.gave_up {
+        let attempts = self.info.attempts();
+        let plural = if attempts == 1 { "" } else { "s" };
+        write!(f, "{attempts} attempt{plural}")?;
+        match self.info.gave_up() {
             Some(why) => write!(f, ", not retried: {why}"),
             None => Ok(()),
         }

@@ -1,6 +1,6 @@
 use crate::metrics::RetryMetrics;
 use crate::{
-    ReplayBody,
+    CallInfo, ReplayBody,
     body::RetryBody,
     bounds::Armed,
     hedge::HedgesBox,
@@ -9,7 +9,7 @@ use crate::{
     stats::GiveUp,
 };
 use backstop_core::__private::timer::LazySleep;
-use backstop_core::{BoxError, Classify, DeadlineExceeded, Outcome};
+use backstop_core::{BoxError, Classify, DeadlineExceeded, Outcome, Rejection};
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::{
@@ -162,7 +162,7 @@ impl<F, T> State<F, T> {
     }
 }
 
-/// The call's result as the layer returns it: its body (or its error, a
+/// The call's result as the layer returns it: its [`CallInfo`] extension (or its error, a
 /// [`RetryError`](crate::RetryError)) tells the caller how many attempts the call took and why
 /// it was not retried; the body watches the trailers when the outcome is still to come (for
 /// the budget, and for the metrics).
@@ -191,9 +191,20 @@ where
         },
     };
     // The error is wrapped out of line: the success path keeps its size.
-    result
-        .map(|response| response.map(|body| RetryBody::new(body, watch, budget, attempts, gave_up)))
-        .map_err(|e| wrap(attempts, gave_up, e))
+    match result {
+        Ok(mut response) => {
+            // Nothing to tell of a call whose one attempt answered (the common case keeps its
+            // allocation-free path; `CallInfo`'s docs state the rule).
+            if attempts != 1
+                || gave_up.is_some()
+                || response.extensions().get::<Rejection>().is_some()
+            {
+                tell(&mut response, attempts, gave_up);
+            }
+            Ok(response.map(|body| RetryBody::new(body, watch, budget)))
+        }
+        Err(e) => Err(wrap(attempts, gave_up, e)),
+    }
 }
 
 /// The end of a call sent once: its outcome goes to the budget and the metrics as any
@@ -240,6 +251,14 @@ where
         );
     }
     (None, gave_up)
+}
+
+#[cold]
+#[inline(never)]
+fn tell<R>(response: &mut Response<R>, attempts: u32, gave_up: Option<GiveUp>) {
+    response
+        .extensions_mut()
+        .insert(CallInfo::new(attempts, gave_up));
 }
 
 #[cold]

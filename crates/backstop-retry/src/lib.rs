@@ -132,6 +132,7 @@ pub mod budget;
 mod error;
 mod future;
 pub mod hedge;
+mod info;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
@@ -152,6 +153,7 @@ pub use body::RetryBody;
 pub use budget::{Budget, GrpcThrottle, GrpcThrottleBuilder, RatioBudget, RatioBudgetBuilder};
 pub use error::RetryError;
 pub use future::ResponseFuture;
+pub use info::CallInfo;
 pub use layer::RetryLayer;
 pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryConfig, RetryOverrides};
 pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};

@@ -341,7 +341,14 @@ async fn a_body_longer_than_the_replay_cap_is_sent_once() {
     send.send_response(reply(503));
     let response = assert_ready!(call.poll()).unwrap();
     assert_eq!(response.status(), 503);
-    assert_eq!(response.body().gave_up(), Some(GiveUp::NotReplayable));
+    assert_eq!(
+        response
+            .extensions()
+            .get::<backstop_retry::CallInfo>()
+            .unwrap()
+            .gave_up(),
+        Some(GiveUp::NotReplayable)
+    );
     assert_eq!(layer.stats().gave_up(GiveUp::NotReplayable), 2);
 }
 
@@ -622,4 +629,57 @@ async fn a_call_whose_deadline_passed_before_it_was_sent_took_no_attempt() {
     let info = err.downcast_ref::<backstop_retry::RetryError>().unwrap();
     assert_eq!((info.attempts(), info.gave_up()), (0, None));
     assert!(backstop_core::is_deadline_exceeded(&*err));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_response_tells_what_the_call_did_when_there_is_something_to_tell() {
+    use backstop_retry::CallInfo;
+    // One attempt answered: no extension, read as that one attempt.
+    let mut h = start(policy().build().unwrap(), get());
+    h.answer(200).await;
+    let ok = h.done().unwrap();
+    assert!(ok.extensions().get::<CallInfo>().is_none());
+    assert_eq!(CallInfo::of(&ok), CallInfo::new(1, None));
+
+    // A retry: the extension says both attempts.
+    let mut h = start(policy().build().unwrap(), get());
+    h.answer(503).await;
+    h.advance(Duration::from_secs(1)).await;
+    h.answer(200).await;
+    let ok = h.done().unwrap();
+    assert_eq!(
+        ok.extensions().get::<CallInfo>(),
+        Some(&CallInfo::new(2, None))
+    );
+
+    // One attempt given up on: the reason rides on the response.
+    let mut h = start(policy().build().unwrap(), post());
+    h.answer(503).await;
+    let failed = h.done().unwrap();
+    assert_eq!(
+        failed.extensions().get::<CallInfo>(),
+        Some(&CallInfo::new(1, Some(GiveUp::NotIdempotent)))
+    );
+
+    // A local rejection answered inside the layer (an open breaker's, say) says its attempt.
+    let mut h = start(policy().build().unwrap(), get());
+    let (_, send) = h.handle.next_request().await.expect("an attempt");
+    let mut rejected = reply(503);
+    rejected
+        .extensions_mut()
+        .insert(backstop_core::Rejection::BreakerOpen { retry_after: None });
+    send.send_response(rejected);
+    h.poll();
+    let rejected = h.done().unwrap();
+    assert_eq!(
+        rejected.extensions().get::<CallInfo>(),
+        Some(&CallInfo::new(1, None))
+    );
+
+    // A rejection made outside the retry layer carries no extension: no attempt.
+    let mut outside = Response::new(String::new());
+    outside
+        .extensions_mut()
+        .insert(backstop_core::Rejection::DeadlineExceeded);
+    assert_eq!(CallInfo::of(&outside), CallInfo::new(0, None));
 }

@@ -44,45 +44,41 @@ pub type ClientResponse<B, C> = http::Response<
     >,
 >;
 
-/// What a client preset's response says of its call: how many attempts it took (the first
+/// What a response of a stack with a retry layer in it says of its call
+/// ([`CallInfo::of`](backstop_retry::CallInfo::of)): how many attempts it took (the first
 /// included) and, when the response is a failure that was not retried, why
-/// ([`GiveUp`](backstop_retry::GiveUp)). `None` when the stack answered on its own (a local
-/// rejection, e.g. the deadline spent before the call was sent).
+/// ([`GiveUp`](backstop_retry::GiveUp)); 0 attempts for a local rejection made before the call
+/// reached the retry layer (a deadline already spent). Any body type: the retry layer's
+/// [`CallInfo`](backstop_retry::CallInfo) extension survives body and layer wrapping, and
+/// tonic keeps it in `tonic::Response::extensions()`.
 ///
 /// ```
-/// # use backstop::{ClientResponse, client::call_info};
+/// use backstop::client::call_info;
 /// # #[allow(dead_code)]
-/// # fn log<B, C>(response: &ClientResponse<B, C>) {
-/// if let Some((attempts, gave_up)) = call_info(response) {
-///     println!("{attempts} attempts, gave up: {gave_up:?}");
+/// fn log<B>(response: &http::Response<B>) {
+///     let info = call_info(response);
+///     println!("{} attempts, gave up: {:?}", info.attempts(), info.gave_up());
 /// }
-/// # }
 /// ```
-pub fn call_info<B, C>(
-    response: &ClientResponse<B, C>,
-) -> Option<(u32, Option<backstop_retry::GiveUp>)> {
-    let retry = response.body().get_ref()?;
-    Some((retry.attempts(), retry.gave_up()))
+pub fn call_info<B>(response: &http::Response<B>) -> backstop_retry::CallInfo {
+    backstop_retry::CallInfo::of(response)
 }
 
-/// What a client preset's error says of its call: how many attempts it took (0 when its
-/// deadline had passed before any was sent) and, when the last error was one the stack could
-/// have retried, why it did not ([`GiveUp`](backstop_retry::GiveUp)). `None` for an error the
-/// retry layer did not return (the deadline layer's own [`DeadlineExceeded`](crate::DeadlineExceeded) once the
-/// time told to the server has passed).
+/// What an error of a stack with a retry layer in it says of its call: the
+/// [`CallInfo`](backstop_retry::CallInfo) of the [`RetryError`](backstop_retry::RetryError)
+/// found in its source chain (attempts 0 when its deadline had passed before any was sent).
+/// `None` for an error the retry layer did not return (the deadline layer's own
+/// [`DeadlineExceeded`](crate::DeadlineExceeded) once the time told to the server has passed).
 ///
 /// ```
 /// use backstop::client::error_info;
-/// use backstop::retry::{GiveUp, RetryError};
+/// use backstop::retry::{CallInfo, GiveUp, RetryError};
 ///
 /// let err: backstop::BoxError = Box::new(RetryError::new(2, Some(GiveUp::Budget), "reset".into()));
-/// assert_eq!(error_info(&*err), Some((2, Some(GiveUp::Budget))));
+/// assert_eq!(error_info(&*err), Some(CallInfo::new(2, Some(GiveUp::Budget))));
 /// ```
-pub fn error_info(
-    err: &(dyn std::error::Error + 'static),
-) -> Option<(u32, Option<backstop_retry::GiveUp>)> {
-    let info = backstop_core::find::<backstop_retry::RetryError>(err)?;
-    Some((info.attempts(), info.gave_up()))
+pub fn error_info(err: &(dyn std::error::Error + 'static)) -> Option<backstop_retry::CallInfo> {
+    backstop_core::find::<backstop_retry::RetryError>(err).map(backstop_retry::RetryError::info)
 }
 
 /// How the preset hedges, kept so replacing the retry or attempt layer keeps it.

@@ -97,8 +97,9 @@
 //! [`RetryError`](backstop_retry::RetryError): how many attempts the call took and why it
 //! was not retried ([`client::error_info`]), with the error above as its source. So test with
 //! the functions of the table (they search the source chain), not with a downcast of the
-//! outer error; print the chain to see both. (A response says the same through
-//! [`client::call_info`].)
+//! outer error; print the chain to see both. A response says the same in its
+//! [`CallInfo`](backstop_retry::CallInfo) extension ([`client::call_info`]), whatever wraps it:
+//! a tonic generated client finds it in `tonic::Response::extensions()`.
 //!
 //! # tonic
 //!

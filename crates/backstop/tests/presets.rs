@@ -558,7 +558,8 @@ async fn each_response_tells_its_attempts_and_why_it_gave_up() {
     let backend = backstop::client::http();
     let client = ServiceBuilder::new().layer(backend).service(flaky);
     let info = |r: &backstop::ClientResponse<String, backstop_core::HttpClassifier>| {
-        backstop::client::call_info(r).unwrap()
+        let info = backstop::client::call_info(r);
+        (info.attempts(), info.gave_up())
     };
     // 503 then 200: two attempts, nothing given up.
     let ok = client.clone().oneshot(get()).await.unwrap();

@@ -112,7 +112,10 @@ async fn the_preset_sends_no_attempt_with_nothing_left_on_the_wire() {
     // The server's answer, not retried for the deadline.
     assert_eq!(response.headers()["grpc-status"], "14");
     let info = backstop::client::call_info(&response);
-    assert_eq!(info, Some((1, Some(backstop::retry::GiveUp::Deadline))));
+    assert_eq!(
+        info,
+        backstop::retry::CallInfo::new(1, Some(backstop::retry::GiveUp::Deadline))
+    );
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
         seen.len(),

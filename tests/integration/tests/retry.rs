@@ -3,7 +3,7 @@
 use backstop_core::GrpcClassifier;
 use backstop_deadline::DeadlineLayer;
 use backstop_integration::listener;
-use backstop_retry::{PushbackLayer, ReplayBody, Retry, RetryConfig, backoff};
+use backstop_retry::{CallInfo, PushbackLayer, ReplayBody, Retry, RetryConfig, backoff};
 use bytes::Bytes;
 use example_proto::collect::{
     Chunk, Summary,
@@ -123,6 +123,11 @@ async fn a_tonic_client_is_retried_past_unavailable() {
         })
         .await
         .unwrap();
+    // What the call did reaches a generated client's response, through tonic's own wrapping.
+    assert_eq!(
+        reply.extensions().get::<CallInfo>(),
+        Some(&CallInfo::new(3, None))
+    );
     assert_eq!(reply.into_inner().message, "hello again");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
