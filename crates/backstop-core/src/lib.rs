@@ -78,6 +78,7 @@ mod body;
 pub mod classify;
 mod error;
 pub mod grpc;
+mod hedge;
 pub mod hint;
 pub mod latency;
 #[cfg(feature = "metrics")]
@@ -93,5 +94,6 @@ pub use error::{
     is_deadline_exceeded,
 };
 pub use grpc::{Code, is_grpc};
+pub use hedge::HedgeDelay;
 pub use hint::ServerHint;
 pub use reject::Rejection;

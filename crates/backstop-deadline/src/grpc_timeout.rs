@@ -16,9 +16,9 @@
 //! longer budget look shorter than a shorter one on the wire.
 //!
 //! [`encode_coarse`] (what `PropagateDeadline` and the attempt bound send) first rounds down to
-//! three significant digits: a value that repeats from call to call, so
-//! [`coarse_header_value`] hands out a shared header value instead of formatting and
-//! allocating one per call, and HPACK can index it. It is never later than the time left and
+//! three significant digits: a value that repeats from call to call, so those layers share
+//! one header value between the calls that send it instead of formatting and allocating one
+//! per call, and HPACK can index it. It is never later than the time left and
 //! at most 1 % earlier.
 //!
 //! ```
@@ -141,8 +141,8 @@ impl fmt::Display for Encoded {
 /// Encodes `timeout` rounded down to three significant digits, in the coarsest of `S`, `m`,
 /// `u`, `n` that holds them exactly (`999m` for 999.9 ms, `1230m` for 1.2345 s, `50m`, `2S`):
 /// never later than `timeout` and at most 1 % earlier. A deadline sent this way repeats from
-/// call to call, so the header value can be shared ([`coarse_header_value`]) and HPACK can
-/// index it. Returns `None` when `timeout` is zero.
+/// call to call, so the attempt layer shares one header value between the calls that send
+/// it, and HPACK can index it. Returns `None` when `timeout` is zero.
 ///
 /// ```
 /// use backstop_deadline::grpc_timeout::encode_coarse;
@@ -245,7 +245,7 @@ fn coarse(mut digits: u64, mut exponent: u32) -> Option<Encoded> {
 /// this thread that sent the same one, and the duration the receiver will decode. Calls in a
 /// row send the same value, so the common case is a lookup and a reference count: no
 /// formatting and no allocation.
-pub fn coarse_header_value(timeout: Duration) -> Option<(HeaderValue, Duration)> {
+pub(crate) fn coarse_header_value(timeout: Duration) -> Option<(HeaderValue, Duration)> {
     const KEPT: usize = 4;
     /// A rounded duration's key, its header value, and the duration it says.
     type Entry = ((u64, u32), HeaderValue, Duration);

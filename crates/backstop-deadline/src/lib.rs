@@ -9,6 +9,10 @@
 //!   [`Deadline`] to the handler (request extensions and [`current()`]).
 //! - [`PropagateDeadlineLayer`] (clients) finds the current deadline, writes what remains of it
 //!   in `grpc-timeout`, and bounds the call by it.
+//! - [`attempt::AttemptTimeoutLayer`] (clients, inside a retry layer and a breaker) gives each
+//!   attempt a deadline of its own: a fixed bound, or one derived from the dependency's
+//!   measured latency (p99 × 3 by default), never past the request's deadline; it feeds the
+//!   latency model and the measured hedge delay ([`backstop_core::HedgeDelay`]).
 //!
 //! # Example
 //!
@@ -156,6 +160,7 @@
 //! `tower-service` only.
 #![doc(test(attr(deny(warnings))))]
 
+pub mod attempt;
 mod body;
 mod deadline;
 pub mod grpc_timeout;

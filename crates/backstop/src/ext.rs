@@ -46,6 +46,7 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed {
 
     /// Adds an [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer): each call
     /// bounded by its attempt bound (fixed, or from the measured latency).
+    #[cfg(feature = "deadline")]
     fn attempt_timeout(
         self,
         layer: crate::timeout::AttemptTimeoutLayer,
@@ -90,6 +91,7 @@ impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
         self.layer(layer)
     }
 
+    #[cfg(feature = "deadline")]
     fn attempt_timeout(
         self,
         layer: crate::timeout::AttemptTimeoutLayer,

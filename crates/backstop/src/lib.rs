@@ -186,7 +186,10 @@ pub mod grpc;
 pub mod methods;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 mod server;
-pub mod timeout;
+/// The attempt bound (`AttemptTimeoutLayer`): `backstop_deadline::attempt`, under the name the
+/// presets' docs use.
+#[cfg(feature = "deadline")]
+pub use backstop_deadline::attempt as timeout;
 
 /// The circuit breaker: `BreakerConfig`, `BreakerLayer`, states and modes.
 #[cfg(feature = "breaker")]
@@ -204,6 +207,10 @@ pub use backstop_deadline as deadline;
 pub use backstop_retry as retry;
 
 pub use backstop_core::{BoxError, BreakerOpen, ConfigError, DeadlineExceeded};
+#[cfg(feature = "deadline")]
+pub use backstop_deadline::attempt::{
+    Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutFuture, AttemptTimeoutLayer,
+};
 #[cfg(feature = "retry")]
 pub use backstop_retry::ReplayBody;
 #[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
@@ -211,9 +218,6 @@ pub use client::{ClientLayer, ClientResponse, GrpcClient, HttpClient};
 pub use ext::ServiceBuilderExt;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 pub use server::{ServerLayer, server};
-pub use timeout::{
-    Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutFuture, AttemptTimeoutLayer,
-};
 
 /// Whether `err` (or an error in its source chain) is an open breaker's refusal: the call never
 /// left the process, and [`BreakerOpen::retry_after`] says when calls pass again.
@@ -243,10 +247,11 @@ pub fn is_attempt_timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
 /// The names most stacks need, in one import: `use backstop::prelude::*;`.
 pub mod prelude {
     pub use crate::ServiceBuilderExt;
-    pub use crate::timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer};
     #[cfg(feature = "breaker")]
     pub use backstop_breaker::{BreakerConfig, BreakerLayer, Mode, State};
     pub use backstop_core::{BoxError, GrpcClassifier, HttpClassifier};
+    #[cfg(feature = "deadline")]
+    pub use backstop_deadline::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
     #[cfg(feature = "deadline")]
     pub use backstop_deadline::{
         Deadline, DeadlineFutureExt, DeadlineLayer, PropagateDeadlineLayer, current,

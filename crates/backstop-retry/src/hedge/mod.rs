@@ -63,22 +63,11 @@ mod run;
 
 pub(crate) use run::{Hedges, HedgesBox};
 
-use std::{fmt, sync::Arc, time::Duration};
+/// Where the delay before the next hedge comes from (defined in `backstop_core`, so the
+/// attempt layer's measured delay implements it without depending on this crate).
+pub use backstop_core::HedgeDelay;
 
-/// Where the delay before the next hedge comes from.
-///
-/// A `Duration` is a fixed delay; the `backstop` facade's attempt layer offers one read from
-/// the dependency's measured latency. Called once per hedge, on the hedging path only.
-pub trait HedgeDelay: fmt::Debug + Send + Sync {
-    /// The delay before the next hedge, or `None` to send no hedge now.
-    fn delay(&self) -> Option<Duration>;
-}
-
-impl HedgeDelay for Duration {
-    fn delay(&self) -> Option<Duration> {
-        Some(*self)
-    }
-}
+use std::sync::Arc;
 
 /// A hedging configuration for [`RetryConfig::hedging`](crate::RetryConfig::hedging); the
 /// rules are in the [module docs](self).

@@ -1,0 +1,146 @@
+//! The per-attempt timeout that sits inside the breaker, so a timed-out attempt is a failure
+//! the breaker counts (a timeout outside it would cancel the call, which counts as nothing),
+//! and the latency model it feeds.
+//!
+//! # How the bound is picked
+//!
+//! [`AttemptBound::Adaptive`] (the presets' default): `clamp(p99 × 3, floor, ceiling)` from
+//! the dependency's own [`LatencyModel`](backstop_core::latency::LatencyModel), re-read at most every 100 ms, with a floor of 1 s
+//! and a ceiling of 10 s by default, and never more than 80 % of what is left of the
+//! request's deadline ([`Adaptive::deadline_share`]): an attempt to a dependency slower than
+//! its callers' deadlines then times out before the deadline, a failure the breaker counts,
+//! where an expired deadline (the caller's own) would count as nothing. The share is kept
+//! only where a retry may follow: an attempt marked [`FinalAttempt`](backstop_core::FinalAttempt) (the retry layer marks a
+//! call it sends once and its last attempt by count) may take the whole deadline, as gRPC's
+//! own clients give a single-attempt call. Until the model holds
+//! 100 samples (the first seconds of traffic, or after an idle spell), the `ceiling` applies.
+//!
+//! Why p99 × 3: the timeout's job is to cut attempts that will not answer, without cutting
+//! the slow tail of attempts that would. At p99 × 3 an attempt is cut only when it is three
+//! times slower than all but 1 % of recent calls, so false timeouts stay well under 1 % even
+//! when latency doubles between two reads of the model, while a dependency that stops
+//! answering is cut after a few of its usual round trips. Timed-out attempts are recorded at
+//! their bound (censored), so a dependency that slows down raises the bound within the model's
+//! window instead of the timeout spiralling down. So are attempts dropped before they ended (a
+//! hedge's loser, a call its caller gave up on), at the time they ran: each took at least that
+//! long. Measured hedging needs them: recording only the winners of hedged calls, the model
+//! saw the tail shorter than it is and hedged too early (a log-normal dependency with a true
+//! p99 of 102 ms read as 52 ms, and 8 % of calls were hedged at the "p95"; with them, 4.9 %,
+//! at the true p95). Quantiles up to the hedge delay read right; above it, where a censored
+//! sample says only "at least", they read low (that p99 as 68 ms).
+//!
+//! Why a floor of 1 s: a latency *step* of more than 3× looks, at first, exactly like a hang.
+//! With a bound of p99 × 3 of a fast dependency (say 30 ms), every call is cut the moment
+//! its latency steps to 200 ms, and the breaker, which counts timeouts as failures, opens
+//! long before the censored samples have raised the bound: in the storm lab's brownout (10 →
+//! 210 ms and half the calls failing, 1000 requests/s), a 10 ms floor opened the breaker 10
+//! times and kept 45.1 % of calls (an earlier build), where a floor of 1 s keeps the 76.6 % of a fixed bound.
+//! So by default the measured bound only matters for dependencies whose p99 is above 333 ms,
+//! and a dependency that hangs is cut after 1 s. Lower the floor for a dependency whose
+//! latency you know to be steady.
+//!
+//! # Concurrency rule
+//!
+//! Clones of one layer share one model and one cached bound (an atomic word, refreshed by
+//! whichever attempt finds it stale; racing refreshes write the same value). Each attempt
+//! holds its core's handle to them (`backstop_core::__private::stripe`), so no reference count is
+//! shared across cores. An attempt answered on its first poll reads no clock and records
+//! nothing (it took no measurable time); every other attempt reads the clock when it first
+//! waits and when it ends (or is dropped).
+
+mod config;
+mod future;
+mod layer;
+mod service;
+mod shared;
+
+pub use config::{Adaptive, AttemptBound};
+pub use future::AttemptTimeoutFuture;
+pub use layer::{AttemptTimeoutLayer, MeasuredDelay};
+pub use service::AttemptTimeout;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::three_digits;
+    use std::time::Duration;
+
+    #[test]
+    fn every_knob_is_validated_by_name() {
+        let a = Adaptive::new;
+        for (bound, knob) in [
+            (AttemptBound::Fixed(Duration::ZERO), "attempt_timeout"),
+            (AttemptBound::Adaptive(a().quantile(0.3)), "quantile"),
+            (AttemptBound::Adaptive(a().quantile(1.0)), "quantile"),
+            (AttemptBound::Adaptive(a().multiplier(0.9)), "multiplier"),
+            (
+                AttemptBound::Adaptive(a().multiplier(f64::NAN)),
+                "multiplier",
+            ),
+            (AttemptBound::Adaptive(a().floor(Duration::ZERO)), "floor"),
+            (
+                AttemptBound::Adaptive(a().deadline_share(0.0)),
+                "deadline_share",
+            ),
+            (
+                AttemptBound::Adaptive(a().deadline_share(1.5)),
+                "deadline_share",
+            ),
+            (
+                AttemptBound::Adaptive(
+                    a().floor(Duration::from_secs(2))
+                        .ceiling(Duration::from_secs(1)),
+                ),
+                "ceiling",
+            ),
+        ] {
+            let err = AttemptTimeoutLayer::new(bound).unwrap_err();
+            assert_eq!(err.knob(), knob, "{bound:?}");
+        }
+        assert!(AttemptTimeoutLayer::new(AttemptBound::Adaptive(a())).is_ok());
+        assert!(AttemptTimeoutLayer::new(AttemptBound::None).is_ok());
+    }
+
+    #[test]
+    fn shares_are_rounded_down_to_three_digits() {
+        let us = Duration::from_micros;
+        assert_eq!(three_digits(us(799_987)), us(799_000));
+        assert_eq!(three_digits(us(999)), us(999));
+        assert_eq!(three_digits(us(1_234_567)), us(1_230_000));
+        assert_eq!(three_digits(us(0)), us(0));
+        for n in [1u64, 7, 1_000, 123_456, 987_654_321] {
+            let d = three_digits(us(n));
+            assert!(
+                d <= us(n) && d.as_micros() as f64 >= n as f64 * 0.99 - 1.0,
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_bound_is_clamped_and_the_ceiling_applies_until_trusted() {
+        let a = Adaptive::new();
+        assert_eq!(a.bound(None), Duration::from_secs(10));
+        assert_eq!(
+            a.bound(Some(Duration::from_millis(1))),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            a.bound(Some(Duration::from_millis(500))),
+            Duration::from_millis(1500)
+        );
+        let low = a.floor(Duration::from_millis(10));
+        assert_eq!(
+            low.bound(Some(Duration::from_millis(1))),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            low.bound(Some(Duration::from_millis(50))),
+            Duration::from_millis(150)
+        );
+        assert_eq!(
+            a.bound(Some(Duration::from_secs(60))),
+            Duration::from_secs(10)
+        );
+    }
+}

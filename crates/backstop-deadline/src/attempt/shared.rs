@@ -1,0 +1,137 @@
+//! What every clone of one attempt layer shares: the latency model and the cached bound.
+
+use super::AttemptBound;
+use backstop_core::latency::LatencyModel;
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+use tokio::time::Instant;
+
+/// `d` rounded down to three significant digits of microseconds.
+pub(super) fn three_digits(d: Duration) -> Duration {
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let mut scale = 1;
+    while us / scale >= 1_000 {
+        scale *= 10;
+    }
+    Duration::from_micros(us / scale * scale)
+}
+
+/// How often a cached adaptive bound is read again from the model.
+pub(super) const REFRESH: Duration = Duration::from_millis(100);
+
+/// What every clone of one layer shares: the model and the cached bound.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) model: LatencyModel,
+    pub(super) origin: Instant,
+    pub(super) bound: AttemptBound,
+    /// `refresh at (ms since origin) << 32 | bound (µs)`; zero: never computed.
+    pub(super) cached: AtomicU64,
+    pub(super) name: backstop_core::__private::DependencyName,
+    /// `backstop.client.attempt.duration`, registered on the first attempt that waited.
+    #[cfg(feature = "metrics")]
+    pub(super) duration: std::sync::OnceLock<metrics::Histogram>,
+}
+
+impl Shared {
+    /// An attempt that waited ended after `took` (feature `metrics`; otherwise nothing).
+    #[inline(always)]
+    pub(super) fn meter_duration(&self, took: Duration) {
+        #[cfg(feature = "metrics")]
+        self.duration
+            .get_or_init(|| {
+                use backstop_core::metrics as names;
+                backstop_core::__private::metrics::describe();
+                metrics::histogram!(
+                    names::CLIENT_ATTEMPT_DURATION,
+                    "dependency" => self.name.get().to_owned()
+                )
+            })
+            .record(took.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = took;
+    }
+
+    pub(super) fn now_us(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.origin).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// `bound`, at most the adaptive bound's share of what is left of the request's deadline
+    /// at `now` (a fixed bound is taken as given). A share is rounded down to three
+    /// significant digits (at most 1 % shorter): calls a few microseconds apart then get the
+    /// same bound, so its header value is reused rather than encoded and allocated again (and
+    /// HPACK can index it).
+    pub(super) fn capped(
+        &self,
+        bound: Duration,
+        now: Instant,
+        deadline: Option<Instant>,
+        whole: bool,
+    ) -> Duration {
+        if let AttemptBound::Adaptive(a) = self.bound
+            && let Some(deadline) = deadline
+        {
+            let left = deadline.saturating_duration_since(now);
+            // Integer arithmetic: Duration::mul_f64 goes through floating-point seconds.
+            let left_us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
+            // A final attempt may take all that is left: its share was room for a retry.
+            let share_ppm = if whole {
+                1_000_000
+            } else {
+                (a.deadline_share * 1e6) as u64
+            };
+            let share = Duration::from_micros(
+                u64::try_from(u128::from(left_us) * u128::from(share_ppm) / 1_000_000)
+                    .unwrap_or(u64::MAX),
+            );
+            if share < bound {
+                return three_digits(share);
+            }
+        }
+        bound
+    }
+
+    /// Whether the bound depends on the request's deadline (an adaptive one takes at most its
+    /// share of what is left).
+    #[inline]
+    pub(super) fn capped_by_deadline(&self) -> bool {
+        matches!(self.bound, AttemptBound::Adaptive(_))
+    }
+
+    /// The bound of an attempt that starts at `now` under `deadline` (the request's): the
+    /// fixed one, or the adaptive one from the model, capped by the deadline's share.
+    pub(super) fn bound_at(
+        &self,
+        now: Instant,
+        deadline: Option<Instant>,
+        whole: bool,
+    ) -> Option<Duration> {
+        self.model_bound(now)
+            .map(|bound| self.capped(bound, now, deadline, whole))
+    }
+
+    /// The fixed bound, or the adaptive one from the model (cached for 100 ms), uncapped.
+    pub(super) fn model_bound(&self, now: Instant) -> Option<Duration> {
+        let adaptive = match self.bound {
+            AttemptBound::None => return None,
+            AttemptBound::Fixed(d) => return Some(d),
+            AttemptBound::Adaptive(a) => a,
+        };
+        let now_us = self.now_us(now);
+        let now_ms = now_us / 1_000;
+        let word = self.cached.load(Ordering::Acquire);
+        if word != 0 && now_ms < word >> 32 {
+            return Some(Duration::from_micros(word & u64::from(u32::MAX)));
+        }
+        let measured = self.model.quantile(adaptive.quantile, now_us);
+        let bound = adaptive.bound(measured);
+        let us = u64::try_from(bound.as_micros())
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX));
+        let until = (now_ms + REFRESH.as_millis() as u64).min(u64::from(u32::MAX));
+        self.cached.store((until << 32) | us, Ordering::Release);
+        Some(Duration::from_micros(us))
+    }
+}

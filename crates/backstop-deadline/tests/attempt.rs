@@ -1,0 +1,126 @@
+//! The attempt bound on its own, without the facade: what an à-la-carte stack gets from
+//! `backstop_deadline::attempt`.
+
+use backstop_core::{AttemptTimedOut, HedgeDelay};
+use backstop_deadline::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop_deadline::{Deadline, grpc_timeout};
+use http::{Request, Response};
+use std::{convert::Infallible, time::Duration};
+use tokio::time::{Instant, sleep};
+use tower::{Layer, ServiceExt, service_fn};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A dependency that answers after the delay its request names in `x-delay-ms`, echoing the
+/// `grpc-timeout` it was told.
+fn dependency() -> impl tower::Service<
+    Request<()>,
+    Response = Response<()>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<()>, Infallible>> + Send,
+> + Clone {
+    service_fn(|req: Request<()>| async move {
+        let delay: u64 = req.headers()["x-delay-ms"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let told = req.headers().get("grpc-timeout").cloned();
+        sleep(Duration::from_millis(delay)).await;
+        let mut response = Response::new(());
+        if let Some(told) = told {
+            response.headers_mut().insert("told", told);
+        }
+        Ok(response)
+    })
+}
+
+fn call(delay_ms: u64) -> Request<()> {
+    Request::builder()
+        .header("x-delay-ms", delay_ms.to_string())
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fixed_bound_cuts_the_attempt_at_its_bound() {
+    let layer = AttemptTimeoutLayer::new(AttemptBound::Fixed(100 * MS)).unwrap();
+    let svc = layer.layer(dependency());
+    let start = Instant::now();
+    let err = svc.clone().oneshot(call(500)).await.unwrap_err();
+    assert!(is_attempt_timed_out(&*err), "{err}");
+    assert_eq!(start.elapsed(), 100 * MS);
+    // A faster answer passes untouched.
+    assert!(svc.oneshot(call(50)).await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_adaptive_bound_follows_the_measured_latency_once_trusted() {
+    let adaptive = Adaptive::new().floor(10 * MS);
+    let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(adaptive)).unwrap();
+    // Untrusted: the ceiling.
+    assert_eq!(layer.current_bound(), Some(Duration::from_secs(10)));
+    let svc = layer.layer(dependency());
+    for _ in 0..100 {
+        svc.clone().oneshot(call(20)).await.unwrap();
+    }
+    assert_eq!(layer.latency().count, 100);
+    // The model's cached bound is re-read after 100 ms.
+    sleep(200 * MS).await;
+    let bound = layer.current_bound().unwrap();
+    // The model reads the middle of a bucket (buckets are 6.25 % wide).
+    assert!(
+        bound >= 56 * MS && bound <= 64 * MS,
+        "p99 × 3 of 20 ms: {bound:?}"
+    );
+    // A hang is cut at that bound, not at the ceiling.
+    let start = Instant::now();
+    let err = svc.oneshot(call(5_000)).await.unwrap_err();
+    assert!(is_attempt_timed_out(&*err));
+    // tokio's timer wheel fires on the millisecond.
+    let took = start.elapsed();
+    assert!(took >= bound && took - bound < MS, "{took:?} for {bound:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layer_writes_the_attempts_grpc_timeout_when_told_to() {
+    let layer = AttemptTimeoutLayer::new(AttemptBound::Fixed(300 * MS))
+        .unwrap()
+        .write_grpc_timeout(Duration::ZERO);
+    let svc = layer.layer(dependency());
+    // Under a deadline of 1 s the attempt's bound is the shorter: the server is told 300 ms.
+    let mut req = call(0);
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(1)));
+    let response = svc.clone().oneshot(req).await.unwrap();
+    let told = grpc_timeout::decode(response.headers()["told"].as_bytes()).unwrap();
+    assert_eq!(told, 300 * MS);
+    // Under a deadline of 100 ms the deadline is the shorter.
+    let mut req = call(0);
+    req.extensions_mut().insert(Deadline::after(100 * MS));
+    let response = svc.oneshot(req).await.unwrap();
+    let told = grpc_timeout::decode(response.headers()["told"].as_bytes()).unwrap();
+    assert!(told <= 100 * MS && told >= 99 * MS, "{told:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_measured_hedge_delay_waits_for_a_trusted_model() {
+    let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new())).unwrap();
+    let delay = layer.hedge_delay(0.95).unwrap();
+    assert_eq!(delay.delay(), None, "no hedge before the model is trusted");
+    let svc = layer.layer(dependency());
+    for _ in 0..100 {
+        svc.clone().oneshot(call(40)).await.unwrap();
+    }
+    sleep(200 * MS).await;
+    let d = delay.delay().expect("trusted");
+    assert!(
+        d >= 40 * MS && d <= 43 * MS,
+        "the p95 bucket's upper edge: {d:?}"
+    );
+    assert_eq!(layer.hedge_delay(1.0).unwrap_err().knob(), "hedge_quantile");
+}
+
+fn is_attempt_timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
+    backstop_core::find::<AttemptTimedOut>(err).is_some()
+}
