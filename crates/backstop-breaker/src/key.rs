@@ -9,6 +9,7 @@ pub type KeyFn = Arc<dyn for<'a> Fn(&'a Method, &'a Uri) -> Option<Cow<'a, str>>
 
 /// What the breakers of one layer are keyed by ([`BreakerConfig::per_key`](crate::BreakerConfig::per_key)).
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum BreakerKey {
     /// The request URI's authority (`host:port`): a breaker per host of the dependency.
     /// Requests without one (a path-only URI) share the overflow breaker.

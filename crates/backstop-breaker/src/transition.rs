@@ -18,6 +18,7 @@ pub enum State {
 /// How a breaker acts on its state (set at build time or at run time with
 /// [`BreakerLayer::set_mode`](crate::BreakerLayer::set_mode)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Mode {
     /// The state machine decides (the default).
     #[default]
@@ -33,6 +34,7 @@ pub enum Mode {
 
 /// Why a breaker changed state.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Reason {
     /// The failure rate over the window reached `failure_rate`.
     FailureRate {
@@ -62,6 +64,7 @@ pub enum Reason {
 
 /// A change of state, as given to the `on_state_change` hook and logged with `tracing`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Transition {
     /// The state left.
     pub from: State,

@@ -100,6 +100,7 @@ pub struct LatencyModelBuilder {
 
 /// What a [`LatencyModel`] holds at one instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LatencySnapshot {
     /// Samples in the window.
     pub count: u64,

@@ -68,6 +68,7 @@ impl fmt::Debug for Rng {
 
 /// Per-request backoff state, kept by the retry layer between retries.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
 pub struct BackoffState {
     /// The number of the retry being scheduled: 1 for the first retry.
     pub retry: u32,
@@ -163,6 +164,7 @@ impl Backoff for Decorrelated {
 
 /// How [`exponential`] backoff is randomised.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Jitter {
     /// No randomness: every client retries at the same instants.
     None,

@@ -73,6 +73,7 @@ impl RetryOverrides {
 /// backstop_core::Retryable::Always): connection refused, 429, a declared-safe gRPC code) are
 /// retried for every request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Idempotency {
     /// GET, HEAD, OPTIONS, TRACE, PUT and DELETE (RFC 9110 §9.2.2), and any request carrying an
     /// `Idempotency-Key` header.

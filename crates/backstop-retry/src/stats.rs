@@ -134,6 +134,7 @@ impl Stats {
 
 /// A snapshot of a retry layer's counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryStats {
     /// Logical requests seen.
     pub requests: u64,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// How each attempt is bounded.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum AttemptBound {
     /// No bound of its own: the request's deadline alone ends it.
     None,
