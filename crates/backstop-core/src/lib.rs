@@ -57,6 +57,7 @@
 //! |-----------------------------|-------------------------------------------|------|
 //! | [`Rejection::DeadlineExceeded`] | `grpc-status: 4` DEADLINE_EXCEEDED    | 504  |
 //! | [`Rejection::MalformedTimeout`] | `grpc-status: 13` INTERNAL "malformed grpc-timeout" | 400 |
+//! | [`Rejection::AttemptTimedOut`] | `grpc-status: 4` DEADLINE_EXCEEDED "attempt timed out" | 504 |
 //! | [`Rejection::BreakerOpen`] | `grpc-status: 14` UNAVAILABLE + `grpc-retry-pushback-ms` (-1 when no time can be promised) | 503 + `Retry-After` (none when no time can be promised) |
 //!
 //! Every local response carries its [`Rejection`] in its extensions, so a layer further out can

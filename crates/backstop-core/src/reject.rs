@@ -29,6 +29,12 @@ pub enum Rejection {
     DeadlineExceeded,
     /// The `grpc-timeout` request header (or the configured milliseconds header) is not valid.
     MalformedTimeout,
+    /// The call's last attempt ran out of its own bound (the attempt timeout) while the
+    /// call's deadline had time left (see [`AttemptTimedOut`](crate::AttemptTimedOut)). gRPC
+    /// reports it as DEADLINE_EXCEEDED, as its own clients report a per-attempt timeout, with
+    /// its own `grpc-message` ("attempt timed out"), so a caller tells it from an expired
+    /// deadline.
+    AttemptTimedOut,
     /// A circuit breaker refused the call (see [`BreakerOpen`](crate::BreakerOpen)).
     BreakerOpen {
         /// How long until the breaker lets a call through again, sent as
@@ -43,7 +49,7 @@ impl Rejection {
     /// The gRPC status code that reports this rejection.
     pub fn grpc_code(self) -> Code {
         match self {
-            Rejection::DeadlineExceeded => Code::DeadlineExceeded,
+            Rejection::DeadlineExceeded | Rejection::AttemptTimedOut => Code::DeadlineExceeded,
             Rejection::MalformedTimeout => Code::Internal,
             Rejection::BreakerOpen { .. } => Code::Unavailable,
         }
@@ -52,7 +58,7 @@ impl Rejection {
     /// The HTTP status that reports this rejection to a non-gRPC client.
     pub fn http_status(self) -> StatusCode {
         match self {
-            Rejection::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Rejection::DeadlineExceeded | Rejection::AttemptTimedOut => StatusCode::GATEWAY_TIMEOUT,
             Rejection::MalformedTimeout => StatusCode::BAD_REQUEST,
             Rejection::BreakerOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -62,6 +68,7 @@ impl Rejection {
     pub fn message(self) -> &'static str {
         match self {
             Rejection::DeadlineExceeded => "deadline exceeded",
+            Rejection::AttemptTimedOut => "attempt timed out",
             Rejection::MalformedTimeout => "malformed grpc-timeout",
             Rejection::BreakerOpen { .. } => "circuit breaker open",
         }

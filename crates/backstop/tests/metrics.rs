@@ -277,6 +277,49 @@ fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines()
     assert_eq!(outcome(&metrics, "rejected"), 1);
 }
 
+/// A gRPC call whose only attempt ran out of its own bound while the caller's deadline had
+/// time left: DEADLINE_EXCEEDED with its own message, and no expired deadline counted.
+#[test]
+fn a_grpc_attempt_timeout_is_not_an_expired_deadline() {
+    let metrics = recorded(|| async {
+        let hang = service_fn(|_req: Request<ReplayBody<Full<Bytes>>>| async {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            Ok::<_, Infallible>(grpc_status(0))
+        });
+        let client = ServiceBuilder::new()
+            .layer(
+                backstop::client::grpc()
+                    .name("inventory")
+                    .timeout(Duration::from_secs(5))
+                    .attempt(
+                        AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_millis(100)))
+                            .unwrap(),
+                    ),
+            )
+            .service(hang);
+        let req = Request::post("/inventory.Stock/Get")
+            .header("content-type", "application/grpc")
+            .body(Full::new(Bytes::from_static(b"\0\0\0\0\0")))
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let response = client.oneshot(req).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+        assert_eq!(response.headers()["grpc-status"], "4");
+        assert_eq!(response.headers()["grpc-message"], "attempt timed out");
+        assert_eq!(
+            response.extensions().get::<backstop::core::Rejection>(),
+            Some(&backstop::core::Rejection::AttemptTimedOut)
+        );
+    });
+    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    assert_eq!(
+        counter(&metrics, expired, &[INVENTORY, ("side", "client")]),
+        0
+    );
+    // The attempt that timed out is the dependency's failure (the breaker counts it).
+    assert_eq!(outcome(&metrics, "failure"), 1);
+}
+
 /// A gRPC response committed by its headers: the outcome is counted when the trailers come
 /// (UNAVAILABLE here: a failure, where the headers alone looked like a success).
 #[test]

@@ -132,8 +132,13 @@ where
                         // deadline (tonic would report the error as UNKNOWN).
                         let attempt_out = *grpc
                             && backstop_core::find::<backstop_core::AttemptTimedOut>(&*e).is_some();
-                        if Instant::now() >= wire_deadline.instant() || attempt_out {
+                        if Instant::now() >= wire_deadline.instant() {
                             (*grpc, meter)
+                        } else if attempt_out {
+                            // The attempt's own bound, with the deadline still ahead: said
+                            // as such, and not counted as an expired deadline.
+                            state.set(Outbound::Done);
+                            return Poll::Ready(Ok(local(Rejection::AttemptTimedOut, true)));
                         } else {
                             state.set(Outbound::Done);
                             return Poll::Ready(Err(e));
