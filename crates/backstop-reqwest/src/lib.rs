@@ -35,7 +35,18 @@
 //! A request reqwest cannot send (a URI it cannot take, say) fails with reqwest's error, as
 //! does every transport failure. The response is reqwest's, as an
 //! `http::Response<reqwest::Body>`.
+//!
+//! # Feature flags
+//!
+//! - `middleware` (off by default): [`BackstopMiddleware`], the same stacks as a
+//!   `reqwest_middleware::Middleware`, for callers who keep reqwest's request builder
+//!   (`ClientBuilder::new(reqwest::Client::new()).with(..)`).
 #![doc(test(attr(deny(warnings))))]
+
+#[cfg(feature = "middleware")]
+pub mod middleware;
+#[cfg(feature = "middleware")]
+pub use middleware::BackstopMiddleware;
 
 use backstop_core::BoxError;
 use bytes::Bytes;
