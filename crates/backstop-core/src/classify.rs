@@ -308,10 +308,10 @@ impl GrpcClassifier {
 
     /// Classifies a status code, with the headers or trailers that carried it.
     pub fn classify_code(&self, code: Code, headers: &HeaderMap) -> Outcome {
-        let hint = hint_in(headers);
         if code == Code::Ok {
             return Outcome::Success;
         }
+        let hint = hint_in(headers);
         if self.retryable.contains(&code) {
             let retryable = Retryable::Always;
             if code == Code::ResourceExhausted {

@@ -4,14 +4,24 @@
 //!   (`Wed, 21 Oct 2015 07:28:00 GMT`). A date in the past means "now".
 //! - `grpc-retry-pushback-ms` (gRPC A6): a non-negative int32 of milliseconds; a negative or
 //!   malformed value means "do not retry".
+//! - [`NO_RETRY`] (`backstop-no-retry`), backstop's own, on plain HTTP responses: "my own
+//!   retries of this request already gave up; do not retry it again". HTTP has no standard
+//!   way to say "never" (`Retry-After` only says "not before"), and a gRPC header on an HTTP
+//!   response would puzzle browsers, curl and proxies, so backstop's hops say it in a header
+//!   of their own that everything else ignores.
 //!
 //! Parsing never panics and never overflows: absurd delays are kept as they are (saturating),
 //! and the retry layer clamps them by its `max_hint` and by the remaining deadline, so a hostile
 //! hint can never make a client sleep past its deadline.
 
 use crate::grpc::GRPC_RETRY_PUSHBACK_MS;
-use http::{HeaderMap, HeaderValue, header::RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
 use std::time::{Duration, SystemTime};
+
+/// `backstop-no-retry`: on a plain HTTP response, "do not retry this request" (any value;
+/// `PushbackLayer` sends `1`), read as [`ServerHint::DoNotRetry`]. The plain-HTTP
+/// counterpart of `grpc-retry-pushback-ms: -1`.
+pub const NO_RETRY: HeaderName = HeaderName::from_static("backstop-no-retry");
 
 /// What a server asked of a client that might retry.
 ///
@@ -32,9 +42,16 @@ pub enum ServerHint {
 impl ServerHint {
     /// The hint in `headers` (response headers or gRPC trailers), if any.
     ///
-    /// `grpc-retry-pushback-ms` wins over `Retry-After` when both are present. `now` is the
-    /// wall-clock time used to turn an HTTP-date into a delay.
+    /// `grpc-retry-pushback-ms` wins over `Retry-After` when both are present, and
+    /// [`NO_RETRY`] over both. `now` is the wall-clock time used to turn an HTTP-date into a
+    /// delay.
     pub fn from_headers(headers: &HeaderMap, now: SystemTime) -> Option<ServerHint> {
+        if headers.is_empty() {
+            return None;
+        }
+        if headers.contains_key(NO_RETRY) {
+            return Some(ServerHint::DoNotRetry);
+        }
         if let Some(v) = headers.get(GRPC_RETRY_PUSHBACK_MS) {
             return Some(Self::from_pushback(v));
         }
@@ -89,6 +106,24 @@ mod tests {
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn backstops_no_retry_header_wins_over_both_others() {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, hv("5"));
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, hv("100"));
+        let now = SystemTime::now();
+        assert_eq!(
+            ServerHint::from_headers(&headers, now),
+            Some(ServerHint::Pushback(Duration::from_millis(100)))
+        );
+        headers.insert(NO_RETRY, hv("1"));
+        assert_eq!(
+            ServerHint::from_headers(&headers, now),
+            Some(ServerHint::DoNotRetry)
+        );
+        assert_eq!(ServerHint::from_headers(&HeaderMap::new(), now), None);
     }
 
     #[test]

@@ -105,7 +105,7 @@
 //! **Across hops.** When a retry layer gives up on a retryable failure (attempts, budget,
 //! deadline, a downstream "do not retry") or meets our own rejection, it marks the request it
 //! serves; a [`PushbackLayer`] on that server then stamps `grpc-retry-pushback-ms: -1` on the
-//! failed response, so callers do not retry it again: the failing dependency sees at most
+//! failed gRPC response (`backstop-no-retry: 1` on a plain HTTP one), so callers do not retry it again: the failing dependency sees at most
 //! `max_attempts` attempts per user request, not `max_attempts` to the power of the hops.
 //!
 //! # Ordering

@@ -1,7 +1,10 @@
 //! Across hops: a server whose own retries gave up tells its callers not to retry either.
 
-use backstop_core::grpc::{GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
-use http::{HeaderValue, Request, Response};
+use backstop_core::{
+    grpc::{self, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS},
+    hint::NO_RETRY,
+};
+use http::{HeaderName, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use std::{
     cell::Cell,
@@ -62,8 +65,10 @@ fn in_scope<R>(exhausted: bool, f: impl FnOnce() -> R) -> (R, bool) {
 
 /// Server side: when a [`RetryLayer`](crate::RetryLayer) used by the handler gave up on a
 /// retryable failure (attempts, budget, deadline, or a downstream "do not retry"), stamps
-/// `grpc-retry-pushback-ms: -1` on the handler's failed response, so callers' retry layers do
-/// not retry it again.
+/// "do not retry" on the handler's failed response, so callers' retry layers do not retry it
+/// again: `grpc-retry-pushback-ms: -1` on a gRPC response (gRPC A6), `backstop-no-retry: 1`
+/// ([`NO_RETRY`](backstop_core::hint::NO_RETRY)) on a plain HTTP one, which carries no gRPC
+/// header (browsers, curl and proxies ignore the one they do not know).
 ///
 /// Without it, each hop multiplies the attempts: three hops of 3 attempts make 27 on the last
 /// one. With it, the failing dependency sees at most `max_attempts` per user request.
@@ -152,10 +157,19 @@ pin_project! {
     }
 }
 
-fn is_failure<B>(response: &Response<B>) -> bool {
+/// Whether the response is a failure, and the header that says "do not retry" in its
+/// protocol.
+fn failure_header<B>(response: &Response<B>) -> Option<(HeaderName, HeaderValue)> {
     match response.headers().get(GRPC_STATUS) {
-        Some(code) => code.as_bytes() != b"0",
-        None => response.status().is_server_error(),
+        Some(code) => (code.as_bytes() != b"0")
+            .then(|| (GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"))),
+        // A gRPC response whose status is still to come (in its trailers) is not a failure
+        // yet: its HTTP status is 200.
+        None if !response.status().is_server_error() => None,
+        None if grpc::is_grpc(response.headers()) => {
+            Some((GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1")))
+        }
+        None => Some((NO_RETRY, HeaderValue::from_static("1"))),
     }
 }
 
@@ -173,11 +187,9 @@ where
         let mut result = ready!(poll);
         if let Ok(response) = &mut result
             && exhausted
-            && is_failure(response)
+            && let Some((name, value)) = failure_header(response)
         {
-            response
-                .headers_mut()
-                .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+            response.headers_mut().insert(name, value);
         }
         Poll::Ready(result)
     }

@@ -117,3 +117,46 @@ async fn retried_calls_can_run_on_spawned_tasks() {
     let response = task.await.unwrap().unwrap();
     assert_eq!(response.headers()["grpc-status"], "14");
 }
+
+/// The same across plain HTTP hops: B's exhausted 503 says "do not retry" in backstop's own
+/// header, with no gRPC header on it, and A does not retry it.
+#[tokio::test(start_paused = true)]
+async fn a_plain_http_hop_says_do_not_retry_without_grpc_headers() {
+    let count = Arc::new(AtomicU64::new(0));
+    let c_count = count.clone();
+    let c = service_fn(move |_req: Request<ReplayBody<String>>| {
+        c_count.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok::<_, Infallible>(
+            Response::builder().status(503).body(String::new()).unwrap(),
+        ))
+    });
+    let http_policy = || {
+        RetryConfig::http()
+            .max_attempts(3)
+            .backoff(backoff::constant(Duration::from_millis(5)))
+            .no_budget()
+    };
+    let client = http_policy().build().unwrap().layer(c);
+    let b = ServiceBuilder::new()
+        .layer(PushbackLayer::new())
+        .service(service_fn(move |_req: Request<ReplayBody<String>>| {
+            let client = client.clone();
+            async move {
+                let response = client
+                    .oneshot(Request::get("/c").body(String::new()).unwrap())
+                    .await;
+                response.map(|r| r.map(|body| body.into_inner()))
+            }
+        }));
+    let response = http_policy()
+        .build()
+        .unwrap()
+        .layer(b)
+        .oneshot(Request::get("/b").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["backstop-no-retry"], "1");
+    assert!(response.headers().get("grpc-retry-pushback-ms").is_none());
+    assert_eq!(count.load(Ordering::SeqCst), 3, "A did not retry B");
+}
