@@ -1,0 +1,146 @@
+//! Idempotency keys end to end: a server layer that makes a retried POST happen once, and a
+//! client layer that stamps the keys.
+//!
+//! # Example
+//!
+//! ```
+//! use backstop_idempotency::{IdempotencyLayer, MemoryStore};
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use bytes::Bytes;
+//! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let charges = Arc::new(AtomicUsize::new(0));
+//! let counter = charges.clone();
+//! let svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .service(service_fn(move |_req: Request<Full<Bytes>>| {
+//!         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+//!         async move {
+//!             let body = Full::new(Bytes::from(format!("charge {n}")));
+//!             Ok::<_, std::convert::Infallible>(
+//!                 Response::builder().status(StatusCode::CREATED).body(body).unwrap(),
+//!             )
+//!         }
+//!     }));
+//! let charge = || {
+//!     Request::post("/charges")
+//!         .header("idempotency-key", "\"a1b2c3\"")
+//!         .body(Full::new(Bytes::from_static(b"{\"amount\":100}")))
+//!         .unwrap()
+//! };
+//! let first = svc.clone().oneshot(charge()).await.unwrap();
+//! let again = svc.clone().oneshot(charge()).await.unwrap();
+//! assert_eq!(again.status(), StatusCode::CREATED);
+//! assert_eq!(again.headers()["idempotent-replayed"], "true");
+//! assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "charge 1");
+//! assert_eq!(charges.load(Ordering::SeqCst), 1);
+//! # let _ = first;
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! For a request whose method is one of `methods` (POST and PATCH by default) and that
+//! carries an `Idempotency-Key` (a structured-field string, `"…"`, per
+//! draft-ietf-httpapi-idempotency-key-header; a bare token is accepted too), in this order:
+//!
+//! 1. The key is checked: empty, longer than `max_key_len` (255), not printable ASCII, or
+//!    repeated → **400**. A request without a key runs as usual, unless the layer is set to
+//!    `require_key` → **400**.
+//! 2. The body is buffered, at most `max_body_bytes` (1 MiB) → **413** above, and the
+//!    request's fingerprint taken: SHA-256 over method, path and query, the caller's
+//!    identity (when an `identity` function is set) and the body.
+//! 3. **Claim before running**: a conditional write of an in-progress record, held for
+//!    `lock_timeout` (60 s). If the key already holds
+//!    - a record of a different fingerprint → **422** (the key was reused for another
+//!      request);
+//!    - a claim in flight → **409**, or, with `wait_in_flight`, the original's answer once
+//!      it comes within that bound;
+//!    - a completed answer → that answer **replayed**: its status, headers and body, with
+//!      `Idempotent-Replayed: true`. The handler does not run.
+//! 4. The handler runs. Its answer is **stored** (kept `ttl`, 24 h) when it is the
+//!    handler's own and deterministic: 2xx, 3xx and 4xx, but not 408, 429, 5xx, nor a
+//!    refusal made by a layer inside this one before the handler ran (a response carrying
+//!    [`backstop_core::Rejection`]: a breaker open, a deadline spent). Those, a handler error
+//!    (`Err`) and a **panic** release the claim, so a retry runs the handler again.
+//! 5. A keyed future **dropped** while the handler runs does **not** release the claim (the
+//!    work may have happened: releasing on cancel is how double charges happen); the claim
+//!    expires after `lock_timeout`. An answer larger than `max_response_bytes` (1 MiB), one
+//!    with trailers, or one whose body fails is sent but not stored (a warning is logged) and
+//!    its claim likewise expires.
+//! 6. When the store fails or takes longer than `store_timeout` (1 s), the request is
+//!    answered **503** with `Retry-After` and the handler does not run (fail closed), unless
+//!    `fail_open` is set. A failure to store the answer after the handler ran is logged and
+//!    the answer sent.
+//!
+//! Every refusal carries a problem-details body (`application/problem+json`, RFC 9457).
+//! Other methods and gRPC requests pass through untouched. The layer's service takes
+//! requests whose body can be rebuilt from bytes (`B: From<Bytes>`: axum's body, `Full`),
+//! because a keyed request's body is read whole before the handler sees it.
+//!
+//! **gRPC** is not de-duplicated: a gRPC answer's status comes in trailers after a stream,
+//! which this layer would have to buffer and replay frame by frame; a unary gRPC method that
+//! must happen once takes a key in its message and checks it against a [`Store`] itself.
+//!
+//! # The store
+//!
+//! [`Store`] says what any store promises (one live claim per key; complete and release only
+//! by the claim's holder, atomically). [`MemoryStore`] is the embedded default (sharded,
+//! bounded, model-checked); `RedisStore` (feature `redis`) serves a fleet. A handler that runs
+//! longer than `lock_timeout` may run again beside a duplicate: bound the handler (a server
+//! deadline) below the lock timeout.
+//!
+//! # The client
+//!
+//! [`IdempotencyKeyLayer`] stamps a fresh key (128 random bits from the OS, as a
+//! structured-field string) on each POST and PATCH that has none, once per logical call: put
+//! it **outside** the retry layer, so every attempt of a call carries the same key. A keyed
+//! request is one that backstop's retry layer retries and hedges (its
+//! `Idempotency::Standard` rule): stamp keys only for a server that de-duplicates them.
+//!
+//! # Ordering
+//!
+//! On the server, inside the deadline layer (so a request whose deadline is spent is
+//! refused before a claim is made) and outside the handler's own layers:
+//! `Deadline → IdempotencyLayer → your routes`. On the client:
+//! `IdempotencyKeyLayer → Retry → …` (the `backstop::client` presets do this with
+//! `.idempotency_keys(true)`).
+//!
+//! # Feature flags
+//!
+//! - `redis`: `RedisStore`, over the `redis` crate (tokio, a reconnecting connection).
+
+#![deny(missing_docs)]
+
+mod body;
+mod client;
+mod config;
+mod key;
+mod layer;
+mod memory;
+mod problem;
+mod record;
+#[cfg(feature = "redis")]
+mod redis;
+mod service;
+mod store;
+mod sync;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+pub use body::IdempotencyBody;
+pub use client::{IdempotencyKey, IdempotencyKeyLayer, KeyGenerator};
+pub use config::{IdempotencyConfig, Identity};
+pub use key::{IDEMPOTENCY_KEY, KeyError, parse_key};
+pub use layer::IdempotencyLayer;
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use record::{Fingerprint, StoredResponse};
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
+pub use service::{IDEMPOTENT_REPLAYED, Idempotency, ResponseFuture};
+pub use store::{Claim, Record, Store, StoreError, StoreErrorKind, StoreFuture, Token};

@@ -1,0 +1,87 @@
+//! The layer's own answers: problem details (RFC 9457, `application/problem+json`).
+
+use crate::body::IdempotencyBody;
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body::Body;
+
+/// Why the layer answered without running the handler (or beside it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Problem {
+    Missing,
+    BadKey(crate::KeyError),
+    BodyTooLarge(usize),
+    BodyUnreadable,
+    InFlight,
+    Mismatch,
+    StoreDown(u64),
+}
+
+impl Problem {
+    fn status(self) -> StatusCode {
+        match self {
+            Problem::Missing | Problem::BadKey(_) | Problem::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            Problem::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::InFlight => StatusCode::CONFLICT,
+            Problem::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::StoreDown(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Problem::Missing => "Idempotency-Key is missing",
+            Problem::BadKey(_) => "Idempotency-Key is invalid",
+            Problem::BodyTooLarge(_) => "Request body too large to fingerprint",
+            Problem::BodyUnreadable => "Request body could not be read",
+            Problem::InFlight => "A request with this Idempotency-Key is being processed",
+            Problem::Mismatch => "Idempotency-Key is already used",
+            Problem::StoreDown(_) => "Idempotency store unavailable",
+        }
+    }
+
+    fn detail(self) -> String {
+        match self {
+            Problem::Missing => "This operation requires an Idempotency-Key header.".into(),
+            Problem::BadKey(e) => format!("{e}."),
+            Problem::BodyTooLarge(n) => {
+                format!("A request with an Idempotency-Key may have at most {n} bytes of body.")
+            }
+            Problem::BodyUnreadable => "The request body ended with an error.".into(),
+            Problem::InFlight => {
+                "The first request with this key has not finished; retry later.".into()
+            }
+            Problem::Mismatch => {
+                "This key was used by a different request (method, path or body).".into()
+            }
+            Problem::StoreDown(_) => {
+                "The request was not processed: its key could not be recorded. Retry later.".into()
+            }
+        }
+    }
+
+    pub(crate) fn into_response<B: Body>(self) -> Response<IdempotencyBody<B>> {
+        let status = self.status();
+        let body = format!(
+            "{{\"type\":\"about:blank\",\"title\":\"{}\",\"status\":{},\"detail\":\"{}\"}}",
+            self.title(),
+            status.as_u16(),
+            // Our own text: no character to escape but the quote.
+            self.detail().replace('"', "\\\"")
+        );
+        let mut response = Response::new(IdempotencyBody::full(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Problem::StoreDown(secs) = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

@@ -1,0 +1,472 @@
+//! The server service: claim, run, store or release, replay.
+
+use crate::{
+    body::IdempotencyBody,
+    config::Settings,
+    key::{IDEMPOTENCY_KEY, parse_key},
+    problem::Problem,
+    record::{Fingerprint, StoredResponse},
+    store::{Claim, Record, Store, StoreError, StoreErrorKind, Token},
+};
+use backstop_core::Rejection;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+use tower_service::Service;
+
+/// The header a replayed answer carries.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The service of an [`IdempotencyLayer`](crate::IdempotencyLayer).
+pub struct Idempotency<S, St> {
+    inner: S,
+    settings: Arc<Settings<St>>,
+}
+
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for Idempotency<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl<S, St> Idempotency<S, St> {
+    pub(crate) fn from_parts(inner: S, settings: Arc<Settings<St>>) -> Self {
+        Self { inner, settings }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+type Boxed<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Idempotency`]: the inner future untouched for a request the
+    /// layer does not handle, an answer it already has, or the keyed path (boxed: it holds
+    /// store calls and the buffered bodies, and costs far more than the allocation).
+    pub struct ResponseFuture<F, RB, E>
+    where
+        RB: Body,
+    {
+        #[pin]
+        state: State<F, RB, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = Proj]
+    enum State<F, RB, E>
+    where
+        RB: Body,
+    {
+        Pass { #[pin] future: F },
+        Ready { response: Option<Response<IdempotencyBody<RB>>> },
+        Keyed { future: Boxed<Response<IdempotencyBody<RB>>, E> },
+    }
+}
+
+impl<F, RB: Body, E> fmt::Debug for ResponseFuture<F, RB, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.state {
+            State::Pass { .. } => "ResponseFuture::Pass",
+            State::Ready { .. } => "ResponseFuture::Ready",
+            State::Keyed { .. } => "ResponseFuture::Keyed",
+        })
+    }
+}
+
+impl<F, RB: Body, E> ResponseFuture<F, RB, E> {
+    fn pass(future: F) -> Self {
+        Self {
+            state: State::Pass { future },
+        }
+    }
+}
+
+impl<F, RB, E> Future for ResponseFuture<F, RB, E>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+    RB: Body,
+{
+    type Output = Result<Response<IdempotencyBody<RB>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            Proj::Pass { future } => future
+                .poll(cx)
+                .map(|r| r.map(|r| r.map(IdempotencyBody::inner))),
+            Proj::Ready { response } => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
+            Proj::Keyed { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<S, St, B, RB> Service<Request<B>> for Idempotency<S, St>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    St: Store,
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    RB: Body + Unpin + Send + 'static,
+    RB::Data: Send,
+    RB::Error: Send,
+{
+    type Response = Response<IdempotencyBody<RB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, RB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let s = &self.settings;
+        // gRPC answers in trailers and streams: not de-duplicated (see the crate docs).
+        if !s.methods.contains(req.method()) || backstop_core::is_grpc(req.headers()) {
+            return ResponseFuture::pass(self.inner.call(req));
+        }
+        let mut values = req.headers().get_all(IDEMPOTENCY_KEY).iter();
+        let key = match (values.next(), values.next()) {
+            (None, _) if s.require_key => return ready(Problem::Missing),
+            (None, _) => {
+                return ResponseFuture::pass(self.inner.call(req));
+            }
+            (Some(_), Some(_)) => return ready(Problem::BadKey(crate::KeyError::Repeated)),
+            (Some(value), None) => match parse_key(value, s.max_key_len) {
+                Ok(key) => key,
+                Err(e) => return ready(Problem::BadKey(e)),
+            },
+        };
+        // The ready service goes into the future; a fresh clone stays for the next call.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture {
+            state: State::Keyed {
+                future: Box::pin(keyed(self.settings.clone(), inner, req, key)),
+            },
+        }
+    }
+}
+
+fn ready<F, RB: Body, E>(problem: Problem) -> ResponseFuture<F, RB, E> {
+    ResponseFuture {
+        state: State::Ready {
+            response: Some(problem.into_response()),
+        },
+    }
+}
+
+impl<St: Store> Settings<St> {
+    /// A store operation bounded by `store_timeout`.
+    async fn timed<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.store_timeout, op).await {
+            Ok(result) => result,
+            Err(elapsed) => Err(StoreError::new(StoreErrorKind::Timeout, elapsed)),
+        }
+    }
+
+    fn store_down<B: Body>(&self) -> Response<IdempotencyBody<B>> {
+        let secs = self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0);
+        Problem::StoreDown(secs).into_response()
+    }
+
+    /// The answer to a request whose key is already held.
+    async fn held<B: Body>(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        record: Record,
+    ) -> Response<IdempotencyBody<B>> {
+        let mut record = record;
+        let waited_until = self.wait_in_flight.map(|w| tokio::time::Instant::now() + w);
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match record {
+                Record::Completed(r) if r.fingerprint == fingerprint => return replay(&r),
+                Record::Completed(_) => return Problem::Mismatch.into_response(),
+                Record::InFlight(f) if f != fingerprint => {
+                    return Problem::Mismatch.into_response();
+                }
+                Record::InFlight(_) => {}
+            }
+            let Some(until) = waited_until else {
+                return Problem::InFlight.into_response();
+            };
+            if tokio::time::Instant::now() + pause > until {
+                return Problem::InFlight.into_response();
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+            record = match self.timed(self.store.get(key)).await {
+                Ok(Some(r)) => r,
+                // Released (the original failed): this request may run, when retried.
+                Ok(None) => return Problem::InFlight.into_response(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "idempotency store failed while waiting");
+                    return self.store_down();
+                }
+            };
+        }
+    }
+}
+
+/// A stored answer, replayed.
+fn replay<B: Body>(record: &StoredResponse) -> Response<IdempotencyBody<B>> {
+    let mut response = Response::new(IdempotencyBody::full(record.body.clone()));
+    *response.status_mut() = record.status;
+    *response.headers_mut() = record.headers.clone();
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// Whether an answer is the handler's own, deterministic, to replay: 2xx, 3xx and 4xx but
+/// not 408 and 429, and not a refusal made by a layer before the handler ran (a response
+/// carrying a [`Rejection`]). 5xx answers release the claim.
+fn storable<B>(response: &Response<B>) -> bool {
+    let status = response.status();
+    response.extensions().get::<Rejection>().is_none()
+        && !status.is_server_error()
+        && status != StatusCode::REQUEST_TIMEOUT
+        && status != StatusCode::TOO_MANY_REQUESTS
+}
+
+/// The claim of a request whose handler is running: released when the handler fails or
+/// panics, kept when the future is dropped (the work may have happened; the lock expires).
+struct ClaimGuard<St: Store> {
+    settings: Arc<Settings<St>>,
+    key: Option<String>,
+    token: Token,
+}
+
+impl<St: Store> ClaimGuard<St> {
+    /// Releases the claim now.
+    async fn release(mut self) {
+        if let Some(key) = self.key.take()
+            && let Err(e) = self
+                .settings
+                .timed(self.settings.store.release(&key, self.token))
+                .await
+        {
+            tracing::warn!(error = %e, "idempotency claim not released; it expires after the lock timeout");
+        }
+    }
+
+    /// Keeps the claim: it will be completed, or expire.
+    fn keep(mut self) -> String {
+        self.key.take().expect("armed")
+    }
+}
+
+// No `Drop` for `ClaimGuard`: a keyed future dropped while its handler runs (the caller went
+// away, a timeout above fired) keeps the claim on purpose. The handler may have done its work;
+// releasing would let a retry do it again. The claim expires after the lock timeout.
+
+pin_project_lite::pin_project! {
+    /// The handler's future, with a panic caught so the claim can be released before the
+    /// panic goes on.
+    struct CatchUnwind<F> {
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let future = self.project().future;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+async fn keyed<S, St, B, RB>(
+    s: Arc<Settings<St>>,
+    mut inner: S,
+    req: Request<B>,
+    key: String,
+) -> Result<Response<IdempotencyBody<RB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    St: Store,
+    B: Body + From<Bytes>,
+    RB: Body + Unpin,
+{
+    let (parts, body) = req.into_parts();
+    let bytes = match read_body(body, s.max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(problem) => return Ok(problem.into_response()),
+    };
+    let identity = s.identity.as_ref().and_then(|f| f(&parts));
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let fingerprint = Fingerprint::of(&parts.method, path, identity.as_deref(), &bytes);
+    let request = Request::from_parts(parts, B::from(bytes));
+
+    let token = match s
+        .timed(s.store.claim(&key, fingerprint, s.lock_timeout))
+        .await
+    {
+        Ok(Claim::Acquired(token)) => token,
+        Ok(Claim::Held(record)) => return Ok(s.held(&key, fingerprint, record).await),
+        Err(e) if s.fail_open => {
+            tracing::warn!(error = %e, "idempotency store failed; running without de-duplication");
+            return Ok(inner.call(request).await?.map(IdempotencyBody::inner));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "idempotency store failed; request refused");
+            return Ok(s.store_down());
+        }
+    };
+    let guard = ClaimGuard {
+        settings: s.clone(),
+        key: Some(key),
+        token,
+    };
+    let future = CatchUnwind {
+        future: inner.call(request),
+    };
+    let response = match future.await {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => {
+            guard.release().await;
+            return Err(e);
+        }
+        Err(panic) => {
+            // No answer came: release, so a retry runs, then let the panic go on.
+            guard.release().await;
+            std::panic::resume_unwind(panic);
+        }
+    };
+    if !storable(&response) {
+        guard.release().await;
+        return Ok(response.map(IdempotencyBody::inner));
+    }
+    let key = guard.keep();
+
+    let (parts, mut body) = response.into_parts();
+    let mut buf = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(mut data) => {
+                    use bytes::Buf;
+                    if buf.len() + data.remaining() > s.max_response_bytes {
+                        tracing::warn!(
+                            limit = s.max_response_bytes,
+                            "idempotent answer too large to store; its key stays claimed until the lock timeout"
+                        );
+                        buf.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+                        let body = IdempotencyBody::parts(buf.freeze(), Some(body), None, None);
+                        return Ok(Response::from_parts(parts, body));
+                    }
+                    buf.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+                }
+                Err(frame) => {
+                    tracing::warn!(
+                        "idempotent answer has trailers, which are not stored; its key stays claimed until the lock timeout"
+                    );
+                    let trailers = frame.into_trailers().ok();
+                    let body = IdempotencyBody::parts(buf.freeze(), None, None, trailers);
+                    return Ok(Response::from_parts(parts, body));
+                }
+            },
+            Some(Err(e)) => {
+                tracing::warn!(
+                    "idempotent answer's body failed; its key stays claimed until the lock timeout"
+                );
+                let body = IdempotencyBody::parts(buf.freeze(), None, Some(e), None);
+                return Ok(Response::from_parts(parts, body));
+            }
+        }
+    }
+    let record = Arc::new(StoredResponse {
+        fingerprint,
+        status: parts.status,
+        headers: parts.headers.clone(),
+        body: buf.freeze(),
+    });
+    match s
+        .timed(s.store.complete(&key, token, record.clone(), s.ttl))
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!("idempotency claim expired before its answer; a duplicate may have run")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "idempotent answer not stored; its key stays claimed until the lock timeout")
+        }
+    }
+    Ok(Response::from_parts(
+        parts,
+        IdempotencyBody::full(record.body.clone()),
+    ))
+}
+
+/// The whole request body, at most `limit` bytes (trailers are dropped).
+async fn read_body<B: Body>(body: B, limit: usize) -> Result<Bytes, Problem> {
+    if body.size_hint().lower() > limit as u64 {
+        return Err(Problem::BodyTooLarge(limit));
+    }
+    let mut body = std::pin::pin!(body);
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.as_mut().frame().await {
+        let Ok(frame) = frame else {
+            return Err(Problem::BodyUnreadable);
+        };
+        if let Ok(mut data) = frame.into_data() {
+            use bytes::Buf;
+            if buf.len() + data.remaining() > limit {
+                return Err(Problem::BodyTooLarge(limit));
+            }
+            buf.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+        }
+    }
+    Ok(buf.freeze())
+}

@@ -1,0 +1,382 @@
+//! The behavioural suite every store runs (`behaviour!`), and the harness it drives: a
+//! handler that counts its runs, behind an `IdempotencyLayer` over the store under test.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod redis_server;
+
+use backstop_core::Rejection;
+use backstop_idempotency::{IdempotencyConfig, IdempotencyLayer, Store};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+use tower::{BoxError, Service, ServiceExt, service_fn, util::BoxCloneSyncService};
+
+pub type Svc = BoxCloneSyncService<Request<Full<Bytes>>, Response<Bytes>, BoxError>;
+
+/// A handler that counts its runs; its path says what it does.
+pub struct Harness {
+    pub runs: Arc<AtomicUsize>,
+    pub svc: Svc,
+}
+
+/// A key no other test (nor an earlier run against a shared Redis) uses.
+pub fn fresh_key(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{name}-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+pub fn handler(
+    runs: Arc<AtomicUsize>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone
++ Send
++ Sync
++ 'static {
+    let panicked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    service_fn(move |req: Request<Full<Bytes>>| {
+        let runs = runs.clone();
+        let panicked = panicked.clone();
+        async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let path = req.uri().path().to_owned();
+            let mut status = StatusCode::CREATED;
+            let mut body = format!("run {n}");
+            match path.as_str() {
+                "/slow" => tokio::time::sleep(Duration::from_millis(200)).await,
+                "/fail" => status = StatusCode::INTERNAL_SERVER_ERROR,
+                "/bad" => status = StatusCode::BAD_REQUEST,
+                "/err" => return Err::<Response<Full<Bytes>>, BoxError>("handler failed".into()),
+                "/panic" if !panicked.swap(true, Ordering::SeqCst) => panic!("handler panicked"),
+                "/big" => body = "x".repeat(4096),
+                "/reject" => {
+                    let mut r = Response::new(Full::new(Bytes::from_static(b"open")));
+                    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    r.extensions_mut()
+                        .insert(Rejection::BreakerOpen { retry_after: None });
+                    return Ok(r);
+                }
+                _ => {}
+            }
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            *r.status_mut() = status;
+            r.headers_mut().insert("x-run", n.into());
+            Ok(r)
+        }
+    })
+}
+
+impl Harness {
+    pub fn new<St: Store>(store: St) -> Self {
+        Self::with(IdempotencyLayer::builder(store), |c| c)
+    }
+
+    pub fn with<St: Store>(
+        config: IdempotencyConfig<St>,
+        tune: impl FnOnce(IdempotencyConfig<St>) -> IdempotencyConfig<St>,
+    ) -> Self {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let layer = tune(config).build().unwrap();
+        let svc = tower::ServiceBuilder::new()
+            .layer(layer)
+            .service(handler(runs.clone()))
+            .and_then(
+                |r: Response<backstop_idempotency::IdempotencyBody<Full<Bytes>>>| async move {
+                    let (parts, body) = r.into_parts();
+                    let bytes = body.collect().await.map_err(BoxError::from)?.to_bytes();
+                    Ok::<_, BoxError>(Response::from_parts(parts, bytes))
+                },
+            );
+        Self {
+            runs,
+            svc: BoxCloneSyncService::new(svc),
+        }
+    }
+
+    pub fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    pub async fn post(&self, path: &str, key: Option<&str>, body: &'static str) -> Response<Bytes> {
+        self.send(post(path, key, body)).await.unwrap()
+    }
+
+    pub fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> impl Future<Output = Result<Response<Bytes>, BoxError>> + Send + 'static {
+        self.svc.clone().oneshot(req)
+    }
+}
+
+pub fn post(path: &str, key: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
+    let mut b = Request::post(path);
+    if let Some(key) = key {
+        b = b.header("idempotency-key", format!("\"{key}\""));
+    }
+    b.body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap()
+}
+
+pub fn replayed(r: &Response<Bytes>) -> bool {
+    r.headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+#[track_caller]
+pub fn assert_problem(r: &Response<Bytes>, status: u16) {
+    assert_eq!(r.status().as_u16(), status, "{:?}", r.body());
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let body = std::str::from_utf8(r.body()).unwrap();
+    assert!(body.contains(&format!("\"status\":{status}")), "{body}");
+}
+
+/// The behaviour every store gives the layer, one test per rule. `$store` is an expression
+/// making a fresh store (it may `.await`); `$paused` whether the tests run on paused time.
+#[macro_export]
+macro_rules! behaviour {
+    ($paused:literal, $store:expr) => {
+        use std::time::Duration;
+        use $crate::common::*;
+
+        #[tokio::test(start_paused = $paused)]
+        async fn a_completed_answer_is_replayed_and_the_handler_runs_once() {
+            let h = Harness::new($store);
+            let key = fresh_key("replay");
+            let first = h.post("/ok", Some(&key), "{}").await;
+            assert_eq!(first.status(), 201);
+            assert!(!replayed(&first));
+            let again = h.post("/ok", Some(&key), "{}").await;
+            assert_eq!(again.status(), 201);
+            assert!(replayed(&again));
+            assert_eq!(again.body(), "run 1");
+            assert_eq!(again.headers()["x-run"], "1");
+            assert_eq!(h.runs(), 1);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn one_key_with_another_body_is_422() {
+            let h = Harness::new($store);
+            let key = fresh_key("mismatch");
+            h.post("/ok", Some(&key), "{\"amount\":1}").await;
+            assert_problem(&h.post("/ok", Some(&key), "{\"amount\":2}").await, 422);
+            assert_problem(&h.post("/other", Some(&key), "{\"amount\":1}").await, 422);
+            assert_eq!(h.runs(), 1);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn a_duplicate_in_flight_is_409_then_replayed() {
+            let h = Harness::new($store);
+            let key = fresh_key("inflight");
+            let original = tokio::spawn(h.send(post("/slow", Some(&key), "")));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_problem(&h.post("/slow", Some(&key), "").await, 409);
+            assert_eq!(original.await.unwrap().unwrap().status(), 201);
+            assert!(replayed(&h.post("/slow", Some(&key), "").await));
+            assert_eq!(h.runs(), 1);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn a_duplicate_may_wait_for_the_original_answer() {
+            let h = Harness::with(
+                backstop_idempotency::IdempotencyLayer::builder($store),
+                |c| c.wait_in_flight(Duration::from_secs(2)),
+            );
+            let key = fresh_key("wait");
+            let original = tokio::spawn(h.send(post("/slow", Some(&key), "")));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let dup = h.post("/slow", Some(&key), "").await;
+            assert!(replayed(&dup), "{dup:?}");
+            assert_eq!(dup.body(), "run 1");
+            original.await.unwrap().unwrap();
+            assert_eq!(h.runs(), 1);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn a_5xx_an_error_and_a_panic_release_the_claim() {
+            let h = Harness::new($store);
+            let key = fresh_key("release");
+            assert_eq!(h.post("/fail", Some(&key), "").await.status(), 500);
+            assert_eq!(h.post("/fail", Some(&key), "").await.status(), 500);
+            assert_eq!(h.runs(), 2);
+            let key = fresh_key("err");
+            assert!(h.send(post("/err", Some(&key), "")).await.is_err());
+            assert!(h.send(post("/err", Some(&key), "")).await.is_err());
+            assert_eq!(h.runs(), 4);
+            let key = fresh_key("panic");
+            let panicked = tokio::spawn(h.send(post("/panic", Some(&key), ""))).await;
+            assert!(panicked.unwrap_err().is_panic());
+            // The panic released the claim: the retry runs (and this time succeeds).
+            let retry = h.post("/panic", Some(&key), "").await;
+            assert_eq!(retry.status(), 201);
+            assert_eq!(h.runs(), 6);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn a_dropped_request_keeps_its_claim_until_the_lock_expires() {
+            let h = Harness::with(
+                backstop_idempotency::IdempotencyLayer::builder($store),
+                |c| c.lock_timeout(Duration::from_millis(500)),
+            );
+            let key = fresh_key("dropped");
+            let cut = tokio::time::timeout(
+                Duration::from_millis(50),
+                h.send(post("/slow", Some(&key), "")),
+            );
+            assert!(cut.await.is_err(), "the caller went away");
+            assert_problem(&h.post("/slow", Some(&key), "").await, 409);
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert_eq!(h.post("/slow", Some(&key), "").await.status(), 201);
+            assert_eq!(h.runs(), 2);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn refusals_made_before_the_handler_are_not_stored_but_4xx_are() {
+            let h = Harness::new($store);
+            let key = fresh_key("reject");
+            assert_eq!(h.post("/reject", Some(&key), "").await.status(), 503);
+            assert_eq!(h.post("/reject", Some(&key), "").await.status(), 503);
+            assert_eq!(h.runs(), 2);
+            let key = fresh_key("bad");
+            assert_eq!(h.post("/bad", Some(&key), "").await.status(), 400);
+            let again = h.post("/bad", Some(&key), "").await;
+            assert!(replayed(&again));
+            assert_eq!(h.runs(), 3);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn keys_are_checked_and_may_be_required() {
+            let h = Harness::new($store);
+            // No key, not required: runs every time.
+            h.post("/ok", None, "").await;
+            h.post("/ok", None, "").await;
+            assert_eq!(h.runs(), 2);
+            for bad in ["\"\"", "\"caf\u{e9}\"", &"k".repeat(256), "\"unterminated"] {
+                let req = http::Request::post("/ok")
+                    .header(
+                        "idempotency-key",
+                        http::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
+                    )
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                assert_problem(&h.send(req).await.unwrap(), 400);
+            }
+            assert_eq!(h.runs(), 2);
+            let strict = Harness::with(
+                backstop_idempotency::IdempotencyLayer::builder($store),
+                |c| c.require_key(true),
+            );
+            assert_problem(&strict.post("/ok", None, "").await, 400);
+            assert_eq!(strict.runs(), 0);
+            // A bare token works as well as a string.
+            let key = fresh_key("bare");
+            let req = || {
+                http::Request::post("/ok")
+                    .header("idempotency-key", key.as_str())
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap()
+            };
+            strict.send(req()).await.unwrap();
+            assert!(replayed(&strict.send(req()).await.unwrap()));
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn a_body_too_large_to_fingerprint_is_413() {
+            let h = Harness::with(
+                backstop_idempotency::IdempotencyLayer::builder($store),
+                |c| c.max_body_bytes(8),
+            );
+            let key = fresh_key("large");
+            assert_problem(&h.post("/ok", Some(&key), "123456789").await, 413);
+            assert_eq!(h.post("/ok", Some(&key), "12345678").await.status(), 201);
+            assert_eq!(h.runs(), 1);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn an_answer_above_the_cap_is_sent_not_stored() {
+            let h = Harness::with(
+                backstop_idempotency::IdempotencyLayer::builder($store),
+                |c| {
+                    c.max_response_bytes(1024)
+                        .lock_timeout(Duration::from_millis(500))
+                },
+            );
+            let key = fresh_key("big");
+            let first = h.post("/big", Some(&key), "").await;
+            assert_eq!(first.body().len(), 4096);
+            // Not stored, not released: a duplicate is 409 until the lock expires.
+            assert_problem(&h.post("/big", Some(&key), "").await, 409);
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert_eq!(h.post("/big", Some(&key), "").await.body().len(), 4096);
+            assert_eq!(h.runs(), 2);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn other_methods_pass_through_and_answers_expire() {
+            let h = Harness::with(
+                backstop_idempotency::IdempotencyLayer::builder($store),
+                |c| c.ttl(Duration::from_millis(500)),
+            );
+            let key = fresh_key("get");
+            for _ in 0..2 {
+                let req = http::Request::get("/ok")
+                    .header("idempotency-key", key.as_str())
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                assert!(!replayed(&h.send(req).await.unwrap()));
+            }
+            assert_eq!(h.runs(), 2);
+            h.post("/ok", Some(&key), "").await;
+            assert!(replayed(&h.post("/ok", Some(&key), "").await));
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert!(!replayed(&h.post("/ok", Some(&key), "").await));
+            assert_eq!(h.runs(), 4);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn the_caller_identity_is_part_of_the_fingerprint() {
+            let h = Harness::with(
+                backstop_idempotency::IdempotencyLayer::builder($store),
+                |c| {
+                    c.identity(|parts| {
+                        parts
+                            .headers
+                            .get("x-user")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned)
+                    })
+                },
+            );
+            let key = fresh_key("identity");
+            let as_user = |user: &'static str| {
+                let mut req = post("/ok", Some(&key), "");
+                req.headers_mut()
+                    .insert("x-user", http::HeaderValue::from_static(user));
+                req
+            };
+            assert_eq!(h.send(as_user("alice")).await.unwrap().status(), 201);
+            assert!(replayed(&h.send(as_user("alice")).await.unwrap()));
+            assert_problem(&h.send(as_user("mallory")).await.unwrap(), 422);
+            assert_eq!(h.runs(), 1);
+        }
+    };
+}

@@ -1,0 +1,104 @@
+//! The behavioural suite against the embedded store, on paused time; then what only a store
+//! that fails can show: fail closed (503 + Retry-After, the handler not run), fail open, a
+//! slow store, a full store.
+
+mod common;
+
+mod suite {
+    crate::behaviour!(true, backstop_idempotency::MemoryStore::new());
+}
+
+use backstop_idempotency::{
+    Claim, Fingerprint, IdempotencyLayer, MemoryStore, Record, Store, StoreError, StoreErrorKind,
+    StoreFuture, StoredResponse, Token,
+};
+use common::*;
+use std::{sync::Arc, time::Duration};
+
+/// A store that is down, or slow.
+#[derive(Debug, Clone, Copy)]
+enum Broken {
+    Down,
+    Slow,
+}
+
+impl Broken {
+    fn fail<'a, T: Send + 'a>(&'a self) -> StoreFuture<'a, T> {
+        let this = *self;
+        Box::pin(async move {
+            if let Broken::Slow = this {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+            Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "connection refused",
+            ))
+        })
+    }
+}
+
+impl Store for Broken {
+    fn claim<'a>(&'a self, _: &'a str, _: Fingerprint, _: Duration) -> StoreFuture<'a, Claim> {
+        self.fail()
+    }
+    fn complete<'a>(
+        &'a self,
+        _: &'a str,
+        _: Token,
+        _: Arc<StoredResponse>,
+        _: Duration,
+    ) -> StoreFuture<'a, bool> {
+        self.fail()
+    }
+    fn release<'a>(&'a self, _: &'a str, _: Token) -> StoreFuture<'a, bool> {
+        self.fail()
+    }
+    fn get<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Option<Record>> {
+        self.fail()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_is_down_fails_closed_with_retry_after() {
+    for store in [Broken::Down, Broken::Slow] {
+        let h = Harness::with(IdempotencyLayer::builder(store), |c| {
+            c.retry_after(Duration::from_millis(1500))
+        });
+        let started = tokio::time::Instant::now();
+        let r = h.post("/ok", Some("k"), "").await;
+        assert_problem(&r, 503);
+        assert_eq!(r.headers()["retry-after"], "2");
+        assert_eq!(h.runs(), 0, "{store:?}: the handler did not run");
+        assert!(
+            started.elapsed() <= Duration::from_secs(1),
+            "bounded by store_timeout"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_open_runs_the_handler_without_de_duplication() {
+    let h = Harness::with(IdempotencyLayer::builder(Broken::Down), |c| {
+        c.fail_open(true)
+    });
+    assert_eq!(h.post("/ok", Some("k"), "").await.status(), 201);
+    assert_eq!(h.post("/ok", Some("k"), "").await.status(), 201);
+    assert_eq!(h.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_full_of_claims_in_flight_refuses_with_503() {
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_entries(1)
+        .build()
+        .unwrap();
+    let h = Harness::new(store.clone());
+    let original = tokio::spawn(h.send(post("/slow", Some("a"), "")));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_problem(&h.post("/ok", Some("b"), "").await, 503);
+    original.await.unwrap().unwrap();
+    // Once answered, the record of `a` may be evicted for `b`.
+    assert_eq!(h.post("/ok", Some("b"), "").await.status(), 201);
+    assert_eq!(store.len(), 1);
+}
