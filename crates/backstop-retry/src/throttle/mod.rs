@@ -54,9 +54,9 @@
 //! Clones of a layer, and every layer given the same `Arc<AdaptiveThrottle>`, share one
 //! window. Counting is one compare-and-swap on the caller's stripe of a time-tagged slot
 //! ([`Ring`]: a write never moves between buckets, an old bucket is never read back); the
-//! cached probability is one word (its tick in the high half, the probability in the low
-//! half) updated by an atomic maximum, so a thread that recomputed from an older tick never
-//! overwrites a newer value. A reader racing writers sees some of them: the probability is
+//! cached probability is one word per tick ([`TickCache`]: an atomic maximum, so a thread
+//! that recomputed from an older tick never overwrites a newer value; model-checked in
+//! core). A reader racing writers sees some of them: the probability is
 //! an estimate from counts that are each exact, and no bound depends on a racing write.
 
 mod future;
@@ -67,7 +67,10 @@ pub use future::ThrottleFuture;
 pub use layer::ThrottleLayer;
 pub use service::Throttle;
 
-use backstop_core::__private::stripe::{self, Ring};
+use backstop_core::__private::{
+    stripe::{self, Ring},
+    tick::TickCache,
+};
 use backstop_core::{ConfigError, Outcome};
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};
@@ -116,8 +119,8 @@ pub struct AdaptiveThrottle {
     sequence: AtomicU64,
     requests: Ring<32>,
     accepts: Ring<32>,
-    /// `(tick + 1) << 32 | probability × u32::MAX`.
-    cached: AtomicU64,
+    /// The probability × `u32::MAX`, per tick.
+    cached: TickCache,
     rejections: AtomicU64,
 }
 
@@ -252,26 +255,18 @@ impl AdaptiveThrottle {
     /// The cached probability as a fraction of `u32::MAX`, recomputed once per tick.
     #[inline]
     fn cached_probability(&self, nanos: u64) -> u32 {
-        let tick = nanos / self.tick_nanos + 1;
-        let word = self.cached.load(Ordering::Acquire);
-        if word >> 32 >= tick {
-            return word as u32;
+        let tick = nanos / self.tick_nanos;
+        match self.cached.get(tick) {
+            Some(p) => p,
+            None => self.refresh(nanos, tick),
         }
-        self.refresh(nanos, tick)
     }
 
     #[cold]
     #[inline(never)]
     fn refresh(&self, nanos: u64, tick: u64) -> u32 {
         let p = self.compute(nanos / self.bucket_nanos);
-        let fraction = (p * f64::from(u32::MAX)) as u32;
-        // Ticks fit in 32 bits for 13 years at the shortest tick (a bucket of 1 ms / 10).
-        let word = (tick.min(u64::from(u32::MAX)) << 32) | u64::from(fraction);
-        let previous = self.cached.fetch_max(word, Ordering::AcqRel);
-        if previous > word {
-            return previous as u32; // a newer tick's value won
-        }
-        fraction
+        self.cached.publish(tick, (p * f64::from(u32::MAX)) as u32)
     }
 }
 
@@ -435,7 +430,7 @@ impl AdaptiveThrottleBuilder {
             sequence: AtomicU64::new(0),
             requests: Ring::new(self.buckets as usize, stripes),
             accepts: Ring::new(self.buckets as usize, stripes),
-            cached: AtomicU64::new(0),
+            cached: TickCache::new(),
             rejections: AtomicU64::new(0),
         })
     }
@@ -588,30 +583,6 @@ mod loom_tests {
             }
             assert_eq!(t.sum(&t.requests, 0), 2);
             assert_eq!(t.sum(&t.accepts, 0), 2);
-        });
-    }
-
-    /// A refresh from an older tick racing one from a newer tick never leaves the older
-    /// value cached.
-    #[test]
-    fn loom_a_newer_tick_wins_the_cache() {
-        loom::model(|| {
-            let t = Arc::new(throttle());
-            for _ in 0..4 {
-                t.request_at(1);
-            }
-            let tick = t.tick_nanos;
-            let old = {
-                let t = t.clone();
-                loom::thread::spawn(move || t.refresh(0, 1))
-            };
-            let new = {
-                let t = t.clone();
-                loom::thread::spawn(move || t.refresh(tick, 2))
-            };
-            old.join().unwrap();
-            new.join().unwrap();
-            assert_eq!(t.cached.load(Ordering::Acquire) >> 32, 2);
         });
     }
 }
