@@ -16,7 +16,8 @@
 //! through their source chain (see [`classify_error`]).
 
 use crate::{
-    AttemptTimedOut, BreakerOpen, DeadlineExceeded, Rejection, ServerHint,
+    AttemptTimedOut, BreakerOpen, BulkheadFull, ClientThrottled, DeadlineExceeded, Rejection,
+    ServerHint,
     grpc::{Code, GRPC_STATUS},
     is_grpc,
 };
@@ -118,7 +119,8 @@ pub trait Classify<Res> {
 
 /// Classifies an error by its source chain:
 ///
-/// - our own [`DeadlineExceeded`] and [`BreakerOpen`] → [`Outcome::Rejected`];
+/// - our own [`DeadlineExceeded`], [`BreakerOpen`], [`ClientThrottled`] and [`BulkheadFull`]
+///   → [`Outcome::Rejected`];
 /// - [`AttemptTimedOut`] → failure, [`Retryable::IfIdempotent`];
 /// - `std::io` `ConnectionRefused` / `AddrNotAvailable` (nothing was sent) → failure,
 ///   [`Retryable::Always`];
@@ -130,7 +132,11 @@ pub trait Classify<Res> {
 pub fn classify_error(err: &(dyn Error + 'static)) -> Outcome {
     let mut next = Some(err);
     while let Some(err) = next {
-        if err.is::<DeadlineExceeded>() || err.is::<BreakerOpen>() {
+        if err.is::<DeadlineExceeded>()
+            || err.is::<BreakerOpen>()
+            || err.is::<ClientThrottled>()
+            || err.is::<BulkheadFull>()
+        {
             return Outcome::Rejected;
         }
         if err.is::<AttemptTimedOut>() {
@@ -502,6 +508,8 @@ mod tests {
         assert_eq!(http(&r), Outcome::Rejected);
         let open = BreakerOpen::new(None);
         assert_eq!(classify_error(&open), Outcome::Rejected);
+        assert_eq!(classify_error(&ClientThrottled::new()), Outcome::Rejected);
+        assert_eq!(classify_error(&BulkheadFull::new()), Outcome::Rejected);
         let err = DeadlineExceeded::new();
         assert_eq!(
             HttpClassifier::new().classify(Err::<&Response<()>, _>(&err)),

@@ -139,6 +139,56 @@ impl fmt::Display for BreakerOpen {
 
 impl Error for BreakerOpen {}
 
+/// The client's adaptive throttle refused the call without sending it: the dependency has
+/// accepted too few of the recent calls (see `backstop_retry::throttle`).
+///
+/// Returned (boxed, as a [`BoxError`]) for HTTP requests; gRPC requests get
+/// [`Rejection::ClientThrottled`](crate::Rejection) as a response instead. A local rejection:
+/// classifiers report it as [`Outcome::Rejected`](crate::Outcome::Rejected), so it is never
+/// retried and never counted by a breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClientThrottled(());
+
+impl ClientThrottled {
+    /// A new `ClientThrottled` error.
+    pub fn new() -> Self {
+        Self(())
+    }
+}
+
+impl fmt::Display for ClientThrottled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("throttled by client")
+    }
+}
+
+impl Error for ClientThrottled {}
+
+/// The client's bulkhead for a dependency refused the call: every permit was taken and none
+/// could come before the call's deadline (or the wait was capped), or the queue of waiting
+/// calls was full (see `backstop_deadline::bulkhead`).
+///
+/// Returned (boxed, as a [`BoxError`]) for HTTP requests; gRPC requests get
+/// [`Rejection::BulkheadFull`](crate::Rejection) as a response instead. A local rejection:
+/// [`Outcome::Rejected`](crate::Outcome::Rejected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BulkheadFull(());
+
+impl BulkheadFull {
+    /// A new `BulkheadFull` error.
+    pub fn new() -> Self {
+        Self(())
+    }
+}
+
+impl fmt::Display for BulkheadFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("bulkhead full")
+    }
+}
+
+impl Error for BulkheadFull {}
+
 /// The first error of type `T` in `err`'s source chain, `err` itself included.
 pub fn find<'a, T: Error + 'static>(err: &'a (dyn Error + 'static)) -> Option<&'a T> {
     let mut next = Some(err);
@@ -179,6 +229,8 @@ mod tests {
         let open = BreakerOpen::new(Some(std::time::Duration::from_secs(3)));
         assert_eq!(open.to_string(), "circuit breaker open");
         assert_eq!(open.retry_after(), Some(std::time::Duration::from_secs(3)));
+        assert_eq!(ClientThrottled::new().to_string(), "throttled by client");
+        assert_eq!(BulkheadFull::new().to_string(), "bulkhead full");
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! - [`latency`]: [`LatencyModel`](latency::LatencyModel), the measured latency of one
 //!   dependency as quantiles over a rolling window, from which time bounds are derived.
 //! - [`ConfigError`]: the error every backstop builder returns, naming the knob at fault;
-//!   [`DeadlineExceeded`], [`AttemptTimedOut`] and [`BreakerOpen`], the errors our layers add.
+//!   [`DeadlineExceeded`], [`AttemptTimedOut`], [`BreakerOpen`], [`ClientThrottled`] and
+//!   [`BulkheadFull`], the errors our layers add.
 //!
 //! The plumbing backstop's own crates share (timers, per-core striping, seeded mixing, a
 //! dependency's name, metric helpers) sits in a hidden module, `__private`: it is not part
@@ -59,6 +60,8 @@
 //! | [`Rejection::MalformedTimeout`] | `grpc-status: 13` INTERNAL "malformed grpc-timeout" | 400 |
 //! | [`Rejection::AttemptTimedOut`] | `grpc-status: 4` DEADLINE_EXCEEDED "attempt timed out" | 504 |
 //! | [`Rejection::BreakerOpen`] | `grpc-status: 14` UNAVAILABLE + `grpc-retry-pushback-ms` (-1 when no time can be promised) | 503 + `Retry-After` (none when no time can be promised) |
+//! | [`Rejection::ClientThrottled`] | `grpc-status: 14` UNAVAILABLE "throttled by client" + `grpc-retry-pushback-ms: -1` | 503 |
+//! | [`Rejection::BulkheadFull`] | `grpc-status: 14` UNAVAILABLE "bulkhead full" + `grpc-retry-pushback-ms: -1` | 503 |
 //!
 //! Every local response carries its [`Rejection`] in its extensions, so a layer further out can
 //! tell our own answer from one the dependency gave.
@@ -91,8 +94,8 @@ pub use attempt::FinalAttempt;
 pub use body::ResponseBody;
 pub use classify::{Classify, GrpcClassifier, HttpClassifier, Outcome, Retryable};
 pub use error::{
-    AttemptTimedOut, BoxError, BreakerOpen, ConfigError, DeadlineExceeded, find,
-    is_deadline_exceeded,
+    AttemptTimedOut, BoxError, BreakerOpen, BulkheadFull, ClientThrottled, ConfigError,
+    DeadlineExceeded, find, is_deadline_exceeded,
 };
 pub use grpc::{Code, is_grpc};
 pub use hedge::HedgeDelay;

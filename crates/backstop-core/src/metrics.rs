@@ -21,6 +21,10 @@
 //! | `backstop.breaker.rejections` | counter | `dependency` | the breaker refuses a call |
 //! | `backstop.deadline.expired` | counter | `side`, `dependency` (client side) | a deadline expires: `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
+//! | `backstop.throttle.rejections` | counter | `dependency` | the client's adaptive throttle refuses a first attempt |
+//! | `backstop.throttle.probability` | gauge | `dependency` | the throttle's rejection probability changes (recomputed at most once per window bucket) |
+//! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call: `queue_full` (too many waiting), `wait` (no permit before the deadline or `max_wait`) |
+//! | `backstop.admission.rejections` | counter | — | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
 //!
 //! The client series of a gRPC stack built from a service config carry a `method` label
 //! (the `methodConfig` entry's names that served the call). The breaker's series of a layer built [`per_key`](https://docs.rs/backstop-breaker) carry a
@@ -54,8 +58,17 @@ pub const DEADLINE_EXPIRED: &str = "backstop.deadline.expired";
 /// `backstop.deadline.malformed`
 pub const DEADLINE_MALFORMED: &str = "backstop.deadline.malformed";
 
+/// `backstop.throttle.rejections`
+pub const THROTTLE_REJECTIONS: &str = "backstop.throttle.rejections";
+/// `backstop.throttle.probability`
+pub const THROTTLE_PROBABILITY: &str = "backstop.throttle.probability";
+/// `backstop.bulkhead.rejections`
+pub const BULKHEAD_REJECTIONS: &str = "backstop.bulkhead.rejections";
+/// `backstop.admission.rejections`
+pub const ADMISSION_REJECTIONS: &str = "backstop.admission.rejections";
+
 /// Every name above, for exporters' allow-lists and tests.
-pub const ALL: [&str; 10] = [
+pub const ALL: [&str; 14] = [
     CLIENT_REQUESTS,
     CLIENT_ATTEMPTS,
     CLIENT_ATTEMPT_DURATION,
@@ -66,6 +79,10 @@ pub const ALL: [&str; 10] = [
     BREAKER_REJECTIONS,
     DEADLINE_EXPIRED,
     DEADLINE_MALFORMED,
+    THROTTLE_REJECTIONS,
+    THROTTLE_PROBABILITY,
+    BULKHEAD_REJECTIONS,
+    ADMISSION_REJECTIONS,
 ];
 
 /// The `outcome` labels of `backstop.client.requests`, in the order of [`Outcome`](crate::Outcome)'s

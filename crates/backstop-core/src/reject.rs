@@ -43,6 +43,14 @@ pub enum Rejection {
         /// to retry (`grpc-retry-pushback-ms: -1`), HTTP callers get no `Retry-After`.
         retry_after: Option<Duration>,
     },
+    /// The client's adaptive throttle refused the call before sending it (see
+    /// [`ClientThrottled`](crate::ClientThrottled)): the dependency refused too many recent
+    /// calls. Never retried; gRPC callers are told not to retry (`grpc-retry-pushback-ms: -1`).
+    ClientThrottled,
+    /// The client's bulkhead for the dependency had no permit that could come before the
+    /// call's deadline (see [`BulkheadFull`](crate::BulkheadFull)). Never retried; gRPC
+    /// callers are told not to retry.
+    BulkheadFull,
 }
 
 impl Rejection {
@@ -52,6 +60,7 @@ impl Rejection {
             Rejection::DeadlineExceeded | Rejection::AttemptTimedOut => Code::DeadlineExceeded,
             Rejection::MalformedTimeout => Code::Internal,
             Rejection::BreakerOpen { .. } => Code::Unavailable,
+            Rejection::ClientThrottled | Rejection::BulkheadFull => Code::Unavailable,
         }
     }
 
@@ -61,6 +70,7 @@ impl Rejection {
             Rejection::DeadlineExceeded | Rejection::AttemptTimedOut => StatusCode::GATEWAY_TIMEOUT,
             Rejection::MalformedTimeout => StatusCode::BAD_REQUEST,
             Rejection::BreakerOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::ClientThrottled | Rejection::BulkheadFull => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -71,6 +81,8 @@ impl Rejection {
             Rejection::AttemptTimedOut => "attempt timed out",
             Rejection::MalformedTimeout => "malformed grpc-timeout",
             Rejection::BreakerOpen { .. } => "circuit breaker open",
+            Rejection::ClientThrottled => "throttled by client",
+            Rejection::BulkheadFull => "bulkhead full",
         }
     }
 
@@ -80,7 +92,8 @@ impl Rejection {
     /// `grpc-message` headers, empty body. Otherwise: [`http_status`](Self::http_status) with
     /// `content-type: text/plain; charset=utf-8` and the [`message`](Self::message) as body.
     /// [`Rejection::BreakerOpen`] adds `grpc-retry-pushback-ms` (gRPC) or `Retry-After`
-    /// (HTTP) with its `retry_after`.
+    /// (HTTP) with its `retry_after`; [`Rejection::ClientThrottled`] and
+    /// [`Rejection::BulkheadFull`] add `grpc-retry-pushback-ms: -1` (gRPC).
     pub fn into_response<B>(self, grpc: bool) -> Response<ResponseBody<B>> {
         let mut response = if grpc {
             let mut response = Response::new(ResponseBody::empty());
@@ -103,6 +116,11 @@ impl Rejection {
             );
             response
         };
+        if grpc && matches!(self, Rejection::ClientThrottled | Rejection::BulkheadFull) {
+            response
+                .headers_mut()
+                .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+        }
         if let Rejection::BreakerOpen { retry_after } = self {
             let headers = response.headers_mut();
             match (retry_after, grpc) {
@@ -216,6 +234,23 @@ mod tests {
         let http = never.into_response::<String>(false);
         assert!(http.headers().get("retry-after").is_none());
         assert_eq!(http.status(), 503);
+    }
+
+    #[test]
+    fn overload_rejections_are_unavailable_and_not_retried() {
+        for (rejection, message) in [
+            (Rejection::ClientThrottled, "throttled by client"),
+            (Rejection::BulkheadFull, "bulkhead full"),
+        ] {
+            let grpc = rejection.into_response::<String>(true);
+            assert_eq!(grpc.headers()["grpc-status"], "14");
+            assert_eq!(grpc.headers()["grpc-message"], message);
+            assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "-1");
+            let http = rejection.into_response::<String>(false);
+            assert_eq!(http.status(), 503);
+            assert!(http.headers().get("retry-after").is_none());
+            assert_eq!(http.extensions().get::<Rejection>(), Some(&rejection));
+        }
     }
 
     #[test]

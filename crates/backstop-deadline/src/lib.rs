@@ -160,6 +160,7 @@
 //! `tower-service` only.
 #![doc(test(attr(deny(warnings))))]
 
+pub mod admission;
 pub mod attempt;
 mod body;
 mod deadline;

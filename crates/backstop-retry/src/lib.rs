@@ -147,6 +147,7 @@ mod shared;
 mod state;
 mod stats;
 mod template;
+pub mod throttle;
 
 pub use backoff::Backoff;
 pub use body::RetryBody;

@@ -26,11 +26,14 @@ pub enum GiveUp {
     /// The request body is longer than `max_replay_bytes`, or failed, so no copy of it can be
     /// sent again.
     NotReplayable,
+    /// The adaptive throttle refused the first attempt (see [`throttle`](crate::throttle)):
+    /// nothing was sent. Reported by the throttle layer, not by a retry layer's counters.
+    Throttled,
 }
 
 impl GiveUp {
     /// Every reason, in declaration order (`why as usize` indexes it).
-    pub(crate) const ALL: [GiveUp; 7] = [
+    pub(crate) const ALL: [GiveUp; 8] = [
         GiveUp::NotRetryable,
         GiveUp::Attempts,
         GiveUp::NotIdempotent,
@@ -38,6 +41,7 @@ impl GiveUp {
         GiveUp::Deadline,
         GiveUp::Budget,
         GiveUp::NotReplayable,
+        GiveUp::Throttled,
     ];
 
     /// How many reasons there are.
@@ -59,6 +63,7 @@ impl GiveUp {
             GiveUp::Deadline => "deadline",
             GiveUp::Budget => "budget",
             GiveUp::NotReplayable => "not_replayable",
+            GiveUp::Throttled => "throttled",
         }
     }
 

@@ -4,9 +4,10 @@
 use crate::{
     Outcome,
     metrics::{
-        BREAKER_REJECTIONS, BREAKER_STATE, BREAKER_TRANSITIONS, CLIENT_ATTEMPT_DURATION,
-        CLIENT_ATTEMPTS, CLIENT_REQUESTS, DEADLINE_EXPIRED, DEADLINE_MALFORMED,
-        RETRY_BUDGET_BALANCE, RETRY_GIVE_UPS,
+        ADMISSION_REJECTIONS, BREAKER_REJECTIONS, BREAKER_STATE, BREAKER_TRANSITIONS,
+        BULKHEAD_REJECTIONS, CLIENT_ATTEMPT_DURATION, CLIENT_ATTEMPTS, CLIENT_REQUESTS,
+        DEADLINE_EXPIRED, DEADLINE_MALFORMED, RETRY_BUDGET_BALANCE, RETRY_GIVE_UPS,
+        THROTTLE_PROBABILITY, THROTTLE_REJECTIONS,
     },
 };
 
@@ -49,6 +50,22 @@ pub fn describe() {
     metrics::describe_counter!(
         DEADLINE_MALFORMED,
         "Malformed grpc-timeout headers received"
+    );
+    metrics::describe_counter!(
+        THROTTLE_REJECTIONS,
+        "First attempts refused by the client's adaptive throttle"
+    );
+    metrics::describe_gauge!(
+        THROTTLE_PROBABILITY,
+        "The adaptive throttle's rejection probability"
+    );
+    metrics::describe_counter!(
+        BULKHEAD_REJECTIONS,
+        "Calls refused by a bulkhead, by reason"
+    );
+    metrics::describe_counter!(
+        ADMISSION_REJECTIONS,
+        "Requests refused on arrival: too little deadline left for the route"
     );
 }
 

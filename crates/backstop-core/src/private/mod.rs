@@ -10,6 +10,8 @@
 //!   mark).
 //! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
 //!   the retry budget's deposits).
+//! - [`tick`]: [`TickCache`](tick::TickCache), a value recomputed at most once per tick
+//!   (the throttle's probability, the admission need).
 //! - [`timer`]: [`LazySleep`](timer::LazySleep), the timer a future arms only when it must
 //!   wait.
 //! - [`DependencyName`]: the name each client layer carries into its events.
@@ -21,6 +23,7 @@ pub mod metrics;
 pub mod mix;
 pub mod scope;
 pub mod stripe;
+pub mod tick;
 pub mod timer;
 
 pub use crate::name::DependencyName;

@@ -1,0 +1,115 @@
+//! Deadline-aware admission behind a `DeadlineLayer`: a request with less time left than its
+//! route's measured need is answered DEADLINE_EXCEEDED / 504 without running the handler;
+//! requests without a deadline, and every request of a cold route, pass.
+
+use backstop_core::Rejection;
+use backstop_deadline::{DeadlineLayer, admission::AdmissionLayer};
+use backstop_test_support::{grpc_request, http_request};
+use http::{Request, Response};
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+/// A handler taking 200 ms, counting its calls.
+fn slow_handler(
+    calls: Arc<AtomicU64>,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(move |_req: Request<String>| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    })
+}
+
+fn layer() -> AdmissionLayer {
+    AdmissionLayer::builder().min_samples(20).build().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_finish_in_time_is_refused_without_running_the_handler() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let admission = layer();
+    let server = DeadlineLayer::new().layer(admission.layer(slow_handler(calls.clone())));
+    // Cold: even a request with 100 ms left runs (and times out).
+    let response = server
+        .clone()
+        .oneshot(grpc_request(Some("100m")))
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["grpc-status"], "4");
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    // Twenty measured answers of 200 ms, without deadlines.
+    for _ in 0..20 {
+        server.clone().oneshot(http_request(None)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let need = admission.need("/").unwrap();
+    assert!((190..=210).contains(&need.as_millis()), "{need:?}");
+    let before = calls.load(Ordering::Relaxed);
+
+    let grpc = server
+        .clone()
+        .oneshot(grpc_request(Some("100m")))
+        .await
+        .unwrap();
+    assert_eq!(grpc.status(), 200);
+    assert_eq!(grpc.headers()["grpc-status"], "4");
+    assert_eq!(
+        grpc.extensions().get::<Rejection>(),
+        Some(&Rejection::DeadlineExceeded)
+    );
+    let http = server
+        .clone()
+        .oneshot(http_request(Some("100m")))
+        .await
+        .unwrap();
+    assert_eq!(http.status(), 504);
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        before,
+        "the handler never ran"
+    );
+
+    // Enough time left, or no deadline at all: the handler runs.
+    let ok = server
+        .clone()
+        .oneshot(http_request(Some("300m")))
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let ok = server.clone().oneshot(http_request(None)).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(calls.load(Ordering::Relaxed), before + 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_dropped_before_it_answers_is_not_measured() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let admission = AdmissionLayer::builder().min_samples(1).build().unwrap();
+    let server = admission.layer(slow_handler(calls.clone()));
+    // Polled once, then dropped; raced and lost in select!; through a Buffer, then dropped.
+    let mut call = tokio_test::task::spawn(server.clone().oneshot(http_request(None)));
+    tokio_test::assert_pending!(call.poll());
+    drop(call);
+    tokio::select! {
+        _ = server.clone().oneshot(http_request(None)) => panic!("200 ms handler"),
+        () = tokio::time::sleep(Duration::from_millis(50)) => {}
+    }
+    let buffered = tower::buffer::Buffer::new(server.clone(), 4);
+    let task = tokio::spawn(buffered.oneshot(http_request(None)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    task.abort();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(admission.need("/"), None, "nothing measured");
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+}

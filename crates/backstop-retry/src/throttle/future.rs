@@ -1,0 +1,111 @@
+use super::service::Shared;
+use crate::{CallInfo, GiveUp, RetryError};
+use backstop_core::{BoxError, Classify, ClientThrottled, Rejection, ResponseBody};
+use http::Response;
+use pin_project_lite::pin_project;
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
+
+pin_project! {
+    /// The response future of [`Throttle`](super::Throttle).
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ThrottleFuture<F, C> {
+        #[pin]
+        kind: Kind<F, C>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, C> {
+        Running {
+            #[pin]
+            future: F,
+            shared: Arc<Shared<C>>,
+        },
+        Refused {
+            grpc: bool,
+        },
+    }
+}
+
+impl<F, C> ThrottleFuture<F, C> {
+    pub(crate) fn running(future: F, shared: Arc<Shared<C>>) -> Self {
+        Self {
+            kind: Kind::Running { future, shared },
+        }
+    }
+
+    pub(crate) fn refused(grpc: bool) -> Self {
+        Self {
+            kind: Kind::Refused { grpc },
+        }
+    }
+}
+
+impl<F, C> fmt::Debug for ThrottleFuture<F, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Running { .. } => f.write_str("ThrottleFuture::Running"),
+            Kind::Refused { grpc } => f
+                .debug_struct("ThrottleFuture::Refused")
+                .field("grpc", grpc)
+                .finish(),
+        }
+    }
+}
+
+impl<F, C, B, E> Future for ThrottleFuture<F, C>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    C: Classify<Response<B>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Running { future, shared } => {
+                let result = ready!(future.poll(cx)).map_err(Into::into);
+                let accepted = match &result {
+                    // A stream whose status is still to come: the server took the call.
+                    Ok(response) if shared.classifier.awaits_trailers(response) => true,
+                    Ok(response) => shared
+                        .throttle
+                        .accepts(&shared.classifier.classify(Ok(response))),
+                    Err(err) => shared
+                        .throttle
+                        .accepts(&shared.classifier.classify(Err(&**err))),
+                };
+                if accepted {
+                    shared.throttle.record_accept();
+                }
+                Poll::Ready(result.map(|r| r.map(ResponseBody::new)))
+            }
+            KindProj::Refused { grpc } => Poll::Ready(refusal(*grpc)),
+        }
+    }
+}
+
+/// The answer of a refused call: nothing was sent, as its `CallInfo` says.
+#[cold]
+#[inline(never)]
+fn refusal<B>(grpc: bool) -> Result<Response<ResponseBody<B>>, BoxError> {
+    let info = CallInfo::new(0, Some(GiveUp::Throttled));
+    if grpc {
+        let mut response = Rejection::ClientThrottled.into_response(true);
+        response.extensions_mut().insert(info);
+        Ok(response)
+    } else {
+        Err(Box::new(RetryError::new(
+            0,
+            Some(GiveUp::Throttled),
+            Box::new(ClientThrottled::new()),
+        )))
+    }
+}

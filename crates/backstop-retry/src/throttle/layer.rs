@@ -1,0 +1,87 @@
+use super::{AdaptiveThrottle, Throttle, service::Shared};
+use backstop_core::{ConfigError, GrpcClassifier, HttpClassifier};
+use std::sync::Arc;
+use tower_layer::Layer;
+
+/// Refuses first attempts locally while the dependency accepts too few of them (see the
+/// [module docs](super)).
+///
+/// Clones share one [`AdaptiveThrottle`]; so do layers built [`with`](Self::with) the same
+/// one.
+///
+/// ```
+/// use backstop_retry::throttle::ThrottleLayer;
+/// use tower::ServiceBuilder;
+///
+/// let throttle = ThrottleLayer::http();
+/// let client = ServiceBuilder::new()
+///     .layer(throttle.clone())
+///     .service(tower::service_fn(|_req: http::Request<String>| async {
+///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+///     }));
+/// # let _ = client;
+/// assert_eq!(throttle.throttle().rejections(), 0);
+/// ```
+#[derive(Debug)]
+pub struct ThrottleLayer<C> {
+    shared: Arc<Shared<C>>,
+}
+
+impl<C> Clone for ThrottleLayer<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl ThrottleLayer<HttpClassifier> {
+    /// The default throttle for HTTP dependencies.
+    pub fn http() -> Self {
+        Self::with(Arc::new(AdaptiveThrottle::new()), HttpClassifier::new())
+    }
+}
+
+impl ThrottleLayer<GrpcClassifier> {
+    /// The default throttle for gRPC dependencies.
+    pub fn grpc() -> Self {
+        Self::with(Arc::new(AdaptiveThrottle::new()), GrpcClassifier::new())
+    }
+}
+
+impl<C> ThrottleLayer<C> {
+    /// A layer counting into `throttle`, classifying with `classifier`.
+    pub fn with(throttle: Arc<AdaptiveThrottle>, classifier: C) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                throttle,
+                classifier,
+                name: Default::default(),
+                #[cfg(feature = "metrics")]
+                metrics: Default::default(),
+            }),
+        }
+    }
+
+    /// The shared state: its probability, window and refusals.
+    pub fn throttle(&self) -> &Arc<AdaptiveThrottle> {
+        &self.shared.throttle
+    }
+
+    /// Names the dependency (its events and metrics carry it as `dependency`).
+    ///
+    /// # Errors
+    ///
+    /// When the layer already has another name.
+    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
+        self.shared.name.set(name)
+    }
+}
+
+impl<S, C> Layer<S> for ThrottleLayer<C> {
+    type Service = Throttle<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Throttle::from_shared(inner, self.shared.clone())
+    }
+}

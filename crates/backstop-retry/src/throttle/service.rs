@@ -1,0 +1,102 @@
+use super::{AdaptiveThrottle, ThrottleFuture};
+use backstop_core::{BoxError, Classify, is_grpc};
+use http::{Request, Response};
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
+use tower_service::Service;
+
+/// What a throttle layer's clones share.
+#[derive(Debug)]
+pub(crate) struct Shared<C> {
+    pub(crate) throttle: Arc<AdaptiveThrottle>,
+    pub(crate) classifier: C,
+    pub(crate) name: backstop_core::__private::DependencyName,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: std::sync::OnceLock<(metrics::Counter, metrics::Gauge)>,
+}
+
+impl<C> Shared<C> {
+    /// A call was refused.
+    #[inline(never)]
+    #[cold]
+    pub(crate) fn refused(&self) {
+        tracing::debug!(dependency = self.name.get(), "throttled: not sent");
+        #[cfg(feature = "metrics")]
+        {
+            use backstop_core::metrics as names;
+            let (counter, gauge) = self.metrics.get_or_init(|| {
+                backstop_core::__private::metrics::describe();
+                let dependency = self.name.get().to_owned();
+                (
+                    metrics::counter!(names::THROTTLE_REJECTIONS, "dependency" => dependency.clone()),
+                    metrics::gauge!(names::THROTTLE_PROBABILITY, "dependency" => dependency),
+                )
+            });
+            counter.increment(1);
+            gauge.set(self.throttle.probability());
+        }
+    }
+}
+
+/// The service built by [`ThrottleLayer`](super::ThrottleLayer).
+#[derive(Debug)]
+pub struct Throttle<S, C> {
+    inner: S,
+    shared: Arc<Shared<C>>,
+}
+
+impl<S: Clone, C> Clone for Throttle<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, C> Throttle<S, C> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<C>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for Throttle<S, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    C: Classify<Response<ResBody>>,
+{
+    type Response = Response<backstop_core::ResponseBody<ResBody>>;
+    type Error = BoxError;
+    type Future = ThrottleFuture<S::Future, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Readiness stays the inner service's: a refusal is decided in `call`, at once.
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        if self.shared.throttle.admit_request() {
+            self.shared.refused();
+            return ThrottleFuture::refused(is_grpc(req.headers()));
+        }
+        ThrottleFuture::running(self.inner.call(req), self.shared.clone())
+    }
+}

@@ -1,0 +1,166 @@
+//! The adaptive throttle as a layer: what it counts, what it refuses, what a refused caller
+//! sees, and that its counts hold whatever the caller does with the future (drop it, race it,
+//! put a `Buffer` around the layer).
+
+use backstop_core::{ClientThrottled, Outcome, Rejection, classify::classify_error};
+use backstop_retry::{
+    CallInfo, GiveUp, RetryError,
+    throttle::{AdaptiveThrottle, ThrottleLayer},
+};
+use backstop_test_support::{get, grpc_call, grpc_reply, reply};
+use http::{Request, Response};
+use std::{convert::Infallible, sync::Arc, time::Duration};
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+fn seeded() -> Arc<AdaptiveThrottle> {
+    Arc::new(
+        AdaptiveThrottle::builder()
+            .window(Duration::from_secs(10))
+            .buckets(10)
+            .max_probability(0.9)
+            .seed(11)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A dependency answering every call with `status`.
+fn answering(
+    status: u16,
+) -> impl Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = std::future::Ready<Result<Response<String>, Infallible>>,
+> + Clone {
+    service_fn(move |_req: Request<String>| std::future::ready(Ok(reply(status))))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_dependency_is_never_throttled() {
+    let throttle = seeded();
+    let layer = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new());
+    let client = layer.layer(answering(200));
+    for _ in 0..1000 {
+        let response = client.clone().oneshot(get()).await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(throttle.window_counts(), (1000, 1000));
+    assert_eq!(throttle.rejections(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_overloaded_dependency_sees_about_k_times_what_it_accepts() {
+    let throttle = seeded();
+    let layer = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new());
+    // Capacity 500 calls/s (one every 2 ms), refusing the rest with 503; offered 2000/s.
+    let sent = Arc::new(std::sync::Mutex::new((
+        0u64,
+        None::<tokio::time::Instant>,
+        0u64,
+    )));
+    let seen = sent.clone();
+    let dependency = service_fn(move |_req: Request<String>| {
+        let mut state = seen.lock().unwrap();
+        state.0 += 1;
+        let now = tokio::time::Instant::now();
+        let free = state
+            .1
+            .is_none_or(|last| now - last >= Duration::from_millis(2));
+        if free {
+            state.1 = Some(now);
+            state.2 += 1;
+        }
+        std::future::ready(Ok::<_, Infallible>(reply(if free { 200 } else { 503 })))
+    });
+    let client = layer.layer(dependency);
+    let mut refused = 0;
+    let calls = 40_000; // 20 s
+    for i in 0..calls {
+        tokio::time::advance(Duration::from_micros(500)).await;
+        match client.clone().oneshot(get()).await {
+            Ok(_) => {}
+            Err(err) => {
+                assert!(backstop_core::find::<ClientThrottled>(&*err).is_some());
+                assert!(i > 0);
+                refused += 1;
+            }
+        }
+    }
+    let (sent, _, accepted) = *sent.lock().unwrap();
+    assert_eq!(sent + refused, calls);
+    // At equilibrium the dependency sees about K × what it accepts (K = 2), not the surge.
+    let ratio = sent as f64 / accepted as f64;
+    assert!(
+        (1.8..2.4).contains(&ratio),
+        "{ratio}: {sent} sent, {accepted} accepted"
+    );
+    assert!(sent < calls / 2, "{sent}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_caller_sees_a_local_rejection_never_retried() {
+    let throttle = Arc::new(
+        AdaptiveThrottle::builder()
+            .max_probability(1.0)
+            .seed(1)
+            .build()
+            .unwrap(),
+    );
+    for _ in 0..1000 {
+        throttle.record_request();
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let http = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new())
+        .layer(answering(200));
+    let err = http.oneshot(get()).await.unwrap_err();
+    assert!(
+        backstop_core::find::<ClientThrottled>(&*err).is_some(),
+        "{err}"
+    );
+    let info = backstop_core::find::<RetryError>(&*err).map(RetryError::info);
+    assert_eq!(info, Some(CallInfo::new(0, Some(GiveUp::Throttled))));
+    assert_eq!(classify_error(&*err), Outcome::Rejected);
+
+    let grpc_dependency =
+        service_fn(|_req: Request<String>| std::future::ready(Ok::<_, Infallible>(grpc_reply(0))));
+    let grpc =
+        ThrottleLayer::with(throttle, backstop_core::GrpcClassifier::new()).layer(grpc_dependency);
+    let response = grpc.oneshot(grpc_call("x")).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
+    assert_eq!(
+        response.extensions().get::<Rejection>(),
+        Some(&Rejection::ClientThrottled)
+    );
+    assert_eq!(
+        CallInfo::of(&response),
+        CallInfo::new(0, Some(GiveUp::Throttled))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_call_is_a_request_without_an_accept() {
+    let throttle = seeded();
+    let layer = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new());
+    let (mock, mut handle) = tower_test::mock::pair::<Request<String>, Response<String>>();
+    let mut client = layer.layer(mock);
+    // Polled, then dropped.
+    tokio_test::assert_ready_ok!(tokio_test::task::spawn(()).enter(|cx, _| client.poll_ready(cx)));
+    let mut call = tokio_test::task::spawn(client.call(get()));
+    tokio_test::assert_pending!(call.poll());
+    drop(call);
+    // Raced by a timer in `select!`, and lost.
+    client.ready().await.unwrap();
+    let call = client.call(get());
+    tokio::select! {
+        _ = call => panic!("the mock never answers"),
+        () = tokio::time::sleep(Duration::from_millis(10)) => {}
+    }
+    // Answered through a `Buffer` around the layer.
+    let buffered = tower::buffer::Buffer::new(layer.layer(answering(200)), 8);
+    let answered = tokio::spawn(buffered.oneshot(get()));
+    assert!(answered.await.unwrap().is_ok());
+    drop(handle.next_request());
+    assert_eq!(throttle.window_counts(), (3, 1));
+}
