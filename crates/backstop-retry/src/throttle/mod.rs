@@ -39,7 +39,7 @@
 //!   given up for [`GiveUp::Throttled`](crate::GiveUp::Throttled); a gRPC caller gets
 //!   UNAVAILABLE "throttled by client" with `grpc-retry-pushback-ms: -1` (trailers-only)
 //!   carrying the same `CallInfo`. Classifiers report it as
-//!   [`Outcome::Rejected`](backstop_core::Outcome::Rejected): never retried, never a
+//!   [`Outcome::Rejected`]: never retried, never a
 //!   breaker failure. Metrics: `backstop.throttle.rejections` and
 //!   `backstop.throttle.probability`.
 //!
