@@ -70,6 +70,8 @@
 //!
 //! - `metrics` (off by default): [`metrics`](mod@metrics), the names and labels every layer
 //!   records through the `metrics` facade.
+//! - `axum` (off by default): [`IntoResponse`](axum_core::response::IntoResponse) for the
+//!   local rejections ([`axum`](mod@axum)), so an axum handler can return them.
 //! - `h2` (off by default): recognise HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` errors
 //!   from the `h2` crate (under hyper and tonic) in [`classify::classify_error`].
 #![doc(test(attr(deny(warnings))))]
@@ -78,6 +80,8 @@
 #[path = "private/mod.rs"]
 pub mod __private;
 mod attempt;
+#[cfg(feature = "axum")]
+pub mod axum;
 mod body;
 pub mod classify;
 mod error;

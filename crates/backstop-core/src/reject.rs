@@ -149,6 +149,51 @@ impl Rejection {
     }
 }
 
+impl Rejection {
+    /// The local rejection an error stands for: the first of backstop's own errors
+    /// ([`DeadlineExceeded`](crate::DeadlineExceeded), [`AttemptTimedOut`](crate::AttemptTimedOut),
+    /// [`BreakerOpen`](crate::BreakerOpen), [`ClientThrottled`](crate::ClientThrottled),
+    /// [`BulkheadFull`](crate::BulkheadFull)) in `err`'s source chain, `err` itself included;
+    /// `None` for an error the dependency or the transport gave.
+    ///
+    /// ```
+    /// use backstop_core::{BoxError, BreakerOpen, Rejection};
+    /// use std::time::Duration;
+    ///
+    /// let err: BoxError = Box::new(BreakerOpen::new(Some(Duration::from_secs(2))));
+    /// assert_eq!(
+    ///     Rejection::of(&*err),
+    ///     Some(Rejection::BreakerOpen { retry_after: Some(Duration::from_secs(2)) })
+    /// );
+    /// let err: BoxError = "connection reset".into();
+    /// assert_eq!(Rejection::of(&*err), None);
+    /// ```
+    pub fn of(err: &(dyn std::error::Error + 'static)) -> Option<Rejection> {
+        let mut next = Some(err);
+        while let Some(err) = next {
+            if err.is::<crate::DeadlineExceeded>() {
+                return Some(Rejection::DeadlineExceeded);
+            }
+            if err.is::<crate::AttemptTimedOut>() {
+                return Some(Rejection::AttemptTimedOut);
+            }
+            if let Some(open) = err.downcast_ref::<crate::BreakerOpen>() {
+                return Some(Rejection::BreakerOpen {
+                    retry_after: open.retry_after(),
+                });
+            }
+            if err.is::<crate::ClientThrottled>() {
+                return Some(Rejection::ClientThrottled);
+            }
+            if err.is::<crate::BulkheadFull>() {
+                return Some(Rejection::BulkheadFull);
+            }
+            next = err.source();
+        }
+        None
+    }
+}
+
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.message())

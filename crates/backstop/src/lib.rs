@@ -166,6 +166,9 @@
 //!
 //! # Feature flags
 //!
+//! - `axum` (off): [`axum::CallError`], so `?` on a call's error in an axum handler
+//!   answers 504, 503 (with `Retry-After`) or 502; and `IntoResponse` for backstop's local
+//!   errors ([`backstop_core::axum`]).
 //! - `deadline`, `retry`, `breaker` (all on by default): the three primitives, re-exported
 //!   as [`deadline`], [`retry`] and [`breaker`]. The `client` presets need all three; the
 //!   `server` preset needs `deadline` and `retry`.
@@ -177,6 +180,8 @@
 //! - `service-config` (off): gRPC's service config JSON ([`grpc`]).
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(feature = "axum")]
+pub mod axum;
 #[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
 pub mod client;
 mod ext;
