@@ -17,11 +17,11 @@
 use axum::{
     Router,
     extract::{Path, State},
-    http::StatusCode,
     routing::get,
 };
 use backstop::{
     ReplayBody,
+    axum::CallError,
     deadline::{DeadlineLayer, PropagateDeadlineLayer, current},
 };
 use bytes::Bytes;
@@ -105,28 +105,14 @@ async fn sleep(Path(ms): Path<u64>) -> &'static str {
     "slept"
 }
 
-async fn chain(State(state): State<AppState>) -> Result<String, (StatusCode, String)> {
+/// `?` on the outbound call's error answers as a gateway should ([`CallError`]): 504 when the
+/// deadline passed, 503 with `Retry-After` while the upstream's breaker is open, 502 for the
+/// upstream's own failure.
+async fn chain(State(state): State<AppState>) -> Result<String, CallError> {
     let own = describe();
-    let uri = format!("{}deadline", state.upstream);
-    let request = Request::get(uri)
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    let response = state
-        .client
-        .oneshot(request)
-        .await
-        .map_err(|e| (StatusCode::BAD_GATEWAY, format!("upstream failed: {e}")))?;
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| {
-            (
-                StatusCode::BAD_GATEWAY,
-                format!("upstream body failed: {e}"),
-            )
-        })?
-        .to_bytes();
+    let request = Request::get(format!("{}deadline", state.upstream)).body(Empty::<Bytes>::new())?;
+    let response = state.client.oneshot(request).await?;
+    let body = response.into_body().collect().await?.to_bytes();
     Ok(format!(
         "{own}; upstream: {}",
         String::from_utf8_lossy(&body)
