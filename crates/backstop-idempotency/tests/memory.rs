@@ -102,3 +102,75 @@ async fn a_store_full_of_claims_in_flight_refuses_with_503() {
     assert_eq!(h.post("/ok", Some("b"), "").await.status(), 201);
     assert_eq!(store.len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn bad_keys_never_reach_the_store_nor_the_handler() {
+    let store = MemoryStore::new();
+    let h = Harness::new(store.clone());
+    let with_keys = |values: &[&[u8]]| {
+        let mut req = post("/ok", None, "");
+        for v in values {
+            req.headers_mut()
+                .append("idempotency-key", http::HeaderValue::from_bytes(v).unwrap());
+        }
+        req
+    };
+    let long = "k".repeat(255);
+    let too_long = "k".repeat(256);
+    for bad in [
+        &[b"   ".as_slice()][..],
+        &[b"\"\xff\"".as_slice()],
+        &[b"caf\xc3\xa9".as_slice()],
+        &[too_long.as_bytes()],
+        &[b"\"a\"".as_slice(), b"\"a\"".as_slice()],
+    ] {
+        let r = h.send(with_keys(bad)).await.unwrap();
+        assert_eq!(r.status(), 400, "{bad:?}");
+        assert_problem(&r, 400);
+    }
+    assert_eq!(h.runs(), 0);
+    assert!(store.is_empty(), "refused before any claim");
+    // The longest key allowed is a key.
+    assert_eq!(
+        h.send(with_keys(&[long.as_bytes()]))
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    assert!(replayed(
+        &h.send(with_keys(&[long.as_bytes()])).await.unwrap()
+    ));
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_too_large_is_refused_before_any_claim() {
+    let store = MemoryStore::new();
+    let h = Harness::with(IdempotencyLayer::builder(store.clone()), |c| {
+        c.max_body_bytes(1024)
+    });
+    let big: &'static str = Box::leak("x".repeat(1025).into_boxed_str());
+    assert_problem(&h.post("/ok", Some("big"), big).await, 413);
+    assert_eq!(h.runs(), 0);
+    assert!(store.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_requests_pass_through_with_a_key() {
+    let store = MemoryStore::new();
+    let h = Harness::new(store.clone());
+    let grpc = || {
+        let mut req = post("/pkg.Payments/Charge", Some("g1"), "");
+        req.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        req
+    };
+    for _ in 0..2 {
+        assert!(!replayed(&h.send(grpc()).await.unwrap()));
+    }
+    assert_eq!(h.runs(), 2, "not de-duplicated (the crate docs say why)");
+    assert!(store.is_empty());
+}

@@ -142,3 +142,95 @@ async fn a_foreign_value_under_a_key_is_an_error_not_a_replay() {
     assert_problem(&h.post("/ok", Some(&key), "").await, 503);
     assert_eq!(h.runs(), 0);
 }
+
+#[tokio::test]
+async fn redis_killed_after_the_claim_and_restarted_from_its_log_keeps_the_claim() {
+    if !redis_server::available() {
+        return;
+    }
+    let mut server = RedisServer::start_persistent();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let h = Harness::with(
+        backstop_idempotency::IdempotencyLayer::builder(store.clone()),
+        |c| tuned(c).lock_timeout(Duration::from_secs(30)),
+    );
+    let key = fresh_key("persisted");
+    let original = tokio::spawn(h.send(post("/slow", Some(&key), "")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Killed after the claim, before the answer; back from its append-only file.
+    server.restart();
+    assert_eq!(original.await.unwrap().unwrap().status(), 201);
+    // The claim survived the kill: a retry is refused (503 while reconnecting, then 409),
+    // never run a second time.
+    let mut conflict = false;
+    for _ in 0..20 {
+        let r = h.post("/slow", Some(&key), "").await;
+        if r.status() == 409 {
+            conflict = true;
+            break;
+        }
+        assert_problem(&r, 503);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(conflict, "the claim came back with the restarted Redis");
+    assert_eq!(h.runs(), 1);
+    // Nothing half: the key holds the claim, readable, not a torn answer.
+    use backstop_idempotency::{Record, Store};
+    assert!(matches!(
+        store.get(&key).await.unwrap(),
+        Some(Record::InFlight(_))
+    ));
+}
+
+#[tokio::test]
+async fn redis_killed_after_the_claim_and_restarted_empty_holds_nothing_half() {
+    if !redis_server::available() {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let h = Harness::with(
+        backstop_idempotency::IdempotencyLayer::builder(store.clone()),
+        tuned,
+    );
+    let key = fresh_key("empty");
+    let original = tokio::spawn(h.send(post("/slow", Some(&key), "")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.restart();
+    // The answer is sent; its complete met a Redis that had forgotten the claim, so it wrote
+    // nothing (complete writes only over its own claim).
+    assert_eq!(original.await.unwrap().unwrap().status(), 201);
+    use backstop_idempotency::Store;
+    let mut read = None;
+    for _ in 0..20 {
+        if let Ok(r) = store.get(&key).await {
+            read = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(read, Some(None), "nothing stored, not half an answer");
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test]
+async fn fail_open_runs_the_handler_while_redis_is_down() {
+    if !redis_server::available() {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let h = Harness::with(
+        backstop_idempotency::IdempotencyLayer::builder(store),
+        |c| tuned(c).fail_open(true),
+    );
+    server.kill();
+    let key = fresh_key("open");
+    assert_eq!(h.post("/ok", Some(&key), "").await.status(), 201);
+    assert_eq!(h.post("/ok", Some(&key), "").await.status(), 201);
+    assert_eq!(
+        h.runs(),
+        2,
+        "fail open: no de-duplication while the store is down"
+    );
+}

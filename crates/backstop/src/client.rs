@@ -4,12 +4,15 @@ use crate::timeout::{Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer
 use backstop_breaker::{Breaker, BreakerConfig, BreakerLayer};
 use backstop_core::{GrpcClassifier, HttpClassifier};
 use backstop_deadline::{PropagateDeadline, PropagateDeadlineLayer};
+use backstop_idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 use backstop_retry::{Retry, RetryConfig, RetryLayer, hedge::Hedging};
 use std::time::Duration;
 use tower_layer::Layer;
 
 /// The client stack as one layer:
-/// `PropagateDeadline → Retry → Breaker → attempt timeout → your client`.
+/// `PropagateDeadline → IdempotencyKey → Retry → Breaker → attempt timeout → your client`
+/// (the key layer stamps nothing unless [`idempotency_keys`](Self::idempotency_keys) turns
+/// it on).
 ///
 /// Made by [`http()`] or [`grpc()`] with every default, and tuned by replacing a part. Clones
 /// share the retry budget, the breaker and the latency model, so build one per dependency and
@@ -17,6 +20,7 @@ use tower_layer::Layer;
 #[derive(Debug, Clone)]
 pub struct ClientLayer<C> {
     deadline: PropagateDeadlineLayer,
+    keys: IdempotencyKeyLayer,
     retry: RetryLayer<C>,
     breaker: BreakerLayer<C>,
     attempt: AttemptTimeoutLayer,
@@ -27,13 +31,15 @@ pub struct ClientLayer<C> {
 
 /// The service [`http()`] builds around a transport `S`: name it in a struct field or axum
 /// `State` without spelling out the onion.
-pub type HttpClient<S> =
-    PropagateDeadline<Retry<Breaker<AttemptTimeout<S>, HttpClassifier>, HttpClassifier>>;
+pub type HttpClient<S> = PropagateDeadline<
+    IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, HttpClassifier>, HttpClassifier>>,
+>;
 
 /// The service [`grpc()`] builds around a transport `S` (for a tonic `Channel`, `S` is the
 /// channel behind its `map_request` adapter, as in the crate docs).
-pub type GrpcClient<S> =
-    PropagateDeadline<Retry<Breaker<AttemptTimeout<S>, GrpcClassifier>, GrpcClassifier>>;
+pub type GrpcClient<S> = PropagateDeadline<
+    IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, GrpcClassifier>, GrpcClassifier>>,
+>;
 
 /// The response of a client preset whose transport answers `Response<B>`: the body is wrapped
 /// by the deadline (which bounds the stream), the retry layer and the breaker (which read the
@@ -139,6 +145,7 @@ impl<C> ClientLayer<C> {
     pub fn new(retry: RetryLayer<C>, breaker: BreakerLayer<C>) -> Self {
         Self {
             deadline: PropagateDeadlineLayer::new(),
+            keys: IdempotencyKeyLayer::off(),
             retry,
             breaker,
             attempt: AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
@@ -360,6 +367,12 @@ impl<C> ClientLayer<C> {
         self.retry.name()
     }
 
+    /// The key-stamping layer (off unless [`idempotency_keys`](Self::idempotency_keys) or
+    /// [`idempotency_key_layer`](Self::idempotency_key_layer) turned it on).
+    pub fn key_layer(&self) -> &IdempotencyKeyLayer {
+        &self.keys
+    }
+
     /// The deadline propagation layer.
     pub fn deadline_layer(&self) -> &PropagateDeadlineLayer {
         &self.deadline
@@ -376,8 +389,53 @@ impl<C> ClientLayer<C> {
     }
 }
 
+impl ClientLayer<HttpClassifier> {
+    /// Says the dependency de-duplicates `Idempotency-Key`s (it runs behind
+    /// [`IdempotencyLayer`](backstop_idempotency::IdempotencyLayer) or keeps the same
+    /// promise), and stamps a fresh key (128 random bits from the OS) on each POST and PATCH
+    /// that has none, once per logical call, outside the retry layer: every attempt of a call
+    /// carries the same key. Off by default.
+    ///
+    /// What changes: a keyed request is one the retry policy's
+    /// [`Idempotency::Standard`](backstop_retry::Idempotency::Standard) rule allows, so a POST
+    /// that failed retryably (a 503, a reset, an attempt timed out) is **retried**, within the
+    /// budget and the deadline, where without keys it is returned. It is **hedged** only when
+    /// the stack hedges at all ([`hedging`](Self::hedging), off by default): hedged copies
+    /// of a keyed POST meet the server at once, and all but one are answered 409, so turn
+    /// hedging on only for a server that answers duplicates by waiting for the original
+    /// (`wait_in_flight`). A key the caller set is left alone. Other methods (GET, PUT,
+    /// DELETE, …) get no key: they are idempotent already.
+    ///
+    /// HTTP only: a gRPC call is a POST too, and [`IdempotencyLayer`] passes gRPC through (the
+    /// crate docs of [`backstop_idempotency`] say why), so the gRPC preset has no such knob.
+    ///
+    /// [`IdempotencyLayer`]: backstop_idempotency::IdempotencyLayer
+    ///
+    /// ```
+    /// let payments = backstop::client::http().name("payments").idempotency_keys(true);
+    /// assert!(payments.key_layer().is_on());
+    /// ```
+    #[must_use]
+    pub fn idempotency_keys(mut self, dedups: bool) -> Self {
+        self.keys = if dedups {
+            IdempotencyKeyLayer::new()
+        } else {
+            IdempotencyKeyLayer::off()
+        };
+        self
+    }
+
+    /// As [`idempotency_keys(true)`](Self::idempotency_keys) with a key layer of your own
+    /// (other methods, or a seeded generator in tests).
+    #[must_use]
+    pub fn idempotency_key_layer(mut self, layer: IdempotencyKeyLayer) -> Self {
+        self.keys = layer;
+        self
+    }
+}
+
 impl<S, C> Layer<S> for ClientLayer<C> {
-    type Service = PropagateDeadline<Retry<Breaker<AttemptTimeout<S>, C>, C>>;
+    type Service = PropagateDeadline<IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, C>, C>>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         // One writer of each attempt's `grpc-timeout`, decided here: the attempt bound,
@@ -392,6 +450,8 @@ impl<S, C> Layer<S> for ClientLayer<C> {
             .retry
             .grpc_timeout_written_inside(self.deadline.offset())
             .layer(inner);
+        // Outside the retry layer: one key per logical call, the same on every attempt.
+        let inner = self.keys.layer(inner);
         self.deadline.send_grpc_timeout(false).layer(inner)
     }
 }

@@ -67,6 +67,9 @@
 //!   dependency's measured latency by default ([`timeout`]: p99 × 3, from 1 s to 10 s), and
 //!   [`ClientLayer::latency`] shows what was measured. [`ClientLayer::hedging`] hedges slow
 //!   idempotent requests at the measured p95, paid from the retry budget.
+//!   [`ClientLayer::idempotency_keys`] says the dependency de-duplicates keys: POSTs and
+//!   PATCHes get one `Idempotency-Key` per call (outside the retry layer) and become
+//!   retryable.
 //! - [`server()`]: `Deadline → Pushback`, one [`ServerLayer`] that keeps
 //!   `Error = S::Error`.
 //!
@@ -207,6 +210,10 @@ pub use backstop_core::metrics;
 /// Deadlines: `Deadline`, the `grpc-timeout` codec, `DeadlineLayer`, `PropagateDeadlineLayer`.
 #[cfg(feature = "deadline")]
 pub use backstop_deadline as deadline;
+/// Idempotency keys: the server's `IdempotencyLayer` and its stores, the client's
+/// `IdempotencyKeyLayer` (which [`ClientLayer::idempotency_keys`] puts in the HTTP preset).
+#[cfg(feature = "retry")]
+pub use backstop_idempotency as idempotency;
 /// Retries: `RetryConfig`, backoff, budgets, `ReplayBody`, `PushbackLayer`.
 #[cfg(feature = "retry")]
 pub use backstop_retry as retry;

@@ -94,10 +94,25 @@ impl Harness {
         tune: impl FnOnce(IdempotencyConfig<St>) -> IdempotencyConfig<St>,
     ) -> Self {
         let runs = Arc::new(AtomicUsize::new(0));
-        let layer = tune(config).build().unwrap();
+        let svc = handler(runs.clone());
+        Self::around(tune(config), runs, svc)
+    }
+
+    /// The layer of `config` around `handler`, which counts its runs in `runs`.
+    pub fn around<St, H>(config: IdempotencyConfig<St>, runs: Arc<AtomicUsize>, handler: H) -> Self
+    where
+        St: Store,
+        H: Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>, Error = BoxError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        H::Future: Send,
+    {
+        let layer = config.build().unwrap();
         let svc = tower::ServiceBuilder::new()
             .layer(layer)
-            .service(handler(runs.clone()))
+            .service(handler)
             .and_then(
                 |r: Response<backstop_idempotency::IdempotencyBody<Full<Bytes>>>| async move {
                     let (parts, body) = r.into_parts();

@@ -21,6 +21,9 @@ use std::{
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// Where an append-only file keeps every write (fsync each), for a server whose data
+    /// must survive a kill; `None`: nothing is kept.
+    dir: Option<std::path::PathBuf>,
 }
 
 /// Whether the Redis tests can run here; `false` (after printing why) only when the user
@@ -51,7 +54,30 @@ impl RedisServer {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let mut server = Self { port, child: None };
+        let mut server = Self {
+            port,
+            child: None,
+            dir: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// A server on a free port that keeps every write in an append-only file (fsync on
+    /// each), so a kill loses nothing and a restart reads it all back.
+    pub fn start_persistent() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("backstop-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a data directory");
+        let mut server = Self {
+            port,
+            child: None,
+            dir: Some(dir),
+        };
         server.restart();
         server
     }
@@ -84,11 +110,18 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on its port (empty: no persistence).
+    /// Starts the server again on its port (empty, unless persistent).
     pub fn restart(&mut self) {
         self.kill();
+        let persistence = match &self.dir {
+            None => "--appendonly no".to_owned(),
+            Some(dir) => format!(
+                "--appendonly yes --appendfsync always --dir '{}'",
+                dir.display()
+            ),
+        };
         let script = format!(
-            "redis-server --port {} --bind 127.0.0.1 --save '' --appendonly no \
+            "redis-server --port {} --bind 127.0.0.1 --save '' {persistence} \
              --logfile '' --loglevel warning >/dev/null & pid=$!; read _; kill -9 $pid; wait",
             self.port
         );
@@ -116,5 +149,8 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
