@@ -111,7 +111,11 @@ mod tests {
                 503,
                 "throttled by client",
             ),
-            (BulkheadFull::new().into_response(), 503, "bulkhead full"),
+            (
+                BulkheadFull::new("max_queue").into_response(),
+                503,
+                "bulkhead full",
+            ),
         ];
         for (response, status, body) in cases {
             assert_eq!(response.status(), status);

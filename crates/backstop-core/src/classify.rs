@@ -509,7 +509,10 @@ mod tests {
         let open = BreakerOpen::new(None);
         assert_eq!(classify_error(&open), Outcome::Rejected);
         assert_eq!(classify_error(&ClientThrottled::new()), Outcome::Rejected);
-        assert_eq!(classify_error(&BulkheadFull::new()), Outcome::Rejected);
+        assert_eq!(
+            classify_error(&BulkheadFull::new("max_wait")),
+            Outcome::Rejected
+        );
         let err = DeadlineExceeded::new();
         assert_eq!(
             HttpClassifier::new().classify(Err::<&Response<()>, _>(&err)),

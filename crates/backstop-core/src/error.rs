@@ -168,22 +168,34 @@ impl Error for ClientThrottled {}
 /// could come before the call's deadline (or the wait was capped), or the queue of waiting
 /// calls was full (see `backstop_deadline::bulkhead`).
 ///
+/// [`knob`](Self::knob) names the bulkhead knob that refused it: `max_concurrency` (no permit
+/// could come in time for the call's deadline), `max_wait` (a call without a deadline waited
+/// that long), or `max_queue` (that many calls were already waiting).
+///
 /// Returned (boxed, as a [`BoxError`]) for HTTP requests; gRPC requests get
 /// [`Rejection::BulkheadFull`](crate::Rejection) as a response instead. A local rejection:
 /// [`Outcome::Rejected`](crate::Outcome::Rejected).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct BulkheadFull(());
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BulkheadFull {
+    knob: &'static str,
+}
 
 impl BulkheadFull {
-    /// A new `BulkheadFull` error.
-    pub fn new() -> Self {
-        Self(())
+    /// A `BulkheadFull` error, refused by `knob` (`max_concurrency`, `max_wait` or
+    /// `max_queue`).
+    pub fn new(knob: &'static str) -> Self {
+        Self { knob }
+    }
+
+    /// The knob that refused the call.
+    pub fn knob(&self) -> &'static str {
+        self.knob
     }
 }
 
 impl fmt::Display for BulkheadFull {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("bulkhead full")
+        write!(f, "bulkhead full ({})", self.knob)
     }
 }
 
@@ -230,7 +242,9 @@ mod tests {
         assert_eq!(open.to_string(), "circuit breaker open");
         assert_eq!(open.retry_after(), Some(std::time::Duration::from_secs(3)));
         assert_eq!(ClientThrottled::new().to_string(), "throttled by client");
-        assert_eq!(BulkheadFull::new().to_string(), "bulkhead full");
+        let full = BulkheadFull::new("max_queue");
+        assert_eq!(full.to_string(), "bulkhead full (max_queue)");
+        assert_eq!(full.knob(), "max_queue");
     }
 
     #[test]

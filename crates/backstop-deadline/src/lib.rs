@@ -163,6 +163,7 @@
 pub mod admission;
 pub mod attempt;
 mod body;
+pub mod bulkhead;
 mod deadline;
 pub mod grpc_timeout;
 mod head;

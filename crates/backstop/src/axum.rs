@@ -157,7 +157,10 @@ mod tests {
         );
         assert_eq!(status_of(Box::new(AttemptTimedOut::new())), (504, None));
         assert_eq!(status_of(Box::new(ClientThrottled::new())), (503, None));
-        assert_eq!(status_of(Box::new(BulkheadFull::new())), (503, None));
+        assert_eq!(
+            status_of(Box::new(BulkheadFull::new("max_wait"))),
+            (503, None)
+        );
     }
 
     #[tokio::test]

@@ -1,0 +1,245 @@
+use super::{BulkheadFull, Refusal, Shared, semaphore::Waiter};
+use backstop_core::{__private::timer::LazySleep, BoxError, Rejection, ResponseBody};
+use http::Response;
+use pin_project_lite::pin_project;
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
+use tokio::time::Instant;
+use tower_service::Service;
+
+pin_project! {
+    /// The response future of [`Bulkhead`](super::Bulkhead): waiting for a permit, or the
+    /// inner call holding one. Dropping it gives the permit back, or leaves the queue.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct BulkheadFuture<S, R>
+    where
+        S: Service<R>,
+    {
+        #[pin]
+        kind: Kind<S, R>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<S, R>
+    where
+        S: Service<R>,
+    {
+        Called {
+            #[pin]
+            future: S::Future,
+            permit: Permit,
+        },
+        Waiting {
+            // The service readied for this call, and the call, until the permit comes.
+            service: Option<S>,
+            req: Option<R>,
+            waiter: WaitGuard,
+            #[pin]
+            sleep: LazySleep,
+            until: Instant,
+            why: Refusal,
+            grpc: bool,
+        },
+        Refused {
+            why: Refusal,
+            grpc: bool,
+        },
+    }
+}
+
+/// A held permit: given back when dropped (the call answered, failed or was dropped).
+#[derive(Debug)]
+pub(crate) struct Permit {
+    shared: Arc<Shared>,
+    since: Instant,
+}
+
+impl Permit {
+    fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            since: Instant::now(),
+        }
+    }
+
+    /// The call answered: its hold time is a sample of the mean.
+    fn answered(&self) {
+        self.shared
+            .record_hold(Instant::now().saturating_duration_since(self.since));
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.shared.permits.release();
+    }
+}
+
+/// A queued call's place: leaves the queue when dropped (or gives on a permit granted at that
+/// instant), unless it was [`take`](Self::take)n.
+#[derive(Debug)]
+pub(crate) struct WaitGuard {
+    shared: Arc<Shared>,
+    waiter: Option<Arc<Waiter>>,
+}
+
+impl WaitGuard {
+    /// Gives up waiting; `Some(permit)` if one was granted meanwhile.
+    fn cancel(&mut self) -> Option<Permit> {
+        let waiter = self.waiter.take()?;
+        self.shared
+            .permits
+            .cancel(&waiter)
+            .then(|| Permit::new(self.shared.clone()))
+    }
+
+    /// The permit, granted.
+    fn take(&mut self) -> Permit {
+        self.waiter = None;
+        Permit::new(self.shared.clone())
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        // A permit granted to a dropped call is given on when the `Permit` drops.
+        drop(self.cancel());
+    }
+}
+
+impl<S: Service<R>, R> BulkheadFuture<S, R> {
+    pub(crate) fn called(future: S::Future, shared: Arc<Shared>) -> Self {
+        Self {
+            kind: Kind::Called {
+                future,
+                permit: Permit::new(shared),
+            },
+        }
+    }
+
+    pub(crate) fn waiting(
+        service: S,
+        req: R,
+        waiter: Arc<Waiter>,
+        shared: Arc<Shared>,
+        until: Instant,
+        why: Refusal,
+        grpc: bool,
+    ) -> Self {
+        Self {
+            kind: Kind::Waiting {
+                service: Some(service),
+                req: Some(req),
+                waiter: WaitGuard {
+                    shared,
+                    waiter: Some(waiter),
+                },
+                sleep: LazySleep::new(),
+                until,
+                why,
+                grpc,
+            },
+        }
+    }
+
+    pub(crate) fn refused(why: Refusal, grpc: bool) -> Self {
+        Self {
+            kind: Kind::Refused { why, grpc },
+        }
+    }
+}
+
+impl<S: Service<R>, R> fmt::Debug for BulkheadFuture<S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Called { .. } => f.write_str("BulkheadFuture::Called"),
+            Kind::Waiting { until, .. } => f
+                .debug_struct("BulkheadFuture::Waiting")
+                .field("until", until)
+                .finish_non_exhaustive(),
+            Kind::Refused { why, grpc } => f
+                .debug_struct("BulkheadFuture::Refused")
+                .field("knob", &why.knob())
+                .field("grpc", grpc)
+                .finish(),
+        }
+    }
+}
+
+impl<S, R, B> Future for BulkheadFuture<S, R>
+where
+    S: Service<R, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut kind = self.project().kind;
+        loop {
+            let (service, req, permit) = match kind.as_mut().project() {
+                KindProj::Called { future, permit } => {
+                    let result = ready!(future.poll(cx));
+                    permit.answered();
+                    return Poll::Ready(match result {
+                        Ok(response) => Ok(response.map(ResponseBody::new)),
+                        Err(err) => Err(err.into()),
+                    });
+                }
+                KindProj::Refused { why, grpc } => return Poll::Ready(refusal(*why, *grpc)),
+                KindProj::Waiting {
+                    service,
+                    req,
+                    waiter,
+                    sleep,
+                    until,
+                    why,
+                    grpc,
+                } => {
+                    let granted = waiter
+                        .waiter
+                        .as_ref()
+                        .is_some_and(|w| waiter.shared.permits.poll_granted(w, cx).is_ready());
+                    let permit = if granted {
+                        waiter.take()
+                    } else {
+                        ready!(sleep.poll_until(cx, *until));
+                        // The wait is over: refused, unless granted at this very instant.
+                        match waiter.cancel() {
+                            Some(permit) => permit,
+                            None => {
+                                waiter.shared.refused(*why);
+                                let (why, grpc) = (*why, *grpc);
+                                kind.set(Kind::Refused { why, grpc });
+                                continue;
+                            }
+                        }
+                    };
+                    let service = service.take().expect("polled after the call");
+                    let req = req.take().expect("polled after the call");
+                    (service, req, permit)
+                }
+            };
+            let mut service = service;
+            let future = service.call(req);
+            kind.set(Kind::Called { future, permit });
+        }
+    }
+}
+
+/// The answer of a refused call: nothing was sent.
+#[cold]
+#[inline(never)]
+fn refusal<B>(why: Refusal, grpc: bool) -> Result<Response<ResponseBody<B>>, BoxError> {
+    if grpc {
+        Ok(Rejection::BulkheadFull.into_response(true))
+    } else {
+        Err(Box::new(BulkheadFull::new(why.knob())))
+    }
+}
