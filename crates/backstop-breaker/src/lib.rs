@@ -130,7 +130,13 @@
 //!
 //! # Feature flags
 //!
-//! None: the breaker works on `http::Request` / `http::Response` with any body.
+//! - `metrics` (off by default): the breaker's state gauge and its transition and rejection
+//!   counters through the `metrics` facade (names and labels in `backstop_core::metrics`).
+//!
+//! The breaker works on `http::Request` / `http::Response` with any body. It depends on
+//! `backstop-core`, `http`, `http-body`, `bytes`, `pin-project-lite`, `tokio` (`time`),
+//! `tower-layer` / `tower-service`, `tracing`, and `arc-swap` (the keyed breakers' table:
+//! lock-free reads of an immutable snapshot).
 #![doc(test(attr(deny(warnings))))]
 
 mod body;

@@ -156,8 +156,12 @@
 //!
 //! # Feature flags
 //!
-//! None. The crate depends on `http`, `http-body`, `tokio` (`time`, `rt`) and `tower-layer` /
-//! `tower-service` only.
+//! - `metrics` (off by default): attempt durations, expired deadlines, malformed
+//!   `grpc-timeout`s, admission and bulkhead refusals, recorded through the `metrics` facade
+//!   (names and labels in `backstop_core::metrics`).
+//!
+//! The crate depends on `backstop-core`, `http`, `http-body`, `bytes`, `pin-project-lite`,
+//! `tokio` (`time`, `rt`), `tower-layer` / `tower-service` and `tracing` only.
 #![doc(test(attr(deny(warnings))))]
 
 pub mod admission;
