@@ -206,6 +206,7 @@ impl<C> ClientLayer<C> {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.deadline = PropagateDeadlineLayer::builder()
             .timeout(timeout)
+            .send_grpc_timeout(self.deadline.sends_grpc_timeout())
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
         self.renamed()
@@ -233,11 +234,62 @@ impl<C> ClientLayer<C> {
         self.rehedge().renamed()
     }
 
-    /// Replaces the deadline propagation (e.g. a per-call `timeout` or a `fraction`).
+    /// Replaces the deadline propagation (e.g. a per-call `timeout` or a `fraction`). A
+    /// layer built with [`send_grpc_timeout(false)`](PropagateDeadlineLayer::send_grpc_timeout)
+    /// turns the header off for the whole stack, as [`send_grpc_timeout`](Self::send_grpc_timeout)
+    /// does.
     #[must_use]
     pub fn deadline(mut self, layer: PropagateDeadlineLayer) -> Self {
         self.deadline = layer;
         self.renamed()
+    }
+
+    /// Whether calls tell the dependency their deadline in `grpc-timeout` (default: they
+    /// do). Turn it off for third-party HTTP APIs, which have no business knowing your
+    /// internal deadlines (and may log or reject an unknown header): no attempt carries the
+    /// header, and one the caller put on the request is removed. Nothing else changes: each
+    /// call is still bounded by its deadline, each attempt by its bound, retries still fit
+    /// before the deadline, and each attempt carries its deadline on the request as a
+    /// [`Deadline`](crate::deadline::Deadline) extension.
+    ///
+    /// To tell such an API the deadline in a header of its own, read that extension in a
+    /// layer between the preset and the transport, where it is the attempt's deadline:
+    ///
+    /// ```
+    /// use backstop::{ReplayBody, deadline::Deadline};
+    /// use http::{HeaderValue, Request, Response};
+    /// use std::{convert::Infallible, time::Duration};
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), backstop::BoxError> {
+    /// let partner = backstop::client::http()
+    ///     .name("partner")
+    ///     .timeout(Duration::from_secs(2))
+    ///     .send_grpc_timeout(false);
+    /// let client = ServiceBuilder::new()
+    ///     .layer(partner)
+    ///     .map_request(|mut req: Request<ReplayBody<String>>| {
+    ///         if let Some(deadline) = req.extensions().get::<Deadline>().copied() {
+    ///             let ms = deadline.remaining().as_millis().to_string();
+    ///             req.headers_mut().insert("x-timeout-ms", HeaderValue::try_from(ms).unwrap());
+    ///         }
+    ///         req
+    ///     })
+    ///     .service(service_fn(|req: Request<ReplayBody<String>>| async move {
+    ///         assert!(req.headers().get("grpc-timeout").is_none());
+    ///         assert_eq!(req.headers()["x-timeout-ms"], "2000");
+    ///         Ok::<_, Infallible>(Response::new(String::new()))
+    ///     }));
+    /// let request = Request::builder().header("grpc-timeout", "9S").body(String::new())?;
+    /// client.oneshot(request).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn send_grpc_timeout(mut self, send: bool) -> Self {
+        self.deadline = self.deadline.send_grpc_timeout(send);
+        self
     }
 
     /// Replaces the retry layer (hedging, when set, is kept).
@@ -440,11 +492,15 @@ impl<S, C> Layer<S> for ClientLayer<C> {
     fn layer(&self, inner: S) -> Self::Service {
         // One writer of each attempt's `grpc-timeout`, decided here: the attempt bound,
         // innermost, from the deadline each attempt carries on the request (less the deadline
-        // layer's offset); the deadline and retry layers write none.
-        let inner = self
-            .attempt
-            .write_grpc_timeout(self.deadline.offset())
-            .layer(inner);
+        // layer's offset); the deadline and retry layers write none. No writer at all when
+        // the deadline layer says the header is not to be sent.
+        let inner = if self.deadline.sends_grpc_timeout() {
+            self.attempt
+                .write_grpc_timeout(self.deadline.offset())
+                .layer(inner)
+        } else {
+            self.attempt.layer(inner)
+        };
         let inner = self.breaker.layer(inner);
         let inner = self
             .retry

@@ -288,3 +288,128 @@ async fn the_last_attempt_gets_what_is_left() {
     assert_eq!(seen[0], (Duration::ZERO, Some("800m".to_owned())));
     assert_eq!(seen[1], (801 * MS, Some("199m".to_owned())));
 }
+
+/// `send_grpc_timeout(false)` on a preset (for third-party APIs): no attempt carries the
+/// header, not even the caller's own, whichever way it was turned off (the short form, before
+/// or after `timeout`, or a silent deadline layer passed to `deadline`), while the deadline
+/// still bounds the call, the attempt bound still cuts an attempt, a retry still goes, and
+/// every attempt carries its deadline on the request.
+#[tokio::test(start_paused = true)]
+async fn a_preset_told_not_to_send_the_header_sends_none_yet_keeps_every_bound() {
+    let silent = PropagateDeadlineLayer::builder()
+        .timeout(300 * MS)
+        .send_grpc_timeout(false)
+        .build()
+        .unwrap();
+    let http = backstop::client::http;
+    let presets = [
+        (
+            "short form first",
+            http().send_grpc_timeout(false).timeout(300 * MS),
+        ),
+        (
+            "short form last",
+            http().timeout(300 * MS).send_grpc_timeout(false),
+        ),
+        ("silent layer", http().deadline(silent)),
+    ];
+    for (how, preset) in presets {
+        let seen: Seen = Arc::default();
+        let carried = Arc::new(Mutex::new(Vec::new()));
+        let (log, deadlines) = (seen.clone(), carried.clone());
+        let start = Instant::now();
+        let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+            log.lock().unwrap().push((start.elapsed(), told(&req)));
+            let deadline = req.extensions().get::<Deadline>().copied();
+            deadlines
+                .lock()
+                .unwrap()
+                .push(deadline.map(|d| d.remaining()));
+            let first = log.lock().unwrap().len() == 1;
+            async move {
+                if first {
+                    // Hangs: cut by the attempt bound (100 ms), then retried (a GET).
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        });
+        let client = ServiceBuilder::new()
+            .layer(preset.attempt_timeout(100 * MS))
+            .service(dependency);
+        let req = Request::get("http://partner/v1")
+            .header("grpc-timeout", "10S")
+            .body(String::new())
+            .unwrap();
+        let response = client.oneshot(req).await.unwrap();
+        assert_eq!(
+            backstop::client::call_info(&response).attempts(),
+            2,
+            "{how}"
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{how}: {seen:?}");
+        assert!(seen.iter().all(|(_, h)| h.is_none()), "{how}: {seen:?}");
+        // The retry came after the first attempt's 100 ms bound (and its backoff).
+        assert!(seen[1].0 >= 100 * MS, "{how}: {seen:?}");
+        // Each attempt carried what was left of the call's 300 ms, not the caller's 10 s.
+        let carried = carried.lock().unwrap().clone();
+        assert_eq!(carried[0], Some(300 * MS), "{how}");
+        let second = carried[1].unwrap();
+        assert!(second <= 300 * MS - seen[1].0, "{how}: {second:?}");
+    }
+}
+
+/// The gRPC preset too: no header on any attempt, a retryable status still retried.
+#[tokio::test(start_paused = true)]
+async fn the_grpc_preset_without_the_header_still_retries() {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let start = Instant::now();
+    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+        log.lock().unwrap().push((start.elapsed(), told(&req)));
+        let code = if log.lock().unwrap().len() == 1 {
+            14
+        } else {
+            0
+        };
+        async move { Ok::<_, Infallible>(grpc_status(code)) }
+    });
+    let preset = backstop::client::grpc()
+        .timeout(300 * MS)
+        .send_grpc_timeout(false);
+    let client = ServiceBuilder::new().layer(preset).service(dependency);
+    let response = client.oneshot(grpc_call()).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "0");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|(_, h)| h.is_none()), "{seen:?}");
+}
+
+/// The deadline still ends a call whose dependency never answers, with no header sent.
+#[tokio::test(start_paused = true)]
+async fn without_the_header_the_deadline_still_ends_the_call() {
+    let client = ServiceBuilder::new()
+        .layer(
+            backstop::client::http()
+                .timeout(250 * MS)
+                .max_attempts(1)
+                .send_grpc_timeout(false),
+        )
+        .service(service_fn(|req: Request<ReplayBody<String>>| async move {
+            assert!(req.headers().get("grpc-timeout").is_none());
+            std::future::pending::<()>().await;
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+    let start = Instant::now();
+    let err: BoxError = client
+        .oneshot(
+            Request::get("http://partner/v1")
+                .body(String::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert!(backstop::is_deadline_exceeded(&*err), "{err}");
+    assert_eq!(start.elapsed(), 250 * MS);
+}

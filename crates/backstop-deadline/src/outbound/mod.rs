@@ -155,6 +155,14 @@ impl PropagateDeadlineLayer {
         }
     }
 
+    /// Whether the calls tell the server their deadline in `grpc-timeout` (see
+    /// [`send_grpc_timeout`](Self::send_grpc_timeout)). backstop's client presets read it
+    /// when they build the stack: their attempt bound writes each attempt's header only when
+    /// this says so.
+    pub fn sends_grpc_timeout(&self) -> bool {
+        self.config.send_header
+    }
+
     /// What this layer keeps back from the time it tells the server; see
     /// [`PropagateDeadlineLayerBuilder::offset`].
     pub fn offset(&self) -> Duration {
