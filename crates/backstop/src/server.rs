@@ -2,6 +2,7 @@
 
 use backstop_deadline::{DeadlineLayer, DeadlineService};
 use backstop_retry::{Pushback, PushbackLayer};
+use std::time::Duration;
 use tower_layer::Layer;
 
 /// The server stack as one layer: `Deadline → Pushback → your service`.
@@ -27,6 +28,26 @@ use tower_layer::Layer;
 ///
 /// Either way the server answers at its deadline; without them the call goes out with only
 /// its own timeouts.
+///
+/// # Request bodies
+///
+/// The preset does not bound request bodies: the well-kept layers for that sit beside it.
+/// tonic bounds each message (`max_decoding_message_size`, 4 MiB by default); axum's
+/// extractors read at most `DefaultBodyLimit` (2 MB by default); for a hyper service, or a
+/// handler that streams its body, put tower-http's `RequestBodyLimitLayer` inside the preset,
+/// so a body declared or streamed over the limit is answered 413 and the deadline still
+/// bounds the rest:
+///
+/// ```ignore
+/// let app = axum::Router::new().route("/upload", post(upload)).layer(
+///     tower::ServiceBuilder::new()
+///         .layer(backstop::server())
+///         .layer(tower_http::limit::RequestBodyLimitLayer::new(1 << 20)),
+/// );
+/// ```
+///
+/// (The loopback test `a_body_limit_beside_the_server_preset_answers_413_and_keeps_the_deadline`
+/// runs this with a real axum server.)
 ///
 /// ```
 /// use backstop::prelude::*;
@@ -74,15 +95,52 @@ pub struct ServerLayer {
     deadline: DeadlineLayer,
 }
 
-/// The preset: [`DeadlineLayer::new`] (no default timeout, no cap) and [`PushbackLayer`].
+/// The preset: [`DeadlineLayer`] with no default timeout and a cap of **1 hour**, and
+/// [`PushbackLayer`].
+///
+/// The cap: a caller's `grpc-timeout` longer than an hour is read as an hour. The header can
+/// say up to `99999999H` (11 000 years); an uncapped server takes that as "about 30 years"
+/// (the most tokio's clock holds), which is a deadline in name only: a handler that hangs
+/// holds its task and its memory for good. An hour keeps every real deadline (a unary call's
+/// is seconds; a watch stream meant to outlive an hour sets none, or is served by a layer
+/// built with another cap) and turns a bogus one into a bound. Requests without a deadline
+/// get none. Another cap: `.deadline(DeadlineLayer::builder().max(..).build()?)`;
+/// [`DeadlineLayer::new()`] has none.
+///
+/// ```
+/// use backstop::deadline::current;
+/// use http::{Request, Response};
+/// use std::convert::Infallible;
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let server = ServiceBuilder::new().layer(backstop::server()).service(service_fn(|_req| async {
+///     let left = current().expect("the request said 99999999H").remaining();
+///     let response = Response::builder().header("left-s", left.as_secs()).body(()).unwrap();
+///     Ok::<_, Infallible>(response)
+/// }));
+/// let request = Request::builder().header("grpc-timeout", "99999999H").body(()).unwrap();
+/// let response = server.oneshot(request).await.unwrap();
+/// // An hour (the cap applies after the server's 1 ms lead is taken off what was asked).
+/// assert_eq!(response.headers()["left-s"], "3600");
+/// # }
+/// ```
 pub fn server() -> ServerLayer {
     ServerLayer {
-        deadline: DeadlineLayer::new(),
+        deadline: DeadlineLayer::builder()
+            .max(MAX_DEADLINE)
+            .build()
+            .expect("the defaults are valid"),
     }
 }
 
+/// The longest deadline [`server()`] grants.
+const MAX_DEADLINE: Duration = Duration::from_secs(3600);
+
 impl ServerLayer {
-    /// Replaces the deadline layer (a `max`, a `default_timeout`, a milliseconds header…).
+    /// Replaces the deadline layer (another `max`, a `default_timeout`, a milliseconds
+    /// header…); its `max` replaces the preset's 1 hour cap.
     #[must_use]
     pub fn deadline(mut self, layer: DeadlineLayer) -> Self {
         self.deadline = layer;

@@ -771,3 +771,42 @@ async fn a_hedged_request_tells_each_attempt_once() {
     assert_eq!(told(&seen[1][0]), Duration::from_millis(950));
     assert_eq!(backend.retry_layer().stats().hedges, 1);
 }
+
+/// The server preset caps a caller's deadline at an hour, whatever the header says (the
+/// largest it can say included); a deadline layer of the user's own replaces the cap.
+#[tokio::test(start_paused = true)]
+async fn the_server_preset_caps_an_incoming_deadline_at_an_hour() {
+    use backstop::deadline::{DeadlineLayer, current};
+    let left = |layer: backstop::ServerLayer, header: &'static str| async move {
+        let server =
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(service_fn(|_req: Request<String>| async {
+                    let left = current().map(|d| d.remaining());
+                    Ok::<_, std::convert::Infallible>(Response::new(format!("{left:?}")))
+                }));
+        let request = Request::builder()
+            .header("grpc-timeout", header)
+            .body(String::new())
+            .unwrap();
+        let response = server.oneshot(request).await.unwrap();
+        http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes()
+    };
+    let hour = Duration::from_secs(3600);
+    for header in ["99999999H", "2H", "3601S"] {
+        let said = left(backstop::server(), header).await;
+        assert_eq!(said, format!("{:?}", Some(hour)), "{header}");
+    }
+    // Below the cap: what was asked, less the server's 1 ms lead.
+    let said = left(backstop::server(), "30M").await;
+    let asked = Duration::from_secs(1800) - Duration::from_millis(1);
+    assert_eq!(said, format!("{:?}", Some(asked)));
+    // The user's own layer, with no cap.
+    let uncapped = backstop::server().deadline(DeadlineLayer::new());
+    let said = left(uncapped, "2H").await;
+    let asked = Duration::from_secs(7200) - Duration::from_millis(1);
+    assert_eq!(said, format!("{:?}", Some(asked)));
+}

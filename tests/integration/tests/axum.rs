@@ -66,3 +66,94 @@ async fn a_malformed_timeout_answers_400() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(text, "malformed grpc-timeout");
 }
+
+/// A request body limit beside `server()` (tower-http's `RequestBodyLimitLayer`, as the
+/// server preset's docs show): a declared or streamed body over the limit is answered 413
+/// and the handler's work is not done, a body within it is read whole, and the deadline
+/// still answers 504 through the limit.
+#[tokio::test]
+async fn a_body_limit_beside_the_server_preset_answers_413_and_keeps_the_deadline() {
+    use axum::{Router, routing::post};
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    };
+    use tower::ServiceBuilder;
+    let ran = Arc::new(AtomicU32::new(0));
+    let count = ran.clone();
+    let app = Router::new()
+        .route(
+            "/echo",
+            post(move |body: Bytes| async move {
+                count.fetch_add(1, Ordering::SeqCst);
+                format!("{} bytes", body.len())
+            }),
+        )
+        .route(
+            "/slow",
+            post(|_body: Bytes| async {
+                tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+                "slept"
+            }),
+        )
+        .layer(
+            ServiceBuilder::new()
+                .layer(backstop::server())
+                .layer(tower_http::limit::RequestBodyLimitLayer::new(1024)),
+        );
+    let (listener, addr) = backstop_integration::listener().await;
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = Client::builder(TokioExecutor::new()).build_http::<http_body_util::Full<Bytes>>();
+    let post = |path: &str, body: Vec<u8>, timeout: Option<&str>| {
+        let mut request = Request::post(format!("http://{addr}{path}"));
+        if let Some(t) = timeout {
+            request = request.header("grpc-timeout", t);
+        }
+        let request = request
+            .body(http_body_util::Full::new(Bytes::from(body)))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let (status, text) = post("/echo", vec![b'x'; 1000], Some("5S")).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "1000 bytes"));
+    let (status, _) = post("/echo", vec![b'x'; 4096], Some("5S")).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the handler ran for the small body only"
+    );
+    // Streamed, with no content-length: cut when the limit is passed.
+    let streaming = Client::builder(TokioExecutor::new())
+        .build_http::<http_body_util::channel::Channel<Bytes, std::convert::Infallible>>();
+    let (mut tx, body) = http_body_util::channel::Channel::new(4);
+    let request = Request::post(format!("http://{addr}/echo"))
+        .body(body)
+        .unwrap();
+    let send = tokio::spawn(async move {
+        for _ in 0..8 {
+            if tx.send_data(Bytes::from(vec![b'y'; 512])).await.is_err() {
+                break;
+            }
+        }
+    });
+    let response = streaming.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    send.await.unwrap();
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the handler's work was not done"
+    );
+    let (status, text) = post("/slow", vec![b'x'; 10], Some("50m")).await;
+    assert_eq!(
+        (status, text.as_str()),
+        (StatusCode::GATEWAY_TIMEOUT, "deadline exceeded")
+    );
+}

@@ -113,6 +113,8 @@ pub struct DeadlineLayerBuilder {
 
 impl DeadlineLayerBuilder {
     /// The longest deadline this server grants: a longer `grpc-timeout` is clamped to it.
+    /// Without one, any value the header can say is taken (up to `99999999H`, read as about
+    /// 30 years: the most tokio's clock holds). backstop's `server()` preset caps at 1 hour.
     #[must_use]
     pub fn max(mut self, max: Duration) -> Self {
         self.config.max = Some(max);
