@@ -104,6 +104,43 @@ impl<C> BreakerLayer<C> {
     }
 
     /// The breaker's state, rates and counts now.
+    ///
+    /// **A keyed layer** ([`is_keyed`](Self::is_keyed)) has one breaker per key, and this is
+    /// not theirs: it is the *overflow* breaker's, which sees only the calls no key's breaker
+    /// took (the key function gave none, or the table was full), so on a healthy keyed layer
+    /// it reads all zeros and `Closed` whatever the routes do. Each route's breaker is in
+    /// [`keys`](Self::keys) (or [`key_snapshot`](Self::key_snapshot)):
+    ///
+    /// ```
+    /// use backstop_breaker::{BreakerConfig, BreakerKey, State};
+    /// use http::{Request, Response};
+    /// use std::convert::Infallible;
+    /// use tower::{Layer, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let layer = BreakerConfig::http()
+    ///     .per_key(BreakerKey::Path)
+    ///     .count_window(10)
+    ///     .minimum_calls(5)
+    ///     .build()
+    ///     .unwrap();
+    /// let dependency = layer.layer(service_fn(|req: Request<String>| async move {
+    ///     let status = if req.uri().path() == "/report" { 503 } else { 200 };
+    ///     Ok::<_, Infallible>(Response::builder().status(status).body(String::new()).unwrap())
+    /// }));
+    /// for path in ["/report", "/stock"].repeat(5) {
+    ///     let req = Request::get(format!("http://dep{path}")).body(String::new()).unwrap();
+    ///     let _ = dependency.clone().oneshot(req).await;
+    /// }
+    /// // The overflow breaker saw nothing: every call had a key.
+    /// assert_eq!((layer.snapshot().state, layer.snapshot().calls), (State::Closed, 0));
+    /// // The routes' breakers: `/report`'s is open, `/stock`'s closed.
+    /// let states: Vec<(String, State)> =
+    ///     layer.keys().into_iter().map(|(key, s)| (key, s.state)).collect();
+    /// assert_eq!(states, [("/report".into(), State::Open), ("/stock".into(), State::Closed)]);
+    /// # }
+    /// ```
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = self.shared.snapshot();
         snapshot.shared_bytes += self.handles.heap_bytes();

@@ -138,7 +138,18 @@ impl Stats {
 }
 
 /// A snapshot of a retry layer's counters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its `Debug` output names the reasons (only those that happened), as a log line should:
+///
+/// ```
+/// # use backstop_retry::{RetryConfig, RetryStats};
+/// let stats: RetryStats = RetryConfig::http().build().unwrap().stats();
+/// assert_eq!(
+///     format!("{stats:?}"),
+///     "RetryStats { requests: 0, retries: 0, hedges: 0, amplification: 0.0, gave_up: {} }"
+/// );
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RetryStats {
     /// Logical requests seen.
@@ -149,6 +160,29 @@ pub struct RetryStats {
     pub hedges: u64,
     /// Failures returned without a retry, by reason (`why as usize`).
     gave_up: [u64; GiveUp::COUNT],
+}
+
+impl fmt::Debug for RetryStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        /// The reasons that happened, by name: `{budget: 25, not_replayable: 1}`.
+        struct Reasons<'a>(&'a RetryStats);
+        impl fmt::Debug for Reasons<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let mut map = f.debug_map();
+                for (why, n) in self.0.gave_ups().filter(|&(_, n)| n > 0) {
+                    map.entry(&format_args!("{why}"), &n);
+                }
+                map.finish()
+            }
+        }
+        f.debug_struct("RetryStats")
+            .field("requests", &self.requests)
+            .field("retries", &self.retries)
+            .field("hedges", &self.hedges)
+            .field("amplification", &self.amplification())
+            .field("gave_up", &Reasons(self))
+            .finish()
+    }
 }
 
 impl RetryStats {
@@ -196,5 +230,23 @@ mod reason_tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), GiveUp::COUNT, "names are unique");
+    }
+
+    #[test]
+    fn debug_names_the_reasons_that_happened() {
+        let stats = Stats::new(2);
+        for stripe in 0..4 {
+            stats.request(stripe);
+        }
+        stats.retry();
+        for _ in 0..25 {
+            stats.give_up(GiveUp::Budget);
+        }
+        stats.give_up(GiveUp::NotReplayable);
+        assert_eq!(
+            format!("{:?}", stats.snapshot()),
+            "RetryStats { requests: 4, retries: 1, hedges: 0, amplification: 1.25, \
+             gave_up: {budget: 25, not_replayable: 1} }"
+        );
     }
 }

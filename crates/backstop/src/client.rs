@@ -435,7 +435,9 @@ impl<C> ClientLayer<C> {
         &self.retry
     }
 
-    /// The breaker, for its [`snapshot`](BreakerLayer::snapshot) and manual modes.
+    /// The breaker, for its [`snapshot`](BreakerLayer::snapshot) and manual modes (a keyed
+    /// breaker's routes are in [`keys`](BreakerLayer::keys); its `snapshot` is the overflow
+    /// breaker's).
     pub fn breaker_layer(&self) -> &BreakerLayer<C> {
         &self.breaker
     }
