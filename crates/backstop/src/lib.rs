@@ -107,7 +107,9 @@
 //! # tonic
 //!
 //! A tonic client: the retry layer hands the channel a replayable body, mapped back with
-//! `tonic::body::Body::new`.
+//! `tonic::body::Body::new`. (With the `tonic` feature, `.layer(backstop::tonic::TonicBodyLayer)`
+//! does it as a named layer, and the client's type is
+//! [`TonicClient<Channel>`](crate::tonic::TonicClient).)
 //!
 //! ```no_run
 //! use backstop::ReplayBody;
@@ -181,6 +183,8 @@
 //!   the [`metrics`](https://docs.rs/metrics) facade, for the exporter you already use; the
 //!   names and labels are in [`metrics`](mod@metrics).
 //! - `service-config` (off): gRPC's service config JSON ([`grpc`]).
+//! - `tonic` (off): [`tonic::TonicBodyLayer`], the body conversion a tonic `Channel` needs
+//!   as a named layer, so a client's type is writable: [`tonic::TonicClient<Channel>`].
 #![doc(test(attr(deny(warnings))))]
 
 #[cfg(feature = "axum")]
@@ -194,6 +198,8 @@ pub mod grpc;
 pub mod methods;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 mod server;
+#[cfg(feature = "tonic")]
+pub mod tonic;
 /// The attempt bound (`AttemptTimeoutLayer`): `backstop_deadline::attempt`, under the name the
 /// presets' docs use.
 #[cfg(feature = "deadline")]

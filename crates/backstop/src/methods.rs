@@ -113,6 +113,32 @@ impl MethodsLayer {
     pub fn config(&self) -> &ServiceConfig {
         &self.config
     }
+
+    /// The breaker every method shares, for its [`snapshot`](backstop_breaker::BreakerLayer::snapshot)
+    /// and manual modes.
+    pub fn breaker_layer(&self) -> &backstop_breaker::BreakerLayer<GrpcClassifier> {
+        self.client.breaker_layer()
+    }
+
+    /// The attempt bound every method shares (its latency model and current bound).
+    pub fn attempt_layer(&self) -> &crate::AttemptTimeoutLayer {
+        self.client.attempt_layer()
+    }
+
+    /// The dependency's measured latency: count and quantiles over the model's window.
+    pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
+        self.client.latency()
+    }
+
+    /// The deadline propagation layer (a method's `timeout` is applied outside it).
+    pub fn deadline_layer(&self) -> &backstop_deadline::PropagateDeadlineLayer {
+        self.client.deadline_layer()
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn dependency(&self) -> &str {
+        self.client.dependency()
+    }
 }
 
 /// An entry's names as its retry layer's `method` label: `pkg.Service/Method`, `pkg.Service`
@@ -131,23 +157,30 @@ fn methods_of(entry: &crate::grpc::MethodConfig) -> String {
     names.join(",")
 }
 
+/// The service [`MethodsLayer`] builds around a transport `S`: name it in a struct field
+/// or axum `State` (for a tonic `Channel`: `backstop::tonic::TonicMethodsClient<Channel>`,
+/// feature `tonic`).
+pub type MethodsClient<S> = MethodTimeout<
+    backstop_deadline::PropagateDeadline<
+        Methods<backstop_breaker::Breaker<crate::AttemptTimeout<S>, GrpcClassifier>>,
+    >,
+>;
+
 impl<S: Clone> Layer<S> for MethodsLayer {
-    type Service = MethodTimeout<
-        backstop_deadline::PropagateDeadline<
-            Methods<backstop_breaker::Breaker<crate::AttemptTimeout<S>, GrpcClassifier>>,
-        >,
-    >;
+    type Service = MethodsClient<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
         // As in the preset: the attempt bound, innermost, writes each attempt's
-        // `grpc-timeout`; the deadline and retry layers write none.
+        // `grpc-timeout` (unless the deadline layer says none is sent); the deadline and
+        // retry layers write none.
         let deadline = self.client.deadline_layer();
-        let inner = self.client.breaker_layer().layer(
-            self.client
-                .attempt_layer()
-                .write_grpc_timeout(deadline.offset())
-                .layer(inner),
-        );
+        let attempt = self.client.attempt_layer();
+        let attempt = if deadline.sends_grpc_timeout() {
+            attempt.write_grpc_timeout(deadline.offset())
+        } else {
+            attempt.clone()
+        };
+        let inner = self.client.breaker_layer().layer(attempt.layer(inner));
         // Each method's retry layer, arranged once for this stack.
         let retries = self
             .retries

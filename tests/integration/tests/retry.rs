@@ -287,3 +287,65 @@ async fn a_streamed_tonic_request_is_replayed_byte_for_byte() {
     assert_eq!(collecting.calls.load(Ordering::SeqCst), 2);
     assert_eq!(*collecting.seen.lock().unwrap(), vec![want, want]);
 }
+
+/// The presets around a tonic `Channel` have types a struct can spell (feature `tonic`):
+/// the preset's `TonicClient<Channel>` and the service-config client's
+/// `TonicMethodsClient<Channel>`, whose layer shows the breaker, the latency model and the
+/// attempt bound every method shares.
+#[tokio::test]
+async fn the_tonic_clients_have_names() {
+    use backstop::grpc::ServiceConfig;
+    use backstop::tonic::{TonicBodyLayer, TonicClient, TonicMethodsClient};
+
+    struct Clients {
+        preset: GreeterClient<TonicClient<Channel>>,
+        methods: GreeterClient<TonicMethodsClient<Channel>>,
+    }
+    let calls = Arc::new(AtomicU64::new(0));
+    let url = serve(Flaky {
+        calls: calls.clone(),
+        fail_first: 1,
+        upstream: None,
+    })
+    .await;
+    let channel = Endpoint::from_shared(url).unwrap().connect_lazy();
+    let config = ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "helloworld.Greeter"}], "timeout": "2s",
+            "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+            "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#,
+    )
+    .unwrap();
+    let methods = backstop::client::grpc()
+        .name("greeter")
+        .service_config(config)
+        .unwrap();
+    let mut clients = Clients {
+        preset: GreeterClient::new(
+            ServiceBuilder::new()
+                .layer(backstop::client::grpc().name("greeter-preset"))
+                .layer(TonicBodyLayer)
+                .service(channel.clone()),
+        ),
+        methods: GreeterClient::new(
+            ServiceBuilder::new()
+                .layer(methods.clone())
+                .layer(TonicBodyLayer)
+                .service(channel),
+        ),
+    };
+    let hello = |name: &str| HelloRequest { name: name.into() };
+    // The first call is refused with UNAVAILABLE and retried by the preset.
+    let reply = clients.preset.say_hello(hello("preset")).await.unwrap();
+    assert_eq!(
+        reply.extensions().get::<CallInfo>(),
+        Some(&CallInfo::new(2, None))
+    );
+    let reply = clients.methods.say_hello(hello("methods")).await.unwrap();
+    assert_eq!(reply.into_inner().message, "hello methods");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(methods.dependency(), "greeter");
+    assert_eq!(methods.breaker_layer().snapshot().calls, 1);
+    assert_eq!(methods.latency().count, 1);
+    assert!(methods.attempt_layer().current_bound().is_some());
+    assert!(methods.deadline_layer().sends_grpc_timeout());
+}
