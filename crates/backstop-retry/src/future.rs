@@ -256,9 +256,13 @@ where
 #[cold]
 #[inline(never)]
 fn tell<R>(response: &mut Response<R>, attempts: u32, gave_up: Option<GiveUp>) {
-    response
-        .extensions_mut()
-        .insert(CallInfo::new(attempts, gave_up));
+    let info = CallInfo::new(attempts, gave_up);
+    // A failed gRPC call answered trailers-only becomes a `tonic::Status`, which keeps the
+    // headers as its metadata but not the extensions: it is told there too.
+    if backstop_core::is_grpc(response.headers()) {
+        info.write_failure_headers(response.headers_mut());
+    }
+    response.extensions_mut().insert(info);
 }
 
 #[cold]

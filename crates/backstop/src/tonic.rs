@@ -5,6 +5,8 @@
 //! named layer, so the whole client has a type a struct field or an axum `State` can spell:
 //! [`TonicClient<Channel>`](TonicClient) for the [`grpc()`](crate::client::grpc) preset,
 //! [`TonicMethodsClient<Channel>`](TonicMethodsClient) for the service-config client.
+//! What a call did is in `tonic::Response::extensions()` ([`CallInfo`]) and, for a failed
+//! call, in its `Status` ([`status_info`]).
 //!
 //! ```
 //! use backstop::tonic::{TonicBodyLayer, TonicClient};
@@ -32,6 +34,7 @@
 
 use crate::ReplayBody;
 use ::tonic::body::Body;
+use backstop_retry::CallInfo;
 use http::Request;
 use std::task::{Context, Poll};
 use tower_layer::Layer;
@@ -46,6 +49,25 @@ pub type TonicClient<S> = crate::GrpcClient<TonicBody<S>>;
 /// around a tonic transport `S`, with [`TonicBodyLayer`] between them.
 #[cfg(feature = "service-config")]
 pub type TonicMethodsClient<S> = crate::methods::MethodsClient<TonicBody<S>>;
+
+/// What a failed call's `tonic::Status` says of it: how many attempts it took and why it was
+/// not retried ([`CallInfo::of_metadata`]: the retry layer writes it in the failure's
+/// metadata, as a `Status` keeps no extensions). `None` when the status carries none: a call
+/// whose one attempt failed with nothing to tell, or a status no retry layer made (a
+/// deadline spent before the call was sent).
+///
+/// ```
+/// use backstop::retry::{CallInfo, GiveUp};
+///
+/// let mut status = tonic::Status::unavailable("down");
+/// status.metadata_mut().insert("backstop-attempts", "3".parse().unwrap());
+/// status.metadata_mut().insert("backstop-gave-up", "attempts".parse().unwrap());
+/// let info = backstop::tonic::status_info(&status);
+/// assert_eq!(info, Some(CallInfo::new(3, Some(GiveUp::Attempts))));
+/// ```
+pub fn status_info(status: &::tonic::Status) -> Option<CallInfo> {
+    CallInfo::of_metadata(status.metadata().as_ref())
+}
 
 /// Hands a tonic transport the body it takes: `Request<ReplayBody<Body>>` in,
 /// `Request<Body>` out (`Body::new`, no copy). Put it between a client preset and a tonic

@@ -349,3 +349,46 @@ async fn the_tonic_clients_have_names() {
     assert!(methods.attempt_layer().current_bound().is_some());
     assert!(methods.deadline_layer().sends_grpc_timeout());
 }
+
+/// What a failed call did reaches a generated client's `Status` (which keeps no
+/// extensions): the retry layer tells it in the failure's metadata.
+#[tokio::test]
+async fn a_failed_calls_status_says_how_many_attempts_and_why_it_stopped() {
+    use backstop::tonic::{TonicBodyLayer, status_info};
+    use backstop_retry::GiveUp;
+    let calls = Arc::new(AtomicU64::new(0));
+    let url = serve(Flaky {
+        calls: calls.clone(),
+        fail_first: u64::MAX,
+        upstream: None,
+    })
+    .await;
+    let channel = Endpoint::from_shared(url).unwrap().connect_lazy();
+    let retry = RetryConfig::grpc()
+        .backoff(backoff::constant(Duration::from_millis(5)))
+        .no_budget()
+        .build()
+        .unwrap();
+    let mut client = GreeterClient::new(
+        ServiceBuilder::new()
+            .layer(backstop::client::grpc().retry(retry))
+            .layer(TonicBodyLayer)
+            .service(channel),
+    );
+    let hello = HelloRequest { name: "x".into() };
+    let status = client.say_hello(hello.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "warming up");
+    assert_eq!(
+        status_info(&status),
+        Some(CallInfo::new(3, Some(GiveUp::Attempts)))
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // A status the client's own stack made (the deadline spent before sending): no record.
+    let mut request = tonic::Request::new(hello);
+    request.set_timeout(Duration::from_nanos(1));
+    let status = client.say_hello(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert_eq!(status_info(&status), None);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "nothing was sent");
+}
