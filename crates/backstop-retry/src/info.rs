@@ -143,6 +143,94 @@ impl CallInfo {
     }
 }
 
+/// Which attempt of its call a request is: a request extension the retry layer puts on
+/// every attempt after the first (a retry or a hedge), for the layers between it and the
+/// transport, which run once per attempt.
+///
+/// That is the hook to prepare an attempt: refresh a token that expired while the first
+/// attempt waited, re-sign a request whose signature covers a timestamp, add a header only
+/// retries carry. Put the code in a layer inside the retry layer (under a client preset:
+/// between the preset and the transport); it gets `&mut Request` of every attempt, and
+/// `Attempt::of` says which. tower's `Policy::retry` gets the request the same way, linkerd
+/// sets headers on retries the same way; a layer keeps it out of the retry policy, so the
+/// hook needs no type parameter of its own and sees hedges too.
+///
+/// ```
+/// use backstop_retry::{Attempt, RetryConfig, backoff};
+/// use http::{HeaderValue, Request, Response};
+/// use std::{convert::Infallible, time::Duration};
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), backstop_core::BoxError> {
+/// let retry = RetryConfig::http().backoff(backoff::constant(Duration::from_millis(5))).build()?;
+/// let client = ServiceBuilder::new()
+///     .layer(retry)
+///     // Runs once per attempt: a fresh token for each, marked with its attempt.
+///     .map_request(|mut req: Request<_>| {
+///         let attempt = Attempt::of(&req);
+///         let token = format!("token-for-attempt-{}", attempt.number());
+///         req.headers_mut().insert("authorization", HeaderValue::try_from(token).unwrap());
+///         req
+///     })
+///     .service(service_fn(|req: Request<_>| async move {
+///         // The first token is refused; the retry carries its own.
+///         let status = match req.headers()["authorization"].to_str().unwrap() {
+///             "token-for-attempt-1" => 503,
+///             _ => 200,
+///         };
+///         let _: &backstop_retry::ReplayBody<String> = req.body();
+///         Ok::<_, Infallible>(Response::builder().status(status).body(String::new()).unwrap())
+///     }));
+/// let response = client.oneshot(Request::new(String::new())).await?;
+/// assert_eq!(response.status(), 200);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Attempt {
+    number: u32,
+    hedge: bool,
+}
+
+impl Attempt {
+    /// The first attempt of a call (what a request without the extension is).
+    pub const FIRST: Self = Self {
+        number: 1,
+        hedge: false,
+    };
+
+    /// A retry (`hedge` false) or a hedge, the `number`th attempt of its call (from 1).
+    pub const fn new(number: u32, hedge: bool) -> Self {
+        Self { number, hedge }
+    }
+
+    /// Which attempt `req` is: its extension, or [`FIRST`](Self::FIRST) without one (the
+    /// first attempt carries none: it costs the common case nothing).
+    pub fn of<B>(req: &http::Request<B>) -> Self {
+        req.extensions()
+            .get::<Self>()
+            .copied()
+            .unwrap_or(Self::FIRST)
+    }
+
+    /// The attempt's number in its call, from 1 (hedges count).
+    pub const fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// Whether it is a hedge (sent while an earlier attempt is still in flight), not a retry
+    /// (sent after one failed). The first attempt is neither.
+    pub const fn is_hedge(&self) -> bool {
+        self.hedge
+    }
+
+    /// Whether it is the first attempt of its call.
+    pub const fn is_first(&self) -> bool {
+        self.number <= 1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

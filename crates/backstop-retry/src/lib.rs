@@ -154,7 +154,7 @@ pub use body::RetryBody;
 pub use budget::{Budget, GrpcThrottle, GrpcThrottleBuilder, RatioBudget, RatioBudgetBuilder};
 pub use error::RetryError;
 pub use future::ResponseFuture;
-pub use info::CallInfo;
+pub use info::{Attempt, CallInfo};
 pub use layer::RetryLayer;
 pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryConfig, RetryOverrides};
 pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};

@@ -295,6 +295,8 @@ impl<S, B, C> RetryState<S, B, C> {
     pub(crate) fn next_request(&mut self) -> Option<Request<ReplayBody<B>>> {
         let body = self.next.take()?;
         let mut req = self.template.request(body);
+        req.extensions_mut()
+            .insert(crate::Attempt::new(self.attempts, false));
         if is_grpc(req.headers()) {
             req.headers_mut().insert(
                 GRPC_PREVIOUS_RPC_ATTEMPTS,

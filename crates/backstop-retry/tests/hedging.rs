@@ -4,7 +4,7 @@
 use backstop_core::BoxError;
 use backstop_deadline::Deadline;
 use backstop_retry::{
-    Budget, GiveUp, Idempotency, ReplayBody, RetryConfig, RetryLayer,
+    Attempt, Budget, GiveUp, Idempotency, ReplayBody, RetryConfig, RetryLayer,
     hedge::{HedgeDelay, Hedging},
 };
 use backstop_test_support::grpc_status as status;
@@ -29,6 +29,8 @@ struct Seen {
     at: Duration,
     previous: Option<String>,
     timeout: Option<String>,
+    /// Its `Attempt` extension, as a layer inside the retry layer reads it.
+    attempt: Attempt,
     body: Vec<u8>,
 }
 
@@ -91,12 +93,14 @@ where
             let (previous, timeout) =
                 (header("grpc-previous-rpc-attempts"), header("grpc-timeout"));
             let at = Instant::now() - t0;
+            let attempt = Attempt::of(&req);
             let i = {
                 let mut seen = log.seen.lock().unwrap();
                 seen.push(Seen {
                     at,
                     previous,
                     timeout,
+                    attempt,
                     body: Vec::new(),
                 });
                 seen.len() - 1
@@ -457,6 +461,7 @@ where
                 at: Instant::now() - t0,
                 previous: None,
                 timeout: None,
+                attempt: Attempt::of(&req),
                 body: Vec::new(),
             });
             seen.len() - 1
@@ -649,4 +654,34 @@ async fn a_request_can_turn_hedging_off_or_cap_its_attempts() {
         .insert(RetryOverrides::new().max_attempts(2));
     layer.layer(svc).oneshot(req).await.unwrap();
     assert_eq!(log.at(), [0, 100], "capped at two attempts");
+}
+
+/// Each attempt says which it is (the hook a layer inside uses to prepare it): the first
+/// carries nothing (read as `Attempt::FIRST`), hedges are numbered and marked, and a retry
+/// after them is numbered on and not marked.
+#[tokio::test(start_paused = true)]
+async fn every_attempt_after_the_first_says_which_it_is() {
+    // Two hedges 10 ms apart, all three fail after 30 ms; then retries are refused by
+    // max_attempts (3 in all): the numbers and kinds of what was sent.
+    let (svc, log) = dependency::<Full<Bytes>>(vec![(30, http_status(503))]);
+    let _ = hedged(10, 3).layer(svc).oneshot(get()).await;
+    let attempts: Vec<Attempt> = log.seen().iter().map(|s| s.attempt).collect();
+    assert_eq!(
+        attempts,
+        [Attempt::FIRST, Attempt::new(2, true), Attempt::new(3, true)]
+    );
+    assert!(attempts[0].is_first() && !attempts[0].is_hedge());
+    // Retries, no hedging: numbered, not hedges.
+    let (svc, log) = dependency::<Full<Bytes>>(vec![(1, http_status(503))]);
+    let retry = RetryConfig::http().no_budget().seed(1).build().unwrap();
+    let _ = retry.layer(svc).oneshot(get()).await;
+    let attempts: Vec<Attempt> = log.seen().iter().map(|s| s.attempt).collect();
+    assert_eq!(
+        attempts,
+        [
+            Attempt::FIRST,
+            Attempt::new(2, false),
+            Attempt::new(3, false)
+        ]
+    );
 }

@@ -210,6 +210,8 @@ impl<S, B, C> RetryState<S, B, C> {
             return Ok(Hedge::NotDue);
         };
         let mut req = self.template.request(body);
+        req.extensions_mut()
+            .insert(crate::Attempt::new(self.attempts + 1, true));
         if is_grpc(req.headers()) {
             req.headers_mut()
                 .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.attempts));
