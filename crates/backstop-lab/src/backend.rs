@@ -19,6 +19,10 @@ use tower::{Service, ServiceExt};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// The header that says which user request a call is for (`post`: the dependency counts its
+/// side effects per user request, so duplicates show).
+pub const USER_REQUEST: &str = "x-user-request";
+
 /// The dependency: answers after its service time (plus the phase's added latency), with a
 /// 503 for the phase's share of requests.
 ///
@@ -88,6 +92,17 @@ impl Service<Request<Body>> for Backend {
         if let Some(deadline) = req.extensions().get::<Deadline>() {
             end = end.min(deadline.instant());
         }
+        // A POST's side effect (a charge), done with the work whoever still waits for it.
+        let effect = (req.method() == http::Method::POST)
+            .then(|| {
+                req.headers()
+                    .get(USER_REQUEST)?
+                    .to_str()
+                    .ok()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .flatten();
         let (tx, rx) = oneshot::channel();
         let recorder = state.recorder.clone();
         recorder.work_started();
@@ -102,6 +117,9 @@ impl Service<Request<Body>> for Backend {
                 }
             }
             recorder.work_ended();
+            if let (Some(user), false) = (effect, fail) {
+                recorder.effect(user);
+            }
             let _ = tx.send(status(if fail { 503 } else { 200 }));
         });
         Box::pin(async move { Ok(rx.await.unwrap_or_else(|_| status(503))) })
@@ -150,6 +168,69 @@ impl Service<Request<Body>> for Relay {
                 }
                 Err(_) => status(503),
             })
+        })
+    }
+}
+
+/// The network between a server and its callers, losing the phase's share of answers after
+/// the server sent them (`post`): the caller sees a reset stream, the work is done.
+#[derive(Clone, Debug)]
+pub struct Lossy {
+    inner: Svc,
+    state: Arc<LossyState>,
+}
+
+#[derive(Debug)]
+struct LossyState {
+    schedule: Schedule,
+    rng: Mutex<fastrand::Rng>,
+}
+
+/// The error a caller sees for a lost answer.
+#[derive(Debug)]
+pub struct AnswerLost;
+
+impl std::fmt::Display for AnswerLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection reset: the answer was lost after the work was done")
+    }
+}
+
+impl std::error::Error for AnswerLost {}
+
+impl Lossy {
+    /// Answers of `inner`, lost as `schedule` says (seeded with `seed`).
+    pub fn new(inner: Svc, schedule: Schedule, seed: u64) -> Self {
+        Self {
+            inner,
+            state: Arc::new(LossyState {
+                schedule,
+                rng: Mutex::new(fastrand::Rng::with_seed(seed ^ 0x105e)),
+            }),
+        }
+    }
+}
+
+impl Service<Request<Body>> for Lossy {
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let call = self.inner.call(req);
+        let state = self.state.clone();
+        Box::pin(async move {
+            let response = call.await?;
+            let lose_rate = state.schedule.fault_at(Instant::now()).lose_rate;
+            let lost = lose_rate > 0.0 && state.rng.lock().expect("rng").f64() < lose_rate;
+            if lost {
+                return Err(Box::new(AnswerLost) as BoxError);
+            }
+            Ok(response)
         })
     }
 }

@@ -3,7 +3,7 @@
 //! the same open-loop load.
 
 use crate::{
-    backend::{Backend, Relay},
+    backend::{Backend, Lossy, Relay, USER_REQUEST},
     chart::Series,
     metrics::Recorder,
     report::{MeasuredPoint, VariantReport},
@@ -104,9 +104,17 @@ impl Run {
             hedge: self.scenario.hedges(),
             per_route: self.scenario.routes() > 1,
             latency: Arc::default(),
+            keys: self.scenario == Scenario::Post,
         };
-        let backend = Backend::new(schedule, self.seed, recorder.clone());
-        let backend = server(variant, BoxCloneService::new(backend));
+        let post = self.scenario == Scenario::Post;
+        let backend = Backend::new(schedule.clone(), self.seed, recorder.clone());
+        let backend = server(variant, BoxCloneService::new(backend), post);
+        // The network loses answers after the server sent them (`post` only).
+        let backend = if post {
+            BoxCloneService::new(Lossy::new(backend, schedule, self.seed))
+        } else {
+            backend
+        };
         let mut target = self.connect(backend).await;
         let edge = if self.scenario == Scenario::Chain {
             // users → A → B → C: A and B are servers that relay through their own client stack,
@@ -114,7 +122,7 @@ impl Run {
             for _hop in ["B", "A"] {
                 let relay = Relay::new(client(variant, target, &config));
                 target = self
-                    .connect(server(variant, BoxCloneService::new(relay)))
+                    .connect(server(variant, BoxCloneService::new(relay), false))
                     .await;
             }
             target
@@ -150,11 +158,23 @@ impl Run {
             tokio::time::sleep_until(start + interval * i as u32).await;
             let (edge, recorder, patience) = (edge.clone(), recorder.clone(), self.patience);
             let path = self.scenario.path(i);
+            let method = self.scenario.method();
             users.push(tokio::spawn(async move {
                 let sent = Instant::now();
                 let route = crate::scenario::route_of(&path);
-                let request = Request::get(format!("http://dependency{path}"))
-                    .body(empty())
+                let body = if method == http::Method::POST {
+                    // A charge: a few bytes the dependency acts on once per user request.
+                    boxed(http_body_util::Full::new(bytes::Bytes::from(format!(
+                        "{{\"charge\":{i}}}"
+                    ))))
+                } else {
+                    empty()
+                };
+                let request = Request::builder()
+                    .method(method)
+                    .uri(format!("http://dependency{path}"))
+                    .header(USER_REQUEST, i)
+                    .body(body)
                     .expect("a valid request");
                 // Boxed with its type spelled out: rustc cannot prove the `Send` of this
                 // future through the trait objects in `Svc` otherwise.

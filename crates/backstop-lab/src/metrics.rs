@@ -25,6 +25,8 @@ struct Inner {
     user_routes: Vec<Option<u64>>,
     orphaned: Duration,
     work_in_flight: u64,
+    /// In `post`: side effects done per user request (by its number).
+    effects: std::collections::HashMap<u64, u32>,
 }
 
 impl Recorder {
@@ -47,6 +49,11 @@ impl Recorder {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("recorder")
+    }
+
+    /// The dependency did the side effect of user request `user` (`post`).
+    pub fn effect(&self, user: u64) {
+        *self.lock().effects.entry(user).or_default() += 1;
     }
 
     /// An attempt reached the dependency (for `/route/N`: `route`).
@@ -186,6 +193,13 @@ impl Recorder {
             peak_downstream_rps: peak as f64,
             recovery_s,
             orphaned_work_s: Some(round3(inner.orphaned.as_secs_f64())),
+            duplicate_effects: (!inner.effects.is_empty()).then(|| {
+                let extra = inner
+                    .effects
+                    .values()
+                    .map(|&n| u64::from(n.saturating_sub(1)));
+                extra.sum()
+            }),
             breaker_opens: breaker.map(|(opens, _)| opens),
             first_open_s: breaker.and_then(|(_, first)| first.map(round3)),
             measured_latency: None,

@@ -51,6 +51,9 @@ pub struct VariantReport {
     pub recovery_s: Option<f64>,
     /// Request-seconds of work the dependency did after its caller had given up.
     pub orphaned_work_s: Option<f64>,
+    /// In `post`: side effects beyond one per user request (a charge made twice); `null`
+    /// in the scenarios without side effects.
+    pub duplicate_effects: Option<u64>,
     /// Times a breaker opened (`null` for variants without one).
     pub breaker_opens: Option<u64>,
     /// Seconds from the start of the run to the first time a breaker opened (`null` for
@@ -148,6 +151,19 @@ impl Report {
                 opt(v.orphaned_work_s),
                 v.breaker_opens.map_or("-".to_owned(), |n| n.to_string()),
             );
+        }
+        if self.variants.iter().any(|v| v.duplicate_effects.is_some()) {
+            let counts: Vec<String> = self
+                .variants
+                .iter()
+                .map(|v| {
+                    let n = v
+                        .duplicate_effects
+                        .map_or("-".to_owned(), |n| n.to_string());
+                    format!("{} {n}", v.name)
+                })
+                .collect();
+            let _ = writeln!(out, "duplicate effects: {}", counts.join(" · "));
         }
         out
     }

@@ -30,6 +30,11 @@ pub enum Scenario {
     /// do the healthy routes stay up while the bad one fails fast? (backstop: a breaker per
     /// path.)
     Partial,
+    /// Every user request is a POST with a side effect (a charge); during the fault the
+    /// network loses 30 % of the answers after the work was done: are they retried, and
+    /// does any charge happen twice? (backstop: keys stamped by the client preset, honoured
+    /// by `IdempotencyLayer` on the server.)
+    Post,
 }
 
 impl Scenario {
@@ -44,6 +49,15 @@ impl Scenario {
             Scenario::Tail => "tail",
             Scenario::Drift => "drift",
             Scenario::Partial => "partial",
+            Scenario::Post => "post",
+        }
+    }
+
+    /// The method of every user request: POST in `post`, GET otherwise.
+    pub fn method(self) -> http::Method {
+        match self {
+            Scenario::Post => http::Method::POST,
+            _ => http::Method::GET,
         }
     }
 
@@ -126,6 +140,10 @@ impl Scenario {
                 added_latency: Duration::from_millis(790),
                 ..Fault::NONE
             },
+            Scenario::Post => Fault {
+                lose_rate: 0.3,
+                ..Fault::NONE
+            },
         }
     }
 
@@ -141,6 +159,7 @@ impl Scenario {
             Scenario::Tail => "tail",
             Scenario::Drift => "drift",
             Scenario::Partial => "route down",
+            Scenario::Post => "answers lost",
         };
         vec![
             Phase {
@@ -178,6 +197,9 @@ pub struct Fault {
     pub tail_latency: Duration,
     /// The route the fault applies to (`/route/N`); `None`: every request.
     pub failing_route: Option<u64>,
+    /// Share of answers the network loses after the dependency did the work (the caller
+    /// sees a reset stream).
+    pub lose_rate: f64,
 }
 
 impl Fault {
@@ -188,6 +210,7 @@ impl Fault {
         tail_rate: 0.0,
         tail_latency: Duration::ZERO,
         failing_route: None,
+        lose_rate: 0.0,
     };
 
     /// Whether the fault applies to a request for `path`.

@@ -16,6 +16,8 @@ use std::{
     time::Duration,
 };
 use tokio::time::{Sleep, sleep};
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 use tower::{
     ServiceBuilder, ServiceExt,
     retry::{
@@ -112,6 +114,9 @@ pub struct ClientConfig {
     /// The attempt layer of the first backstop client built, so the run can sample what it
     /// measured.
     pub latency: Arc<std::sync::OnceLock<AttemptTimeoutLayer>>,
+    /// Whether the dependency de-duplicates `Idempotency-Key`s (`post`: backstop's client
+    /// stamps keys, seeded).
+    pub keys: bool,
 }
 
 fn is_failure(result: &Result<Response<Body>, BoxError>) -> bool {
@@ -169,11 +174,16 @@ impl Policy<Request<Body>, Response<Body>, BoxError> for TowerPolicy {
 
     fn retry(
         &mut self,
-        _req: &mut Request<Body>,
+        req: &mut Request<Body>,
         result: &mut Result<Response<Body>, BoxError>,
     ) -> Option<Sleep> {
         if !is_failure(result) {
             self.budget.deposit();
+            return None;
+        }
+        // A careful user retries only what is safe to run twice (RFC 9110's idempotent
+        // methods): a POST that failed may have been done.
+        if !req.method().is_idempotent() {
             return None;
         }
         if self.retries_left == 0 || !self.budget.withdraw() {
@@ -267,10 +277,21 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                 })
                 .build()
                 .expect("valid breaker");
-            let retry = RetryConfig::http()
-                .seed(config.seed)
-                .build()
-                .expect("valid retry policy");
+            let retry = RetryConfig::http().seed(config.seed);
+            // A dependency that de-duplicates keys (`post`) answers a retried call from its
+            // store, without doing the work again: its callers can afford as many attempts as
+            // the naive loop's 5, and a budget that lets half of the successes' worth through
+            // (a lost answer per three calls needs 0.43 retries a call).
+            let retry = if config.keys {
+                let budget = backstop::retry::RatioBudget::builder()
+                    .ratio(0.5)
+                    .build()
+                    .expect("valid budget");
+                retry.max_attempts(5).budget(Arc::new(budget))
+            } else {
+                retry
+            };
+            let retry = retry.build().expect("valid retry policy");
             let deadline = PropagateDeadlineLayer::builder()
                 .timeout(config.deadline)
                 .build()
@@ -281,6 +302,11 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                 .breaker(breaker);
             if config.hedge {
                 preset = preset.hedging(3);
+            }
+            if config.keys {
+                use backstop::idempotency::{IdempotencyKeyLayer, KeyGenerator};
+                let keys = IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(config.seed));
+                preset = preset.idempotency_key_layer(keys);
             }
             let _ = config.latency.set(preset.attempt_layer().clone());
             BoxCloneService::new(
@@ -295,9 +321,41 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
 }
 
 /// The server stack of `variant` around `handler`: backstop's server preset for backstop,
-/// nothing for the others.
-pub fn server(variant: Variant, handler: Svc) -> Svc {
+/// nothing for the others. With `dedup` (`post`), backstop's also runs the handler behind
+/// `IdempotencyLayer` (the embedded store): a keyed POST is done once, its answer replayed.
+pub fn server(variant: Variant, handler: Svc, dedup: bool) -> Svc {
     match variant {
+        Variant::Backstop if dedup => {
+            use backstop::idempotency::{IdempotencyLayer, MemoryStore};
+            use http_body_util::Full;
+            let once: BoxCloneService<Request<Full<Bytes>>, Response<Body>, BoxError> =
+                BoxCloneService::new(
+                    ServiceBuilder::new()
+                        .map_response(|r: Response<_>| r.map(boxed))
+                        .layer(IdempotencyLayer::new(MemoryStore::new()))
+                        .map_request(|r: Request<Full<Bytes>>| r.map(boxed))
+                        .service(handler),
+                );
+            // The layer reads a keyed request's body whole and rebuilds it from bytes: the
+            // lab's boxed body is collected first (the lab's POSTs carry a few bytes).
+            let collected = tower::service_fn(move |req: Request<Body>| {
+                let once = once.clone();
+                let call: BoxFuture<Result<Response<Body>, BoxError>> = Box::pin(async move {
+                    let (parts, body) = req.into_parts();
+                    let bytes = body.collect().await?.to_bytes();
+                    let request = Request::from_parts(parts, Full::new(bytes));
+                    once.oneshot(request).await
+                });
+                call
+            });
+            BoxCloneService::new(
+                ServiceBuilder::new()
+                    .map_response(|r: Response<_>| r.map(boxed))
+                    .layer(backstop::server())
+                    .service(BoxCloneService::new(collected))
+                    .map_err(|never: BoxError| never),
+            )
+        }
         Variant::Backstop => BoxCloneService::new(
             ServiceBuilder::new()
                 .map_response(|r: Response<_>| r.map(boxed))

@@ -255,3 +255,31 @@ fn one_route_down_fails_fast_alone() {
     let brownout = run(Scenario::Brownout);
     assert_eq!(variant(&brownout, "backstop").healthy_success_rate, None);
 }
+
+/// `post`: the network loses 30 % of the answers after the charge was made. The naive loop
+/// retries and charges twice; tower's careful policy does not retry a POST and loses the
+/// successes; backstop's keyed retries are answered from the server's store: no charge made
+/// twice, and as many successes as the naive loop.
+#[test]
+fn keyed_posts_are_retried_and_done_once() {
+    let report = run(Scenario::Post);
+    let (backstop, tower, naive) = (
+        variant(&report, "backstop"),
+        variant(&report, "tower"),
+        variant(&report, "naive"),
+    );
+    assert_eq!(backstop.duplicate_effects, Some(0));
+    assert!(
+        naive.duplicate_effects.unwrap() > 0,
+        "naive must charge twice"
+    );
+    assert_eq!(tower.duplicate_effects, Some(0));
+    assert!(backstop.success_rate >= naive.success_rate, "{backstop:?}");
+    assert!(
+        fault(tower).success_rate < 0.75,
+        "tower loses the lost answers: {}",
+        fault(tower).success_rate
+    );
+    // Every charge was made once: the dependency did one piece of work per user request.
+    assert_eq!(backstop.downstream_attempts, backstop.offered);
+}

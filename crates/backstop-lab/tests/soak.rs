@@ -66,3 +66,31 @@ fn slow_bounds_hold_for_every_seed() {
         );
     }
 }
+
+#[test]
+fn post_bounds_hold_for_every_seed() {
+    for seed in SEEDS {
+        let report = simulate_variants(
+            Scenario::Post,
+            seed,
+            1000,
+            60,
+            &[Variant::Naive, Variant::Backstop],
+        );
+        let [naive, backstop] = &report.variants[..] else {
+            panic!("two variants")
+        };
+        assert_eq!(
+            backstop.duplicate_effects,
+            Some(0),
+            "seed {seed:#x}: {backstop:?}"
+        );
+        assert!(naive.duplicate_effects.unwrap() > 0, "seed {seed:#x}");
+        assert!(
+            backstop.success_rate >= naive.success_rate,
+            "seed {seed:#x}: {} < {}",
+            backstop.success_rate,
+            naive.success_rate
+        );
+    }
+}
