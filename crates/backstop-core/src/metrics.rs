@@ -23,7 +23,7 @@
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
 //! | `backstop.throttle.rejections` | counter | `dependency` | the client's adaptive throttle refuses a first attempt |
 //! | `backstop.throttle.probability` | gauge | `dependency` | the throttle's rejection probability changes (recomputed at most once per window bucket) |
-//! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call: `queue_full` (too many waiting), `wait` (no permit before the deadline or `max_wait`) |
+//! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited) |
 //! | `backstop.admission.rejections` | counter | — | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
 //!
 //! The client series of a gRPC stack built from a service config carry a `method` label
