@@ -32,6 +32,10 @@
 //! records `dependency = ""`. A call its caller drops before it ends is
 //! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
 //!
+//! The calls themselves, under OpenTelemetry's semantic conventions
+//! (`http.client.request.duration`, `rpc.client.duration`), are recorded by the facade's
+//! `backstop::semconv::SemconvLayer`, put between a client preset and its transport.
+//!
 //! # Concurrency rule
 //!
 //! Handles are registered once per layer (a `OnceLock`) and shared by every clone; recording

@@ -181,7 +181,9 @@
 //!   they are retried for every method.
 //! - `metrics` (off): every layer records counters, gauges and a latency histogram through
 //!   the [`metrics`](https://docs.rs/metrics) facade, for the exporter you already use; the
-//!   names and labels are in [`metrics`](mod@metrics).
+//!   names and labels are in [`metrics`](mod@metrics). With it, [`semconv::SemconvLayer`]
+//!   records each call's duration under OpenTelemetry's semantic conventions
+//!   (`http.client.request.duration`, `rpc.client.duration`).
 //! - `service-config` (off): gRPC's service config JSON ([`grpc`]).
 //! - `tonic` (off): [`tonic::TonicBodyLayer`], the body conversion a tonic `Channel` needs
 //!   as a named layer, so a client's type is writable: [`tonic::TonicClient<Channel>`].
@@ -196,6 +198,8 @@ mod ext;
 pub mod grpc;
 #[cfg(feature = "service-config")]
 pub mod methods;
+#[cfg(feature = "metrics")]
+pub mod semconv;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 mod server;
 #[cfg(feature = "tonic")]

@@ -453,3 +453,151 @@ fn a_service_config_labels_each_entry_by_its_methods() {
         0
     );
 }
+
+/// A histogram's samples, for `name` with exactly these labels.
+fn histogram(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    match value(recorded, name, labels) {
+        Some(DebugValue::Histogram(samples)) => samples.iter().map(|s| s.into_inner()).collect(),
+        other => panic!("{name} {labels:?}: {other:?}\n{recorded:#?}"),
+    }
+}
+
+/// Under OpenTelemetry's conventions, `SemconvLayer` between the preset and the transport
+/// times each attempt of an HTTP call: the 503 that was retried and the 200 that answered,
+/// with the server they went to.
+#[test]
+fn semconv_times_each_http_attempt_with_its_status() {
+    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, SemconvLayer};
+    let metrics = recorded(|| async {
+        let client = ServiceBuilder::new()
+            .layer(backstop::client::http().name("inventory"))
+            .layer(SemconvLayer::new())
+            .service(service_fn({
+                let calls = Arc::new(AtomicUsize::new(0));
+                move |_req: Request<ReplayBody<String>>| {
+                    let n = calls.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, Infallible>(status(if n == 0 { 503 } else { 200 }))
+                    }
+                }
+            }));
+        let req = Request::get("http://inventory.internal/item/1")
+            .body(String::new())
+            .unwrap();
+        assert_eq!(client.oneshot(req).await.unwrap().status(), 200);
+    });
+    let server = [
+        ("http.request.method", "GET"),
+        ("server.address", "inventory.internal"),
+        ("server.port", "80"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut labels = server.to_vec();
+        labels.extend_from_slice(extra);
+        labels
+    };
+    let failed = histogram(
+        &metrics,
+        HTTP_CLIENT_REQUEST_DURATION,
+        &with(&[("http.response.status_code", "503"), ("error.type", "503")]),
+    );
+    let ok = histogram(
+        &metrics,
+        HTTP_CLIENT_REQUEST_DURATION,
+        &with(&[("http.response.status_code", "200")]),
+    );
+    // Seconds, each attempt's own 20 ms.
+    assert_eq!((failed, ok), (vec![0.02], vec![0.02]));
+}
+
+/// A gRPC call is timed until its status, in milliseconds: a trailers-only answer at its
+/// headers, a streamed one at its trailers, one whose body is dropped first as CANCELLED;
+/// an attempt that ran out of its bound as DEADLINE_EXCEEDED; an HTTP call that failed as
+/// `timeout`.
+#[test]
+fn semconv_times_grpc_calls_until_their_status() {
+    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, RPC_CLIENT_DURATION, SemconvLayer};
+    use tower::Layer;
+    let metrics = recorded(|| async {
+        let grpc = |code: Option<&'static str>, wait: u64| {
+            SemconvLayer::new().layer(service_fn(move |_req: Request<String>| async move {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                let response = match code {
+                    Some(code) => grpc_status(code.parse().unwrap()),
+                    None => {
+                        // Streamed: data, then the status in trailers 10 ms later.
+                        let (mut tx, body) =
+                            http_body_util::channel::Channel::<Bytes, Infallible>::new(2);
+                        tokio::spawn(async move {
+                            tx.send_data(Bytes::from_static(b"\0\0\0\0\0"))
+                                .await
+                                .unwrap();
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            let mut trailers = HeaderMap::new();
+                            trailers.insert("grpc-status", "0".parse().unwrap());
+                            let _ = tx.send_trailers(trailers).await;
+                        });
+                        return Ok::<_, Infallible>(
+                            Response::builder()
+                                .header("content-type", "application/grpc")
+                                .body(body.boxed())
+                                .unwrap(),
+                        );
+                    }
+                };
+                Ok(response.map(|b| Full::new(Bytes::from(b)).boxed()))
+            }))
+        };
+        let call = || {
+            Request::post("http://stock:50051/stock.Stock/Get")
+                .header("content-type", "application/grpc")
+                .body(String::new())
+                .unwrap()
+        };
+        let _ = grpc(Some("14"), 5).oneshot(call()).await.unwrap();
+        let streamed = grpc(None, 5).oneshot(call()).await.unwrap();
+        let _ = streamed.into_body().collect().await.unwrap();
+        let dropped = grpc(None, 5).oneshot(call()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        drop(dropped);
+        // An attempt bound of 30 ms around a dependency that never answers.
+        let bound =
+            AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_millis(30))).unwrap();
+        let hung = || {
+            SemconvLayer::new().layer(bound.layer(service_fn(|_req: Request<String>| async {
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(Response::new(String::new()))
+            })))
+        };
+        let _ = hung().oneshot(call()).await.unwrap_err();
+        let get = Request::get("https://partner/v1")
+            .body(String::new())
+            .unwrap();
+        let _ = hung().oneshot(get).await.unwrap_err();
+    });
+    let rpc = |code: &'static str| {
+        vec![
+            ("rpc.system", "grpc"),
+            ("rpc.service", "stock.Stock"),
+            ("rpc.method", "Get"),
+            ("server.address", "stock"),
+            ("server.port", "50051"),
+            ("rpc.grpc.status_code", code),
+        ]
+    };
+    assert_eq!(histogram(&metrics, RPC_CLIENT_DURATION, &rpc("14")), [5.0]);
+    assert_eq!(histogram(&metrics, RPC_CLIENT_DURATION, &rpc("0")), [15.0]);
+    assert_eq!(histogram(&metrics, RPC_CLIENT_DURATION, &rpc("1")), [8.0]);
+    assert_eq!(histogram(&metrics, RPC_CLIENT_DURATION, &rpc("4")), [30.0]);
+    let timeout = [
+        ("http.request.method", "GET"),
+        ("server.address", "partner"),
+        ("server.port", "443"),
+        ("error.type", "timeout"),
+    ];
+    assert_eq!(
+        histogram(&metrics, HTTP_CLIENT_REQUEST_DURATION, &timeout),
+        [0.03]
+    );
+}

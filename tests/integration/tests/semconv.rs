@@ -1,0 +1,67 @@
+//! OpenTelemetry's call durations (`SemconvLayer`) as a real Prometheus exporter renders them,
+//! for calls over 127.0.0.1 to a real axum server through the HTTP preset.
+
+use axum::{Router, http::StatusCode, routing::get};
+use backstop::{ReplayBody, semconv::SemconvLayer};
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use tower::{ServiceBuilder, ServiceExt};
+
+#[test]
+fn a_prometheus_exporter_shows_the_conventions_names_and_labels() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let app = Router::new()
+                    .route("/ok", get(|| async { "ok" }))
+                    .route("/teapot", get(|| async { StatusCode::IM_A_TEAPOT }));
+                let (listener, addr) = backstop_integration::listener().await;
+                tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+                let transport =
+                    Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Empty<Bytes>>>();
+                let client = ServiceBuilder::new()
+                    .layer(backstop::client::http().name("local"))
+                    .layer(SemconvLayer::new())
+                    .service(transport);
+                for path in ["/ok", "/ok", "/teapot"] {
+                    let uri = format!("http://{addr}{path}");
+                    let request = Request::get(uri).body(Empty::<Bytes>::new()).unwrap();
+                    let response = client.clone().oneshot(request).await.unwrap();
+                    let _ = response.into_body().collect().await.unwrap();
+                }
+            });
+    });
+    let text = handle.render();
+    let port = text
+        .lines()
+        .find_map(|l| l.split("server_port=\"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .expect("a server_port label")
+        .to_owned();
+    // Prometheus writes the dots as underscores; the summary's count says how many calls.
+    let series = |status: &str, error: Option<&str>| {
+        let error = error.map_or(String::new(), |e| format!(",error_type=\"{e}\""));
+        format!(
+            "http_client_request_duration_count{{http_request_method=\"GET\",\
+             server_address=\"127.0.0.1\",server_port=\"{port}\",\
+             http_response_status_code=\"{status}\"{error}}}"
+        )
+    };
+    assert!(
+        text.contains(&format!("{} 2", series("200", None))),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{} 1", series("418", Some("418")))),
+        "{text}"
+    );
+    // backstop's own series beside them, under their namespace.
+    assert!(text.contains("backstop_client_requests{"), "{text}");
+}
