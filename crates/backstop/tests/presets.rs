@@ -771,3 +771,58 @@ async fn a_hedged_request_tells_each_attempt_once() {
     assert_eq!(told(&seen[1][0]), Duration::from_millis(950));
     assert_eq!(backend.retry_layer().stats().hedges, 1);
 }
+
+/// Issue 25, 2: a dependency whose calls take 1 s, a caller's deadline of 1.3 s. Once the
+/// model is trusted, a call that failed after 1 s has 300 ms left: a retry fits on the wire,
+/// but the preset's reserve (the measured p50) does not, so none is sent (before, it was, got
+/// what was left, and timed out as one more failure for the breaker) and the response says
+/// why.
+#[tokio::test(start_paused = true)]
+async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (seen, fails) = (calls.clone(), failing.clone());
+    let second = service_fn(move |_req: Request<ReplayBody<String>>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let status = if fails.load(Ordering::SeqCst) {
+            503
+        } else {
+            200
+        };
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let response = Response::builder().status(status).body(String::new());
+            Ok::<_, std::convert::Infallible>(response.unwrap())
+        }
+    });
+    let backend = backstop::client::http().timeout(Duration::from_millis(1300));
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(second.clone());
+    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    let p50 = backend.latency().p50.expect("trusted");
+    assert!(p50.abs_diff(Duration::from_secs(1)) < Duration::from_millis(35));
+
+    failing.store(true, Ordering::SeqCst);
+    let before = calls.load(Ordering::SeqCst);
+    let response = client.clone().oneshot(get()).await.unwrap();
+    let info = backstop::client::call_info(&response);
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        (info.attempts(), info.gave_up()),
+        (1, Some(backstop::retry::GiveUp::Reserve))
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst) - before,
+        1,
+        "no retry was sent"
+    );
+    assert_eq!(backend.retry_layer().stats().retries, 0);
+
+    // Without the reserve, the old behaviour: a retry with about 300 ms for a 1 s call.
+    let bare = backend.clone().retry_reserve(None);
+    let before = calls.load(Ordering::SeqCst);
+    let client = ServiceBuilder::new().layer(bare).service(second.clone());
+    let _ = client.oneshot(get()).await;
+    assert_eq!(calls.load(Ordering::SeqCst) - before, 2, "a retry was sent");
+}
