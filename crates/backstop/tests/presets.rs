@@ -826,3 +826,41 @@ async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
     let _ = client.oneshot(get()).await;
     assert_eq!(calls.load(Ordering::SeqCst) - before, 2, "a retry was sent");
 }
+
+/// Issue 25, 4: a quiet minute no longer forgets what was measured. 200 calls to a 20 ms
+/// dependency, then silence: once the calls have left the model's window (45 s), the bound
+/// was the 10 s ceiling; now it is the last measured one, doubling every minute of silence
+/// on its way there.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_minute_widens_the_bound_instead_of_forgetting_it() {
+    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
+    let preset = backstop::client::http();
+    let tuned = backstop::client::http().attempt(low_floor());
+    for backend in [&preset, &tuned] {
+        let client = ServiceBuilder::new()
+            .layer(backend.clone())
+            .service(slow(latency.clone()));
+        assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    }
+    let bound = |b: &backstop::ClientLayer<_>| b.attempt_layer().current_bound().unwrap();
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let warm = bound(&tuned);
+    assert!(warm.abs_diff(Duration::from_millis(60)) < Duration::from_millis(2));
+    // A minute later (the samples left the window at 45 s): the model is empty, the bound
+    // is not.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(tuned.latency().p99, None);
+    let quiet = bound(&tuned);
+    assert!(
+        quiet > warm && quiet < 2 * warm,
+        "{warm:?} → {quiet:?} after a quiet minute"
+    );
+    assert_eq!(
+        bound(&preset),
+        Duration::from_secs(1),
+        "the floor, not the ceiling"
+    );
+    // Ten more minutes: the ceiling.
+    tokio::time::advance(Duration::from_secs(600)).await;
+    assert_eq!(bound(&tuned), Duration::from_secs(10));
+}

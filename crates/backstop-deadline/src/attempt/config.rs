@@ -3,6 +3,10 @@
 use backstop_core::ConfigError;
 use std::time::Duration;
 
+/// How long it takes a stale bound (the model emptied by an idle spell) to double on its way
+/// to the ceiling; see the [module docs](crate::attempt).
+pub const STALE_DOUBLING: Duration = Duration::from_secs(60);
+
 /// How each attempt is bounded.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
@@ -142,11 +146,20 @@ impl Adaptive {
         Ok(())
     }
 
-    pub(super) fn bound(&self, measured: Option<Duration>) -> Duration {
-        match measured {
-            Some(q) => q.mul_f64(self.multiplier).clamp(self.floor, self.ceiling),
-            None => self.ceiling,
+    /// The bound for a measured quantile and its age (zero while the model is trusted; see
+    /// [`LatencyModel::quantile_aged`](backstop_core::latency::LatencyModel::quantile_aged)):
+    /// `quantile × multiplier`, doubled for every [`STALE_DOUBLING`] of age, clamped.
+    pub(super) fn bound(&self, measured: Option<(Duration, Duration)>) -> Duration {
+        let Some((q, age)) = measured else {
+            return self.ceiling;
+        };
+        // Past 20 doublings (20 min) any bound is the ceiling; the cap keeps mul_f64 finite.
+        let doublings = age.as_secs_f64() / STALE_DOUBLING.as_secs_f64();
+        if doublings >= 20.0 {
+            return self.ceiling;
         }
+        q.mul_f64(self.multiplier * doublings.exp2())
+            .clamp(self.floor, self.ceiling)
     }
 }
 

@@ -12,8 +12,20 @@
 //! where an expired deadline (the caller's own) would count as nothing. The share is kept
 //! only where a retry may follow: an attempt marked [`FinalAttempt`](backstop_core::FinalAttempt) (the retry layer marks a
 //! call it sends once and its last attempt by count) may take the whole deadline, as gRPC's
-//! own clients give a single-attempt call. Until the model holds
-//! 100 samples (the first seconds of traffic, or after an idle spell), the `ceiling` applies.
+//! own clients give a single-attempt call. Until the model first holds
+//! 100 samples (the first seconds of traffic), the `ceiling` applies.
+//!
+//! # Trust decays, it is not discarded
+//!
+//! An idle spell empties the model's window (its samples count for 30 to 45 s), but a quiet
+//! minute says nothing new about the dependency: the bound then comes from the samples the
+//! model still holds, however old
+//! ([`LatencyModel::quantile_aged`](backstop_core::latency::LatencyModel::quantile_aged)),
+//! doubled for every minute ([`STALE_DOUBLING`]) since they left the window, and clamped as
+//! usual: 60 ms for a 20 ms dependency becomes 85 ms after 30 s of silence past the window,
+//! 120 ms after a minute, the 10 s ceiling after about nine. Once traffic is back and the
+//! window holds 100 samples again, the bound is the fresh one. Before, one POST's
+//! `grpc-timeout` flipped between `1590m` and the ceiling after 30 to 45 s without calls.
 //!
 //! Why p99 × 3: the timeout's job is to cut attempts that will not answer, without cutting
 //! the slow tail of attempts that would. At p99 × 3 an attempt is cut only when it is three
@@ -54,7 +66,7 @@ mod layer;
 mod service;
 mod shared;
 
-pub use config::{Adaptive, AttemptBound};
+pub use config::{Adaptive, AttemptBound, STALE_DOUBLING};
 pub use future::AttemptTimeoutFuture;
 pub use layer::{AttemptTimeoutLayer, MeasuredDelay};
 pub use service::AttemptTimeout;
@@ -117,30 +129,40 @@ mod tests {
         }
     }
 
+    /// A quantile read from a trusted model (age zero).
+    fn fresh(ms: u64) -> Option<(Duration, Duration)> {
+        Some((Duration::from_millis(ms), Duration::ZERO))
+    }
+
     #[test]
     fn the_bound_is_clamped_and_the_ceiling_applies_until_trusted() {
         let a = Adaptive::new();
         assert_eq!(a.bound(None), Duration::from_secs(10));
-        assert_eq!(
-            a.bound(Some(Duration::from_millis(1))),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            a.bound(Some(Duration::from_millis(500))),
-            Duration::from_millis(1500)
-        );
+        assert_eq!(a.bound(fresh(1)), Duration::from_secs(1));
+        assert_eq!(a.bound(fresh(500)), Duration::from_millis(1500));
         let low = a.floor(Duration::from_millis(10));
-        assert_eq!(
-            low.bound(Some(Duration::from_millis(1))),
-            Duration::from_millis(10)
+        assert_eq!(low.bound(fresh(1)), Duration::from_millis(10));
+        assert_eq!(low.bound(fresh(50)), Duration::from_millis(150));
+        assert_eq!(a.bound(fresh(60_000)), Duration::from_secs(10));
+    }
+
+    /// Issue 25, 4: a stale quantile doubles every minute of age on its way to the ceiling.
+    #[test]
+    fn a_stale_bound_widens_with_its_age_up_to_the_ceiling() {
+        let low = Adaptive::new().floor(Duration::from_millis(10));
+        let aged = |ms, s| Some((Duration::from_millis(ms), Duration::from_secs(s)));
+        assert_eq!(low.bound(aged(20, 0)), Duration::from_millis(60));
+        assert_eq!(low.bound(aged(20, 60)), Duration::from_millis(120));
+        assert_eq!(low.bound(aged(20, 180)), Duration::from_millis(480));
+        let half = low.bound(aged(20, 30));
+        assert!(
+            half.abs_diff(Duration::from_micros(84_853)) < Duration::from_micros(2),
+            "{half:?}"
         );
-        assert_eq!(
-            low.bound(Some(Duration::from_millis(50))),
-            Duration::from_millis(150)
-        );
-        assert_eq!(
-            a.bound(Some(Duration::from_secs(60))),
-            Duration::from_secs(10)
-        );
+        assert_eq!(low.bound(aged(20, 600)), Duration::from_secs(10));
+        assert_eq!(low.bound(aged(20, 1_200)), Duration::from_secs(10));
+        assert_eq!(low.bound(aged(20, u64::MAX / 4)), Duration::from_secs(10));
+        // The default floor still applies to the widened bound.
+        assert_eq!(Adaptive::new().bound(aged(20, 60)), Duration::from_secs(1));
     }
 }
