@@ -101,7 +101,7 @@ enum Hedge {
 /// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], [`RetryConfig::http`]
 /// (3 attempts, decorrelated jitter, the 10 % ratio budget), the breaker of
 /// [`http_breaker`], and attempts bounded by measured latency ([`Adaptive`]: p99 × 3, from
-/// 1 s to 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
+/// a floor of p99 × 20 within 250 ms to 1 s, at most 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
 pub fn http() -> ClientLayer<HttpClassifier> {
     ClientLayer::new(
         RetryConfig::http().build().expect("the defaults are valid"),
@@ -405,6 +405,7 @@ impl<C> ClientLayer<C> {
 
     /// The reserve a retry must have left, as a handle to the attempt layer's model, when
     /// [`retry_reserve`](Self::retry_reserve) is set (for the service config's retry layers).
+    #[cfg(feature = "service-config")]
     pub(crate) fn measured_reserve(&self) -> Option<crate::timeout::MeasuredDelay> {
         self.reserve.map(|q| {
             self.attempt
