@@ -30,6 +30,10 @@ pub enum Scenario {
     /// do the healthy routes stay up while the bad one fails fast? (backstop: a breaker per
     /// path.)
     Partial,
+    /// A burst of calls (the first eighth of the run), silence (three quarters: a minute of
+    /// an 80 s run), then a burst to a dependency that hangs; users wait 5 s: is the hang cut
+    /// by what was measured before the silence, or by the ceiling of a model that forgot it?
+    Quiet,
 }
 
 impl Scenario {
@@ -44,6 +48,7 @@ impl Scenario {
             Scenario::Tail => "tail",
             Scenario::Drift => "drift",
             Scenario::Partial => "partial",
+            Scenario::Quiet => "quiet",
         }
     }
 
@@ -65,10 +70,11 @@ impl Scenario {
     }
 
     /// How long a user waits for an answer (backstop: the deadline it propagates): 3 s in
-    /// `drift`, 1 s otherwise.
+    /// `drift`, 5 s in `quiet`, 1 s otherwise.
     pub fn patience(self) -> Duration {
         match self {
             Scenario::Drift => Duration::from_secs(3),
+            Scenario::Quiet => Duration::from_secs(5),
             _ => Duration::from_secs(1),
         }
     }
@@ -112,7 +118,7 @@ impl Scenario {
                 ..Fault::NONE
             },
             // An hour: for the run, never.
-            Scenario::Hang => Fault {
+            Scenario::Hang | Scenario::Quiet => Fault {
                 added_latency: Duration::from_secs(3600),
                 ..Fault::NONE
             },
@@ -130,8 +136,32 @@ impl Scenario {
     }
 
     /// The three phases over `duration`: healthy (first quarter), the fault (half), healthy
-    /// again (last quarter).
+    /// again (last quarter). In `quiet`: healthy (first eighth), silent (three quarters: no
+    /// user sends anything), the hang (last eighth).
     pub fn phases(self, duration: Duration) -> Vec<Phase> {
+        if self == Scenario::Quiet {
+            let eighth = duration / 8;
+            return vec![
+                Phase {
+                    name: "healthy",
+                    start: Duration::ZERO,
+                    end: eighth,
+                    fault: Fault::NONE,
+                },
+                Phase {
+                    name: "quiet",
+                    start: eighth,
+                    end: duration - eighth,
+                    fault: Fault::NONE,
+                },
+                Phase {
+                    name: "hang",
+                    start: duration - eighth,
+                    end: duration,
+                    fault: self.fault(),
+                },
+            ];
+        }
         let quarter = duration / 4;
         let fault_name = match self {
             Scenario::Brownout => "brownout",
@@ -141,6 +171,7 @@ impl Scenario {
             Scenario::Tail => "tail",
             Scenario::Drift => "drift",
             Scenario::Partial => "route down",
+            Scenario::Quiet => unreachable!("quiet has phases of its own"),
         };
         vec![
             Phase {
@@ -162,6 +193,14 @@ impl Scenario {
                 fault: self.baseline(),
             },
         ]
+    }
+}
+
+impl Scenario {
+    /// Whether users send nothing at `t` from the start of a run of `duration` (the silent
+    /// phase of `quiet`).
+    pub fn silent(self, t: Duration, duration: Duration) -> bool {
+        self == Scenario::Quiet && t >= duration / 8 && t < duration - duration / 8
     }
 }
 

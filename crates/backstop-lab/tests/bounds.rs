@@ -264,3 +264,28 @@ fn one_route_down_fails_fast_alone() {
     let brownout = run(Scenario::Brownout);
     assert_eq!(variant(&brownout, "backstop").healthy_success_rate, None);
 }
+
+/// `quiet` (issue 25, 4): 10 s of calls to a 10 ms dependency, a minute of silence, then
+/// the dependency hangs; users wait 5 s. The model's window emptied during the silence, but
+/// the bound decays from what it measured instead of going back to the ceiling (10 s, capped
+/// at 80 % of the deadline: 4 s): the hang is cut at about 270 ms and the breaker opens
+/// within half a second of it (it opened 4.0 s after it when the model forgot).
+#[test]
+fn after_a_quiet_minute_a_hang_is_cut_by_the_measured_bound() {
+    let report = simulate(Scenario::Quiet, 1, 1000, 80);
+    println!("{}", report.table());
+    let backstop = variant(&report, "backstop");
+    let hang_start = 70.0;
+    let opened = backstop.first_open_s.expect("the breaker opened");
+    println!("opened {:.3} s after the hang", opened - hang_start);
+    assert!(
+        opened >= hang_start && opened - hang_start <= 0.5,
+        "opened {:.3} s after the hang",
+        opened - hang_start
+    );
+    assert_eq!(backstop.phases[1].offered, 0, "the quiet phase is silent");
+    assert!(backstop.phases[0].success_rate >= 0.999);
+    for name in ["none", "naive", "tower"] {
+        assert_eq!(variant(&report, name).first_open_s, None);
+    }
+}
