@@ -845,12 +845,15 @@ async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
     );
     assert_eq!(backend.retry_layer().stats().retries, 0);
 
-    // Without the reserve, the old behaviour: a retry with about 300 ms for a 1 s call.
+    // Without the reserve, the old behaviour: a retry with about 300 ms for a 1 s call (and,
+    // as the jitter of the unseeded backoff falls, sometimes a third attempt in the last
+    // tens of milliseconds).
     let bare = backend.clone().retry_reserve(None);
     let before = calls.load(Ordering::SeqCst);
     let client = ServiceBuilder::new().layer(bare).service(second.clone());
     let _ = client.oneshot(get()).await;
-    assert_eq!(calls.load(Ordering::SeqCst) - before, 2, "a retry was sent");
+    let sent = calls.load(Ordering::SeqCst) - before;
+    assert!(sent >= 2, "{sent}: a retry was sent");
 }
 
 /// Issue 25, 4: a quiet minute no longer forgets what was measured. 200 calls to a 20 ms
