@@ -11,7 +11,9 @@
 //!   within `window` of it: the last `window` to `1.5 × window` of samples. Older samples are
 //!   forgotten, so the model re-measures by itself after an incident.
 //! - **Trust**: a quantile is `None` until the window holds `min_samples` (default 100)
-//!   samples.
+//!   samples. After an idle spell the window is empty, but the sub-windows keep their counts
+//!   until a rotation reuses them: [`LatencyModel::quantile_aged`] reads them, with their
+//!   age, so a user of the model can decay its trust instead of starting over.
 //! - **Censored samples**: an attempt that ran out of time is recorded at its bound (it took
 //!   at least that), so a slowing dependency raises the quantiles instead of letting the
 //!   timeout spiral down.
@@ -186,6 +188,43 @@ impl LatencyModel {
     pub fn quantile(&self, q: f64, now_us: u64) -> Option<Duration> {
         let (hist, total) = self.histogram(now_us);
         quantile_of(&hist, total, q, self.min_samples)
+    }
+
+    /// The `q` quantile as [`quantile`](Self::quantile) reads it, with how stale it is: zero
+    /// while the window holds `min_samples`; otherwise (an idle spell emptied the window) the
+    /// quantile of every sub-window that still holds samples, however old (a sub-window keeps
+    /// its counts until a rotation reuses it), and how long ago the newest of the ones that
+    /// left the window did. `None` only when even those hold fewer than `min_samples` (a model
+    /// never trusted). What decays trust instead of discarding it: the attempt bound widens a
+    /// stale quantile with its age (see `backstop_deadline::attempt`).
+    pub fn quantile_aged(&self, q: f64, now_us: u64) -> Option<(Duration, Duration)> {
+        let (hist, total) = self.histogram(now_us);
+        if let Some(q) = quantile_of(&hist, total, q, self.min_samples) {
+            return Some((q, Duration::ZERO));
+        }
+        let epoch = now_us / self.sub_us;
+        let mut hist = [0u32; BUCKETS];
+        let mut total = 0u64;
+        let mut left = None;
+        for slot in 0..SLOTS {
+            let tag = self.tags[slot].load(Ordering::Acquire);
+            if tag == 0 || tag - 1 > epoch {
+                continue;
+            }
+            if tag - 1 + (SLOTS as u64 - 1) < epoch {
+                // Left the window when the epoch `SLOTS` after its own began.
+                let at = (tag - 1 + SLOTS as u64).saturating_mul(self.sub_us);
+                left = left.max(Some(at));
+            }
+            for (acc, count) in hist.iter_mut().zip(self.slot_counts(slot)) {
+                let n = count.load(Ordering::Relaxed);
+                *acc = acc.saturating_add(n);
+                total += u64::from(n);
+            }
+        }
+        let q = quantile_of(&hist, total, q, self.min_samples)?;
+        let age = Duration::from_micros(now_us.saturating_sub(left?));
+        Some((q, age))
     }
 
     /// The upper edge of the bucket that holds the `q` quantile: no sample of that bucket or
@@ -387,6 +426,32 @@ mod tests {
         );
         // And an idle model forgets everything.
         assert_eq!(m.snapshot(now + 60_000 * MS).count, 0);
+    }
+
+    /// Issue 25, 4: an idle spell empties the window, but not the sub-windows: the last
+    /// quantile is still there, with its age since it left the window.
+    #[test]
+    fn an_idle_model_keeps_its_last_quantile_with_its_age() {
+        let m = LatencyModel::new(); // 30 s window, 15 s sub-windows
+        for i in 0..2_000u64 {
+            m.record(Duration::from_millis(20), i * MS);
+        }
+        let fresh = m.quantile_aged(0.99, 2_000 * MS).unwrap();
+        assert_eq!(fresh.1, Duration::ZERO);
+        // Samples of sub-window 0 count until 45 s, then the window is empty.
+        assert!(m.quantile(0.99, 44_000 * MS).is_some());
+        assert_eq!(m.quantile(0.99, 45_000 * MS), None);
+        let (q, age) = m.quantile_aged(0.99, 105_000 * MS).unwrap();
+        assert_eq!(q, fresh.0);
+        assert_eq!(age, Duration::from_secs(60));
+        // Traffic again: one sub-window is reused, the others still speak until trusted.
+        m.record(Duration::from_millis(20), 106_000 * MS);
+        let (_, age) = m.quantile_aged(0.99, 106_000 * MS).unwrap();
+        assert_eq!(age, Duration::from_secs(61));
+        // A model never trusted has nothing to recall.
+        let cold = LatencyModel::new();
+        cold.record(Duration::from_millis(20), 0);
+        assert_eq!(cold.quantile_aged(0.99, 100_000 * MS), None);
     }
 
     #[test]

@@ -93,6 +93,7 @@ pub mod latency;
 pub mod metrics;
 mod name;
 pub mod reject;
+mod reserve;
 
 pub use attempt::FinalAttempt;
 pub use body::ResponseBody;
@@ -105,3 +106,4 @@ pub use grpc::{Code, is_grpc};
 pub use hedge::HedgeDelay;
 pub use hint::ServerHint;
 pub use reject::Rejection;
+pub use reserve::RetryReserve;

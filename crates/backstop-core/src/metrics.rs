@@ -14,7 +14,7 @@
 //! | `backstop.client.requests` | counter | `dependency`, `outcome` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx) |
 //! | `backstop.client.attempts` | counter | `dependency`, `kind` | an attempt is sent: `first`, `retry`, `hedge` |
 //! | `backstop.client.attempt.duration` | histogram (s) | `dependency` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
-//! | `backstop.retry.give_ups` | counter | `dependency`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `budget`, `not_replayable` |
+//! | `backstop.retry.give_ups` | counter | `dependency`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
 //! | `backstop.retry.budget.balance` | gauge | `dependency` | the retry budget changes (its tokens: retries it would allow now) |
 //! | `backstop.breaker.state` | gauge | `dependency` | the breaker changes state: 0 closed, 1 open, 2 half-open |
 //! | `backstop.breaker.transitions` | counter | `dependency`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` |

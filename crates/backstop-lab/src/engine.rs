@@ -155,6 +155,9 @@ impl Run {
         let start = recorder.start();
         let mut users = Vec::with_capacity(total as usize);
         for i in 0..total {
+            if self.scenario.silent(interval * i as u32, self.duration) {
+                continue;
+            }
             tokio::time::sleep_until(start + interval * i as u32).await;
             let (edge, recorder, patience) = (edge.clone(), recorder.clone(), self.patience);
             let path = self.scenario.path(i);
@@ -205,7 +208,7 @@ impl Run {
         let measured = sampler.await.expect("the sampler does not panic");
         let mut report = recorder.report(variant.name(), &phases, breaker);
         report.measured_latency = measured.clone();
-        if self.scenario == Scenario::Hang {
+        if matches!(self.scenario, Scenario::Hang | Scenario::Quiet) {
             // The hung dependency's work never ends within the run: there is no orphaned work
             // to count, only work still held.
             report.orphaned_work_s = None;

@@ -35,6 +35,10 @@ pub enum Scenario {
     /// does any charge happen twice? (backstop: keys stamped by the client preset, honoured
     /// by `IdempotencyLayer` on the server.)
     Post,
+    /// A burst of calls (the first eighth of the run), silence (three quarters: a minute of
+    /// an 80 s run), then a burst to a dependency that hangs; users wait 5 s: is the hang cut
+    /// by what was measured before the silence, or by the ceiling of a model that forgot it?
+    Quiet,
 }
 
 impl Scenario {
@@ -49,6 +53,7 @@ impl Scenario {
             Scenario::Tail => "tail",
             Scenario::Drift => "drift",
             Scenario::Partial => "partial",
+            Scenario::Quiet => "quiet",
             Scenario::Post => "post",
         }
     }
@@ -79,10 +84,11 @@ impl Scenario {
     }
 
     /// How long a user waits for an answer (backstop: the deadline it propagates): 3 s in
-    /// `drift`, 1 s otherwise.
+    /// `drift`, 5 s in `quiet`, 1 s otherwise.
     pub fn patience(self) -> Duration {
         match self {
             Scenario::Drift => Duration::from_secs(3),
+            Scenario::Quiet => Duration::from_secs(5),
             _ => Duration::from_secs(1),
         }
     }
@@ -126,7 +132,7 @@ impl Scenario {
                 ..Fault::NONE
             },
             // An hour: for the run, never.
-            Scenario::Hang => Fault {
+            Scenario::Hang | Scenario::Quiet => Fault {
                 added_latency: Duration::from_secs(3600),
                 ..Fault::NONE
             },
@@ -148,8 +154,32 @@ impl Scenario {
     }
 
     /// The three phases over `duration`: healthy (first quarter), the fault (half), healthy
-    /// again (last quarter).
+    /// again (last quarter). In `quiet`: healthy (first eighth), silent (three quarters: no
+    /// user sends anything), the hang (last eighth).
     pub fn phases(self, duration: Duration) -> Vec<Phase> {
+        if self == Scenario::Quiet {
+            let eighth = duration / 8;
+            return vec![
+                Phase {
+                    name: "healthy",
+                    start: Duration::ZERO,
+                    end: eighth,
+                    fault: Fault::NONE,
+                },
+                Phase {
+                    name: "quiet",
+                    start: eighth,
+                    end: duration - eighth,
+                    fault: Fault::NONE,
+                },
+                Phase {
+                    name: "hang",
+                    start: duration - eighth,
+                    end: duration,
+                    fault: self.fault(),
+                },
+            ];
+        }
         let quarter = duration / 4;
         let fault_name = match self {
             Scenario::Brownout => "brownout",
@@ -160,6 +190,7 @@ impl Scenario {
             Scenario::Drift => "drift",
             Scenario::Partial => "route down",
             Scenario::Post => "answers lost",
+            Scenario::Quiet => unreachable!("quiet has phases of its own"),
         };
         vec![
             Phase {
@@ -181,6 +212,14 @@ impl Scenario {
                 fault: self.baseline(),
             },
         ]
+    }
+}
+
+impl Scenario {
+    /// Whether users send nothing at `t` from the start of a run of `duration` (the silent
+    /// phase of `quiet`).
+    pub fn silent(self, t: Duration, duration: Duration) -> bool {
+        self == Scenario::Quiet && t >= duration / 8 && t < duration - duration / 8
     }
 }
 

@@ -94,3 +94,13 @@ fn post_bounds_hold_for_every_seed() {
         );
     }
 }
+
+#[test]
+fn quiet_bounds_hold_for_every_seed() {
+    for seed in SEEDS {
+        let report = simulate_variants(Scenario::Quiet, seed, 1000, 80, &[Variant::Backstop]);
+        let v = &report.variants[0];
+        let opened = v.first_open_s.expect("the breaker opened") - 70.0;
+        assert!((0.0..=0.5).contains(&opened), "seed {seed:#x}: {opened} s");
+    }
+}

@@ -62,7 +62,15 @@
 //!    - a `Retry-After`: at least that long (RFC 9110), or the [backoff] if longer;
 //!    - otherwise the [backoff].
 //!
-//!    Server hints are clamped by `max_hint` (30 s);
+//!    Server hints are clamped by `max_hint` (30 s). With a
+//!    [`reserve`](RetryConfig::reserve) (the client presets: the dependency's measured p50),
+//!    the wait plus the reserve must fit there too, or the failure is returned at once,
+//!    given up for [`GiveUp::Reserve`] rather than [`GiveUp::Deadline`]: the retry could be
+//!    sent, but the dependency's usual call could not finish in what is left, and a retry
+//!    that times out is one more failure for the breaker to count. The reserve is read when
+//!    the retry is decided, from whatever the stack was built with (a handle to the attempt
+//!    layer's latency model, decided when the stack is built), never from per-request state;
+//!    a reserve of `None` (a model not trusted yet) asks for nothing;
 //! 7. the [budget] grants a token;
 //! 8. the body is taken over for the next attempt (see [`ReplayBody`]): from here on the
 //!    attempt that failed can no longer read it, even if its transport is still sending it.

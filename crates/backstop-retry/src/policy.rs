@@ -2,7 +2,7 @@ use crate::{
     backoff::{self, Backoff},
     budget::{Budget, RatioBudget},
 };
-use backstop_core::{ConfigError, GrpcClassifier, HttpClassifier};
+use backstop_core::{ConfigError, GrpcClassifier, HttpClassifier, RetryReserve};
 use http::{HeaderMap, HeaderName, Method};
 
 /// `Idempotency-Key`: marks a request the server de-duplicates, so it is safe to retry.
@@ -131,6 +131,7 @@ pub struct RetryConfig<C> {
     pub(crate) max_hint: Duration,
     pub(crate) seed: Option<u64>,
     pub(crate) hedging: Option<crate::hedge::Hedging>,
+    pub(crate) reserve: Option<Arc<dyn RetryReserve>>,
     pub(crate) send_grpc_timeout: bool,
 }
 
@@ -166,6 +167,7 @@ impl<C> RetryConfig<C> {
             max_hint: Duration::from_secs(30),
             seed: None,
             hedging: None,
+            reserve: None,
             send_grpc_timeout: true,
         }
     }
@@ -215,6 +217,7 @@ impl<C> RetryConfig<C> {
             max_hint: self.max_hint,
             seed: self.seed,
             hedging: self.hedging,
+            reserve: self.reserve,
             send_grpc_timeout: self.send_grpc_timeout,
         }
     }
@@ -224,6 +227,27 @@ impl<C> RetryConfig<C> {
     #[must_use]
     pub fn min_attempt_time(mut self, min: Duration) -> Self {
         self.min_attempt_time = min;
+        self
+    }
+
+    /// A retry is only started if, once the wait is over, at least what `reserve` says is
+    /// left of the deadline: the time the dependency's calls usually take, so a retry that
+    /// could not finish is not sent only to time out (default: none, only
+    /// [`min_attempt_time`](Self::min_attempt_time)). The client presets pass the
+    /// dependency's measured p50 (`AttemptTimeoutLayer::retry_reserve(0.5)` in
+    /// backstop-deadline): with a median of 1 s and 260 ms left, the failure is returned at
+    /// once, given up for [`GiveUp::Reserve`](crate::GiveUp::Reserve). A reserve of `None`
+    /// (a latency model not yet trusted) asks for nothing.
+    #[must_use]
+    pub fn reserve(mut self, reserve: impl RetryReserve + 'static) -> Self {
+        self.reserve = Some(Arc::new(reserve));
+        self
+    }
+
+    /// No reserve: only `min_attempt_time` must fit (the default).
+    #[must_use]
+    pub fn no_reserve(mut self) -> Self {
+        self.reserve = None;
         self
     }
 

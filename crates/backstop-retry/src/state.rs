@@ -252,11 +252,18 @@ impl<S, B, C> RetryState<S, B, C> {
                 _ => next_backoff(policy, &mut self.backoff, rng),
             };
         if let Some(send_by) = self.bounds.send_by() {
-            let earliest = Instant::now()
-                .checked_add(wait)
-                .and_then(|t| t.checked_add(policy.min_attempt_time));
+            let start = Instant::now().checked_add(wait);
+            let earliest = start.and_then(|t| t.checked_add(policy.min_attempt_time));
             if earliest.is_none_or(|t| t > send_by) {
                 return Err(GiveUp::Deadline);
+            }
+            // What the dependency's calls usually take must fit too: a retry the median call
+            // could not finish would time out and count as one more failure.
+            if let Some(reserve) = policy.reserve.as_ref().and_then(|r| r.reserve()) {
+                let finish = start.and_then(|t| t.checked_add(reserve));
+                if finish.is_none_or(|t| t > send_by) {
+                    return Err(GiveUp::Reserve);
+                }
             }
         }
         if let Some(budget) = &policy.budget {

@@ -21,6 +21,11 @@ pub enum GiveUp {
     Hint,
     /// The wait plus `min_attempt_time` does not fit in the remaining deadline.
     Deadline,
+    /// The wait plus the reserve ([`RetryConfig::reserve`](crate::RetryConfig::reserve): in
+    /// the client presets, the dependency's measured p50) does not fit in the remaining
+    /// deadline: the retry could fit on the wire, but the dependency's usual call could not
+    /// finish in it, so it would most likely time out and count as one more failure.
+    Reserve,
     /// The budget has no token.
     Budget,
     /// The request body is longer than `max_replay_bytes`, or failed, so no copy of it can be
@@ -33,12 +38,13 @@ pub enum GiveUp {
 
 impl GiveUp {
     /// Every reason, in declaration order (`why as usize` indexes it).
-    pub(crate) const ALL: [GiveUp; 8] = [
+    pub(crate) const ALL: [GiveUp; 9] = [
         GiveUp::NotRetryable,
         GiveUp::Attempts,
         GiveUp::NotIdempotent,
         GiveUp::Hint,
         GiveUp::Deadline,
+        GiveUp::Reserve,
         GiveUp::Budget,
         GiveUp::NotReplayable,
         GiveUp::Throttled,
@@ -61,6 +67,7 @@ impl GiveUp {
             GiveUp::NotIdempotent => "not_idempotent",
             GiveUp::Hint => "hint",
             GiveUp::Deadline => "deadline",
+            GiveUp::Reserve => "reserve",
             GiveUp::Budget => "budget",
             GiveUp::NotReplayable => "not_replayable",
             GiveUp::Throttled => "throttled",
@@ -72,7 +79,7 @@ impl GiveUp {
     pub fn exhausts_retries(self) -> bool {
         matches!(
             self,
-            GiveUp::Attempts | GiveUp::Hint | GiveUp::Deadline | GiveUp::Budget
+            GiveUp::Attempts | GiveUp::Hint | GiveUp::Deadline | GiveUp::Reserve | GiveUp::Budget
         )
     }
 }

@@ -288,6 +288,56 @@ async fn no_retry_is_started_that_cannot_finish_before_the_deadline() {
     assert_eq!(h.done().unwrap().status(), 200);
 }
 
+/// Issue 25, 2: a dependency whose calls take about 1 s, a 1.3 s deadline, and a first
+/// attempt that failed after 1.04 s. A retry fits on the wire (`min_attempt_time` 1 ms), but
+/// not the 1 s its calls take: with the reserve, none is sent, and the reason says why.
+#[tokio::test(start_paused = true)]
+async fn no_retry_is_started_that_the_reserve_says_cannot_finish() {
+    let layer = policy().reserve(Duration::from_secs(1)).build().unwrap();
+    let mut req = get();
+    req.extensions_mut().insert(Deadline::after(1300 * MS));
+    let mut h = start(layer.clone(), req);
+    h.advance(1040 * MS).await;
+    h.answer(503).await;
+    assert_eq!(h.done().unwrap().status(), 503);
+    h.no_more_attempts();
+    assert_eq!(layer.stats().gave_up(GiveUp::Reserve), 1);
+    assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 0);
+    assert_eq!(layer.stats().retries, 0);
+    // With 1.01 s left after the backoff, it does.
+    let mut req = get();
+    req.extensions_mut().insert(Deadline::after(1300 * MS));
+    let mut h = start(layer.clone(), req);
+    h.advance(280 * MS).await;
+    h.answer(503).await;
+    h.advance(10 * MS).await;
+    h.answer(200).await;
+    assert_eq!(h.done().unwrap().status(), 200);
+    assert_eq!(layer.stats().retries, 1);
+}
+
+/// A reserve that says nothing (a latency model not trusted yet) asks for nothing.
+#[tokio::test(start_paused = true)]
+async fn a_reserve_of_none_leaves_the_deadline_rule_alone() {
+    #[derive(Debug)]
+    struct Untrusted;
+    impl backstop_core::RetryReserve for Untrusted {
+        fn reserve(&self) -> Option<Duration> {
+            None
+        }
+    }
+    let layer = policy().reserve(Untrusted).build().unwrap();
+    let mut req = get();
+    req.extensions_mut().insert(Deadline::after(1300 * MS));
+    let mut h = start(layer.clone(), req);
+    h.advance(1040 * MS).await;
+    h.answer(503).await;
+    h.advance(10 * MS).await;
+    h.answer(200).await;
+    assert_eq!(h.done().unwrap().status(), 200);
+    assert_eq!(layer.stats().retries, 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_task_local_deadline_counts_too() {
     let layer = policy().build().unwrap();

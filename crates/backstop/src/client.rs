@@ -25,6 +25,9 @@ pub struct ClientLayer<C> {
     breaker: BreakerLayer<C>,
     attempt: AttemptTimeoutLayer,
     hedging: Option<Hedge>,
+    /// The quantile of the attempt layer's model a retry must have left
+    /// ([`ClientLayer::retry_reserve`]), kept so replacing the retry or attempt layer keeps it.
+    reserve: Option<f64>,
     /// The dependency's name, applied again to a replaced retry layer or breaker.
     name: Option<std::sync::Arc<str>>,
 }
@@ -98,12 +101,13 @@ enum Hedge {
 /// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], [`RetryConfig::http`]
 /// (3 attempts, decorrelated jitter, the 10 % ratio budget), the breaker of
 /// [`http_breaker`], and attempts bounded by measured latency ([`Adaptive`]: p99 × 3, from
-/// 1 s to 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
+/// a floor of p99 × 20 within 250 ms to 1 s, at most 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
 pub fn http() -> ClientLayer<HttpClassifier> {
     ClientLayer::new(
         RetryConfig::http().build().expect("the defaults are valid"),
         http_breaker().build().expect("the defaults are valid"),
     )
+    .retry_reserve(Some(0.5))
 }
 
 /// The preset for gRPC dependencies: as [`http()`] with [`RetryConfig::grpc`] and
@@ -113,6 +117,7 @@ pub fn grpc() -> ClientLayer<GrpcClassifier> {
         RetryConfig::grpc().build().expect("the defaults are valid"),
         grpc_breaker().build().expect("the defaults are valid"),
     )
+    .retry_reserve(Some(0.5))
 }
 
 /// The breaker of the [`http()`] preset, to tune and pass to [`ClientLayer::breaker`]:
@@ -151,6 +156,7 @@ impl<C> ClientLayer<C> {
             attempt: AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
                 .expect("the defaults are valid"),
             hedging: None,
+            reserve: None,
             name: None,
         }
     }
@@ -382,24 +388,82 @@ impl<C> ClientLayer<C> {
         self.rehedge()
     }
 
-    /// Applies the hedging setting to the current retry layer.
+    /// A retry is started only if, after its backoff, the `quantile` of the attempt layer's
+    /// measured latency is still left of the deadline ([`RetryConfig::reserve`] with
+    /// [`AttemptTimeoutLayer::retry_reserve`]); `None`: no reserve, only the retry policy's
+    /// `min_attempt_time`. The presets use `Some(0.5)`: with a dependency whose median call
+    /// takes 1 s, a failure with 300 ms left is returned at once
+    /// ([`GiveUp::Reserve`](backstop_retry::GiveUp::Reserve)) instead of a retry that would
+    /// time out and count as one more failure of the breaker. Nothing is asked for until the
+    /// model is trusted. The retry layer is handed the attempt layer's model here, when the
+    /// stack is built, as measured hedging is; replacing either layer keeps the setting. The
+    /// retry layer is rebuilt with the reserve (its budget shared; its stats start from zero).
+    ///
+    /// ```
+    /// let client = backstop::client::http().retry_reserve(Some(0.9));
+    /// # let _ = client;
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Unless `quantile` is in (0, 1).
+    #[must_use]
+    pub fn retry_reserve(mut self, quantile: Option<f64>) -> Self
+    where
+        C: Clone,
+    {
+        if self.reserve.is_some() && quantile.is_none() {
+            self.retry = self
+                .retry
+                .config()
+                .clone()
+                .no_reserve()
+                .build()
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        self.reserve = quantile;
+        self.rehedge().renamed()
+    }
+
+    /// Applies the hedging and reserve settings to the current retry layer.
     fn rehedge(mut self) -> Self
     where
         C: Clone,
     {
-        let hedging = match &self.hedging {
-            None => return self,
-            Some(Hedge::Custom(h)) => h.clone(),
+        if self.hedging.is_none() && self.reserve.is_none() {
+            return self;
+        }
+        let mut policy = self.retry.config().clone();
+        match &self.hedging {
+            None => {}
+            Some(Hedge::Custom(h)) => policy = policy.hedging(h.clone()),
             Some(Hedge::Measured(n)) => {
-                Hedging::new(self.attempt.hedge_delay(0.95).expect("a valid quantile"))
-                    .max_attempts(*n)
+                policy = policy.hedging(
+                    Hedging::new(self.attempt.hedge_delay(0.95).expect("a valid quantile"))
+                        .max_attempts(*n),
+                );
             }
-        };
-        self.retry = self
-            .retry
-            .with_hedging(hedging)
-            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        if let Some(q) = self.reserve {
+            policy = policy.reserve(
+                self.attempt
+                    .retry_reserve(q)
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+        }
+        self.retry = policy.build().unwrap_or_else(|e| panic!("{e}"));
         self.renamed()
+    }
+
+    /// The reserve a retry must have left, as a handle to the attempt layer's model, when
+    /// [`retry_reserve`](Self::retry_reserve) is set (for the service config's retry layers).
+    #[cfg(feature = "service-config")]
+    pub(crate) fn measured_reserve(&self) -> Option<crate::timeout::MeasuredDelay> {
+        self.reserve.map(|q| {
+            self.attempt
+                .retry_reserve(q)
+                .expect("checked when it was set")
+        })
     }
 
     /// The attempt bound's layer: [`latency`](AttemptTimeoutLayer::latency) is the

@@ -64,7 +64,7 @@
 //! - [`client::http()`], [`client::grpc()`]: the client stack as one [`ClientLayer`], with
 //!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
 //!   `.deadline(..)`, `.attempt(..)` or `.attempt_timeout(..)`). Attempts are bounded by the
-//!   dependency's measured latency by default ([`timeout`]: p99 × 3, from 1 s to 10 s), and
+//!   dependency's measured latency by default ([`timeout`]: p99 × 3, at least p99 × 20 within 250 ms to 1 s, at most 10 s), and
 //!   [`ClientLayer::latency`] shows what was measured. [`ClientLayer::hedging`] hedges slow
 //!   idempotent requests at the measured p95, paid from the retry budget.
 //!   [`ClientLayer::idempotency_keys`] says the dependency de-duplicates keys: POSTs and

@@ -80,6 +80,11 @@ impl MethodsLayer {
                 // the channel, whatever its method.
                 None => RetryConfig::grpc().max_attempts(1).budget(budget.clone()),
             };
+            // The preset's reserve: no retry the dependency's usual call could not finish.
+            let policy = match client.measured_reserve() {
+                Some(reserve) => policy.reserve(reserve),
+                None => policy,
+            };
             retries.push(policy.build()?);
         }
         retries.push(

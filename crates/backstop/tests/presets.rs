@@ -193,15 +193,41 @@ async fn the_preset_measures_latency_and_bounds_attempts_by_it() {
         );
     }
     tokio::time::advance(Duration::from_millis(200)).await;
-    // Warm: p99 × 3, but never below the floor (1 s by default).
+    // Warm: p99 × 3, but never below the floor (by default p99 × 20, from 250 ms to 1 s).
     let bound = tuned.attempt_layer().current_bound().unwrap();
     assert!(
         bound.abs_diff(Duration::from_millis(60)) < Duration::from_millis(2),
         "{bound:?}"
     );
-    assert_eq!(
-        preset.attempt_layer().current_bound(),
-        Some(Duration::from_secs(1))
+    let bound = preset.attempt_layer().current_bound().unwrap();
+    assert!(
+        bound.abs_diff(Duration::from_millis(400)) < Duration::from_millis(10),
+        "{bound:?}"
+    );
+}
+
+/// Issue 25, 3: a trusted 20 ms dependency that hangs is cut at its measured floor
+/// (p99 × 20 = 400 ms) with the defaults, where the fixed 1 s floor held each attempt 1 s.
+#[tokio::test(start_paused = true)]
+async fn a_fast_dependency_s_hang_is_cut_near_its_measured_floor() {
+    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
+    let backend = backstop::client::http().max_attempts(1);
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(slow(latency.clone()));
+    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    *latency.lock().unwrap() = None;
+    let started = tokio::time::Instant::now();
+    let err = client.oneshot(get()).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        backstop_core::find::<AttemptTimedOut>(err.as_ref()).is_some(),
+        "{err}"
+    );
+    assert!(
+        took.abs_diff(Duration::from_millis(400)) < Duration::from_millis(10),
+        "cut after {took:?}"
     );
 }
 
@@ -809,4 +835,101 @@ async fn the_server_preset_caps_an_incoming_deadline_at_an_hour() {
     let said = left(uncapped, "2H").await;
     let asked = Duration::from_secs(7200) - Duration::from_millis(1);
     assert_eq!(said, format!("{:?}", Some(asked)));
+}
+
+/// Issue 25, 2: a dependency whose calls take 1 s, a caller's deadline of 1.3 s. Once the
+/// model is trusted, a call that failed after 1 s has 300 ms left: a retry fits on the wire,
+/// but the preset's reserve (the measured p50) does not, so none is sent (before, it was, got
+/// what was left, and timed out as one more failure for the breaker) and the response says
+/// why.
+#[tokio::test(start_paused = true)]
+async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (seen, fails) = (calls.clone(), failing.clone());
+    let second = service_fn(move |_req: Request<ReplayBody<String>>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let status = if fails.load(Ordering::SeqCst) {
+            503
+        } else {
+            200
+        };
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let response = Response::builder().status(status).body(String::new());
+            Ok::<_, std::convert::Infallible>(response.unwrap())
+        }
+    });
+    let backend = backstop::client::http().timeout(Duration::from_millis(1300));
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(second.clone());
+    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    let p50 = backend.latency().p50.expect("trusted");
+    assert!(p50.abs_diff(Duration::from_secs(1)) < Duration::from_millis(35));
+
+    failing.store(true, Ordering::SeqCst);
+    let before = calls.load(Ordering::SeqCst);
+    let response = client.clone().oneshot(get()).await.unwrap();
+    let info = backstop::client::call_info(&response);
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        (info.attempts(), info.gave_up()),
+        (1, Some(backstop::retry::GiveUp::Reserve))
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst) - before,
+        1,
+        "no retry was sent"
+    );
+    assert_eq!(backend.retry_layer().stats().retries, 0);
+
+    // Without the reserve, the old behaviour: a retry with about 300 ms for a 1 s call (and,
+    // as the jitter of the unseeded backoff falls, sometimes a third attempt in the last
+    // tens of milliseconds).
+    let bare = backend.clone().retry_reserve(None);
+    let before = calls.load(Ordering::SeqCst);
+    let client = ServiceBuilder::new().layer(bare).service(second.clone());
+    let _ = client.oneshot(get()).await;
+    let sent = calls.load(Ordering::SeqCst) - before;
+    assert!(sent >= 2, "{sent}: a retry was sent");
+}
+
+/// Issue 25, 4: a quiet minute no longer forgets what was measured. 200 calls to a 20 ms
+/// dependency, then silence: once the calls have left the model's window (45 s), the bound
+/// was the 10 s ceiling; now it is the last measured one, doubling every minute of silence
+/// on its way there.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_minute_widens_the_bound_instead_of_forgetting_it() {
+    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
+    let preset = backstop::client::http();
+    let tuned = backstop::client::http().attempt(low_floor());
+    for backend in [&preset, &tuned] {
+        let client = ServiceBuilder::new()
+            .layer(backend.clone())
+            .service(slow(latency.clone()));
+        assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    }
+    let bound = |b: &backstop::ClientLayer<_>| b.attempt_layer().current_bound().unwrap();
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let warm = bound(&tuned);
+    assert!(warm.abs_diff(Duration::from_millis(60)) < Duration::from_millis(2));
+    // A minute later (the samples left the window at 45 s): the model is empty, the bound
+    // is not.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(tuned.latency().p99, None);
+    let quiet = bound(&tuned);
+    assert!(
+        quiet > warm && quiet < 2 * warm,
+        "{warm:?} → {quiet:?} after a quiet minute"
+    );
+    // The preset's floor follows the widened p99 too (about 25 ms × 20), below the ceiling.
+    let floor = bound(&preset);
+    assert!(
+        floor.abs_diff(Duration::from_millis(500)) < Duration::from_millis(20),
+        "{floor:?}"
+    );
+    // Ten more minutes: the ceiling.
+    tokio::time::advance(Duration::from_secs(600)).await;
+    assert_eq!(bound(&tuned), Duration::from_secs(10));
 }

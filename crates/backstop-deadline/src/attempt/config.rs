@@ -3,6 +3,10 @@
 use backstop_core::ConfigError;
 use std::time::Duration;
 
+/// How long it takes a stale bound (the model emptied by an idle spell) to double on its way
+/// to the ceiling; see the [module docs](crate::attempt).
+pub const STALE_DOUBLING: Duration = Duration::from_secs(60);
+
 /// How each attempt is bounded.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
@@ -15,8 +19,9 @@ pub enum AttemptBound {
     Adaptive(Adaptive),
 }
 
-/// `clamp(quantile × multiplier, floor, ceiling)` of the dependency's measured latency; see the
-/// [module docs](crate::attempt) for the defaults and why.
+/// `clamp(quantile × multiplier, the floor, ceiling)` of the dependency's measured latency,
+/// where the floor follows the model: `quantile × step`, between `min_floor` and `floor`; see
+/// the [module docs](crate::attempt) for the defaults and why.
 ///
 /// ```
 /// use backstop_deadline::attempt::Adaptive;
@@ -37,6 +42,8 @@ pub struct Adaptive {
     pub(super) quantile: f64,
     multiplier: f64,
     floor: Duration,
+    min_floor: Duration,
+    step: f64,
     ceiling: Duration,
     pub(super) deadline_share: f64,
 }
@@ -48,13 +55,15 @@ impl Default for Adaptive {
 }
 
 impl Adaptive {
-    /// p99 × 3, at least 1 s, at most 10 s (and 10 s until the model is trusted); see the
-    /// [module docs](crate::attempt) for why.
+    /// p99 × 3, at least p99 × 20 within 250 ms to 1 s, at most 10 s (and 10 s until the
+    /// model is first trusted); see the [module docs](crate::attempt) for why.
     pub fn new() -> Self {
         Self {
             quantile: 0.99,
             multiplier: 3.0,
             floor: Duration::from_secs(1),
+            min_floor: Duration::from_millis(250),
+            step: 20.0,
             ceiling: Duration::from_secs(10),
             deadline_share: 0.8,
         }
@@ -74,10 +83,29 @@ impl Adaptive {
         self
     }
 
-    /// The shortest bound (default 1 s; more than zero).
+    /// The highest the floor goes (default 1 s; more than zero): the shortest bound of a
+    /// dependency whose quantile × `step` is above it. A floor of 10 ms makes the bound
+    /// p99 × 3 for any dependency slower than 3.3 ms.
     #[must_use]
     pub fn floor(mut self, floor: Duration) -> Self {
         self.floor = floor;
+        self
+    }
+
+    /// The lowest the floor goes (default 250 ms; more than zero; a `floor` below it wins):
+    /// the shortest bound of any dependency, however fast.
+    #[must_use]
+    pub fn min_floor(mut self, min_floor: Duration) -> Self {
+        self.min_floor = min_floor;
+        self
+    }
+
+    /// How many times the quantile the floor is (default 20; at least 1): the largest step
+    /// of latency, as a multiple of what was measured, that is absorbed rather than cut as a
+    /// hang (a step is cut at first like a hang, and the breaker counts every cut attempt).
+    #[must_use]
+    pub fn step(mut self, step: f64) -> Self {
+        self.step = step;
         self
     }
 
@@ -106,8 +134,8 @@ impl Adaptive {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `quantile`, `multiplier`, `deadline_share`, `floor` or
-    /// `ceiling`.
+    /// A [`ConfigError`] naming `quantile`, `multiplier`, `deadline_share`, `step`, `floor`,
+    /// `min_floor` or `ceiling`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(self.quantile >= 0.5 && self.quantile < 1.0) {
             return Err(ConfigError::new(
@@ -127,8 +155,17 @@ impl Adaptive {
                 format!("must be in (0, 1], got {}", self.deadline_share),
             ));
         }
+        if !(self.step >= 1.0 && self.step.is_finite()) {
+            return Err(ConfigError::new(
+                "step",
+                format!("must be at least 1, got {}", self.step),
+            ));
+        }
         if self.floor.is_zero() {
             return Err(ConfigError::new("floor", "must be greater than zero"));
+        }
+        if self.min_floor.is_zero() {
+            return Err(ConfigError::new("min_floor", "must be greater than zero"));
         }
         if self.ceiling < self.floor || self.ceiling > Duration::from_secs(3600) {
             return Err(ConfigError::new(
@@ -142,11 +179,24 @@ impl Adaptive {
         Ok(())
     }
 
-    pub(super) fn bound(&self, measured: Option<Duration>) -> Duration {
-        match measured {
-            Some(q) => q.mul_f64(self.multiplier).clamp(self.floor, self.ceiling),
-            None => self.ceiling,
+    /// The bound for a measured quantile and its age (zero while the model is trusted; see
+    /// [`LatencyModel::quantile_aged`](backstop_core::latency::LatencyModel::quantile_aged)):
+    /// the quantile doubled for every [`STALE_DOUBLING`] of age, times `multiplier`, clamped
+    /// between the floor (the quantile × `step`, within `min_floor` and `floor`) and the
+    /// ceiling.
+    pub(super) fn bound(&self, measured: Option<(Duration, Duration)>) -> Duration {
+        let Some((q, age)) = measured else {
+            return self.ceiling;
+        };
+        // Past 20 doublings (20 min) any bound is the ceiling; the cap keeps mul_f64 finite.
+        let doublings = age.as_secs_f64() / STALE_DOUBLING.as_secs_f64();
+        if doublings >= 20.0 {
+            return self.ceiling;
         }
+        let q = q.mul_f64(doublings.exp2());
+        // The floor follows the model, within `min_floor` and `floor` (the lower wins).
+        let floor = q.mul_f64(self.step).max(self.min_floor).min(self.floor);
+        q.mul_f64(self.multiplier).clamp(floor, self.ceiling)
     }
 }
 

@@ -118,8 +118,37 @@ impl AttemptTimeoutLayer {
     }
 }
 
-/// A hedge delay that follows the dependency's measured latency
-/// ([`AttemptTimeoutLayer::hedge_delay`]).
+impl AttemptTimeoutLayer {
+    /// A retry reserve read from this layer's latency model (for backstop-retry's
+    /// `RetryConfig::reserve`, through [`RetryReserve`](backstop_core::RetryReserve)): the
+    /// `quantile` of the calls of the last window, read as [`hedge_delay`](Self::hedge_delay)
+    /// reads it (the upper edge of its bucket, re-read at most every 100 ms). The client
+    /// presets use p50: a retry is not started unless, after its backoff, the median call
+    /// could still finish before the deadline. No reserve is asked for until the model is
+    /// trusted. The retry layer holds this handle from when the stack is built; it reads no
+    /// state of this layer's attempts.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `reserve_quantile` unless `quantile` is in (0, 1).
+    pub fn retry_reserve(&self, quantile: f64) -> Result<MeasuredDelay, ConfigError> {
+        if !(quantile > 0.0 && quantile < 1.0) {
+            return Err(ConfigError::new(
+                "reserve_quantile",
+                format!("must be in (0, 1), got {quantile}"),
+            ));
+        }
+        Ok(MeasuredDelay {
+            shared: self.shared.clone(),
+            quantile,
+            cached: Arc::new(AtomicU64::new(0)),
+        })
+    }
+}
+
+/// A duration that follows the dependency's measured latency: a hedge delay
+/// ([`AttemptTimeoutLayer::hedge_delay`]) or a retry reserve
+/// ([`AttemptTimeoutLayer::retry_reserve`]).
 ///
 /// Clones share one cached value: an atomic word `refresh at (ms) << 32 | delay (µs) + 1`,
 /// refreshed by whichever hedged request finds it stale (racing refreshes write the same
@@ -133,6 +162,19 @@ pub struct MeasuredDelay {
 
 impl backstop_core::HedgeDelay for MeasuredDelay {
     fn delay(&self) -> Option<Duration> {
+        self.read()
+    }
+}
+
+impl backstop_core::RetryReserve for MeasuredDelay {
+    fn reserve(&self) -> Option<Duration> {
+        self.read()
+    }
+}
+
+impl MeasuredDelay {
+    /// The quantile's upper edge, from the cached word while it is fresh.
+    fn read(&self) -> Option<Duration> {
         let now_us = self.shared.now_us(Instant::now());
         let now_ms = now_us / 1_000;
         let word = self.cached.load(Ordering::Acquire);

@@ -5,15 +5,29 @@
 //! # How the bound is picked
 //!
 //! [`AttemptBound::Adaptive`] (the presets' default): `clamp(p99 × 3, floor, ceiling)` from
-//! the dependency's own [`LatencyModel`](backstop_core::latency::LatencyModel), re-read at most every 100 ms, with a floor of 1 s
-//! and a ceiling of 10 s by default, and never more than 80 % of what is left of the
+//! the dependency's own [`LatencyModel`](backstop_core::latency::LatencyModel), re-read at
+//! most every 100 ms, where the floor follows the model too, `clamp(p99 × 20, 250 ms, 1 s)`
+//! ([`Adaptive::step`], [`Adaptive::min_floor`], [`Adaptive::floor`]), and the ceiling is
+//! 10 s by default; never more than 80 % of what is left of the
 //! request's deadline ([`Adaptive::deadline_share`]): an attempt to a dependency slower than
 //! its callers' deadlines then times out before the deadline, a failure the breaker counts,
 //! where an expired deadline (the caller's own) would count as nothing. The share is kept
 //! only where a retry may follow: an attempt marked [`FinalAttempt`](backstop_core::FinalAttempt) (the retry layer marks a
 //! call it sends once and its last attempt by count) may take the whole deadline, as gRPC's
-//! own clients give a single-attempt call. Until the model holds
-//! 100 samples (the first seconds of traffic, or after an idle spell), the `ceiling` applies.
+//! own clients give a single-attempt call. Until the model first holds
+//! 100 samples (the first seconds of traffic), the `ceiling` applies.
+//!
+//! # Trust decays, it is not discarded
+//!
+//! An idle spell empties the model's window (its samples count for 30 to 45 s), but a quiet
+//! minute says nothing new about the dependency: the bound then comes from the samples the
+//! model still holds, however old
+//! ([`LatencyModel::quantile_aged`](backstop_core::latency::LatencyModel::quantile_aged)),
+//! doubled for every minute ([`STALE_DOUBLING`]) since they left the window, and clamped as
+//! usual: 60 ms for a 20 ms dependency becomes 85 ms after 30 s of silence past the window,
+//! 120 ms after a minute, the 10 s ceiling after about nine. Once traffic is back and the
+//! window holds 100 samples again, the bound is the fresh one. Before, one POST's
+//! `grpc-timeout` flipped between `1590m` and the ceiling after 30 to 45 s without calls.
 //!
 //! Why p99 × 3: the timeout's job is to cut attempts that will not answer, without cutting
 //! the slow tail of attempts that would. At p99 × 3 an attempt is cut only when it is three
@@ -29,15 +43,34 @@
 //! at the true p95). Quantiles up to the hedge delay read right; above it, where a censored
 //! sample says only "at least", they read low (that p99 as 68 ms).
 //!
-//! Why a floor of 1 s: a latency *step* of more than 3× looks, at first, exactly like a hang.
-//! With a bound of p99 × 3 of a fast dependency (say 30 ms), every call is cut the moment
-//! its latency steps to 200 ms, and the breaker, which counts timeouts as failures, opens
-//! long before the censored samples have raised the bound: in the storm lab's brownout (10 →
-//! 210 ms and half the calls failing, 1000 requests/s), a 10 ms floor opened the breaker 10
-//! times and kept 45.1 % of calls (an earlier build), where a floor of 1 s keeps the 76.6 % of a fixed bound.
-//! So by default the measured bound only matters for dependencies whose p99 is above 333 ms,
-//! and a dependency that hangs is cut after 1 s. Lower the floor for a dependency whose
-//! latency you know to be steady.
+//! Why a floor, and why it follows the model: a latency *step* of more than 3× looks, at
+//! first, exactly like a hang. With a bound of p99 × 3 of a fast dependency (say 30 ms),
+//! every call is cut the moment its latency steps to 200 ms, and the breaker, which counts
+//! timeouts as failures (20 in a row open the presets' breaker, 20 ms of traffic at 1000
+//! requests/s), opens long before the censored samples have raised the bound. So the bound
+//! is never less than the floor, which absorbs a step of up to 20 times the measured p99, and
+//! never less than 250 ms (a step to 250 ms, from however fast). A fixed floor of 1 s cut a
+//! 20 ms dependency's hang after 1 s per attempt; the measured floor cuts it after 400 ms
+//! (and a 10 ms dependency's after 250 ms). The floor never goes above 1 s, so a dependency
+//! whose p99 is 50 ms or more keeps the floor of 1 s it had, and a dependency whose p99 is
+//! above 333 ms is bounded by p99 × 3 alone. Measured in the storm lab (sim engine, seed 1,
+//! 1000 requests/s, a 1 s deadline whose 80 % share capped every attempt at 800 ms before):
+//! in `hang` (a 10 ms dependency stops answering) the breaker opens 0.268 s after the hang
+//! (0.818 s with the fixed floor); in `brownout` (10 → 210 ms and half the calls failing) the
+//! 250 ms floor keeps 76.6 % of calls with no breaker opening, as the fixed floor did, where
+//! p99 × 20 without the 250 ms minimum (200 ms, just under the step) opened it 5 times and
+//! kept 63.3 %, and a 10 ms floor opened it 10 times and kept 45.1 % (an earlier build); in
+//! `drift` (50 → 800 ms, a 16× step) the floor is 1 s, as before, and every call of the drift
+//! gets through. Lower the floor (`floor`, which caps the measured one, or `step` and
+//! `min_floor`) for a dependency whose latency you know to be steady.
+//!
+//! # One model per layer, not per key (yet)
+//!
+//! A layer keeps one model for every call it bounds, so a breaker keyed per path or method
+//! (`BreakerConfig::per_key`) does not key the bound: a rare slow route among fast ones is
+//! cut at the bound the fast routes set (a route taking 2 s at 0.5 % of the calls, under a
+//! 10 ms p99, at the 250 ms floor). Until the model follows the breaker's key, give such a
+//! route a stack of its own, or a bound that fits it.
 //!
 //! # Concurrency rule
 //!
@@ -54,7 +87,7 @@ mod layer;
 mod service;
 mod shared;
 
-pub use config::{Adaptive, AttemptBound};
+pub use config::{Adaptive, AttemptBound, STALE_DOUBLING};
 pub use future::AttemptTimeoutFuture;
 pub use layer::{AttemptTimeoutLayer, MeasuredDelay};
 pub use service::AttemptTimeout;
@@ -78,6 +111,12 @@ mod tests {
                 "multiplier",
             ),
             (AttemptBound::Adaptive(a().floor(Duration::ZERO)), "floor"),
+            (
+                AttemptBound::Adaptive(a().min_floor(Duration::ZERO)),
+                "min_floor",
+            ),
+            (AttemptBound::Adaptive(a().step(0.5)), "step"),
+            (AttemptBound::Adaptive(a().step(f64::INFINITY)), "step"),
             (
                 AttemptBound::Adaptive(a().deadline_share(0.0)),
                 "deadline_share",
@@ -117,30 +156,52 @@ mod tests {
         }
     }
 
+    /// A quantile read from a trusted model (age zero).
+    fn fresh(ms: u64) -> Option<(Duration, Duration)> {
+        Some((Duration::from_millis(ms), Duration::ZERO))
+    }
+
     #[test]
     fn the_bound_is_clamped_and_the_ceiling_applies_until_trusted() {
         let a = Adaptive::new();
         assert_eq!(a.bound(None), Duration::from_secs(10));
-        assert_eq!(
-            a.bound(Some(Duration::from_millis(1))),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            a.bound(Some(Duration::from_millis(500))),
-            Duration::from_millis(1500)
-        );
+        // The floor: p99 × 20, from 250 ms to 1 s.
+        assert_eq!(a.bound(fresh(1)), Duration::from_millis(250));
+        assert_eq!(a.bound(fresh(10)), Duration::from_millis(250));
+        assert_eq!(a.bound(fresh(20)), Duration::from_millis(400));
+        assert_eq!(a.bound(fresh(50)), Duration::from_secs(1));
+        assert_eq!(a.bound(fresh(200)), Duration::from_secs(1));
+        assert_eq!(a.bound(fresh(500)), Duration::from_millis(1500));
+        let tuned = a.step(5.0).min_floor(Duration::from_millis(50));
+        assert_eq!(tuned.bound(fresh(5)), Duration::from_millis(50));
+        assert_eq!(tuned.bound(fresh(20)), Duration::from_millis(100));
+        // A floor below `min_floor` wins.
         let low = a.floor(Duration::from_millis(10));
-        assert_eq!(
-            low.bound(Some(Duration::from_millis(1))),
-            Duration::from_millis(10)
+        assert_eq!(low.bound(fresh(1)), Duration::from_millis(10));
+        assert_eq!(low.bound(fresh(50)), Duration::from_millis(150));
+        assert_eq!(a.bound(fresh(60_000)), Duration::from_secs(10));
+    }
+
+    /// Issue 25, 4: a stale quantile doubles every minute of age on its way to the ceiling.
+    #[test]
+    fn a_stale_bound_widens_with_its_age_up_to_the_ceiling() {
+        let low = Adaptive::new().floor(Duration::from_millis(10));
+        let aged = |ms, s| Some((Duration::from_millis(ms), Duration::from_secs(s)));
+        assert_eq!(low.bound(aged(20, 0)), Duration::from_millis(60));
+        assert_eq!(low.bound(aged(20, 60)), Duration::from_millis(120));
+        assert_eq!(low.bound(aged(20, 180)), Duration::from_millis(480));
+        let half = low.bound(aged(20, 30));
+        assert!(
+            half.abs_diff(Duration::from_micros(84_853)) < Duration::from_micros(2),
+            "{half:?}"
         );
+        assert_eq!(low.bound(aged(20, 600)), Duration::from_secs(10));
+        assert_eq!(low.bound(aged(20, 1_200)), Duration::from_secs(10));
+        assert_eq!(low.bound(aged(20, u64::MAX / 4)), Duration::from_secs(10));
+        // The default floor follows the widened quantile: 40 ms × 20.
         assert_eq!(
-            low.bound(Some(Duration::from_millis(50))),
-            Duration::from_millis(150)
-        );
-        assert_eq!(
-            a.bound(Some(Duration::from_secs(60))),
-            Duration::from_secs(10)
+            Adaptive::new().bound(aged(20, 60)),
+            Duration::from_millis(800)
         );
     }
 }

@@ -125,7 +125,7 @@ impl Shared {
         if word != 0 && now_ms < word >> 32 {
             return Some(Duration::from_micros(word & u64::from(u32::MAX)));
         }
-        let measured = self.model.quantile(adaptive.quantile, now_us);
+        let measured = self.model.quantile_aged(adaptive.quantile, now_us);
         let bound = adaptive.bound(measured);
         let us = u64::try_from(bound.as_micros())
             .unwrap_or(u64::MAX)
