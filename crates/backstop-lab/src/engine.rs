@@ -103,9 +103,17 @@ impl Run {
             start: recorder.start(),
             hedge: self.scenario.hedges(),
             per_route: self.scenario.routes() > 1,
+            // A user who knows the dependency's capacity caps the calls in flight to it: twice
+            // its workers (a short queue in front of them keeps them busy).
+            bulkhead: self.scenario.capacity().map(|c| c.workers * 2),
             latency: Arc::default(),
         };
-        let backend = Backend::new(schedule, self.seed, recorder.clone());
+        let backend = Backend::new(
+            schedule.clone(),
+            self.seed,
+            recorder.clone(),
+            self.scenario.capacity(),
+        );
         let backend = server(variant, BoxCloneService::new(backend));
         let mut target = self.connect(backend).await;
         let edge = if self.scenario == Scenario::Chain {
@@ -147,7 +155,11 @@ impl Run {
         let start = recorder.start();
         let mut users = Vec::with_capacity(total as usize);
         for i in 0..total {
-            tokio::time::sleep_until(start + interval * i as u32).await;
+            let due = start + interval * i as u32;
+            if !self.scenario.sends(i, schedule.phase_index(due)) {
+                continue;
+            }
+            tokio::time::sleep_until(due).await;
             let (edge, recorder, patience) = (edge.clone(), recorder.clone(), self.patience);
             let path = self.scenario.path(i);
             users.push(tokio::spawn(async move {
