@@ -12,19 +12,22 @@
 //! `tower-timeout`, `tower`, `resilience-stack`, `resilience-breaker`,
 //! `resilience-breaker-count`, `backstop-preset`, `backstop-preset-adaptive`,
 //! `backstop-deadline`, `backstop-retry`, `backstop-full`, `backstop-breaker`,
-//! `backstop-breaker-count`, `backstop-attempt`, `backstop-server`, `backstop-server-timeout`;
+//! `backstop-breaker-count`, `backstop-attempt`, `backstop-server`, `backstop-server-timeout`,
+//! the overload layers beside tower's (`backstop-throttle`, `backstop-bulkhead`,
+//! `backstop-admission`, `tower-concurrency-limit`, `tower-load-shed`);
 //! and, with a dependency that answers after one pending poll as a real transport does (each
 //! layer then arms its timer), `pending-bare`, `pending-bare-timeout`, `pending-tower-timeout`,
 //! `pending-tower`, `pending-deadline`, `pending-full`, `pending-preset`,
 //! `pending-server-timeout`.
 
 use backstop_benches::{
-    backstop_attempt, backstop_breaker, backstop_breaker_count, backstop_deadline,
-    backstop_deadline_pending, backstop_full, backstop_full_pending, backstop_preset,
-    backstop_preset_adaptive, backstop_preset_pending, backstop_retry, backstop_server,
-    backstop_server_pending, bare, bare_pending, request, request_with_timeout, resilience_breaker,
-    resilience_breaker_count, resilience_stack, tower_stack, tower_stack_pending, tower_timeout,
-    tower_timeout_pending,
+    backstop_admission, backstop_attempt, backstop_breaker, backstop_breaker_count,
+    backstop_bulkhead, backstop_deadline, backstop_deadline_pending, backstop_full,
+    backstop_full_pending, backstop_preset, backstop_preset_adaptive, backstop_preset_pending,
+    backstop_retry, backstop_server, backstop_server_pending, backstop_throttle, bare,
+    bare_pending, request, request_with_timeout, resilience_breaker, resilience_breaker_count,
+    resilience_stack, tower_concurrency_limit, tower_load_shed, tower_stack, tower_stack_pending,
+    tower_timeout, tower_timeout_pending,
 };
 use std::hint::black_box;
 use tower::{Service, ServiceExt};
@@ -78,6 +81,11 @@ fn main() {
                 drive_with(backstop_server(), n, request_with_timeout).await
             }
             "resilience-breaker-count" => drive(resilience_breaker_count(), n).await,
+            "backstop-throttle" => drive(backstop_throttle(), n).await,
+            "backstop-bulkhead" => drive(backstop_bulkhead(), n).await,
+            "backstop-admission" => drive(backstop_admission(), n).await,
+            "tower-concurrency-limit" => drive(tower_concurrency_limit(), n).await,
+            "tower-load-shed" => drive(tower_load_shed(), n).await,
             "pending-bare" => drive(bare_pending(), n).await,
             "pending-bare-timeout" => drive_with(bare_pending(), n, request_with_timeout).await,
             "pending-tower-timeout" => drive(tower_timeout_pending(), n).await,

@@ -438,3 +438,41 @@ pub fn backstop_attempt() -> impl Stack {
     .unwrap();
     ServiceBuilder::new().layer(layer).service(bare())
 }
+
+/// backstop's adaptive throttle (HTTP, its defaults) alone: a healthy dependency, so it
+/// counts every call and refuses none.
+pub fn backstop_throttle() -> impl Stack {
+    ServiceBuilder::new()
+        .layer(backstop_retry::throttle::ThrottleLayer::http())
+        .service(bare())
+}
+
+/// backstop's bulkhead (64 permits) alone, never full: a permit taken and given back per
+/// call.
+pub fn backstop_bulkhead() -> impl Stack {
+    ServiceBuilder::new()
+        .layer(backstop_deadline::bulkhead::BulkheadLayer::new(64).unwrap())
+        .service(bare())
+}
+
+/// backstop's deadline-aware admission (its defaults) alone: requests without a deadline
+/// are admitted, and each answer is a sample of its route's model.
+pub fn backstop_admission() -> impl Stack {
+    ServiceBuilder::new()
+        .layer(backstop_deadline::admission::AdmissionLayer::new())
+        .service(bare())
+}
+
+/// tower's `ConcurrencyLimit` (64) alone: the baseline of the bulkhead.
+pub fn tower_concurrency_limit() -> impl Stack {
+    ServiceBuilder::new().concurrency_limit(64).service(bare())
+}
+
+/// tower's `LoadShed` around a `ConcurrencyLimit` (64): tower's way to refuse instead of
+/// waiting when full.
+pub fn tower_load_shed() -> impl Stack {
+    ServiceBuilder::new()
+        .load_shed()
+        .concurrency_limit(64)
+        .service(bare())
+}

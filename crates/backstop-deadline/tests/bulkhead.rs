@@ -224,3 +224,23 @@ async fn a_grpc_call_is_refused_with_unavailable() {
     assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
     assert!(first.await.unwrap().is_ok());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_off_bulkhead_lets_every_call_through_at_once() {
+    let layer = BulkheadLayer::off();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(dependency());
+    let calls: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(svc.clone().oneshot(request_with_deadline(Duration::ZERO))))
+        .collect();
+    let start = Instant::now();
+    for call in calls {
+        assert!(call.await.unwrap().is_ok());
+    }
+    // All five ran side by side, none queued, none refused (even out of time), no permit
+    // counted.
+    assert_eq!(start.elapsed(), WORK);
+    assert_eq!((layer.in_flight(), layer.waiting()), (0, 0));
+    assert_eq!(layer.hold_time(), Duration::ZERO);
+}

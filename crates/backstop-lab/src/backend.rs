@@ -2,7 +2,7 @@
 
 use crate::{
     metrics::Recorder,
-    scenario::Schedule,
+    scenario::{Capacity, Schedule},
     stacks::{Body, Svc, empty, status},
 };
 use backstop::{BoxError, BreakerOpen, DeadlineExceeded, deadline::Deadline};
@@ -10,11 +10,17 @@ use http::{Request, Response};
 use std::{
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
-use tokio::{sync::oneshot, time::Instant};
+use tokio::{
+    sync::{Semaphore, oneshot},
+    time::Instant,
+};
 use tower::{Service, ServiceExt};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -30,6 +36,12 @@ pub const USER_REQUEST: &str = "x-user-request";
 /// gives up does not stop it. Only a deadline the request carries (set by backstop's
 /// `DeadlineLayer` on this server from the caller's `grpc-timeout`) bounds it. Work done after
 /// the caller gave up is recorded as orphaned.
+///
+/// With a [`Capacity`] (`overload`), a request waits in one FIFO queue for one of the
+/// workers, so its latency grows with the queue; a request that finds the queue full is
+/// answered 503 at once. A request waiting past the deadline it carries leaves the queue
+/// without being worked on; one without a deadline is worked on when its turn comes, whether
+/// its caller is still there or not.
 #[derive(Clone, Debug)]
 pub struct Backend {
     state: Arc<BackendState>,
@@ -41,17 +53,42 @@ struct BackendState {
     service_time: Duration,
     rng: Mutex<fastrand::Rng>,
     recorder: Arc<Recorder>,
+    queue: Option<Queue>,
 }
 
+/// The workers of a dependency with a fixed capacity, and who waits for them.
+#[derive(Debug)]
+struct Queue {
+    /// One permit per worker; tokio's semaphore grants them in FIFO order.
+    workers: Arc<Semaphore>,
+    /// Requests waiting for a worker now.
+    waiting: AtomicU32,
+    limit: u32,
+}
+
+/// The service time of every request (before the fault's added latency).
+pub const SERVICE_TIME: Duration = Duration::from_millis(10);
+
 impl Backend {
-    /// A backend following `schedule`, seeded with `seed`, recording into `recorder`.
-    pub fn new(schedule: Schedule, seed: u64, recorder: Arc<Recorder>) -> Self {
+    /// A backend following `schedule`, seeded with `seed`, recording into `recorder`; with
+    /// `capacity`, its workers and queue.
+    pub fn new(
+        schedule: Schedule,
+        seed: u64,
+        recorder: Arc<Recorder>,
+        capacity: Option<Capacity>,
+    ) -> Self {
         Self {
             state: Arc::new(BackendState {
                 schedule,
-                service_time: Duration::from_millis(10),
+                service_time: SERVICE_TIME,
                 rng: Mutex::new(fastrand::Rng::with_seed(seed)),
                 recorder,
+                queue: capacity.map(|c| Queue {
+                    workers: Arc::new(Semaphore::new(c.workers as usize)),
+                    waiting: AtomicU32::new(0),
+                    limit: c.queue,
+                }),
             }),
         }
     }
@@ -88,9 +125,14 @@ impl Service<Request<Body>> for Backend {
         if tail {
             work += fault.tail_latency;
         }
-        let mut end = now + work;
-        if let Some(deadline) = req.extensions().get::<Deadline>() {
-            end = end.min(deadline.instant());
+        let deadline = req.extensions().get::<Deadline>().map(|d| d.instant());
+        // With a capacity: in the queue now (one waiting for a free worker too, briefly), or
+        // a 503 at once when it is full.
+        if let Some(queue) = &state.queue
+            && queue.waiting.fetch_add(1, Ordering::Relaxed) >= queue.limit
+        {
+            queue.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Box::pin(async { Ok(status(503)) });
         }
         // A POST's side effect (a charge), done with the work whoever still waits for it.
         let effect = (req.method() == http::Method::POST)
@@ -108,6 +150,28 @@ impl Service<Request<Body>> for Backend {
         recorder.work_started();
         tokio::spawn(async move {
             let mut tx = tx;
+            // With a capacity: a worker first, in turn, unless the deadline passes first.
+            let _worker = match &state.queue {
+                None => None,
+                Some(queue) => {
+                    let far = Instant::now() + Duration::from_secs(3600);
+                    let worker = tokio::select! {
+                        permit = queue.workers.clone().acquire_owned() => permit.ok(),
+                        () = tokio::time::sleep_until(deadline.unwrap_or(far)) => None,
+                    };
+                    queue.waiting.fetch_sub(1, Ordering::Relaxed);
+                    if worker.is_none() {
+                        recorder.work_ended();
+                        let _ = tx.send(status(504));
+                        return;
+                    }
+                    worker
+                }
+            };
+            let mut end = Instant::now() + work;
+            if let Some(deadline) = deadline {
+                end = end.min(deadline);
+            }
             tokio::select! {
                 () = tokio::time::sleep_until(end) => {}
                 () = tx.closed() => {

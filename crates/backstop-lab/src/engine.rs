@@ -103,15 +103,23 @@ impl Run {
             start: recorder.start(),
             hedge: self.scenario.hedges(),
             per_route: self.scenario.routes() > 1,
+            // A user who knows the dependency's capacity caps the calls in flight to it: twice
+            // its workers (a short queue in front of them keeps them busy).
+            bulkhead: self.scenario.capacity().map(|c| c.workers * 2),
             latency: Arc::default(),
             keys: self.scenario == Scenario::Post,
         };
         let post = self.scenario == Scenario::Post;
-        let backend = Backend::new(schedule.clone(), self.seed, recorder.clone());
+        let backend = Backend::new(
+            schedule.clone(),
+            self.seed,
+            recorder.clone(),
+            self.scenario.capacity(),
+        );
         let backend = server(variant, BoxCloneService::new(backend), post);
         // The network loses answers after the server sent them (`post` only).
         let backend = if post {
-            BoxCloneService::new(Lossy::new(backend, schedule, self.seed))
+            BoxCloneService::new(Lossy::new(backend, schedule.clone(), self.seed))
         } else {
             backend
         };
@@ -155,10 +163,13 @@ impl Run {
         let start = recorder.start();
         let mut users = Vec::with_capacity(total as usize);
         for i in 0..total {
-            if self.scenario.silent(interval * i as u32, self.duration) {
+            let due = start + interval * i as u32;
+            if self.scenario.silent(interval * i as u32, self.duration)
+                || !self.scenario.sends(i, schedule.phase_index(due))
+            {
                 continue;
             }
-            tokio::time::sleep_until(start + interval * i as u32).await;
+            tokio::time::sleep_until(due).await;
             let (edge, recorder, patience) = (edge.clone(), recorder.clone(), self.patience);
             let path = self.scenario.path(i);
             let method = self.scenario.method();

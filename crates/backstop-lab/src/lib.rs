@@ -15,7 +15,9 @@
 //! The dependency ([`backend::Backend`]) answers in 10 ms plus the fault's latency and fails
 //! the fault's share of requests. Its work runs to the end even if the caller gave up, unless
 //! the request carried a deadline (backstop's server layer reads `grpc-timeout`): that work
-//! is the report's `orphaned_work_s`.
+//! is the report's `orphaned_work_s`. In `overload` it has a fixed capacity (the report's
+//! `capacity`, requests/s): four workers behind one FIFO queue, so latency grows with the
+//! queue, and `goodput` counts the answers users got in time.
 
 pub mod backend;
 pub mod chart;
@@ -51,6 +53,10 @@ pub fn run_all(
         seed: run.seed,
         rps: run.rps,
         duration_s: run.duration.as_secs_f64(),
+        capacity: run
+            .scenario
+            .capacity()
+            .map(|c| c.per_second(backend::SERVICE_TIME)),
         variants: reports,
     };
     (report, series)

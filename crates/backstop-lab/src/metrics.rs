@@ -179,6 +179,14 @@ impl Recorder {
             second += 1_000_000;
         }
 
+        // Goodput: the fault phase's answers in time, per second of it.
+        let good = inner
+            .users
+            .iter()
+            .filter(|u| u.2 && u.0 >= us(fault.start) && u.0 < us(fault.end))
+            .count();
+        let goodput = round3(good as f64 / (fault.end - fault.start).as_secs_f64());
+
         VariantReport {
             name: name.to_owned(),
             offered,
@@ -186,6 +194,7 @@ impl Recorder {
             amplification: ratio(attempts, offered),
             peak_fault_amplification: round3(fault_peak),
             success_rate: ratio(successes, offered),
+            goodput,
             p50_ms: ms(quantile(&mut latencies, 0.5)),
             p99_ms: ms(quantile(&mut latencies, 0.99)),
             p999_ms: ms(quantile(&mut latencies, 0.999)),

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 /// A whole run: one scenario, every variant. Serialized as the `<scenario>.json` report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
-    /// The scenario's name (`brownout`, `outage`, `chain`, `slow`, `hang`, `tail`, `drift`).
+    /// The scenario's name (`brownout`, `outage`, `chain`, `slow`, `hang`, `tail`, `drift`,
+    /// `partial`, `overload`).
     pub scenario: String,
     /// `real` or `sim`.
     pub engine: String,
@@ -16,6 +17,9 @@ pub struct Report {
     pub rps: u32,
     /// Length of the run, in seconds.
     pub duration_s: f64,
+    /// What the dependency can serve, in requests per second (`overload`; `null` where its
+    /// capacity is unbounded).
+    pub capacity: Option<f64>,
     /// One entry per variant, in the order run.
     pub variants: Vec<VariantReport>,
 }
@@ -36,6 +40,9 @@ pub struct VariantReport {
     pub peak_fault_amplification: f64,
     /// Share of user requests answered with a 2xx before the user gave up.
     pub success_rate: f64,
+    /// User requests of the fault phase answered with a 2xx before the user gave up, per
+    /// second of the fault.
+    pub goodput: f64,
     /// Median user latency (ms).
     pub p50_ms: f64,
     /// 99th percentile user latency (ms).
@@ -114,14 +121,18 @@ impl Report {
             "scenario {} · engine {} · {} req/s for {} s · seed {}",
             self.scenario, self.engine, self.rps, self.duration_s, self.seed
         );
+        if let Some(capacity) = self.capacity {
+            let _ = writeln!(out, "dependency capacity {capacity} req/s");
+        }
         let _ = writeln!(
             out,
-            "{:<9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>6}",
+            "{:<9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>6}",
             "variant",
             "offered",
             "attempts",
             "ampl.",
             "success",
+            "goodput/s",
             &format!("{fault_name} ampl."),
             "p50 ms",
             "p99 ms",
@@ -136,12 +147,13 @@ impl Report {
             let fault_ampl = v.phases.get(1).map_or(0.0, |p| p.amplification);
             let _ = writeln!(
                 out,
-                "{:<9} {:>8} {:>9} {:>7.3} {:>7.1}% {:>9.3} {:>8.1} {:>8.1} {:>9.1} {:>8.0} {:>8} {:>9} {:>6}",
+                "{:<9} {:>8} {:>9} {:>7.3} {:>7.1}% {:>9.1} {:>9.3} {:>8.1} {:>8.1} {:>9.1} {:>8.0} {:>8} {:>9} {:>6}",
                 v.name,
                 v.offered,
                 v.downstream_attempts,
                 v.amplification,
                 v.success_rate * 100.0,
+                v.goodput,
                 fault_ampl,
                 v.p50_ms,
                 v.p99_ms,

@@ -39,6 +39,28 @@ pub enum Scenario {
     /// an 80 s run), then a burst to a dependency that hangs; users wait 5 s: is the hang cut
     /// by what was measured before the silence, or by the ceiling of a model that forgot it?
     Quiet,
+    /// The dependency serves 400 requests/s (4 workers, 10 ms each) through a FIFO queue of
+    /// at most 2 000 (latency grows with the queue; a full queue answers 503 at once). Users
+    /// send 300/s, then 1 000/s during the fault, and wait 1 s: how many answers come in
+    /// time (goodput), and how much work goes to callers that already left?
+    Overload,
+}
+
+/// A dependency of fixed capacity: `workers` serve one request at a time each, the others
+/// wait in one FIFO queue of at most `queue`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Requests served at once.
+    pub workers: u32,
+    /// Requests that may wait; one more is answered 503 at once.
+    pub queue: u32,
+}
+
+impl Capacity {
+    /// Requests per second it serves, each taking `service_time`.
+    pub fn per_second(self, service_time: Duration) -> f64 {
+        f64::from(self.workers) / service_time.as_secs_f64()
+    }
 }
 
 impl Scenario {
@@ -53,6 +75,7 @@ impl Scenario {
             Scenario::Tail => "tail",
             Scenario::Drift => "drift",
             Scenario::Partial => "partial",
+            Scenario::Overload => "overload",
             Scenario::Quiet => "quiet",
             Scenario::Post => "post",
         }
@@ -64,6 +87,35 @@ impl Scenario {
             Scenario::Post => http::Method::POST,
             _ => http::Method::GET,
         }
+    }
+
+    /// The dependency's capacity: fixed in `overload`, unbounded (a task per request)
+    /// otherwise.
+    pub fn capacity(self) -> Option<Capacity> {
+        match self {
+            Scenario::Overload => Some(Capacity {
+                workers: 4,
+                queue: 2_000,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The share of the offered rate users send in phase `phase` (0, 1 or 2): 30 % outside
+    /// the fault in `overload` (300 of 1 000 requests/s, below the dependency's capacity),
+    /// all of it otherwise.
+    pub fn offered_share(self, phase: usize) -> f64 {
+        match (self, phase) {
+            (Scenario::Overload, 0 | 2) => 0.3,
+            _ => 1.0,
+        }
+    }
+
+    /// Whether user request number `i`, due in phase `phase`, is sent: the first
+    /// `offered_share × 10` of every ten (so the load is evenly spread and the same for every
+    /// variant).
+    pub fn sends(self, i: u64, phase: usize) -> bool {
+        ((i % 10) as f64) < self.offered_share(phase) * 10.0
     }
 
     /// How many routes the users' requests spread over, round-robin (`/route/0` …): 4 in
@@ -150,6 +202,8 @@ impl Scenario {
                 lose_rate: 0.3,
                 ..Fault::NONE
             },
+            // The fault is the load: the dependency itself stays as it was.
+            Scenario::Overload => Fault::NONE,
         }
     }
 
@@ -191,6 +245,7 @@ impl Scenario {
             Scenario::Partial => "route down",
             Scenario::Post => "answers lost",
             Scenario::Quiet => unreachable!("quiet has phases of its own"),
+            Scenario::Overload => "overload",
         };
         vec![
             Phase {

@@ -1,7 +1,10 @@
 //! The variants: the client and server stacks each one puts around the same dependency.
 
 use backstop::{
-    BoxError, ReplayBody, breaker::State, deadline::PropagateDeadlineLayer, retry::RetryConfig,
+    BoxError, ReplayBody,
+    breaker::State,
+    deadline::{PropagateDeadlineLayer, bulkhead::BulkheadLayer},
+    retry::RetryConfig,
     timeout::AttemptTimeoutLayer,
 };
 use bytes::Bytes;
@@ -66,9 +69,10 @@ pub enum Variant {
     /// 10 % over 10 s) and `timeout` (500 ms per attempt), and its `Hedge` in `tail`: what a
     /// careful user writes today.
     Tower,
-    /// backstop's client preset (the user's deadline propagated, attempts bounded by measured
-    /// latency, ratio budget, breaker; measured hedging in `tail`) and server preset
-    /// (deadline, pushback).
+    /// backstop's client preset (the user's deadline propagated, adaptive throttling,
+    /// attempts bounded by measured latency, ratio budget, breaker; measured hedging in
+    /// `tail`; a bulkhead at twice the dependency's workers in `overload`) and server preset
+    /// (deadline, deadline-aware admission, pushback).
     Backstop,
 }
 
@@ -111,6 +115,9 @@ pub struct ClientConfig {
     /// Whether backstop keeps a breaker per path (`partial`: the dependency's routes fail
     /// apart).
     pub per_route: bool,
+    /// backstop's bulkhead (`max_concurrency`), for a dependency whose capacity the user
+    /// knows (`overload`); `None`: the preset's default, off.
+    pub bulkhead: Option<u32>,
     /// The attempt layer of the first backstop client built, so the run can sample what it
     /// measured.
     pub latency: Arc<std::sync::OnceLock<AttemptTimeoutLayer>>,
@@ -307,6 +314,9 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                 use backstop::idempotency::{IdempotencyKeyLayer, KeyGenerator};
                 let keys = IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(config.seed));
                 preset = preset.idempotency_key_layer(keys);
+            }
+            if let Some(limit) = config.bulkhead {
+                preset = preset.bulkhead(BulkheadLayer::new(limit).expect("a valid limit"));
             }
             let _ = config.latency.set(preset.attempt_layer().clone());
             BoxCloneService::new(

@@ -317,3 +317,56 @@ fn after_a_quiet_minute_a_hang_is_cut_by_the_measured_bound() {
         assert_eq!(variant(&report, name).first_open_s, None);
     }
 }
+
+/// A dependency of fixed capacity (400 requests/s through a bounded FIFO queue) offered
+/// 1 000 requests/s for the fault's 30 s, users waiting 1 s. Without protection the queue
+/// grows past what anyone waits for: the dependency stays busy, answering callers that left.
+/// backstop (the presets, with a bulkhead at twice the dependency's workers, as a user who
+/// knows its capacity sets it) keeps the queue short: nearly every answer the dependency can
+/// give arrives in time, no work is wasted, and recovery brings no retry storm.
+#[test]
+fn overload_keeps_goodput_near_capacity_and_wastes_no_work() {
+    let report = run(Scenario::Overload);
+    let capacity = report.capacity.expect("overload has a capacity");
+    assert_eq!(capacity, 400.0);
+    let (backstop, none) = (variant(&report, "backstop"), variant(&report, "none"));
+    assert_overload_bounds(backstop, none, capacity, "seed 1");
+    // Unprotected, the dependency serves callers that left: goodput collapses.
+    assert!(none.goodput < 0.25 * capacity, "{}", none.goodput);
+    assert!(none.orphaned_work_s.unwrap() > 0.0);
+}
+
+/// The bounds of `overload` for backstop against `none` (the soak asserts them per seed).
+fn assert_overload_bounds(
+    backstop: &VariantReport,
+    none: &VariantReport,
+    capacity: f64,
+    seed: &str,
+) {
+    assert!(
+        backstop.goodput >= 0.9 * capacity,
+        "{seed}: goodput {} of {capacity}",
+        backstop.goodput
+    );
+    assert!(
+        backstop.goodput >= 2.0 * none.goodput,
+        "{seed}: goodput {} against none's {}",
+        backstop.goodput,
+        none.goodput
+    );
+    let (ours, theirs) = (
+        backstop.orphaned_work_s.unwrap(),
+        none.orphaned_work_s.unwrap(),
+    );
+    assert!(
+        ours <= 0.1 * theirs,
+        "{seed}: {ours} s wasted against none's {theirs} s"
+    );
+    // After the fault users send 300 requests/s again: no second sees a storm of retries.
+    assert!(
+        backstop.peak_downstream_rps <= 1.2 * 300.0,
+        "{seed}: {} attempts/s after the fault",
+        backstop.peak_downstream_rps
+    );
+    assert!(backstop.recovery_s.is_some(), "{seed}: never recovered");
+}

@@ -104,3 +104,32 @@ fn quiet_bounds_hold_for_every_seed() {
         assert!((0.0..=0.5).contains(&opened), "seed {seed:#x}: {opened} s");
     }
 }
+
+#[test]
+fn overload_bounds_hold_for_every_seed() {
+    for seed in SEEDS {
+        let report = simulate_variants(
+            Scenario::Overload,
+            seed,
+            1000,
+            60,
+            &[Variant::None, Variant::Backstop],
+        );
+        let capacity = report.capacity.expect("overload has a capacity");
+        let (none, ours) = (&report.variants[0], &report.variants[1]);
+        assert!(ours.goodput >= 0.9 * capacity, "seed {seed:#x}: {ours:?}");
+        assert!(
+            ours.goodput >= 2.0 * none.goodput,
+            "seed {seed:#x}: {ours:?}"
+        );
+        assert!(
+            ours.orphaned_work_s.unwrap() <= 0.1 * none.orphaned_work_s.unwrap(),
+            "seed {seed:#x}: {ours:?}"
+        );
+        assert!(
+            ours.peak_downstream_rps <= 1.2 * 300.0,
+            "seed {seed:#x}: {ours:?}"
+        );
+        assert!(ours.recovery_s.is_some(), "seed {seed:#x}: {ours:?}");
+    }
+}

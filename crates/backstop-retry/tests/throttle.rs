@@ -164,3 +164,43 @@ async fn a_dropped_call_is_a_request_without_an_accept() {
     drop(handle.next_request());
     assert_eq!(throttle.window_counts(), (3, 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_off_throttle_sends_everything_and_counts_nothing() {
+    let layer = ThrottleLayer::<backstop_core::HttpClassifier>::off();
+    let client = layer.layer(answering(503));
+    for _ in 0..300 {
+        let response = client.clone().oneshot(get()).await.unwrap();
+        assert_eq!(response.status(), 503);
+        tokio::time::advance(Duration::from_millis(20)).await;
+    }
+    assert_eq!(layer.throttle().window_counts(), (0, 0));
+    assert_eq!(layer.throttle().rejections(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_an_inner_breaker_refused_counts_as_accepted() {
+    let throttle = seeded();
+    let layer = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new());
+    let open = layer.layer(service_fn(|_req: Request<String>| async {
+        Err::<Response<String>, _>(backstop_core::BreakerOpen::new(None))
+    }));
+    for _ in 0..100 {
+        let err = open.clone().oneshot(get()).await.unwrap_err();
+        assert!(err.is::<backstop_core::BreakerOpen>(), "{err}");
+    }
+    // The dependency never saw these: no evidence of overload, nothing to throttle later.
+    assert_eq!(throttle.window_counts(), (100, 100));
+    assert_eq!(throttle.probability(), 0.0);
+    // The same for a gRPC answer carrying the breaker's rejection.
+    let throttle = seeded();
+    let layer = ThrottleLayer::with(throttle.clone(), backstop_core::GrpcClassifier::new());
+    let open = layer.layer(service_fn(|_req: Request<String>| async {
+        let refusal = Rejection::BreakerOpen { retry_after: None }.into_response::<String>(true);
+        Ok::<_, Infallible>(refusal.map(|_| String::new()))
+    }));
+    for _ in 0..10 {
+        open.clone().oneshot(grpc_call("")).await.unwrap();
+    }
+    assert_eq!(throttle.window_counts(), (10, 10));
+}

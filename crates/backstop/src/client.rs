@@ -2,24 +2,55 @@
 
 use crate::timeout::{Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer};
 use backstop_breaker::{Breaker, BreakerConfig, BreakerLayer};
-use backstop_core::{GrpcClassifier, HttpClassifier};
+use backstop_core::{GrpcClassifier, HttpClassifier, ResponseBody};
+use backstop_deadline::bulkhead::{Bulkhead, BulkheadLayer};
 use backstop_deadline::{PropagateDeadline, PropagateDeadlineLayer};
 use backstop_idempotency::{IdempotencyKey, IdempotencyKeyLayer};
+use backstop_retry::throttle::{Throttle, ThrottleLayer};
 use backstop_retry::{Retry, RetryConfig, RetryLayer, hedge::Hedging};
 use std::time::Duration;
 use tower_layer::Layer;
 
 /// The client stack as one layer:
-/// `PropagateDeadline → IdempotencyKey → Retry → Breaker → attempt timeout → your client`
-/// (the key layer stamps nothing unless [`idempotency_keys`](Self::idempotency_keys) turns
-/// it on).
+/// `PropagateDeadline → Bulkhead → Throttle → IdempotencyKey → Retry → Breaker → attempt
+/// timeout → your client` (the bulkhead limits nothing unless [`bulkhead`](Self::bulkhead)
+/// gives it a limit; the key layer stamps nothing unless
+/// [`idempotency_keys`](Self::idempotency_keys) turns it on).
 ///
 /// Made by [`http()`] or [`grpc()`] with every default, and tuned by replacing a part. Clones
-/// share the retry budget, the breaker and the latency model, so build one per dependency and
-/// clone it into every client that calls that dependency.
+/// share the retry budget, the throttle's window, the bulkhead's permits, the breaker and the
+/// latency model, so build one per dependency and clone it into every client that calls that
+/// dependency.
+///
+/// # Overload: the throttle on, the bulkhead off
+///
+/// The presets' [`ThrottleLayer`] ([adaptive throttling](backstop_retry::throttle), on by
+/// default) refuses, locally and at once, a share of first attempts while the dependency
+/// accepts fewer than half of the calls it is sent (`K` = 2 over 30 s): it costs nothing
+/// while the dependency is healthy (it refuses nothing while half its calls succeed, so an
+/// ordinary error rate never trips it), needs no number only the user knows, and is what
+/// keeps an overloaded dependency's queue short enough to answer anyone in time. It sits
+/// outside the retry layer, so the retry budget keeps governing retries and a refused call
+/// buffers no body. Turn it off with `.throttle(ThrottleLayer::off())`.
+///
+/// The [`BulkheadLayer`] (a limit on calls in flight, their wait bounded by the deadline) is
+/// **off** by default: its one useful number is the dependency's capacity in calls in flight
+/// (its rate × its latency, by Little's law), which only its owner knows, and a generous
+/// guess would bind only when it is already too late while costing every call a
+/// compare-and-swap on one word all cores share. Give it a limit with
+/// `.bulkhead(BulkheadLayer::new(64)?)`.
+///
+/// Both refusals are local rejections ([`Outcome::Rejected`](backstop_core::Outcome)):
+/// never sent, never retried, never a breaker failure. An HTTP caller gets
+/// [`ClientThrottled`](backstop_core::ClientThrottled) (inside a
+/// [`RetryError`](backstop_retry::RetryError) saying 0 attempts) or
+/// [`BulkheadFull`](backstop_core::BulkheadFull); a gRPC caller a trailers-only UNAVAILABLE
+/// with `grpc-retry-pushback-ms: -1`.
 #[derive(Debug, Clone)]
 pub struct ClientLayer<C> {
     deadline: PropagateDeadlineLayer,
+    bulkhead: BulkheadLayer,
+    throttle: ThrottleLayer<C>,
     keys: IdempotencyKeyLayer,
     retry: RetryLayer<C>,
     breaker: BreakerLayer<C>,
@@ -35,21 +66,34 @@ pub struct ClientLayer<C> {
 /// The service [`http()`] builds around a transport `S`: name it in a struct field or axum
 /// `State` without spelling out the onion.
 pub type HttpClient<S> = PropagateDeadline<
-    IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, HttpClassifier>, HttpClassifier>>,
+    Bulkhead<
+        Throttle<
+            IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, HttpClassifier>, HttpClassifier>>,
+            HttpClassifier,
+        >,
+    >,
 >;
 
 /// The service [`grpc()`] builds around a transport `S` (for a tonic `Channel`, `S` is the
 /// channel behind its `map_request` adapter, as in the crate docs).
 pub type GrpcClient<S> = PropagateDeadline<
-    IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, GrpcClassifier>, GrpcClassifier>>,
+    Bulkhead<
+        Throttle<
+            IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, GrpcClassifier>, GrpcClassifier>>,
+            GrpcClassifier,
+        >,
+    >,
 >;
 
 /// The response of a client preset whose transport answers `Response<B>`: the body is wrapped
-/// by the deadline (which bounds the stream), the retry layer and the breaker (which read the
-/// trailers of a gRPC stream).
+/// by the deadline (which bounds the stream), the bulkhead and the throttle (which may answer
+/// a gRPC call themselves), the retry layer and the breaker (which read the trailers of a gRPC
+/// stream).
 pub type ClientResponse<B, C> = http::Response<
     backstop_deadline::DeadlineBody<
-        backstop_retry::RetryBody<backstop_breaker::BreakerBody<B, C>, C>,
+        ResponseBody<
+            ResponseBody<backstop_retry::RetryBody<backstop_breaker::BreakerBody<B, C>, C>>,
+        >,
     >,
 >;
 
@@ -98,26 +142,32 @@ enum Hedge {
     Custom(Hedging),
 }
 
-/// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], [`RetryConfig::http`]
-/// (3 attempts, decorrelated jitter, the 10 % ratio budget), the breaker of
-/// [`http_breaker`], and attempts bounded by measured latency ([`Adaptive`]: p99 × 3, from
-/// a floor of p99 × 20 within 250 ms to 1 s, at most 10 s, 10 s until 100 calls are measured; see [`timeout`](crate::timeout)).
+/// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], the bulkhead off,
+/// [`ThrottleLayer::http`] (adaptive throttling with its defaults; why on, and the bulkhead
+/// off: [`ClientLayer`]), [`RetryConfig::http`] (3 attempts, decorrelated jitter, the 10 %
+/// ratio budget), the breaker of [`http_breaker`], and attempts bounded by measured latency
+/// ([`Adaptive`]: p99 × 3, from a floor of p99 × 20 held
+/// between 250 ms and 1 s to 10 s, 10 s until 100 calls are measured; see
+/// [`timeout`](crate::timeout)).
 pub fn http() -> ClientLayer<HttpClassifier> {
     ClientLayer::new(
         RetryConfig::http().build().expect("the defaults are valid"),
         http_breaker().build().expect("the defaults are valid"),
     )
     .retry_reserve(Some(0.5))
+    .throttle(ThrottleLayer::http())
 }
 
-/// The preset for gRPC dependencies: as [`http()`] with [`RetryConfig::grpc`] and
-/// [`grpc_breaker`] (status codes from trailers-only responses and trailers).
+/// The preset for gRPC dependencies: as [`http()`] with [`ThrottleLayer::grpc`],
+/// [`RetryConfig::grpc`] and [`grpc_breaker`] (status codes from trailers-only responses and
+/// trailers).
 pub fn grpc() -> ClientLayer<GrpcClassifier> {
     ClientLayer::new(
         RetryConfig::grpc().build().expect("the defaults are valid"),
         grpc_breaker().build().expect("the defaults are valid"),
     )
     .retry_reserve(Some(0.5))
+    .throttle(ThrottleLayer::grpc())
 }
 
 /// The breaker of the [`http()`] preset, to tune and pass to [`ClientLayer::breaker`]:
@@ -146,10 +196,15 @@ fn tuned<C>(config: BreakerConfig<C>) -> BreakerConfig<C> {
 
 impl<C> ClientLayer<C> {
     /// A client stack from its retry and breaker layers (deadline propagation with its
-    /// defaults, attempts bounded by measured latency with the [`Adaptive`] defaults).
+    /// defaults, attempts bounded by measured latency with the [`Adaptive`] defaults). The
+    /// throttle and the bulkhead are off (a throttle needs a classifier of the stack's
+    /// kind: [`http()`] and [`grpc()`] add theirs); add them with
+    /// [`throttle`](Self::throttle) and [`bulkhead`](Self::bulkhead).
     pub fn new(retry: RetryLayer<C>, breaker: BreakerLayer<C>) -> Self {
         Self {
             deadline: PropagateDeadlineLayer::new(),
+            bulkhead: BulkheadLayer::off(),
+            throttle: ThrottleLayer::off(),
             keys: IdempotencyKeyLayer::off(),
             retry,
             breaker,
@@ -188,6 +243,8 @@ impl<C> ClientLayer<C> {
                 .and_then(|()| self.breaker.set_name(name))
                 .and_then(|()| self.deadline.set_name(name))
                 .and_then(|()| self.attempt.set_name(name))
+                .and_then(|()| self.throttle.set_name(name))
+                .and_then(|()| self.bulkhead.set_name(name))
                 .unwrap_or_else(|e| panic!("{e}"));
         }
         self
@@ -312,6 +369,40 @@ impl<C> ClientLayer<C> {
     #[must_use]
     pub fn breaker(mut self, layer: BreakerLayer<C>) -> Self {
         self.breaker = layer;
+        self.renamed()
+    }
+
+    /// Replaces the adaptive throttle (on in the presets: [`ClientLayer`] says why), e.g. a
+    /// tuned [`AdaptiveThrottle`](backstop_retry::throttle::AdaptiveThrottle) or one shared
+    /// by two stacks, or [`ThrottleLayer::off`] to turn it off.
+    ///
+    /// ```
+    /// use backstop::retry::throttle::ThrottleLayer;
+    ///
+    /// let client = backstop::client::http().name("search").throttle(ThrottleLayer::off());
+    /// assert!(!client.throttle_layer().is_on());
+    /// ```
+    #[must_use]
+    pub fn throttle(mut self, layer: ThrottleLayer<C>) -> Self {
+        self.throttle = layer;
+        self.renamed()
+    }
+
+    /// Caps the calls in flight to the dependency with a [`BulkheadLayer`] (off in the
+    /// presets: [`ClientLayer`] says why): a call that cannot get a permit before its
+    /// deadline is refused at once, never sent. A user call holds one permit across its
+    /// retries. [`BulkheadLayer::off`] turns it off again.
+    ///
+    /// ```
+    /// use backstop::deadline::bulkhead::BulkheadLayer;
+    ///
+    /// let client = backstop::client::http().name("search").bulkhead(BulkheadLayer::new(64)?);
+    /// assert_eq!(client.bulkhead_layer().max_concurrency(), 64);
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn bulkhead(mut self, layer: BulkheadLayer) -> Self {
+        self.bulkhead = layer;
         self.renamed()
     }
 
@@ -494,6 +585,18 @@ impl<C> ClientLayer<C> {
         &self.deadline
     }
 
+    /// The bulkhead (off unless [`bulkhead`](Self::bulkhead) gave it a limit), for its
+    /// [`in_flight`](BulkheadLayer::in_flight) and [`waiting`](BulkheadLayer::waiting) counts.
+    pub fn bulkhead_layer(&self) -> &BulkheadLayer {
+        &self.bulkhead
+    }
+
+    /// The adaptive throttle, for its [`throttle`](ThrottleLayer::throttle)'s probability and
+    /// refusals.
+    pub fn throttle_layer(&self) -> &ThrottleLayer<C> {
+        &self.throttle
+    }
+
     /// The retry layer, for its [`stats`](RetryLayer::stats).
     pub fn retry_layer(&self) -> &RetryLayer<C> {
         &self.retry
@@ -553,7 +656,9 @@ impl ClientLayer<HttpClassifier> {
 }
 
 impl<S, C> Layer<S> for ClientLayer<C> {
-    type Service = PropagateDeadline<IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, C>, C>>>;
+    type Service = PropagateDeadline<
+        Bulkhead<Throttle<IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, C>, C>>, C>>,
+    >;
 
     fn layer(&self, inner: S) -> Self::Service {
         // One writer of each attempt's `grpc-timeout`, decided here: the attempt bound,
@@ -574,6 +679,11 @@ impl<S, C> Layer<S> for ClientLayer<C> {
             .layer(inner);
         // Outside the retry layer: one key per logical call, the same on every attempt.
         let inner = self.keys.layer(inner);
+        // Outside the retry layer, inside the deadline (which gives the bulkhead its wait's
+        // end): a refused call costs no key, no body copy and no retry state, and a call holds
+        // one permit across its retries.
+        let inner = self.throttle.layer(inner);
+        let inner = self.bulkhead.layer(inner);
         self.deadline.send_grpc_timeout(false).layer(inner)
     }
 }

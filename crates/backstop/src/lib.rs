@@ -35,13 +35,17 @@
 //!  ┌──────────────────────────────────────┐        ┌─────────────────────────────────┐
 //!  │ PropagateDeadline  the whole budget  │        │ Deadline   read grpc-timeout,   │
 //!  │ ┌──────────────────────────────────┐ │  wire  │            cancel at expiry     │
-//!  │ │ Retry    budget, backoff, hints  │ │ ─────▶ │ ┌─────────────────────────────┐ │
-//!  │ │ ┌──────────────────────────────┐ │ │        │ │ Pushback  "do not retry"    │ │
-//!  │ │ │ Breaker   asked per attempt  │ │ │        │ │ ┌─────────────────────────┐ │ │
-//!  │ │ │ ┌──────────────────────────┐ │ │ │        │ │ │ your handler            │ │ │
-//!  │ │ │ │ attempt timeout          │ │ │ │        │ │ └─────────────────────────┘ │ │
-//!  │ │ │ │ ┌──────────────────────┐ │ │ │ │        │ └─────────────────────────────┘ │
-//!  │ │ │ │ │ your client          │ │ │ │ │        └─────────────────────────────────┘
+//!  │ │ Bulkhead  calls in flight (off)  │ │ ─────▶ │ ┌─────────────────────────────┐ │
+//!  │ │ ┌──────────────────────────────┐ │ │        │ │ Admission  too little time? │ │
+//!  │ │ │ Throttle  first attempts     │ │ │        │ │ ┌─────────────────────────┐ │ │
+//!  │ │ │ ┌──────────────────────────┐ │ │ │        │ │ │ Pushback "do not retry" │ │ │
+//!  │ │ │ │ Retry  budget, backoff   │ │ │ │        │ │ │ ┌─────────────────────┐ │ │ │
+//!  │ │ │ │ ┌──────────────────────┐ │ │ │ │        │ │ │ │ your handler        │ │ │ │
+//!  │ │ │ │ │ Breaker  per attempt │ │ │ │ │        │ │ │ └─────────────────────┘ │ │ │
+//!  │ │ │ │ │ ┌──────────────────┐ │ │ │ │ │        │ │ └─────────────────────────┘ │ │
+//!  │ │ │ │ │ │ attempt timeout  │ │ │ │ │ │        │ └─────────────────────────────┘ │
+//!  │ │ │ │ │ │ ┌──────────────┐ │ │ │ │ │ │        └─────────────────────────────────┘
+//!  │ │ │ │ │ │ │ your client  │ │ │ │ │ │ │
 //! ```
 //!
 //! Why this order, from the outside in:
@@ -49,29 +53,38 @@
 //! 1. **Deadline outermost**: every attempt, backoff and wait comes out of one budget, so a
 //!    retry can never run past what the caller was promised, and each attempt's
 //!    `grpc-timeout` is what is left, not a fresh timeout.
-//! 2. **Retry outside the breaker**: each attempt asks the breaker. When the dependency is
+//! 2. **Bulkhead, then throttle, outside the retry layer**: they bound *calls*, not
+//!    attempts. The bulkhead (off unless given a limit) reads the deadline the outer layer
+//!    put on the request to decide at once whether a permit can come in time, and a call
+//!    holds one permit across its retries; the adaptive throttle (on) refuses a share of
+//!    first attempts while the dependency accepts fewer than half, so the retry budget keeps
+//!    governing retries alone. A refusal by either is never sent and never retried, and
+//!    costs no body copy. ([`ClientLayer`] says why one is on and the other off.)
+//! 3. **Retry outside the breaker**: each attempt asks the breaker. When the dependency is
 //!    down the breaker answers at once with a local rejection, which is never retried, so an
 //!    outage costs probes, not `attempts × callers`.
-//! 3. **Breaker outside the attempt timeout**: a timed-out attempt is a failure the breaker
+//! 4. **Breaker outside the attempt timeout**: a timed-out attempt is a failure the breaker
 //!    sees. (A timeout outside it would cancel the call, and a cancelled call counts as
 //!    nothing.)
-//! 4. **On the server**, the deadline goes first so the handler's whole work is bounded, and
-//!    the pushback layer sits next to the handler, where it can see that the handler's own
-//!    retries gave up.
+//! 5. **On the server**, the deadline goes first so the handler's whole work is bounded;
+//!    admission next, where the deadline is known, refuses a request with less time left
+//!    than its route's handler takes (measured); the pushback layer sits next to the
+//!    handler, where it can see that the handler's own retries gave up.
 //!
 //! # Presets
 //!
 //! - [`client::http()`], [`client::grpc()`]: the client stack as one [`ClientLayer`], with
 //!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
-//!   `.deadline(..)`, `.attempt(..)` or `.attempt_timeout(..)`). Attempts are bounded by the
-//!   dependency's measured latency by default ([`timeout`]: p99 × 3, at least p99 × 20 within 250 ms to 1 s, at most 10 s), and
+//!   `.deadline(..)`, `.throttle(..)`, `.bulkhead(..)`, `.attempt(..)` or
+//!   `.attempt_timeout(..)`). Attempts are bounded by the
+//!   dependency's measured latency by default ([`timeout`]: p99 × 3, with a floor of p99 × 20 held between 250 ms and 1 s, at most 10 s), and
 //!   [`ClientLayer::latency`] shows what was measured. [`ClientLayer::hedging`] hedges slow
 //!   idempotent requests at the measured p95, paid from the retry budget.
 //!   [`ClientLayer::idempotency_keys`] says the dependency de-duplicates keys: POSTs and
 //!   PATCHes get one `Idempotency-Key` per call (outside the retry layer) and become
 //!   retryable.
-//! - [`server()`]: `Deadline → Pushback`, one [`ServerLayer`] that keeps
-//!   `Error = S::Error`.
+//! - [`server()`]: `Deadline → Admission → Pushback`, one [`ServerLayer`] that keeps
+//!   `Error = S::Error` ([`ServerLayer::admission`] tunes or turns off admission).
 //!
 //! Short paths for the common knobs: `.timeout(d)` (the caller's deadline per call),
 //! `.max_attempts(n)`, `.attempt_timeout(d)`, `.hedging(n)`; the preset's service types are
@@ -89,12 +102,15 @@
 //! | error | when | test with |
 //! |---|---|---|
 //! | [`BreakerOpen`] | the breaker refused the call (open, or half-open with its probes taken); nothing was sent | [`is_breaker_open`] |
+//! | [`ClientThrottled`](backstop_core::ClientThrottled) | the adaptive throttle refused the call: the dependency accepted too few lately; nothing was sent | `backstop::core::find::<ClientThrottled>` |
+//! | [`BulkheadFull`](backstop_core::BulkheadFull) | the bulkhead (when given a limit) had no permit that could come before the deadline; nothing was sent | `backstop::core::find::<BulkheadFull>` |
 //! | [`DeadlineExceeded`] | the call's deadline passed (before it was sent, while waiting to retry, or in flight) | [`is_deadline_exceeded`] |
 //! | [`AttemptTimedOut`](backstop_core::AttemptTimedOut) | the last attempt ran out of its bound and no retry followed | [`is_attempt_timed_out`] |
 //! | the transport's error | the last attempt failed in transport and no retry followed | — |
 //!
-//! A gRPC request gets the first three as responses instead (trailers-only UNAVAILABLE with a
-//! pushback, DEADLINE_EXCEEDED, DEADLINE_EXCEEDED), so tonic reports them as statuses.
+//! A gRPC request gets the local ones as responses instead (trailers-only UNAVAILABLE with a
+//! pushback for the breaker, the throttle and the bulkhead, DEADLINE_EXCEEDED for the two
+//! timeouts), so tonic reports them as statuses.
 //!
 //! Every error the retry layer returns comes wrapped in a
 //! [`RetryError`](backstop_retry::RetryError): how many attempts the call took and why it
@@ -278,6 +294,10 @@ pub mod prelude {
     pub use backstop_deadline::{
         Deadline, DeadlineFutureExt, DeadlineLayer, PropagateDeadlineLayer, current,
     };
+    #[cfg(feature = "deadline")]
+    pub use backstop_deadline::{admission::AdmissionLayer, bulkhead::BulkheadLayer};
+    #[cfg(feature = "retry")]
+    pub use backstop_retry::throttle::ThrottleLayer;
     #[cfg(feature = "retry")]
     pub use backstop_retry::{PushbackLayer, ReplayBody, RetryConfig, RetryLayer};
 }

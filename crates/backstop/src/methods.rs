@@ -2,7 +2,7 @@
 //! [`ClientLayer::service_config`](crate::ClientLayer::service_config).
 //!
 //! ```text
-//! MethodTimeout → PropagateDeadline → Methods (one Retry per methodConfig entry) → Breaker → attempt bound → transport
+//! MethodTimeout → PropagateDeadline → Bulkhead → Throttle → Methods (one Retry per methodConfig entry) → Breaker → attempt bound → transport
 //! ```
 //!
 //! - **The method's `timeout`** becomes the call's deadline (a request extension, the earlier
@@ -14,7 +14,9 @@
 //! - **One budget for the whole client**: the config's `retryThrottling` (gRFC A6: per server
 //!   name), or, without one, backstop's ratio budget (a deliberate difference: gRPC's clients
 //!   then retry unthrottled; backstop never lets retries storm).
-//! - **One breaker and one attempt bound** for the dependency, as in the preset.
+//! - **One breaker and one attempt bound** for the dependency, as in the preset; likewise
+//!   one adaptive throttle and one bulkhead (the preset's, on and off by default), outside
+//!   every method's retry layer, so they see the channel's calls whatever their method.
 //!
 //! - **Per method, in the metrics**: each entry's retry layer labels its series with
 //!   `method` (the entry's names, `*` for the default, `(none)` for calls no entry names),
@@ -167,7 +169,12 @@ fn methods_of(entry: &crate::grpc::MethodConfig) -> String {
 /// feature `tonic`).
 pub type MethodsClient<S> = MethodTimeout<
     backstop_deadline::PropagateDeadline<
-        Methods<backstop_breaker::Breaker<crate::AttemptTimeout<S>, GrpcClassifier>>,
+        backstop_deadline::bulkhead::Bulkhead<
+            backstop_retry::throttle::Throttle<
+                Methods<backstop_breaker::Breaker<crate::AttemptTimeout<S>, GrpcClassifier>>,
+                GrpcClassifier,
+            >,
+        >,
     >,
 >;
 
@@ -197,6 +204,12 @@ impl<S: Clone> Layer<S> for MethodsLayer {
             retries,
             config: self.config.clone(),
         };
+        // The preset's throttle and bulkhead, outside every method's retry layer: one window
+        // and one set of permits for the channel.
+        let methods = self
+            .client
+            .bulkhead_layer()
+            .layer(self.client.throttle_layer().layer(methods));
         MethodTimeout {
             inner: deadline.send_grpc_timeout(false).layer(methods),
             config: self.config.clone(),

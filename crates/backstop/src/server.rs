@@ -1,16 +1,30 @@
 //! The server preset: the inbound stack as one layer.
 
+use backstop_deadline::admission::{Admission, AdmissionLayer};
 use backstop_deadline::{DeadlineLayer, DeadlineService};
 use backstop_retry::{Pushback, PushbackLayer};
 use std::time::Duration;
 use tower_layer::Layer;
 
-/// The server stack as one layer: `Deadline → Pushback → your service`.
+/// The server stack as one layer: `Deadline → Admission → Pushback → your service`.
 ///
 /// [`DeadlineLayer`] reads the caller's `grpc-timeout`, exposes the deadline to handlers and
-/// cancels them when it passes; [`PushbackLayer`] tells callers not to retry when this
-/// service's own retries gave up. Keeps `Error = S::Error`, so it fits
+/// cancels them when it passes; [`AdmissionLayer`] refuses at once (DEADLINE_EXCEEDED, HTTP
+/// 504), without calling the handler, a request whose remaining deadline is below its
+/// route's measured median handler latency ([deadline-aware
+/// admission](backstop_deadline::admission)); [`PushbackLayer`] tells callers not to retry
+/// when this service's own retries gave up. Keeps `Error = S::Error`, so it fits
 /// `tonic::transport::Server::layer` and `axum::Router::layer` as is.
+///
+/// # Admission, on by default
+///
+/// With its defaults ([`AdmissionLayer::new`]: the p50 of each route's handler latency over
+/// 30 s, trusted from 100 answers, admitting everything until then), admission refuses only a
+/// request whose caller gave it less time than half of this route's requests take: most of
+/// those would be cancelled by their deadline part-way through, and the work would go to
+/// nobody. A request without a deadline is always admitted. It needs no number only the user
+/// knows, so the preset turns it on; [`admission`](Self::admission) tunes it (a higher
+/// quantile refuses more) or turns it off ([`AdmissionLayer::off`]).
 ///
 /// # Carrying the deadline into a handler's calls
 ///
@@ -93,10 +107,11 @@ use tower_layer::Layer;
 #[derive(Debug, Clone)]
 pub struct ServerLayer {
     deadline: DeadlineLayer,
+    admission: AdmissionLayer,
 }
 
-/// The preset: [`DeadlineLayer`] with no default timeout and a cap of **1 hour**, and
-/// [`PushbackLayer`].
+/// The preset: [`DeadlineLayer`] with no default timeout and a cap of **1 hour**,
+/// [`AdmissionLayer::new`] and [`PushbackLayer`].
 ///
 /// The cap: a caller's `grpc-timeout` longer than an hour is read as an hour. The header can
 /// say up to `99999999H` (11 000 years); an uncapped server takes that as "about 30 years"
@@ -132,6 +147,7 @@ pub fn server() -> ServerLayer {
             .max(MAX_DEADLINE)
             .build()
             .expect("the defaults are valid"),
+        admission: AdmissionLayer::new(),
     }
 }
 
@@ -146,12 +162,35 @@ impl ServerLayer {
         self.deadline = layer;
         self
     }
+
+    /// Replaces deadline-aware admission (another quantile, a `min_need`, a fixed need), or
+    /// turns it off with [`AdmissionLayer::off`]. Clones of one layer share its latency
+    /// models: give each server (each set of routes) its own.
+    ///
+    /// ```
+    /// use backstop::deadline::admission::AdmissionLayer;
+    ///
+    /// let server = backstop::server().admission(AdmissionLayer::builder().quantile(0.9).build()?);
+    /// # let _ = server;
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn admission(mut self, layer: AdmissionLayer) -> Self {
+        self.admission = layer;
+        self
+    }
+
+    /// The admission layer, for the [`need`](AdmissionLayer::need) of a route.
+    pub fn admission_layer(&self) -> &AdmissionLayer {
+        &self.admission
+    }
 }
 
 impl<S> Layer<S> for ServerLayer {
-    type Service = DeadlineService<Pushback<S>>;
+    type Service = DeadlineService<Admission<Pushback<S>>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.deadline.layer(PushbackLayer::new().layer(inner))
+        let inner = self.admission.layer(PushbackLayer::new().layer(inner));
+        self.deadline.layer(inner)
     }
 }

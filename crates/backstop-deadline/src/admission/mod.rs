@@ -129,6 +129,24 @@ impl AdmissionLayer {
         }
     }
 
+    /// A layer that refuses nothing and measures nothing (a fixed need of zero): every
+    /// request passes (its response body wrapped, so the stack's type stays the same). For a
+    /// stack whose type has admission in it, such as the facade's `server()` preset, to turn
+    /// it off.
+    ///
+    /// ```
+    /// use backstop_deadline::admission::AdmissionLayer;
+    /// use std::time::Duration;
+    ///
+    /// assert_eq!(AdmissionLayer::off().need("/any"), Some(Duration::ZERO));
+    /// ```
+    pub fn off() -> Self {
+        Self::builder()
+            .fixed(Duration::ZERO)
+            .build()
+            .expect("a valid need")
+    }
+
     /// What a request to `path` needs now: `None` while its model is not trusted (admitted).
     pub fn need(&self, path: &str) -> Option<Duration> {
         let us = self.shared.need_us(self.shared.route(path), Instant::now());

@@ -51,6 +51,11 @@ pin_project! {
             why: Refusal,
             grpc: bool,
         },
+        // The call of an off layer: no permit.
+        Passed {
+            #[pin]
+            future: S::Future,
+        },
     }
 }
 
@@ -149,6 +154,12 @@ impl<S: Service<R>, R> BulkheadFuture<S, R> {
         }
     }
 
+    pub(crate) fn passed(future: S::Future) -> Self {
+        Self {
+            kind: Kind::Passed { future },
+        }
+    }
+
     pub(crate) fn refused(why: Refusal, grpc: bool) -> Self {
         Self {
             kind: Kind::Refused { why, grpc },
@@ -160,6 +171,7 @@ impl<S: Service<R>, R> fmt::Debug for BulkheadFuture<S, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::Called { .. } => f.write_str("BulkheadFuture::Called"),
+            Kind::Passed { .. } => f.write_str("BulkheadFuture::Passed"),
             Kind::Waiting { until, .. } => f
                 .debug_struct("BulkheadFuture::Waiting")
                 .field("until", until)
@@ -188,6 +200,12 @@ where
                     let result = ready!(future.poll(cx));
                     permit.answered();
                     return Poll::Ready(match result {
+                        Ok(response) => Ok(response.map(ResponseBody::new)),
+                        Err(err) => Err(err.into()),
+                    });
+                }
+                KindProj::Passed { future } => {
+                    return Poll::Ready(match ready!(future.poll(cx)) {
                         Ok(response) => Ok(response.map(ResponseBody::new)),
                         Err(err) => Err(err.into()),
                     });

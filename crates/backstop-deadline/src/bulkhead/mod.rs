@@ -136,6 +136,8 @@ pub struct BulkheadLayerBuilder {
 /// What a bulkhead's clones share.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// `false`: the layer is off (every call passes, no permit is taken).
+    pub(crate) on: bool,
     pub(crate) permits: Semaphore,
     pub(crate) max_concurrency: u32,
     pub(crate) max_wait: Duration,
@@ -166,6 +168,34 @@ impl BulkheadLayer {
             max_wait: Duration::from_secs(1),
             max_queue: None,
         }
+    }
+
+    /// A bulkhead that limits nothing: every call passes to the inner service at once, no
+    /// permit taken (its response body wrapped, so the stack's type stays the same). For a
+    /// stack whose type has a bulkhead in it, such as the facade's client presets, where it is
+    /// the default.
+    ///
+    /// ```
+    /// use backstop_deadline::bulkhead::BulkheadLayer;
+    ///
+    /// assert!(!BulkheadLayer::off().is_on());
+    /// assert!(BulkheadLayer::new(64).unwrap().is_on());
+    /// ```
+    pub fn off() -> Self {
+        let mut layer = Self::new(1).expect("a valid limit");
+        Arc::get_mut(&mut layer.shared).expect("not shared yet").on = false;
+        layer
+    }
+
+    /// Whether the layer limits calls (`false` for [`off`](Self::off)).
+    pub fn is_on(&self) -> bool {
+        self.shared.on
+    }
+
+    /// The most calls in flight at once (1 for an [`off`](Self::off) layer, which takes
+    /// no permit).
+    pub fn max_concurrency(&self) -> u32 {
+        self.shared.max_concurrency
     }
 
     /// Calls holding a permit now.
@@ -239,6 +269,7 @@ impl BulkheadLayerBuilder {
         }
         Ok(BulkheadLayer {
             shared: Arc::new(Shared {
+                on: true,
                 permits: Semaphore::new(self.max_concurrency),
                 max_concurrency: self.max_concurrency,
                 max_wait: self.max_wait,

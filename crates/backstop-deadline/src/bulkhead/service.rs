@@ -64,6 +64,9 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
+        if !shared.on {
+            return BulkheadFuture::passed(self.inner.call(req));
+        }
         // 1. A free permit.
         if shared.permits.try_acquire() {
             return BulkheadFuture::called(self.inner.call(req), shared.clone());

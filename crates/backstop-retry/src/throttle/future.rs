@@ -1,6 +1,8 @@
 use super::service::Shared;
 use crate::{CallInfo, GiveUp, RetryError};
-use backstop_core::{BoxError, Classify, ClientThrottled, Rejection, ResponseBody};
+use backstop_core::{
+    BoxError, BreakerOpen, Classify, ClientThrottled, Outcome, Rejection, ResponseBody,
+};
 use http::Response;
 use pin_project_lite::pin_project;
 use std::{
@@ -28,6 +30,10 @@ pin_project! {
             future: F,
             shared: Arc<Shared<C>>,
         },
+        Passed {
+            #[pin]
+            future: F,
+        },
         Refused {
             grpc: bool,
         },
@@ -38,6 +44,13 @@ impl<F, C> ThrottleFuture<F, C> {
     pub(crate) fn running(future: F, shared: Arc<Shared<C>>) -> Self {
         Self {
             kind: Kind::Running { future, shared },
+        }
+    }
+
+    /// The call of an off layer: passed through, not counted.
+    pub(crate) fn passed(future: F) -> Self {
+        Self {
+            kind: Kind::Passed { future },
         }
     }
 
@@ -52,6 +65,7 @@ impl<F, C> fmt::Debug for ThrottleFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::Running { .. } => f.write_str("ThrottleFuture::Running"),
+            Kind::Passed { .. } => f.write_str("ThrottleFuture::Passed"),
             Kind::Refused { grpc } => f
                 .debug_struct("ThrottleFuture::Refused")
                 .field("grpc", grpc)
@@ -72,23 +86,45 @@ where
         match self.project().kind.project() {
             KindProj::Running { future, shared } => {
                 let result = ready!(future.poll(cx)).map_err(Into::into);
-                let accepted = match &result {
+                // A running call is one of a layer that is on: it has a classifier.
+                let classifier = shared.classifier.as_ref();
+                let accepted = classifier.is_some_and(|classifier| match &result {
                     // A stream whose status is still to come: the server took the call.
-                    Ok(response) if shared.classifier.awaits_trailers(response) => true,
-                    Ok(response) => shared
-                        .throttle
-                        .accepts(&shared.classifier.classify(Ok(response))),
-                    Err(err) => shared
-                        .throttle
-                        .accepts(&shared.classifier.classify(Err(&**err))),
-                };
+                    Ok(response) if classifier.awaits_trailers(response) => true,
+                    Ok(response) => match classifier.classify(Ok(response)) {
+                        Outcome::Rejected => breaker_refused(Ok(response)),
+                        outcome => shared.throttle.accepts(&outcome),
+                    },
+                    Err(err) => match classifier.classify(Err(&**err)) {
+                        Outcome::Rejected => breaker_refused::<B>(Err(&**err)),
+                        outcome => shared.throttle.accepts(&outcome),
+                    },
+                });
                 if accepted {
                     shared.throttle.record_accept();
                 }
                 Poll::Ready(result.map(|r| r.map(ResponseBody::new)))
             }
+            KindProj::Passed { future } => Poll::Ready(match ready!(future.poll(cx)) {
+                Ok(response) => Ok(response.map(ResponseBody::new)),
+                Err(err) => Err(err.into()),
+            }),
             KindProj::Refused { grpc } => Poll::Ready(refusal(*grpc)),
         }
+    }
+}
+
+/// Whether a locally rejected call was refused by a breaker inside: counted as accepted,
+/// since the dependency never saw it (module docs, "Counts").
+#[cold]
+#[inline(never)]
+fn breaker_refused<B>(result: Result<&Response<B>, &(dyn std::error::Error + 'static)>) -> bool {
+    match result {
+        Ok(response) => matches!(
+            response.extensions().get::<Rejection>(),
+            Some(Rejection::BreakerOpen { .. })
+        ),
+        Err(err) => backstop_core::find::<BreakerOpen>(err).is_some(),
     }
 }
 

@@ -52,6 +52,26 @@ impl ThrottleLayer<GrpcClassifier> {
 impl<C> ThrottleLayer<C> {
     /// A layer counting into `throttle`, classifying with `classifier`.
     pub fn with(throttle: Arc<AdaptiveThrottle>, classifier: C) -> Self {
+        Self::from_parts(throttle, Some(classifier))
+    }
+
+    /// A layer that refuses nothing and counts nothing: every call passes to the inner
+    /// service (its response body wrapped, so the stack's type stays the same). For a stack
+    /// whose type has a throttle in it, such as the facade's client presets, to turn it off.
+    ///
+    /// ```
+    /// use backstop_core::HttpClassifier;
+    /// use backstop_retry::throttle::ThrottleLayer;
+    ///
+    /// let off = ThrottleLayer::<HttpClassifier>::off();
+    /// assert!(!off.is_on());
+    /// assert!(ThrottleLayer::http().is_on());
+    /// ```
+    pub fn off() -> Self {
+        Self::from_parts(Arc::new(AdaptiveThrottle::new()), None)
+    }
+
+    fn from_parts(throttle: Arc<AdaptiveThrottle>, classifier: Option<C>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 throttle,
@@ -61,6 +81,11 @@ impl<C> ThrottleLayer<C> {
                 metrics: Default::default(),
             }),
         }
+    }
+
+    /// Whether the layer throttles (`false` for [`off`](Self::off)).
+    pub fn is_on(&self) -> bool {
+        self.shared.classifier.is_some()
     }
 
     /// The shared state: its probability, window and refusals.

@@ -11,7 +11,8 @@ use tower_service::Service;
 #[derive(Debug)]
 pub(crate) struct Shared<C> {
     pub(crate) throttle: Arc<AdaptiveThrottle>,
-    pub(crate) classifier: C,
+    /// `None`: the layer is off (every call passes, nothing is counted).
+    pub(crate) classifier: Option<C>,
     pub(crate) name: backstop_core::__private::DependencyName,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: std::sync::OnceLock<(metrics::Counter, metrics::Gauge)>,
@@ -93,6 +94,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        if self.shared.classifier.is_none() {
+            return ThrottleFuture::passed(self.inner.call(req));
+        }
         if self.shared.throttle.admit_request() {
             self.shared.refused();
             return ThrottleFuture::refused(is_grpc(req.headers()));

@@ -1,0 +1,367 @@
+//! The presets under overload, with a mock dependency under paused time: the client's
+//! throttle (on by default) and bulkhead (a knob) refuse calls locally, and a refused call is
+//! never sent, never retried and never a breaker failure; the server preset's admission
+//! refuses a request too short of time without calling its handler.
+
+use backstop::{
+    ReplayBody,
+    client::{call_info, error_info},
+    deadline::{Deadline, admission::AdmissionLayer, bulkhead::BulkheadLayer},
+    prelude::*,
+    retry::{
+        CallInfo, GiveUp,
+        throttle::{AdaptiveThrottle, ThrottleLayer},
+    },
+};
+use backstop_core::{BulkheadFull, ClientThrottled, GrpcClassifier, HttpClassifier};
+use http::{Request, Response};
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+/// A dependency that counts the calls it is sent and answers each with `reply` after
+/// `latency`.
+fn dependency(
+    hits: &Arc<AtomicU32>,
+    latency: Duration,
+    reply: fn() -> Response<String>,
+) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
+    let hits = hits.clone();
+    service_fn(move |_req: Request<ReplayBody<String>>| {
+        hits.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(latency).await;
+            Ok::<_, Infallible>(reply())
+        }
+    })
+}
+
+fn unavailable() -> Response<String> {
+    backstop_test_support::reply(503)
+}
+
+fn grpc_unavailable() -> Response<String> {
+    backstop_test_support::grpc_reply(14)
+}
+
+fn ok() -> Response<String> {
+    backstop_test_support::reply(200)
+}
+
+/// A breaker that never opens in these tests, so every call it sees reaches the dependency,
+/// and whose window (of calls, not time) counts them all.
+fn patient<C: Clone>(config: BreakerConfig<C>) -> BreakerLayer<C> {
+    config
+        .count_window(100_000)
+        .minimum_calls(100_000)
+        .build()
+        .unwrap()
+}
+
+fn seeded_http_throttle() -> ThrottleLayer<HttpClassifier> {
+    let throttle = AdaptiveThrottle::builder().seed(28).build().unwrap();
+    ThrottleLayer::with(Arc::new(throttle), HttpClassifier::new())
+}
+
+fn seeded_grpc_throttle() -> ThrottleLayer<GrpcClassifier> {
+    let throttle = AdaptiveThrottle::builder().seed(28).build().unwrap();
+    ThrottleLayer::with(Arc::new(throttle), GrpcClassifier::new())
+}
+
+#[test]
+fn the_presets_throttle_by_default_and_limit_nothing_until_told() {
+    let http = backstop::client::http().name("search");
+    assert!(http.throttle_layer().is_on());
+    assert!(!http.bulkhead_layer().is_on());
+    let grpc = backstop::client::grpc();
+    assert!(grpc.throttle_layer().is_on());
+    assert!(!grpc.bulkhead_layer().is_on());
+    let off = http.throttle(ThrottleLayer::off());
+    assert!(!off.throttle_layer().is_on());
+    assert_eq!(off.dependency(), "search");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_http_call_is_refused_not_sent_not_retried_not_a_breaker_failure() {
+    let hits = Arc::new(AtomicU32::new(0));
+    let backend = backstop::client::http()
+        .breaker(patient(BreakerConfig::http()))
+        .throttle(seeded_http_throttle());
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(dependency(&hits, Duration::from_millis(5), unavailable));
+
+    let (mut throttled, mut answered) = (0, 0);
+    for _ in 0..300 {
+        match client.clone().oneshot(backstop_test_support::get()).await {
+            Ok(response) => {
+                assert_eq!(response.status(), 503);
+                answered += 1;
+            }
+            Err(err) => {
+                assert!(
+                    backstop_core::find::<ClientThrottled>(err.as_ref()).is_some(),
+                    "{err}"
+                );
+                assert_eq!(
+                    error_info(err.as_ref()),
+                    Some(CallInfo::new(0, Some(GiveUp::Throttled)))
+                );
+                throttled += 1;
+            }
+        }
+        tokio::time::advance(Duration::from_millis(20)).await;
+    }
+    // The throttle acts once a second's worth of calls is in its window, and then refuses
+    // up to 90 % of them.
+    assert!(
+        throttled >= 150,
+        "{throttled} throttled, {answered} answered"
+    );
+    assert_eq!(backend.throttle_layer().throttle().rejections(), throttled);
+    // A refused call never reached the retry layer: it neither asked for a retry nor was
+    // one; every attempt the dependency saw belongs to an answered call.
+    let stats = backend.retry_layer().stats();
+    assert_eq!(stats.requests, answered);
+    assert_eq!(
+        u64::from(hits.load(Ordering::SeqCst)),
+        answered + stats.retries
+    );
+    // The breaker counted the attempts sent, and nothing else.
+    let snap = backend.breaker_layer().snapshot();
+    assert_eq!(snap.calls, u64::from(hits.load(Ordering::SeqCst)));
+    assert_eq!(snap.failures, snap.calls);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_grpc_call_is_a_trailers_only_unavailable_never_sent() {
+    let hits = Arc::new(AtomicU32::new(0));
+    let backend = backstop::client::grpc()
+        .breaker(patient(BreakerConfig::grpc()))
+        .throttle(seeded_grpc_throttle());
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(dependency(
+            &hits,
+            Duration::from_millis(5),
+            grpc_unavailable,
+        ));
+
+    let mut throttled = 0;
+    for _ in 0..300 {
+        let response = client
+            .clone()
+            .oneshot(backstop_test_support::grpc_call(""))
+            .await
+            .unwrap();
+        assert_eq!(response.headers()["grpc-status"], "14");
+        if call_info(&response).gave_up() == Some(GiveUp::Throttled) {
+            assert_eq!(call_info(&response).attempts(), 0);
+            assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
+            assert_eq!(
+                response.extensions().get::<backstop_core::Rejection>(),
+                Some(&backstop_core::Rejection::ClientThrottled)
+            );
+            throttled += 1;
+        }
+        tokio::time::advance(Duration::from_millis(20)).await;
+    }
+    assert!(throttled >= 150, "{throttled} throttled");
+    let stats = backend.retry_layer().stats();
+    assert_eq!(stats.requests, 300 - throttled);
+    let sent = u64::from(hits.load(Ordering::SeqCst));
+    assert_eq!(sent, stats.requests + stats.retries);
+    assert_eq!(backend.breaker_layer().snapshot().calls, sent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_dependency_is_never_throttled() {
+    let hits = Arc::new(AtomicU32::new(0));
+    let backend = backstop::client::http();
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(dependency(&hits, Duration::from_millis(5), ok));
+    for _ in 0..300 {
+        let response = client
+            .clone()
+            .oneshot(backstop_test_support::get())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        tokio::time::advance(Duration::from_millis(20)).await;
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 300);
+    assert_eq!(backend.throttle_layer().throttle().rejections(), 0);
+}
+
+/// A GET whose caller gives it `ms` milliseconds.
+fn get_within(ms: u64) -> Request<String> {
+    let mut req = backstop_test_support::get();
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_millis(ms)));
+    req
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_bulkhead_refuses_a_call_that_cannot_wait_at_once_and_never_sends_it() {
+    let hits = Arc::new(AtomicU32::new(0));
+    let backend = backstop::client::http()
+        .breaker(patient(BreakerConfig::http()))
+        .bulkhead(BulkheadLayer::new(1).unwrap());
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(dependency(&hits, Duration::from_millis(300), ok));
+    // One answer teaches the bulkhead that a call holds its permit 300 ms.
+    client.clone().oneshot(get_within(1_000)).await.unwrap();
+    assert_eq!(
+        backend.bulkhead_layer().hold_time(),
+        Duration::from_millis(300)
+    );
+
+    let holder = tokio::spawn(client.clone().oneshot(get_within(1_000)));
+    tokio::task::yield_now().await;
+    assert_eq!(backend.bulkhead_layer().in_flight(), 1);
+    // 200 ms left, and the permit is 300 ms away: refused now, not at the deadline.
+    let asked = tokio::time::Instant::now();
+    let err = client.clone().oneshot(get_within(200)).await.unwrap_err();
+    assert_eq!(asked.elapsed(), Duration::ZERO);
+    let full = backstop_core::find::<BulkheadFull>(err.as_ref()).expect("a bulkhead refusal");
+    assert_eq!(full.knob(), "max_concurrency");
+    assert!(holder.await.unwrap().is_ok());
+
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "the refused call was not sent"
+    );
+    let stats = backend.retry_layer().stats();
+    assert_eq!((stats.requests, stats.retries), (2, 0));
+    assert_eq!(backend.breaker_layer().snapshot().calls, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_bulkhead_answers_grpc_with_a_trailers_only_unavailable() {
+    let hits = Arc::new(AtomicU32::new(0));
+    let backend =
+        backstop::client::grpc().bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap());
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(dependency(&hits, Duration::from_millis(300), || {
+            backstop_test_support::grpc_reply(0)
+        }));
+    let holder = tokio::spawn(client.clone().oneshot(backstop_test_support::grpc_call("")));
+    tokio::task::yield_now().await;
+    let response = client
+        .clone()
+        .oneshot(backstop_test_support::grpc_call(""))
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
+    assert_eq!(
+        response.extensions().get::<backstop_core::Rejection>(),
+        Some(&backstop_core::Rejection::BulkheadFull)
+    );
+    let answered = holder.await.unwrap().unwrap();
+    assert_eq!(answered.headers()["grpc-status"], "0");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(backend.retry_layer().stats().requests, 1);
+    assert_eq!(backend.breaker_layer().snapshot().calls, 1);
+}
+
+/// A handler that counts its calls and takes 100 ms.
+fn handler(
+    calls: &Arc<AtomicU32>,
+) -> impl tower::Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone {
+    let calls = calls.clone();
+    service_fn(move |_req: Request<String>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_server_preset_refuses_a_request_shorter_than_its_route_needs() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let preset = backstop::server();
+    let server = ServiceBuilder::new()
+        .layer(preset.clone())
+        .service(handler(&calls));
+    // Cold: everything is admitted while the route's model learns (100 answers).
+    for _ in 0..100 {
+        let req = backstop_test_support::http_request(Some("1S"));
+        assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 200);
+    }
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let need = preset.admission_layer().need("/").expect("trusted");
+    assert!((95..=105).contains(&need.as_millis()), "{need:?}");
+
+    // 50 ms left where the route takes 100: refused at once, the handler not called.
+    let req = backstop_test_support::http_request(Some("50m"));
+    assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 504);
+    let req = backstop_test_support::grpc_request(Some("50m"));
+    let response = server.clone().oneshot(req).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "4");
+    assert_eq!(calls.load(Ordering::SeqCst), 100);
+    // Enough time, or no deadline at all: admitted.
+    let req = backstop_test_support::http_request(Some("500m"));
+    assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 200);
+    let req = backstop_test_support::http_request(None);
+    assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 102);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_server_preset_without_admission_calls_every_handler() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let server = ServiceBuilder::new()
+        .layer(backstop::server().admission(AdmissionLayer::off()))
+        .service(handler(&calls));
+    for _ in 0..100 {
+        let req = backstop_test_support::http_request(Some("1S"));
+        server.clone().oneshot(req).await.unwrap();
+    }
+    tokio::time::advance(Duration::from_millis(100)).await;
+    // Cancelled at its deadline by the deadline layer, but called.
+    let req = backstop_test_support::http_request(Some("50m"));
+    assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 504);
+    assert_eq!(calls.load(Ordering::SeqCst), 101);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_service_config_client_keeps_the_presets_bulkhead_for_every_method() {
+    let hits = Arc::new(AtomicU32::new(0));
+    let config = backstop::grpc::ServiceConfig::from_json(r#"{ "methodConfig": [] }"#).unwrap();
+    let backend = backstop::client::grpc()
+        .bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap())
+        .service_config(config)
+        .unwrap();
+    let client = ServiceBuilder::new().layer(backend).service(dependency(
+        &hits,
+        Duration::from_millis(300),
+        || backstop_test_support::grpc_reply(0),
+    ));
+    let holder = tokio::spawn(client.clone().oneshot(backstop_test_support::grpc_call("")));
+    tokio::task::yield_now().await;
+    let response = client
+        .clone()
+        .oneshot(backstop_test_support::grpc_call(""))
+        .await
+        .unwrap();
+    assert_eq!(
+        response.extensions().get::<backstop_core::Rejection>(),
+        Some(&backstop_core::Rejection::BulkheadFull)
+    );
+    assert_eq!(holder.await.unwrap().unwrap().headers()["grpc-status"], "0");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}
