@@ -204,3 +204,29 @@ async fn a_call_an_inner_breaker_refused_counts_as_accepted() {
     }
     assert_eq!(throttle.window_counts(), (10, 10));
 }
+
+/// Calls in flight are not refusals: a dependency that answers every call in 1 s, called
+/// 100 times a second, is never throttled, in its first second (all calls in flight, none
+/// answered yet) or after. A call is counted as a request when its outcome is known; counted
+/// when it was sent, the first second read as 100 requests and no accept, and nearly every
+/// call was refused.
+#[tokio::test(start_paused = true)]
+async fn calls_in_flight_to_a_slow_dependency_are_not_throttled() {
+    let throttle = seeded();
+    let layer = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new());
+    let slow = service_fn(|_req: Request<String>| async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok::<_, Infallible>(reply(200))
+    });
+    let client = layer.layer(slow);
+    let mut calls = Vec::new();
+    for _ in 0..300 {
+        calls.push(tokio::spawn(client.clone().oneshot(get())));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap().status(), 200);
+    }
+    assert_eq!(throttle.rejections(), 0);
+    assert_eq!(throttle.window_counts(), (300, 300));
+}

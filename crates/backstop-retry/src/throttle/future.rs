@@ -28,7 +28,7 @@ pin_project! {
         Running {
             #[pin]
             future: F,
-            shared: Arc<Shared<C>>,
+            call: InFlight<C>,
         },
         Passed {
             #[pin]
@@ -43,7 +43,10 @@ pin_project! {
 impl<F, C> ThrottleFuture<F, C> {
     pub(crate) fn running(future: F, shared: Arc<Shared<C>>) -> Self {
         Self {
-            kind: Kind::Running { future, shared },
+            kind: Kind::Running {
+                future,
+                call: InFlight(Some(shared)),
+            },
         }
     }
 
@@ -84,8 +87,14 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Running { future, shared } => {
+            KindProj::Running { future, call } => {
                 let result = ready!(future.poll(cx)).map_err(Into::into);
+                let shared = call.0.take().expect("polled after completion");
+                // A sent call is counted as a request when its outcome is known, with its
+                // accept: counted when sent, the calls still in flight would read as refused
+                // (a slow dependency's first second, all requests and no accepts, would be
+                // throttled at once).
+                shared.throttle.record_request();
                 // A running call is one of a layer that is on: it has a classifier.
                 let classifier = shared.classifier.as_ref();
                 let accepted = classifier.is_some_and(|classifier| match &result {
@@ -110,6 +119,18 @@ where
                 Err(err) => Err(err.into()),
             }),
             KindProj::Refused { grpc } => Poll::Ready(refusal(*grpc)),
+        }
+    }
+}
+
+/// A sent call, counted as a request without an accept if it is dropped before its answer
+/// (its deadline passed, its caller left).
+struct InFlight<C>(Option<Arc<Shared<C>>>);
+
+impl<C> Drop for InFlight<C> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.throttle.record_request();
         }
     }
 }

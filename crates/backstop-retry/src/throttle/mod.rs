@@ -23,7 +23,11 @@
 //! # Semantics
 //!
 //! - **Counts.** Every call through the [`ThrottleLayer`] is a request (refused ones too, as
-//!   the SRE rule says); a call whose result is an accepted outcome is an accept (default:
+//!   the SRE rule says), counted when it ends: a refusal at once, a sent call when its outcome
+//!   is known, with its accept (counted when sent, the calls in flight would read as refused:
+//!   a dependency answering in 1 s at 100 calls a second would show 100 requests and no
+//!   accept for its first second, and be throttled); a call whose result is an accepted
+//!   outcome is an accept (default:
 //!   [`Outcome::Success`] and [`Outcome::Ignored`], i.e. the dependency answered, a caller
 //!   error included; a gRPC stream whose status is in its trailers counts as accepted when
 //!   its headers arrive: the server took it). A call dropped before its answer (its deadline
@@ -205,12 +209,13 @@ impl AdaptiveThrottle {
         self.rejections.load(Ordering::Relaxed)
     }
 
-    /// Counts a request and decides whether to refuse it: `true` to refuse.
+    /// Decides whether to refuse a call: `true` to refuse, and the refusal is counted as a
+    /// request. A call let through is counted when its outcome is known (the layer's future
+    /// does it, with its accept), so calls in flight never read as refused.
     pub(crate) fn admit_request(&self) -> bool {
         let nanos = self.nanos();
-        // Decided on the window before this call, then counted.
+        // Decided on the window before this call.
         let p = self.cached_probability(nanos);
-        self.request_at(nanos);
         if p == 0 {
             return false;
         }
@@ -223,6 +228,7 @@ impl AdaptiveThrottle {
         };
         let refuse = draw < p;
         if refuse {
+            self.request_at(nanos);
             self.rejections.fetch_add(1, Ordering::Relaxed);
         }
         refuse
