@@ -41,11 +41,11 @@ pin_project! {
 }
 
 impl<F, C> ThrottleFuture<F, C> {
-    pub(crate) fn running(future: F, shared: Arc<Shared<C>>) -> Self {
+    pub(crate) fn running(future: F, shared: Arc<Shared<C>>, sent: u64) -> Self {
         Self {
             kind: Kind::Running {
                 future,
-                call: InFlight(Some(shared)),
+                call: InFlight(Some(shared), sent),
             },
         }
     }
@@ -94,7 +94,6 @@ where
                 // accept: counted when sent, the calls still in flight would read as refused
                 // (a slow dependency's first second, all requests and no accepts, would be
                 // throttled at once).
-                shared.throttle.record_request();
                 // A running call is one of a layer that is on: it has a classifier.
                 let classifier = shared.classifier.as_ref();
                 let accepted = classifier.is_some_and(|classifier| match &result {
@@ -109,9 +108,7 @@ where
                         outcome => shared.throttle.accepts(&outcome),
                     },
                 });
-                if accepted {
-                    shared.throttle.record_accept();
-                }
+                shared.throttle.sent_ended(call.1, accepted);
                 Poll::Ready(result.map(|r| r.map(ResponseBody::new)))
             }
             KindProj::Passed { future } => Poll::Ready(match ready!(future.poll(cx)) {
@@ -125,12 +122,13 @@ where
 
 /// A sent call, counted as a request without an accept if it is dropped before its answer
 /// (its deadline passed, its caller left).
-struct InFlight<C>(Option<Arc<Shared<C>>>);
+/// The second field is when it was let through.
+struct InFlight<C>(Option<Arc<Shared<C>>>, u64);
 
 impl<C> Drop for InFlight<C> {
     fn drop(&mut self) {
         if let Some(shared) = self.0.take() {
-            shared.throttle.record_request();
+            shared.throttle.sent_ended(self.1, false);
         }
     }
 }

@@ -209,15 +209,22 @@ impl AdaptiveThrottle {
         self.rejections.load(Ordering::Relaxed)
     }
 
-    /// Decides whether to refuse a call: `true` to refuse, and the refusal is counted as a
-    /// request. A call let through is counted when its outcome is known (the layer's future
-    /// does it, with its accept), so calls in flight never read as refused.
+    /// Whether to refuse a call: `true` to refuse (the refusal counted as a request).
+    #[cfg(test)]
     pub(crate) fn admit_request(&self) -> bool {
+        self.admit().is_none()
+    }
+
+    /// Decides a call: `None` to refuse it (the refusal is counted as a request), or the
+    /// instant it was let through, to count it when its outcome is known
+    /// ([`sent_ended`](Self::sent_ended), with its accept), so calls in flight never read as
+    /// refused. Counted in the bucket of that instant, the call reads no clock at its end.
+    pub(crate) fn admit(&self) -> Option<u64> {
         let nanos = self.nanos();
         // Decided on the window before this call.
         let p = self.cached_probability(nanos);
         if p == 0 {
-            return false;
+            return Some(nanos);
         }
         let draw = match self.seed {
             Some(seed) => {
@@ -226,12 +233,21 @@ impl AdaptiveThrottle {
             }
             None => fastrand::u32(..),
         };
-        let refuse = draw < p;
-        if refuse {
+        if draw < p {
             self.request_at(nanos);
             self.rejections.fetch_add(1, Ordering::Relaxed);
+            return None;
         }
-        refuse
+        Some(nanos)
+    }
+
+    /// A call let through at `sent` (from [`admit`](Self::admit)) ended: a request, and an
+    /// accept when `accepted`.
+    pub(crate) fn sent_ended(&self, sent: u64, accepted: bool) {
+        self.request_at(sent);
+        if accepted {
+            self.accept_at(sent);
+        }
     }
 
     fn request_at(&self, nanos: u64) {

@@ -97,10 +97,10 @@ where
         if self.shared.classifier.is_none() {
             return ThrottleFuture::passed(self.inner.call(req));
         }
-        if self.shared.throttle.admit_request() {
+        let Some(sent) = self.shared.throttle.admit() else {
             self.shared.refused();
             return ThrottleFuture::refused(is_grpc(req.headers()));
-        }
-        ThrottleFuture::running(self.inner.call(req), self.shared.clone())
+        };
+        ThrottleFuture::running(self.inner.call(req), self.shared.clone(), sent)
     }
 }
