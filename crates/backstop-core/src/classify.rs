@@ -173,7 +173,10 @@ fn hint_in(headers: &HeaderMap) -> Option<ServerHint> {
 ///
 /// Defaults: 1xx–3xx success; 429 a throttled failure ([`Outcome::Throttled`]) that is [`Retryable::Always`] with its
 /// `Retry-After`; 502, 503 and 504 failures [`Retryable::IfIdempotent`] (with any hint); other
-/// 5xx failures that are never retried; other 4xx ignored (the caller's fault). Errors as
+/// 5xx failures that are never retried; 409 with `Retry-After` a throttled failure that is
+/// [`Retryable::Always`] (a server de-duplicating idempotency keys refused a duplicate of a
+/// call still in flight, before running it: come back later); other 4xx ignored (the
+/// caller's fault). Errors as
 /// [`classify_error`]. A response carrying a [`Rejection`] is [`Outcome::Rejected`].
 #[derive(Debug, Clone)]
 pub struct HttpClassifier {
@@ -241,6 +244,16 @@ impl HttpClassifier {
             Retryable::IfIdempotent
         } else if status.is_server_error() {
             Retryable::Never
+        } else if status == StatusCode::CONFLICT && headers.contains_key(http::header::RETRY_AFTER)
+        {
+            // "Come back later", not "you are wrong": a server that de-duplicates keys
+            // answers a duplicate of a call still in flight so (backstop's
+            // `IdempotencyLayer` does). The duplicate was refused before it ran, so it may be
+            // sent again; like a 429 it is no sign the dependency is failing.
+            return Outcome::Throttled {
+                retryable: Retryable::Always,
+                hint: hint_in(headers),
+            };
         } else if status.is_client_error() {
             return Outcome::Ignored;
         } else {

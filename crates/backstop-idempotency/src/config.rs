@@ -41,7 +41,7 @@ pub(crate) struct Settings<St> {
 /// | `max_response_bytes` (answers above are not stored) | 1 MiB |
 /// | `store_timeout` (each store operation) | 1 s |
 /// | `fail_open` | `false`: store down → 503 with `Retry-After`, the handler does not run |
-/// | `retry_after` (sent with that 503) | 1 s |
+/// | `retry_after` (sent with that 503, and with the 409 of a duplicate in flight) | 1 s |
 /// | `identity` | none |
 pub struct IdempotencyConfig<St> {
     settings: Settings<St>,

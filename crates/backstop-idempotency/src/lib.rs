@@ -58,7 +58,10 @@
 //!    `lock_timeout` (60 s). If the key already holds
 //!    - a record of a different fingerprint → **422** (the key was reused for another
 //!      request);
-//!    - a claim in flight → **409**, or, with `wait_in_flight`, the original's answer once
+//!    - a claim in flight → **409** with `Retry-After` (`retry_after`: backstop's client
+//!      classifiers read it as "come back later", so a retry or a hedge of the call is sent
+//!      again later and never wins the race with the original), or, with
+//!      `wait_in_flight`, the original's answer once
 //!      it comes within that bound;
 //!    - a completed answer → that answer **replayed**: its status, headers and body, with
 //!      `Idempotent-Replayed: true`. The handler does not run.

@@ -12,7 +12,8 @@ pub(crate) enum Problem {
     BadKey(crate::KeyError),
     BodyTooLarge(usize),
     BodyUnreadable,
-    InFlight,
+    /// The key's claim is in flight; come back in this many seconds (`Retry-After`).
+    InFlight(u64),
     Mismatch,
     StoreDown(u64),
 }
@@ -24,7 +25,7 @@ impl Problem {
                 StatusCode::BAD_REQUEST
             }
             Problem::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Problem::InFlight => StatusCode::CONFLICT,
+            Problem::InFlight(_) => StatusCode::CONFLICT,
             Problem::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreDown(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -36,7 +37,7 @@ impl Problem {
             Problem::BadKey(_) => "Idempotency-Key is invalid",
             Problem::BodyTooLarge(_) => "Request body too large to fingerprint",
             Problem::BodyUnreadable => "Request body could not be read",
-            Problem::InFlight => "A request with this Idempotency-Key is being processed",
+            Problem::InFlight(_) => "A request with this Idempotency-Key is being processed",
             Problem::Mismatch => "Idempotency-Key is already used",
             Problem::StoreDown(_) => "Idempotency store unavailable",
         }
@@ -50,7 +51,7 @@ impl Problem {
                 format!("A request with an Idempotency-Key may have at most {n} bytes of body.")
             }
             Problem::BodyUnreadable => "The request body ended with an error.".into(),
-            Problem::InFlight => {
+            Problem::InFlight(_) => {
                 "The first request with this key has not finished; retry later.".into()
             }
             Problem::Mismatch => {
@@ -77,7 +78,7 @@ impl Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if let Problem::StoreDown(secs) = self {
+        if let Problem::StoreDown(secs) | Problem::InFlight(secs) = self {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -205,9 +205,13 @@ impl<St: Store> Settings<St> {
         }
     }
 
+    /// `retry_after` in whole seconds, rounded up (as `Retry-After` says it).
+    fn retry_after_secs(&self) -> u64 {
+        self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0)
+    }
+
     fn store_down<B: Body>(&self) -> Response<IdempotencyBody<B>> {
-        let secs = self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0);
-        Problem::StoreDown(secs).into_response()
+        Problem::StoreDown(self.retry_after_secs()).into_response()
     }
 
     /// The answer to a request whose key is already held.
@@ -230,17 +234,17 @@ impl<St: Store> Settings<St> {
                 Record::InFlight(_) => {}
             }
             let Some(until) = waited_until else {
-                return Problem::InFlight.into_response();
+                return Problem::InFlight(self.retry_after_secs()).into_response();
             };
             if tokio::time::Instant::now() + pause > until {
-                return Problem::InFlight.into_response();
+                return Problem::InFlight(self.retry_after_secs()).into_response();
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(100));
             record = match self.timed(self.store.get(key)).await {
                 Ok(Some(r)) => r,
                 // Released (the original failed): this request may run, when retried.
-                Ok(None) => return Problem::InFlight.into_response(),
+                Ok(None) => return Problem::InFlight(self.retry_after_secs()).into_response(),
                 Err(e) => {
                     tracing::warn!(error = %e, "idempotency store failed while waiting");
                     return self.store_down();

@@ -1,0 +1,80 @@
+//! A keyed POST through `http().idempotency_keys(true)`, hedged or retried after its attempt
+//! bound, against a server behind `IdempotencyLayer`: the duplicate in flight is answered 409
+//! with `Retry-After`, which never wins the race and is retried later, so the caller gets the
+//! one charge's answer. (Defects found by an outside attack on the idempotency work.)
+
+use backstop::{
+    ReplayBody,
+    idempotency::{IdempotencyLayer, MemoryStore},
+    retry::hedge::Hedging,
+};
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_answered_409_does_not_beat_the_original() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    // The server: a slow (200 ms) charge handler behind the idempotency layer.
+    let server = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service(service_fn(move |_req: Request<Full<Bytes>>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(201)
+                        .body(Full::new(Bytes::from_static(b"charged")))
+                        .unwrap(),
+                )
+            }
+        }));
+    // The "network": the client's ReplayBody in, the server's body out as a String.
+    let wire = service_fn(move |req: Request<ReplayBody<String>>| {
+        let server = server.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect().await.unwrap().to_bytes();
+            let resp = server
+                .oneshot(Request::from_parts(parts, Full::new(bytes)))
+                .await
+                .unwrap();
+            let (parts, body) = resp.into_parts();
+            let bytes = body.collect().await.ok().unwrap().to_bytes();
+            Ok::<_, Infallible>(Response::from_parts(
+                parts,
+                String::from_utf8(bytes.to_vec()).unwrap(),
+            ))
+        }
+    });
+    let preset = backstop::client::http()
+        .idempotency_keys(true)
+        .hedging_with(Hedging::new(Duration::from_millis(50)).max_attempts(2));
+    let client = ServiceBuilder::new().layer(preset).service(wire);
+    let resp = client
+        .oneshot(
+            Request::post("http://payments/charges")
+                .body("{\"amount\":100}".to_owned())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
+    assert_eq!(
+        resp.status(),
+        201,
+        "the caller gets the charge's answer, not the hedge's 409: {:?}",
+        resp.body()
+    );
+}
