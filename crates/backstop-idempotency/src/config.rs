@@ -6,7 +6,8 @@ use http::Method;
 use std::{fmt, sync::Arc, time::Duration};
 
 /// Who is calling, read from the request head (an API key, a tenant, a verified user id):
-/// part of the fingerprint, so one caller's key replayed by another is answered 422.
+/// the scope of the keys (one caller's key, sent by another, is a different key there) and
+/// part of the fingerprint.
 pub type Identity = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
 
 /// The layer's settings, shared by its clones.
@@ -148,7 +149,8 @@ impl<St: Store> IdempotencyConfig<St> {
     }
 
     /// The longest answer stored: a longer one is sent through but not stored (a warning
-    /// is logged), and its claim holds until `lock_timeout`.
+    /// is logged), and the key keeps a record that its request ran: a duplicate is answered
+    /// 409 (no `Retry-After`) for `ttl`, and the handler does not run again.
     #[must_use]
     pub fn max_response_bytes(mut self, n: usize) -> Self {
         self.settings.max_response_bytes = n;
@@ -178,7 +180,9 @@ impl<St: Store> IdempotencyConfig<St> {
         self
     }
 
-    /// Reads the caller's identity from the request head, made part of the fingerprint.
+    /// Reads the caller's identity from the request head: part of the fingerprint, and the
+    /// scope of the key (each identity, and the requests without one, has its own keys, so
+    /// two callers choosing the same key never meet).
     #[must_use]
     pub fn identity(
         mut self,

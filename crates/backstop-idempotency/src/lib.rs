@@ -53,7 +53,9 @@
 //!    `require_key` → **400**.
 //! 2. The body is buffered, at most `max_body_bytes` (1 MiB) → **413** above, and the
 //!    request's fingerprint taken: SHA-256 over method, path and query, the caller's
-//!    identity (when an `identity` function is set) and the body.
+//!    identity (when an `identity` function is set) and the body. With an `identity`, each
+//!    caller also has **its own key space** (the store's key is scoped by a digest of the
+//!    identity): a key one caller chose never answers, blocks or reveals another's.
 //! 3. **Claim before running**: a conditional write of an in-progress record, held for
 //!    `lock_timeout` (60 s). If the key already holds
 //!    - a record of a different fingerprint → **422** (the key was reused for another
@@ -73,8 +75,10 @@
 //! 5. A keyed future **dropped** while the handler runs does **not** release the claim (the
 //!    work may have happened: releasing on cancel is how double charges happen); the claim
 //!    expires after `lock_timeout`. An answer larger than `max_response_bytes` (1 MiB), one
-//!    with trailers, or one whose body fails is sent but not stored (a warning is logged) and
-//!    its claim likewise expires.
+//!    with trailers, or one whose body fails is sent whole to its caller but cannot be
+//!    replayed (a warning is logged): the key keeps, for `ttl`, a record that the request
+//!    ran, and a duplicate is answered **409** without `Retry-After` (coming back later will
+//!    not help; the handler never runs twice for the key).
 //! 6. When the store fails or takes longer than `store_timeout` (1 s), the request is
 //!    answered **503** with `Retry-After` and the handler does not run (fail closed), unless
 //!    `fail_open` is set. A failure to store the answer after the handler ran is logged and

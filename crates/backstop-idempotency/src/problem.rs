@@ -1,8 +1,11 @@
 //! The layer's own answers: problem details (RFC 9457, `application/problem+json`).
 
-use crate::body::IdempotencyBody;
+use crate::{
+    body::IdempotencyBody,
+    record::{Fingerprint, StoredResponse},
+};
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body::Body;
 
 /// Why the layer answered without running the handler (or beside it).
@@ -16,6 +19,10 @@ pub(crate) enum Problem {
     InFlight(u64),
     Mismatch,
     StoreDown(u64),
+    /// The key's request ran, but its answer could not be kept (too large, trailers, a body
+    /// that failed): stored in place of the answer, so the handler never runs again for the
+    /// key. No `Retry-After`: coming back later does not help.
+    Unreplayable,
 }
 
 impl Problem {
@@ -25,7 +32,7 @@ impl Problem {
                 StatusCode::BAD_REQUEST
             }
             Problem::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Problem::InFlight(_) => StatusCode::CONFLICT,
+            Problem::InFlight(_) | Problem::Unreplayable => StatusCode::CONFLICT,
             Problem::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreDown(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -40,6 +47,7 @@ impl Problem {
             Problem::InFlight(_) => "A request with this Idempotency-Key is being processed",
             Problem::Mismatch => "Idempotency-Key is already used",
             Problem::StoreDown(_) => "Idempotency store unavailable",
+            Problem::Unreplayable => "The request with this Idempotency-Key was processed",
         }
     }
 
@@ -60,10 +68,33 @@ impl Problem {
             Problem::StoreDown(_) => {
                 "The request was not processed: its key could not be recorded. Retry later.".into()
             }
+            Problem::Unreplayable => {
+                "Its answer was not kept (too large, trailers or a failed body) and cannot be replayed; the request is not run again.".into()
+            }
         }
     }
 
     pub(crate) fn into_response<B: Body>(self) -> Response<IdempotencyBody<B>> {
+        let (status, headers, body) = self.into_parts();
+        let mut response = Response::new(IdempotencyBody::full(body));
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        response
+    }
+
+    /// The answer as a record to store in place of the handler's (for
+    /// [`Problem::Unreplayable`]).
+    pub(crate) fn into_record(self, fingerprint: Fingerprint) -> StoredResponse {
+        let (status, headers, body) = self.into_parts();
+        StoredResponse {
+            fingerprint,
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn into_parts(self) -> (StatusCode, HeaderMap, Bytes) {
         let status = self.status();
         let body = format!(
             "{{\"type\":\"about:blank\",\"title\":\"{}\",\"status\":{},\"detail\":\"{}\"}}",
@@ -72,17 +103,14 @@ impl Problem {
             // Our own text: no character to escape but the quote.
             self.detail().replace('"', "\\\"")
         );
-        let mut response = Response::new(IdempotencyBody::full(Bytes::from(body)));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
+        let mut headers = HeaderMap::new();
+        headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
         if let Problem::StoreDown(secs) | Problem::InFlight(secs) = self {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        response
+        (status, headers, Bytes::from(body))
     }
 }

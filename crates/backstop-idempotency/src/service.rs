@@ -349,6 +349,7 @@ where
     let identity = s.identity.as_ref().and_then(|f| f(&parts));
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fingerprint = Fingerprint::of(&parts.method, path, identity.as_deref(), &bytes);
+    let key = scoped(&key, s.identity.is_some(), identity.as_deref());
     let request = Request::from_parts(parts, B::from(bytes));
 
     let token = match s
@@ -371,9 +372,15 @@ where
         key: Some(key),
         token,
     };
-    let future = CatchUnwind {
-        future: inner.call(request),
-    };
+    // A panic in the inner `call` itself (before any future exists) releases the claim too.
+    let future =
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.call(request))) {
+            Ok(future) => CatchUnwind { future },
+            Err(panic) => {
+                guard.release().await;
+                std::panic::resume_unwind(panic);
+            }
+        };
     let response = match future.await {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
@@ -394,51 +401,71 @@ where
 
     let (parts, mut body) = response.into_parts();
     let mut buf = BytesMut::new();
-    loop {
+    // Read the answer whole to store it; when it cannot be kept, the caller still gets all of
+    // it (what was read, then the rest of the body, its error or its trailers) and the key
+    // keeps a record that the request ran, so no duplicate runs the handler again.
+    let unkept = loop {
         match body.frame().await {
-            None => break,
+            None => break None,
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(mut data) => {
                     use bytes::Buf;
-                    if buf.len() + data.remaining() > s.max_response_bytes {
+                    let over = buf.len() + data.remaining() > s.max_response_bytes;
+                    buf.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+                    if over {
                         tracing::warn!(
                             limit = s.max_response_bytes,
-                            "idempotent answer too large to store; its key stays claimed until the lock timeout"
+                            "idempotent answer too large to store; duplicates are answered 409"
                         );
-                        buf.extend_from_slice(&data.copy_to_bytes(data.remaining()));
-                        let body = IdempotencyBody::parts(buf.freeze(), Some(body), None, None);
-                        return Ok(Response::from_parts(parts, body));
+                        break Some(IdempotencyBody::parts(
+                            std::mem::take(&mut buf).freeze(),
+                            Some(body),
+                            None,
+                            None,
+                        ));
                     }
-                    buf.extend_from_slice(&data.copy_to_bytes(data.remaining()));
                 }
                 Err(frame) => {
                     tracing::warn!(
-                        "idempotent answer has trailers, which are not stored; its key stays claimed until the lock timeout"
+                        "idempotent answer has trailers, which are not stored; duplicates are answered 409"
                     );
                     let trailers = frame.into_trailers().ok();
-                    let body = IdempotencyBody::parts(buf.freeze(), None, None, trailers);
-                    return Ok(Response::from_parts(parts, body));
+                    break Some(IdempotencyBody::parts(
+                        std::mem::take(&mut buf).freeze(),
+                        None,
+                        None,
+                        trailers,
+                    ));
                 }
             },
             Some(Err(e)) => {
-                tracing::warn!(
-                    "idempotent answer's body failed; its key stays claimed until the lock timeout"
-                );
-                let body = IdempotencyBody::parts(buf.freeze(), None, Some(e), None);
-                return Ok(Response::from_parts(parts, body));
+                tracing::warn!("idempotent answer's body failed; duplicates are answered 409");
+                break Some(IdempotencyBody::parts(
+                    std::mem::take(&mut buf).freeze(),
+                    None,
+                    Some(e),
+                    None,
+                ));
             }
         }
-    }
-    let record = Arc::new(StoredResponse {
-        fingerprint,
-        status: parts.status,
-        headers: parts.headers.clone(),
-        body: buf.freeze(),
-    });
-    match s
-        .timed(s.store.complete(&key, token, record.clone(), s.ttl))
-        .await
-    {
+    };
+    let (record, body) = match unkept {
+        None => {
+            let record = Arc::new(StoredResponse {
+                fingerprint,
+                status: parts.status,
+                headers: parts.headers.clone(),
+                body: buf.freeze(),
+            });
+            let body = IdempotencyBody::full(record.body.clone());
+            (record, body)
+        }
+        Some(body) => (
+            Arc::new(Problem::Unreplayable.into_record(fingerprint)),
+            body,
+        ),
+    };
+    match s.timed(s.store.complete(&key, token, record, s.ttl)).await {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!("idempotency claim expired before its answer; a duplicate may have run")
@@ -447,10 +474,31 @@ where
             tracing::warn!(error = %e, "idempotent answer not stored; its key stays claimed until the lock timeout")
         }
     }
-    Ok(Response::from_parts(
-        parts,
-        IdempotencyBody::full(record.body.clone()),
-    ))
+    Ok(Response::from_parts(parts, body))
+}
+
+/// The key under which the store keeps a request's record. With an `identity` configured,
+/// each caller has its own key space: one caller's key never answers, blocks nor reveals
+/// another's. The identity enters as a digest (an API key is not written into the store's key
+/// names), and a caller without one has a space of its own, which no client-chosen key can
+/// reach (a digest is 32 hex digits, the anonymous prefix is not).
+fn scoped(key: &str, configured: bool, identity: Option<&str>) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+    if !configured {
+        return key.to_owned();
+    }
+    let Some(identity) = identity else {
+        return format!("anonymous:{key}");
+    };
+    let digest = Sha256::digest(identity.as_bytes());
+    let mut out = String::with_capacity(33 + key.len());
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push(':');
+    out.push_str(key);
+    out
 }
 
 /// The whole request body, at most `limit` bytes (trailers are dropped).

@@ -78,3 +78,67 @@ async fn a_hedge_answered_409_does_not_beat_the_original() {
         resp.body()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_the_attempt_bound_comes_back_for_the_stored_answer() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let server = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service(service_fn(move |_req: Request<Full<Bytes>>| {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(201)
+                        .body(Full::new(Bytes::from(format!("charge {n}"))))
+                        .unwrap(),
+                )
+            }
+        }));
+    // A real server goes on when its caller gives up: each request runs in its own task,
+    // which the client's attempt bound cannot cancel.
+    let wire = service_fn(move |req: Request<ReplayBody<String>>| {
+        let server = server.clone();
+        let handled = tokio::spawn(async move {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect().await.unwrap().to_bytes();
+            let resp = server
+                .oneshot(Request::from_parts(parts, Full::new(bytes)))
+                .await
+                .unwrap();
+            let (parts, body) = resp.into_parts();
+            let bytes = body.collect().await.ok().unwrap().to_bytes();
+            Response::from_parts(parts, String::from_utf8(bytes.to_vec()).unwrap())
+        });
+        async move { Ok::<_, Infallible>(handled.await.unwrap()) }
+    });
+    let preset = backstop::client::http()
+        .idempotency_keys(true)
+        .timeout(Duration::from_secs(5))
+        .max_attempts(5)
+        .attempt_timeout(Duration::from_millis(50));
+    let client = ServiceBuilder::new().layer(preset).service(wire);
+    let started = tokio::time::Instant::now();
+    let resp = client
+        .oneshot(
+            Request::post("http://payments/charges")
+                .body("{\"amount\":100}".to_owned())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    // The first attempt timed out at 50 ms while the charge went on; the retry met the
+    // charge in flight (409, Retry-After: 1) and came back a second later for its answer.
+    assert_eq!(resp.status(), 201, "{:?}", resp.body());
+    assert_eq!(resp.headers()["idempotent-replayed"], "true");
+    let body = resp.into_body().collect().await.ok().unwrap().to_bytes();
+    assert_eq!(body, "charge 1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "waited the Retry-After: {:?}",
+        started.elapsed()
+    );
+}

@@ -327,7 +327,7 @@ macro_rules! behaviour {
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn an_answer_above_the_cap_is_sent_not_stored() {
+        async fn an_answer_above_the_cap_is_sent_whole_and_never_run_again() {
             let h = Harness::with(
                 backstop_idempotency::IdempotencyLayer::builder($store),
                 |c| {
@@ -337,12 +337,21 @@ macro_rules! behaviour {
             );
             let key = fresh_key("big");
             let first = h.post("/big", Some(&key), "").await;
+            assert_eq!(first.status(), 201);
             assert_eq!(first.body().len(), 4096);
-            // Not stored, not released: a duplicate is 409 until the lock expires.
-            assert_problem(&h.post("/big", Some(&key), "").await, 409);
-            tokio::time::sleep(Duration::from_millis(600)).await;
-            assert_eq!(h.post("/big", Some(&key), "").await.body().len(), 4096);
-            assert_eq!(h.runs(), 2);
+            assert!(!replayed(&first));
+            // Not stored: the key records that its request ran. A duplicate, before and long
+            // after the lock would have expired, is 409 without Retry-After, never a rerun.
+            for wait in [0, 600, 5_000] {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                let dup = h.post("/big", Some(&key), "").await;
+                assert_problem(&dup, 409);
+                assert!(replayed(&dup));
+                assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+            }
+            // Another request under the key is still a reuse.
+            assert_problem(&h.post("/ok", Some(&key), "").await, 422);
+            assert_eq!(h.runs(), 1);
         }
 
         #[tokio::test(start_paused = $paused)]
@@ -390,8 +399,20 @@ macro_rules! behaviour {
             };
             assert_eq!(h.send(as_user("alice")).await.unwrap().status(), 201);
             assert!(replayed(&h.send(as_user("alice")).await.unwrap()));
-            assert_problem(&h.send(as_user("mallory")).await.unwrap(), 422);
-            assert_eq!(h.runs(), 1);
+            // Each caller has its own keys: mallory's request with alice's key is mallory's
+            // own (it runs, and replays to mallory only), neither a 422 nor alice's answer.
+            let mallory = h.send(as_user("mallory")).await.unwrap();
+            assert_eq!(mallory.status(), 201);
+            assert!(!replayed(&mallory));
+            assert_eq!(mallory.body(), "run 2");
+            let again = h.send(as_user("mallory")).await.unwrap();
+            assert!(replayed(&again));
+            assert_eq!(again.body(), "run 2");
+            // A request without an identity has a space of its own too.
+            let anonymous = h.send(post("/ok", Some(&key), "")).await.unwrap();
+            assert_eq!(anonymous.body(), "run 3");
+            assert_eq!(h.send(as_user("alice")).await.unwrap().body(), "run 1");
+            assert_eq!(h.runs(), 3);
         }
     };
 }
