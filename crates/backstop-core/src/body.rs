@@ -36,14 +36,14 @@ impl<B> ResponseBody<B> {
     }
 
     /// A local body that ends at once.
-    pub fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         Self {
             kind: Kind::Local { data: None },
         }
     }
 
     /// A local body of one chunk.
-    pub fn full(data: Bytes) -> Self {
+    pub(crate) fn full(data: Bytes) -> Self {
         let data = if data.is_empty() { None } else { Some(data) };
         Self {
             kind: Kind::Local { data },

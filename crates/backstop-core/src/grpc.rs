@@ -165,19 +165,9 @@ impl fmt::Display for Code {
 /// assert!(!backstop_core::is_grpc(&headers));
 /// ```
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get(CONTENT_TYPE).is_some_and(is_grpc_content_type)
-}
-
-/// Whether a `content-type` value is gRPC's, by the rules of [`is_grpc`] (for callers that
-/// have the value already, e.g. from one pass over the headers).
-pub fn is_grpc_content_type(value: &HeaderValue) -> bool {
-    const TYPE: &[u8] = b"application/grpc";
-    let ct = value.as_bytes();
-    ct.len() >= TYPE.len()
-        && ct[..TYPE.len()].eq_ignore_ascii_case(TYPE)
-        // `application/grpc`, `application/grpc+proto`, `application/grpc; charset=…`;
-        // not `application/grpc-web` (trailers in the body) nor `application/grpcfoo`.
-        && matches!(ct.get(TYPE.len()), None | Some(b'+' | b';' | b' ' | b'\t'))
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(crate::__private::is_grpc_content_type)
 }
 
 #[cfg(test)]

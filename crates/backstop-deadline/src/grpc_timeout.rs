@@ -162,25 +162,9 @@ pub fn encode_coarse(timeout: Duration) -> Option<Encoded> {
 }
 
 /// What [`encode_coarse`] would send for `timeout`, as the duration the receiver decodes,
-/// without writing it: `None` for zero.
-///
-/// ```
-/// use backstop_deadline::grpc_timeout::{coarse_duration, encode_coarse};
-/// use std::time::Duration;
-///
-/// for t in [
-///     Duration::from_micros(999_999),
-///     Duration::from_millis(1_234),
-///     Duration::from_nanos(7),
-///     Duration::from_secs(99_999_999),
-///     Duration::from_secs(100_000_000),
-///     Duration::MAX,
-/// ] {
-///     assert_eq!(coarse_duration(t), encode_coarse(t).map(|e| e.duration()));
-/// }
-/// assert_eq!(coarse_duration(Duration::ZERO), None);
-/// ```
-pub fn coarse_duration(timeout: Duration) -> Option<Duration> {
+/// without writing it: `None` for zero. The propagate layer's cheap way to know what a
+/// caller's coarse header promises; a property test keeps it equal to `encode_coarse`.
+pub(crate) fn coarse_duration(timeout: Duration) -> Option<Duration> {
     // Below 10^8 s, three digits in the coarsest unit always fit in eight; from there on
     // `encode_coarse` falls back to the fine encoding (which saturates).
     if timeout.as_secs() >= 100_000_000 {
@@ -500,6 +484,25 @@ mod tests {
             (1u64..=10 * S).prop_map(Duration::from_nanos),
             (0u64..=u64::MAX, 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
         ]
+    }
+
+    #[test]
+    fn coarse_duration_agrees_at_the_edges() {
+        for t in [
+            Duration::from_micros(999_999),
+            Duration::from_millis(1_234),
+            Duration::from_nanos(7),
+            Duration::from_secs(99_999_999),
+            Duration::from_secs(100_000_000),
+            Duration::MAX,
+        ] {
+            assert_eq!(
+                coarse_duration(t),
+                encode_coarse(t).map(|e| e.duration()),
+                "{t:?}"
+            );
+        }
+        assert_eq!(coarse_duration(Duration::ZERO), None);
     }
 
     proptest! {

@@ -1,10 +1,7 @@
 //! What both deadline layers read from a request's headers, in one pass.
 
 use crate::grpc_timeout;
-use backstop_core::{
-    grpc::{GRPC_TIMEOUT, is_grpc_content_type},
-    is_grpc,
-};
+use backstop_core::{__private::is_grpc_content_type, grpc::GRPC_TIMEOUT, is_grpc};
 use http::{HeaderMap, HeaderValue, header::CONTENT_TYPE};
 use std::time::Duration;
 

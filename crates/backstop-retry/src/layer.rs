@@ -41,22 +41,6 @@ impl<C> RetryLayer<C> {
         policy.build()
     }
 
-    /// A new layer with this one's policy (its budget shared) and `hedging`; its stats start
-    /// from zero.
-    ///
-    /// # Errors
-    ///
-    /// As [`RetryConfig::build`].
-    pub fn with_hedging(
-        &self,
-        hedging: crate::hedge::Hedging,
-    ) -> Result<Self, backstop_core::ConfigError>
-    where
-        C: Clone,
-    {
-        self.shared.policy.clone().hedging(hedging).build()
-    }
-
     /// Names the dependency: every event this layer emits carries it as `dependency`
     /// (unnamed: `""`).
     ///
@@ -75,6 +59,10 @@ impl<C> RetryLayer<C> {
     /// Says which of the dependency's methods this layer serves (e.g. the names of a gRPC
     /// service config entry): with the `metrics` feature its series carry a `method` label
     /// (set once, before the first call; later calls are ignored).
+    ///
+    /// For the facade's service-config client, which builds one layer per config entry; not
+    /// part of the API users build stacks with (hidden, no semver promise).
+    #[doc(hidden)]
     pub fn set_methods(&self, methods: &str) {
         let _ = self.shared.methods.set(methods.into());
     }

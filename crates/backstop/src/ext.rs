@@ -9,100 +9,96 @@ mod sealed {
     impl<L> Sealed for tower::ServiceBuilder<L> {}
 }
 
-/// Adds backstop's layers to a [`ServiceBuilder`], by name. Sealed: implemented for
-/// `ServiceBuilder` only.
-///
-/// `.layer(X)` works just as well; these read better in a long stack. The retry method is
-/// `retries`, not `retry`: tower's own `ServiceBuilder::retry` (feature `retry`) is an
-/// inherent method and would shadow a trait method of that name.
-pub trait ServiceBuilderExt<L>: sealed::Sealed {
+/// Declares each `ServiceBuilderExt` method once: its docs, its feature and the layer it
+/// stacks; the trait and its one impl are generated from the same rows, so they cannot drift.
+macro_rules! builder_methods {
+    ($(
+        $(#[doc = $doc:literal])*
+        #[cfg($cfg:meta)]
+        fn $name:ident $(<$g:ident>)? (layer: $layer:ty);
+    )*) => {
+        /// Adds backstop's layers to a [`ServiceBuilder`], by name. Sealed: implemented for
+        /// `ServiceBuilder` only.
+        ///
+        /// `.layer(X)` works just as well; these read better in a long stack. Every layer the
+        /// presets stack has a method here. The retry method is `retries`, not `retry`: tower's
+        /// own `ServiceBuilder::retry` (feature `retry`) is an inherent method and would shadow
+        /// a trait method of that name.
+        pub trait ServiceBuilderExt<L>: sealed::Sealed {
+            $(
+                $(#[doc = $doc])*
+                #[cfg($cfg)]
+                fn $name $(<$g>)? (self, layer: $layer) -> ServiceBuilder<Stack<$layer, L>>;
+            )*
+
+            /// Adds a [`PushbackLayer`](crate::retry::PushbackLayer) (server side): tells
+            /// callers not to retry when this service's own retries gave up.
+            #[cfg(feature = "retry")]
+            fn pushback(self) -> ServiceBuilder<Stack<backstop_retry::PushbackLayer, L>>;
+        }
+
+        impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
+            $(
+                #[cfg($cfg)]
+                fn $name $(<$g>)? (self, layer: $layer) -> ServiceBuilder<Stack<$layer, L>> {
+                    self.layer(layer)
+                }
+            )*
+
+            #[cfg(feature = "retry")]
+            fn pushback(self) -> ServiceBuilder<Stack<backstop_retry::PushbackLayer, L>> {
+                self.layer(backstop_retry::PushbackLayer::new())
+            }
+        }
+    };
+}
+
+builder_methods! {
     /// Adds a [`DeadlineLayer`](crate::deadline::DeadlineLayer) (server side).
     #[cfg(feature = "deadline")]
-    fn deadline(
-        self,
-        layer: backstop_deadline::DeadlineLayer,
-    ) -> ServiceBuilder<Stack<backstop_deadline::DeadlineLayer, L>>;
+    fn deadline(layer: backstop_deadline::DeadlineLayer);
+
+    /// Adds an [`AdmissionLayer`](crate::deadline::admission::AdmissionLayer) (server side):
+    /// refuses at once a request whose deadline cannot fit its route's measured need.
+    #[cfg(feature = "deadline")]
+    fn admission(layer: backstop_deadline::admission::AdmissionLayer);
 
     /// Adds a [`PropagateDeadlineLayer`](crate::deadline::PropagateDeadlineLayer) (client side).
     #[cfg(feature = "deadline")]
-    fn propagate_deadline(
-        self,
-        layer: backstop_deadline::PropagateDeadlineLayer,
-    ) -> ServiceBuilder<Stack<backstop_deadline::PropagateDeadlineLayer, L>>;
+    fn propagate_deadline(layer: backstop_deadline::PropagateDeadlineLayer);
+
+    /// Adds a [`BulkheadLayer`](crate::deadline::bulkhead::BulkheadLayer) (client side): a
+    /// concurrency limit whose wait is bounded by the call's deadline.
+    #[cfg(feature = "deadline")]
+    fn bulkhead(layer: backstop_deadline::bulkhead::BulkheadLayer);
+
+    /// Adds a [`ThrottleLayer`](crate::retry::throttle::ThrottleLayer) (client side): adaptive
+    /// throttling of first attempts.
+    #[cfg(feature = "retry")]
+    fn throttle<C>(layer: backstop_retry::throttle::ThrottleLayer<C>);
+
+    /// Adds an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) (client side):
+    /// one key per call on methods that are not idempotent; goes outside the retry layer.
+    #[cfg(feature = "retry")]
+    fn idempotency_keys(layer: backstop_idempotency::IdempotencyKeyLayer);
+
+    /// Adds an [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer) (server side):
+    /// a keyed request runs once, its duplicates are answered from the store.
+    #[cfg(feature = "retry")]
+    fn idempotency<St>(layer: backstop_idempotency::IdempotencyLayer<St>);
 
     /// Adds a [`RetryLayer`](crate::retry::RetryLayer).
     #[cfg(feature = "retry")]
-    fn retries<C>(
-        self,
-        layer: backstop_retry::RetryLayer<C>,
-    ) -> ServiceBuilder<Stack<backstop_retry::RetryLayer<C>, L>>;
+    fn retries<C>(layer: backstop_retry::RetryLayer<C>);
 
     /// Adds a [`BreakerLayer`](crate::breaker::BreakerLayer).
     #[cfg(feature = "breaker")]
-    fn breaker<C>(
-        self,
-        layer: backstop_breaker::BreakerLayer<C>,
-    ) -> ServiceBuilder<Stack<backstop_breaker::BreakerLayer<C>, L>>;
+    fn breaker<C>(layer: backstop_breaker::BreakerLayer<C>);
 
     /// Adds an [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer): each call
     /// bounded by its attempt bound (fixed, or from the measured latency).
     #[cfg(feature = "deadline")]
-    fn attempt_timeout(
-        self,
-        layer: crate::timeout::AttemptTimeoutLayer,
-    ) -> ServiceBuilder<tower::layer::util::Stack<crate::timeout::AttemptTimeoutLayer, L>>;
-
-    /// Adds a [`PushbackLayer`](crate::retry::PushbackLayer) (server side): tells callers not
-    /// to retry when this service's own retries gave up.
-    #[cfg(feature = "retry")]
-    fn pushback(self) -> ServiceBuilder<Stack<backstop_retry::PushbackLayer, L>>;
-}
-
-impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
-    #[cfg(feature = "deadline")]
-    fn deadline(
-        self,
-        layer: backstop_deadline::DeadlineLayer,
-    ) -> ServiceBuilder<Stack<backstop_deadline::DeadlineLayer, L>> {
-        self.layer(layer)
-    }
-
-    #[cfg(feature = "deadline")]
-    fn propagate_deadline(
-        self,
-        layer: backstop_deadline::PropagateDeadlineLayer,
-    ) -> ServiceBuilder<Stack<backstop_deadline::PropagateDeadlineLayer, L>> {
-        self.layer(layer)
-    }
-
-    #[cfg(feature = "retry")]
-    fn retries<C>(
-        self,
-        layer: backstop_retry::RetryLayer<C>,
-    ) -> ServiceBuilder<Stack<backstop_retry::RetryLayer<C>, L>> {
-        self.layer(layer)
-    }
-
-    #[cfg(feature = "breaker")]
-    fn breaker<C>(
-        self,
-        layer: backstop_breaker::BreakerLayer<C>,
-    ) -> ServiceBuilder<Stack<backstop_breaker::BreakerLayer<C>, L>> {
-        self.layer(layer)
-    }
-
-    #[cfg(feature = "deadline")]
-    fn attempt_timeout(
-        self,
-        layer: crate::timeout::AttemptTimeoutLayer,
-    ) -> ServiceBuilder<tower::layer::util::Stack<crate::timeout::AttemptTimeoutLayer, L>> {
-        self.layer(layer)
-    }
-
-    #[cfg(feature = "retry")]
-    fn pushback(self) -> ServiceBuilder<Stack<backstop_retry::PushbackLayer, L>> {
-        self.layer(backstop_retry::PushbackLayer::new())
-    }
+    fn attempt_timeout(layer: crate::timeout::AttemptTimeoutLayer);
 }
 
 #[cfg(all(test, feature = "retry"))]
@@ -127,5 +123,71 @@ mod tests {
             }));
         let err = svc.oneshot(Request::new(String::new())).await.unwrap_err();
         assert!(crate::is_attempt_timed_out(&*err), "{err}");
+    }
+
+    /// The client's overload and key layers, by name: a POST goes through the key stamper,
+    /// the throttle and the bulkhead and reaches the service with a key.
+    #[tokio::test(start_paused = true)]
+    async fn the_overload_and_key_layers_have_names() {
+        use crate::deadline::bulkhead::BulkheadLayer;
+        use crate::idempotency::{IDEMPOTENCY_KEY, IdempotencyKeyLayer};
+        use crate::retry::throttle::ThrottleLayer;
+        use std::sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        };
+
+        let keyed = Arc::new(AtomicBool::new(false));
+        let seen = keyed.clone();
+        let svc = ServiceBuilder::new()
+            .idempotency_keys(IdempotencyKeyLayer::new())
+            .throttle(ThrottleLayer::http())
+            .bulkhead(BulkheadLayer::new(1).unwrap())
+            .service(service_fn(move |req: Request<String>| {
+                seen.store(
+                    req.headers().contains_key(IDEMPOTENCY_KEY),
+                    Ordering::SeqCst,
+                );
+                async { Ok::<_, Infallible>(Response::new(String::new())) }
+            }));
+        let post = Request::post("/charge").body(String::new()).unwrap();
+        let response = svc.oneshot(post).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(keyed.load(Ordering::SeqCst), "the POST carried a key");
+    }
+
+    /// The server's admission and idempotency layers, by name: a keyed POST runs once and its
+    /// duplicate is answered from the store.
+    #[tokio::test(start_paused = true)]
+    async fn the_server_layers_have_names() {
+        use crate::deadline::admission::AdmissionLayer;
+        use crate::idempotency::{IDEMPOTENT_REPLAYED, IdempotencyLayer, MemoryStore};
+        use bytes::Bytes;
+        use http_body_util::Full;
+        use std::sync::{
+            Arc,
+            atomic::{AtomicUsize, Ordering},
+        };
+
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let svc = ServiceBuilder::new()
+            .admission(AdmissionLayer::new())
+            .idempotency(IdempotencyLayer::new(MemoryStore::new()))
+            .service(service_fn(move |_req: Request<Full<Bytes>>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("done")))) }
+            }));
+        let post = || {
+            Request::post("/charge")
+                .header("idempotency-key", "\"k-1\"")
+                .body(Full::default())
+                .unwrap()
+        };
+        let first = svc.clone().oneshot(post()).await.unwrap();
+        let again = svc.oneshot(post()).await.unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the duplicate did not run");
+        assert!(first.headers().get(IDEMPOTENT_REPLAYED).is_none());
+        assert_eq!(again.headers()[IDEMPOTENT_REPLAYED], "true");
     }
 }

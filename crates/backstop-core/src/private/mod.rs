@@ -27,3 +27,17 @@ pub mod tick;
 pub mod timer;
 
 pub use crate::name::DependencyName;
+
+use http::HeaderValue;
+
+/// Whether a `content-type` value is gRPC's, by the rules of [`is_grpc`](crate::is_grpc) (for the deadline
+/// layers, which read every header in one pass; reached through `__private`).
+pub fn is_grpc_content_type(value: &HeaderValue) -> bool {
+    const TYPE: &[u8] = b"application/grpc";
+    let ct = value.as_bytes();
+    ct.len() >= TYPE.len()
+        && ct[..TYPE.len()].eq_ignore_ascii_case(TYPE)
+        // `application/grpc`, `application/grpc+proto`, `application/grpc; charset=…`;
+        // not `application/grpc-web` (trailers in the body) nor `application/grpcfoo`.
+        && matches!(ct.get(TYPE.len()), None | Some(b'+' | b';' | b' ' | b'\t'))
+}
