@@ -45,6 +45,16 @@ impl BreakerKey {
         BreakerKey::Custom(Arc::new(f))
     }
 
+    /// The metric label a key's series carry: `authority` for [`BreakerKey::Authority`],
+    /// `route` for a path or a custom key (a custom key names a route, as the client series
+    /// of a service-config stack do), so breaker and client series join on one label.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            BreakerKey::Authority => "authority",
+            BreakerKey::Path | BreakerKey::Custom(_) => "route",
+        }
+    }
+
     pub(crate) fn of<'a>(&self, method: &'a Method, uri: &'a Uri) -> Option<Cow<'a, str>> {
         match self {
             BreakerKey::Authority => uri.authority().map(|a| Cow::Borrowed(a.as_str())),

@@ -37,7 +37,8 @@ pub(crate) struct Shared<C> {
     opens: std::sync::atomic::AtomicU64,
     pub(crate) name: backstop_core::__private::DependencyName,
     /// The key, for a breaker of a keyed layer: its events and metrics carry it.
-    key: std::sync::OnceLock<Box<str>>,
+    /// The key of a keyed layer's breaker, with the label its metric series carry it under.
+    key: std::sync::OnceLock<(&'static str, Box<str>)>,
     /// A keyed layer's breakers per key; this breaker then takes the calls with no key
     /// (and keys past the bound). Read by every call: one load of a word already in cache.
     pub(crate) keyed: Option<Arc<Keyed<C>>>,
@@ -68,15 +69,16 @@ fn state_code(state: State) -> f64 {
 
 #[cfg(feature = "metrics")]
 impl BreakerMetrics {
-    /// The handles of a breaker, with a `key` label for a breaker of a keyed layer.
-    fn new(dependency: &str, key: Option<&str>) -> Self {
+    /// The handles of a breaker, with its key's label (`route` or `authority`) for a
+    /// breaker of a keyed layer.
+    fn new(dependency: &str, key: Option<(&'static str, &str)>) -> Self {
         use backstop_core::metrics as names;
         use metrics::Label;
         backstop_core::__private::metrics::describe();
         let labels = |extra: Option<(&'static str, &'static str)>| {
             let mut labels = vec![Label::new("dependency", dependency.to_owned())];
-            if let Some(key) = key {
-                labels.push(Label::new("key", key.to_owned()));
+            if let Some((label, key)) = key {
+                labels.push(Label::new(label, key.to_owned()));
             }
             if let Some((k, v)) = extra {
                 labels.push(Label::new(k, v));
@@ -138,7 +140,8 @@ impl<C> Shared<C> {
     #[cfg(feature = "metrics")]
     fn metrics(&self) -> &BreakerMetrics {
         self.metrics.get_or_init(|| {
-            let metrics = BreakerMetrics::new(self.name.get(), self.key.get().map(|k| &**k));
+            let key = self.key.get().map(|(label, key)| (*label, &**key));
+            let metrics = BreakerMetrics::new(self.name.get(), key);
             metrics.state.set(state_code(self.machine.load().state));
             metrics
         })
@@ -163,17 +166,17 @@ impl<C> Shared<C> {
 
     /// Makes this the breaker of `key` in a keyed layer of dependency `name` (`None`: not
     /// named yet; naming the layer later names it).
-    pub(crate) fn keyed_as(&self, name: Option<&str>, key: &str) {
+    pub(crate) fn keyed_as(&self, name: Option<&str>, label: &'static str, key: &str) {
         // A new breaker: neither is set yet.
         if let Some(name) = name {
             let _ = self.name.set(name);
         }
-        let _ = self.key.set(key.into());
+        let _ = self.key.set((label, key.into()));
     }
 
     /// The key of a keyed layer's breaker (`""` otherwise).
     fn key(&self) -> &str {
-        self.key.get().map_or("", |k| k)
+        self.key.get().map_or("", |(_, k)| k)
     }
 
     /// Asks to let a call in: the admission, or how long until calls pass again (`None`: no

@@ -11,25 +11,28 @@
 //!
 //! | name | kind | labels | moves when |
 //! |------|------|--------|------------|
-//! | `backstop.client.requests` | counter | `dependency`, `outcome` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx) |
-//! | `backstop.client.attempts` | counter | `dependency`, `kind` | an attempt is sent: `first`, `retry`, `hedge` |
+//! | `backstop.client.requests` | counter | `dependency`, `route`, `outcome` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx) |
+//! | `backstop.client.attempts` | counter | `dependency`, `route`, `kind` | an attempt is sent: `first`, `retry`, `hedge` |
 //! | `backstop.client.attempt.duration` | histogram (s) | `dependency` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
-//! | `backstop.retry.give_ups` | counter | `dependency`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
+//! | `backstop.retry.give_ups` | counter | `dependency`, `route`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
 //! | `backstop.retry.budget.balance` | gauge | `dependency` | the retry budget changes (its tokens: retries it would allow now) |
-//! | `backstop.breaker.state` | gauge | `dependency` | the breaker changes state: 0 closed, 1 open, 2 half-open |
-//! | `backstop.breaker.transitions` | counter | `dependency`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` |
-//! | `backstop.breaker.rejections` | counter | `dependency` | the breaker refuses a call |
-//! | `backstop.deadline.expired` | counter | `side`, `dependency` (client side) | a deadline expires: `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
+//! | `backstop.breaker.state` | gauge | `dependency`, `route`, `authority` | the breaker changes state: 0 closed, 1 open, 2 half-open |
+//! | `backstop.breaker.transitions` | counter | `dependency`, `route`, `authority`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` |
+//! | `backstop.breaker.rejections` | counter | `dependency`, `route`, `authority` | the breaker refuses a call |
+//! | `backstop.deadline.expired` | counter | `side`, `dependency` | a deadline expires (`dependency` on the client side only): `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
 //! | `backstop.throttle.rejections` | counter | `dependency` | the client's adaptive throttle refuses a first attempt |
 //! | `backstop.throttle.probability` | gauge | `dependency` | the throttle's rejection probability changes (recomputed at most once per window bucket) |
 //! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited) |
 //! | `backstop.admission.rejections` | counter | — | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
 //!
-//! The client series of a gRPC stack built from a service config carry a `method` label
-//! (the `methodConfig` entry's names that served the call). The breaker's series of a layer built [`per_key`](https://docs.rs/backstop-breaker) carry a
-//! `key` label too (the host, path or route of the key's breaker). A stack left unnamed
-//! records `dependency = ""`. A call its caller drops before it ends is
+//! `route` and `authority` are there only where a stack has routes: the client series of a
+//! gRPC stack built from a service config carry `route` (the `methodConfig` entry's names that
+//! served the call, as paths: `/pkg.Service/Method`, `/pkg.Service/*`); the breaker's series
+//! of a layer built [`per_key`](https://docs.rs/backstop-breaker) carry the key, as `route`
+//! (a path or custom key) or `authority` (a host key). Both use the request's path, so an
+//! operator joins a route's breaker and client series on `dependency` and `route`. A stack
+//! left unnamed records `dependency = ""`. A call its caller drops before it ends is
 //! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
 //!
 //! The calls themselves, under OpenTelemetry's semantic conventions
@@ -89,6 +92,133 @@ pub const ALL: [&str; 14] = [
     ADMISSION_REJECTIONS,
 ];
 
+/// What a metric is, as the `metrics` facade registers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A count that only grows.
+    Counter,
+    /// A value that goes up and down.
+    Gauge,
+    /// A distribution of samples (durations in seconds).
+    Histogram,
+}
+
+/// One metric backstop records: its name, its kind and every label it may carry (`route` and
+/// `authority` only where the module docs say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric {
+    /// The name, one of [`ALL`].
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: Kind,
+    /// Every label the series may carry.
+    pub labels: &'static [&'static str],
+}
+
+/// Every metric with its kind and labels, in the order of the table above: the one list the
+/// docs' tables (these module docs and the README's) are checked against.
+pub const CATALOG: [Metric; 14] = {
+    use Kind::{Counter, Gauge, Histogram};
+    const fn m(name: &'static str, kind: Kind, labels: &'static [&'static str]) -> Metric {
+        Metric { name, kind, labels }
+    }
+    [
+        m(
+            CLIENT_REQUESTS,
+            Counter,
+            &["dependency", "route", "outcome"],
+        ),
+        m(CLIENT_ATTEMPTS, Counter, &["dependency", "route", "kind"]),
+        m(CLIENT_ATTEMPT_DURATION, Histogram, &["dependency"]),
+        m(RETRY_GIVE_UPS, Counter, &["dependency", "route", "reason"]),
+        m(RETRY_BUDGET_BALANCE, Gauge, &["dependency"]),
+        m(BREAKER_STATE, Gauge, &["dependency", "route", "authority"]),
+        m(
+            BREAKER_TRANSITIONS,
+            Counter,
+            &["dependency", "route", "authority", "to"],
+        ),
+        m(
+            BREAKER_REJECTIONS,
+            Counter,
+            &["dependency", "route", "authority"],
+        ),
+        m(DEADLINE_EXPIRED, Counter, &["side", "dependency"]),
+        m(DEADLINE_MALFORMED, Counter, &[]),
+        m(THROTTLE_REJECTIONS, Counter, &["dependency"]),
+        m(THROTTLE_PROBABILITY, Gauge, &["dependency"]),
+        m(BULKHEAD_REJECTIONS, Counter, &["dependency", "reason"]),
+        m(ADMISSION_REJECTIONS, Counter, &[]),
+    ]
+};
+
 /// The `outcome` labels of `backstop.client.requests`, in the order of [`Outcome`](crate::Outcome)'s
 /// variants: `Success`, `Failure`, `Throttled`, `Rejected`, `Ignored`.
 pub const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", "ignored"];
+
+/// The check of a docs table against [`CATALOG`], for this module's test and the facade's
+/// README test (hidden: no semver promise).
+#[doc(hidden)]
+pub mod doc_table {
+    use super::{CATALOG, Kind};
+
+    /// Panics unless the rows of `markdown` that document a metric (a table row whose first
+    /// cell is a backstop metric's name) are the catalog's, in its order, each with its kind
+    /// and exactly its labels (`—` for none). `what` names the document in the message.
+    pub fn check(markdown: &str, what: &str) {
+        let rows: Vec<Vec<&str>> = markdown
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| l.starts_with("| `backstop."))
+            .map(|l| l.split('|').map(str::trim).collect())
+            .collect();
+        let names: Vec<&str> = rows.iter().map(|r| r[1].trim_matches('`')).collect();
+        let want: Vec<&str> = CATALOG.iter().map(|m| m.name).collect();
+        assert_eq!(names, want, "{what}: the table's metrics");
+        for (row, metric) in rows.iter().zip(CATALOG) {
+            let kind = match metric.kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+                Kind::Histogram => "histogram",
+            };
+            assert!(
+                row[2].starts_with(kind),
+                "{what}: {} is a {kind}",
+                metric.name
+            );
+            let labels: Vec<&str> = row[3]
+                .split(',')
+                .map(|l| l.trim().trim_matches('`'))
+                .filter(|l| !l.is_empty() && *l != "—")
+                .collect();
+            assert_eq!(
+                labels, metric.labels,
+                "{what}: the labels of {}",
+                metric.name
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ALL, CATALOG};
+
+    /// The catalog and the list of names agree, in order.
+    #[test]
+    fn the_catalog_names_every_metric_once() {
+        let names: Vec<&str> = CATALOG.iter().map(|m| m.name).collect();
+        assert_eq!(names, ALL);
+    }
+
+    /// The table in these module docs says what the catalog says, row by row.
+    #[test]
+    fn the_module_docs_table_is_the_catalog() {
+        let docs: String = include_str!("metrics.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .map(|l| format!("{}\n", l.trim_start()))
+            .collect();
+        super::doc_table::check(&docs, "backstop-core's metrics module docs");
+    }
+}

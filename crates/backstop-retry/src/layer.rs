@@ -57,7 +57,7 @@ impl<C> RetryLayer<C> {
     }
 
     /// Says which of the dependency's methods this layer serves (e.g. the names of a gRPC
-    /// service config entry): with the `metrics` feature its series carry a `method` label
+    /// service config entry): with the `metrics` feature its series carry it as a `route` label
     /// (set once, before the first call; later calls are ignored).
     ///
     /// For the facade's service-config client, which builds one layer per config entry; not

@@ -27,15 +27,15 @@ pub(crate) struct RetryMetrics {
 }
 
 impl RetryMetrics {
-    /// The handles, with a `method` label when the layer serves some of the dependency's
-    /// methods (a service config entry).
+    /// The handles, with a `route` label when the layer serves some of the dependency's
+    /// routes (a service config entry's methods).
     pub(crate) fn new(dependency: &str, method: Option<&str>) -> Self {
         use metrics::Label;
         backstop_core::__private::metrics::describe();
         let labels = |key: &'static str, value: &'static str| {
             let mut labels = vec![Label::new("dependency", dependency.to_owned())];
             if let Some(method) = method {
-                labels.push(Label::new("method", method.to_owned()));
+                labels.push(Label::new("route", method.to_owned()));
             }
             labels.push(Label::new(key, value));
             labels

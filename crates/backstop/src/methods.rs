@@ -19,7 +19,9 @@
 //!   every method's retry layer, so they see the channel's calls whatever their method.
 //!
 //! - **Per method, in the metrics**: each entry's retry layer labels its series with
-//!   `method` (the entry's names, `*` for the default, `(none)` for calls no entry names),
+//!   `route` (the entry's names as paths, `/pkg.Service/Method` or `/pkg.Service/*`, `*` for
+//!   the default, `(none)` for calls no entry names; a breaker keyed by path uses the same
+//!   label and form),
 //!   and [`MethodsLayer::retry_layer`] gives its stats.
 //!
 //! # Concurrency rule
@@ -148,16 +150,17 @@ impl MethodsLayer {
     }
 }
 
-/// An entry's names as its retry layer's `method` label: `pkg.Service/Method`, `pkg.Service`
-/// (every method of it), `*` (the default entry), comma-separated; calls no entry names are
-/// `(none)`.
+/// An entry's names as its retry layer's `route` label, in the form of a request's path (the
+/// form a breaker keyed by path labels its series with, so the two join): `/pkg.Service/Method`,
+/// `/pkg.Service/*` (every method of it), `*` (the default entry), comma-separated; calls no
+/// entry names are `(none)`.
 fn methods_of(entry: &crate::grpc::MethodConfig) -> String {
     let names: Vec<String> = entry
         .names
         .iter()
         .map(|n| match (&n.service, &n.method) {
-            (Some(s), Some(m)) => format!("{s}/{m}"),
-            (Some(s), None) => s.clone(),
+            (Some(s), Some(m)) => format!("/{s}/{m}"),
+            (Some(s), None) => format!("/{s}/*"),
             _ => "*".to_owned(),
         })
         .collect();

@@ -391,11 +391,14 @@ fn a_keyed_breaker_reports_under_its_key() {
         call_through(breaker, &["/down", "/down", "/down", "/up"]).await;
     });
     let state = backstop::metrics::BREAKER_STATE;
-    assert_eq!(gauge(&metrics, state, &[INVENTORY, ("key", "/down")]), 1.0);
-    assert_eq!(gauge(&metrics, state, &[INVENTORY, ("key", "/up")]), 0.0);
+    assert_eq!(
+        gauge(&metrics, state, &[INVENTORY, ("route", "/down")]),
+        1.0
+    );
+    assert_eq!(gauge(&metrics, state, &[INVENTORY, ("route", "/up")]), 0.0);
     let rejections = backstop::metrics::BREAKER_REJECTIONS;
     assert_eq!(
-        counter(&metrics, rejections, &[INVENTORY, ("key", "/down")]),
+        counter(&metrics, rejections, &[INVENTORY, ("route", "/down")]),
         1
     );
 }
@@ -434,7 +437,7 @@ fn a_service_config_labels_each_entry_by_its_methods() {
     });
     let billing = ("dependency", "billing");
     let attempts = backstop::metrics::CLIENT_ATTEMPTS;
-    let get_balance = ("method", "pkg.Billing/GetBalance");
+    let get_balance = ("route", "/pkg.Billing/GetBalance");
     assert_eq!(
         counter(
             &metrics,
@@ -443,7 +446,7 @@ fn a_service_config_labels_each_entry_by_its_methods() {
         ),
         1
     );
-    let unnamed = ("method", "(none)");
+    let unnamed = ("route", "(none)");
     assert_eq!(
         counter(&metrics, attempts, &[billing, unnamed, ("kind", "first")]),
         1
@@ -452,6 +455,64 @@ fn a_service_config_labels_each_entry_by_its_methods() {
         counter(&metrics, attempts, &[billing, unnamed, ("kind", "retry")]),
         0
     );
+}
+
+/// An operator joins a keyed breaker's series and a service-config client's series on one
+/// label: both say `route`, in the form of the request's path.
+#[cfg(feature = "service-config")]
+#[test]
+fn breaker_and_client_series_join_on_the_route() {
+    let json = r#"{
+        "methodConfig": [{
+            "name": [{"service": "pkg.Billing", "method": "GetBalance"}],
+            "retryPolicy": {
+                "maxAttempts": 2, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
+            }
+        }]
+    }"#;
+    let metrics = recorded(|| async {
+        let config = backstop::grpc::ServiceConfig::from_json(json).unwrap();
+        let breaker = backstop::client::grpc_breaker()
+            .consecutive_failures(100)
+            .per_key(backstop::breaker::BreakerKey::Path)
+            .build()
+            .unwrap();
+        let layer = backstop::client::grpc()
+            .name("billing")
+            .breaker(breaker)
+            .service_config(config)
+            .unwrap();
+        let transport = service_fn(|_req: Request<ReplayBody<String>>| async {
+            Ok::<_, Infallible>(grpc_status(14))
+        });
+        let mut client = ServiceBuilder::new().layer(layer).service(transport);
+        let req = Request::post("/pkg.Billing/GetBalance")
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap();
+        client.ready().await.unwrap().call(req).await.unwrap();
+    });
+    let billing = ("dependency", "billing");
+    let route = ("route", "/pkg.Billing/GetBalance");
+    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    let retries = counter(&metrics, attempts, &[billing, route, ("kind", "retry")]);
+    assert_eq!(retries, 1, "the client series carry the route");
+    let state = backstop::metrics::BREAKER_STATE;
+    assert_eq!(
+        gauge(&metrics, state, &[billing, route]),
+        0.0,
+        "so do the breaker's"
+    );
+}
+
+/// The README's metrics table lists what backstop records: every metric of the catalog, in
+/// its order, with its kind and exactly its labels.
+#[test]
+fn the_readme_table_is_the_catalog() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("the workspace README");
+    backstop::metrics::doc_table::check(&readme, "README.md");
 }
 
 /// A histogram's samples, for `name` with exactly these labels.
