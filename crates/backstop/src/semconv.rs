@@ -17,8 +17,10 @@
 //! call their caller cancelled. An error becomes the status gRPC's clients give it: 4
 //! (DEADLINE_EXCEEDED) for an expired deadline or attempt bound, 14 (UNAVAILABLE) otherwise.
 //! Any other request is timed until its response headers. `http.request.method` is one of
-//! RFC 9110's methods or PATCH, else `_OTHER`; `server.port` is the URI's, else the scheme's
-//! default (80, 443).
+//! RFC 9110's methods or PATCH, else `_OTHER`; `server.address` is the URI's host and
+//! `server.port` its port, else the scheme's default (80, 443). A request whose URI names no
+//! host (a tonic client's: its `Channel` adds the origin) takes them from
+//! [`SemconvLayer::server`], or goes without them.
 //!
 //! # Where it goes
 //!
@@ -75,13 +77,43 @@ pub const RPC_CLIENT_DURATION: &str = "rpc.client.duration";
 
 /// Records each request's duration under OpenTelemetry's semantic conventions; see the
 /// [module docs](self).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SemconvLayer(());
+#[derive(Debug, Clone, Default)]
+pub struct SemconvLayer {
+    server: Option<Server>,
+}
+
+/// The server a transport sends to when the requests it is given name none.
+#[derive(Debug, Clone)]
+struct Server {
+    address: std::sync::Arc<str>,
+    port: u16,
+}
 
 impl SemconvLayer {
-    /// The layer.
+    /// The layer: `server.address` and `server.port` from each request's URI, and left out
+    /// for a request whose URI names no host.
     pub fn new() -> Self {
-        Self(())
+        Self::default()
+    }
+
+    /// The server to report for requests whose URI names no host: a tonic client's requests
+    /// carry only a path (its `Channel` adds the endpoint's origin), so behind one, say the
+    /// endpoint here. A request that names its host is reported with its own.
+    ///
+    /// ```
+    /// use backstop::semconv::SemconvLayer;
+    ///
+    /// // A tonic `Channel` to http://inventory:50051.
+    /// let layer = SemconvLayer::new().server("inventory", 50051);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn server(mut self, address: &str, port: u16) -> Self {
+        self.server = Some(Server {
+            address: address.into(),
+            port,
+        });
+        self
     }
 }
 
@@ -89,7 +121,10 @@ impl<S> Layer<S> for SemconvLayer {
     type Service = Semconv<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Semconv { inner }
+        Semconv {
+            inner,
+            server: self.server.clone(),
+        }
     }
 }
 
@@ -97,9 +132,9 @@ impl<S> Layer<S> for SemconvLayer {
 #[derive(Debug, Clone)]
 pub struct Semconv<S> {
     inner: S,
+    server: Option<Server>,
 }
 
-/// What a call's labels are made of, taken from its request.
 #[derive(Debug)]
 struct Call {
     start: Instant,
@@ -108,17 +143,22 @@ struct Call {
 }
 
 impl Call {
-    fn of<B>(req: &Request<B>) -> Self {
+    fn of<B>(req: &Request<B>, server: Option<&Server>) -> Self {
         let uri = req.uri();
-        let address = uri.host().unwrap_or("").to_owned();
-        let port = uri
-            .port_u16()
-            .or_else(|| match uri.scheme_str() {
-                Some("https") => Some(443),
-                Some("http") => Some(80),
-                _ => None,
-            })
-            .map_or_else(String::new, |p| p.to_string());
+        // The URI's host and port (else its scheme's default port), else the configured
+        // server's; none at all leaves both labels out, as the conventions say for an
+        // attribute that is not available.
+        let server = match uri.host() {
+            Some(host) => Some((
+                host.to_owned(),
+                uri.port_u16().or_else(|| match uri.scheme_str() {
+                    Some("https") => Some(443),
+                    Some("http") => Some(80),
+                    _ => None,
+                }),
+            )),
+            None => server.map(|s| (s.address.to_string(), Some(s.port))),
+        };
         let grpc = is_grpc(req.headers());
         let mut labels = Vec::with_capacity(6);
         if grpc {
@@ -133,8 +173,12 @@ impl Call {
                 method_label(req.method()),
             ));
         }
-        labels.push(Label::new("server.address", address));
-        labels.push(Label::new("server.port", port));
+        if let Some((address, port)) = server {
+            labels.push(Label::new("server.address", address));
+            if let Some(port) = port {
+                labels.push(Label::new("server.port", port.to_string()));
+            }
+        }
         Self {
             start: Instant::now(),
             grpc,
@@ -232,7 +276,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let call = Call::of(&req);
+        let call = Call::of(&req, self.server.as_ref());
         SemconvFuture {
             future: self.inner.call(req),
             call: Some(call),

@@ -1,5 +1,6 @@
 //! OpenTelemetry's call durations (`SemconvLayer`) as a real Prometheus exporter renders them,
-//! for calls over 127.0.0.1 to a real axum server through the HTTP preset.
+//! for calls over 127.0.0.1 to a real axum server through the HTTP preset and to a real tonic
+//! server through the gRPC preset and a tonic client.
 
 use axum::{Router, http::StatusCode, routing::get};
 use backstop::{ReplayBody, semconv::SemconvLayer};
@@ -64,4 +65,72 @@ fn a_prometheus_exporter_shows_the_conventions_names_and_labels() {
     );
     // backstop's own series beside them, under their namespace.
     assert!(text.contains("backstop_client_requests{"), "{text}");
+}
+
+/// A tonic client behind the gRPC preset: each call is one `rpc.client.duration` sample, under
+/// the conventions' gRPC attributes, its status code read from the call's end (trailers for a
+/// reply, the headers for a trailers-only refusal).
+#[test]
+fn a_prometheus_exporter_shows_grpc_calls_under_the_rpc_conventions() {
+    use backstop::tonic::TonicBodyLayer;
+    use example_proto::helloworld::{HelloRequest, greeter_client::GreeterClient};
+    use tonic::transport::Endpoint;
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let port: u16 = metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let url = backstop_integration::start_greeter(None).await;
+                let port = url.rsplit(':').next().unwrap().parse().unwrap();
+                let channel = Endpoint::from_shared(url).unwrap().connect_lazy();
+                let mut client = GreeterClient::new(
+                    ServiceBuilder::new()
+                        .layer(backstop::client::grpc().name("greeter"))
+                        // The channel adds the origin: its requests carry only a path.
+                        .layer(SemconvLayer::new().server("127.0.0.1", port))
+                        .layer(TonicBodyLayer)
+                        .service(channel),
+                );
+                for name in ["ada", "grace"] {
+                    let hello = HelloRequest { name: name.into() };
+                    client.say_hello(hello).await.unwrap();
+                }
+                // The server refuses this one: INVALID_ARGUMENT, not retried.
+                let hello = HelloRequest {
+                    name: "sleep:soon".into(),
+                };
+                let status = client.say_hello(hello).await.unwrap_err();
+                assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                port
+            })
+    });
+    let text = handle.render();
+    // The summary's count line of the series with these labels (in whatever order).
+    let count = |code: &str| {
+        let want = [
+            "rpc_system=\"grpc\"".to_owned(),
+            "rpc_service=\"helloworld.Greeter\"".to_owned(),
+            "rpc_method=\"SayHello\"".to_owned(),
+            format!("rpc_grpc_status_code=\"{code}\""),
+            "server_address=\"127.0.0.1\"".to_owned(),
+            format!("server_port=\"{port}\""),
+        ];
+        text.lines()
+            .filter(|l| l.starts_with("rpc_client_duration_count{"))
+            .find(|l| want.iter().all(|w| l.contains(w.as_str())))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|n| n.to_owned())
+    };
+    assert_eq!(count("0").as_deref(), Some("2"), "{text}");
+    assert_eq!(count("3").as_deref(), Some("1"), "{text}");
+    // backstop's own series beside them, for the same dependency.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("backstop_client_requests{") && l.contains("greeter")),
+        "{text}"
+    );
 }
