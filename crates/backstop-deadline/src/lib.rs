@@ -83,8 +83,9 @@
 //!    [`min_remaining`](DeadlineLayerBuilder::min_remaining), is answered at once with
 //!    DEADLINE_EXCEEDED (4) or HTTP 504; the service is not called.
 //! 4. Otherwise the [`Deadline`] is put in the request's extensions, the service is called, and
-//!    its future is polled inside a task-local scope, so [`current()`] returns the deadline in
-//!    the handler and in everything it awaits.
+//!    its future is polled inside a scope (a thread-local set for the length of each poll of
+//!    the handler's future, and put back after), so [`current()`] returns the deadline in the
+//!    handler and in everything it awaits on its task.
 //! 5. If the deadline passes first, the handler's future is **dropped** (its work is cancelled)
 //!    and the answer is DEADLINE_EXCEEDED (4) as a trailers-only gRPC response, or 504 with a
 //!    short text body. A streamed response body is bounded too: past the deadline a gRPC body
@@ -131,7 +132,9 @@
 //!
 //! ## Tasks
 //!
-//! [`current()`] is task-local. A task spawned from a handler starts without it: wrap its future
+//! [`current()`] reads a thread-local that is set only while a scoped future (the handler's)
+//! is being polled, so it follows that future's task, not a thread. A task spawned from a
+//! handler starts without it: wrap its future
 //! in [`with_current_deadline`](DeadlineFutureExt::with_current_deadline), or in
 //! [`Deadline::scope`] to give it a deadline of its own. Scopes only ever shorten: an inner
 //! scope with a later deadline keeps the outer one. A client whose `call` runs on another

@@ -74,8 +74,9 @@ fn in_scope<R>(exhausted: bool, f: impl FnOnce() -> R) -> (R, bool) {
 /// one. With it, the failing dependency sees at most `max_attempts` per user request.
 ///
 /// A failed response is a trailers-only gRPC response with a non-zero `grpc-status` (which is
-/// how tonic answers an `Err(Status)`), or an HTTP 5xx. The mark is task-local: work spawned
-/// onto other tasks by the handler does not report into it.
+/// how tonic answers an `Err(Status)`), or an HTTP 5xx. The mark is a thread-local set only
+/// while the handler's future is being polled: work spawned onto other tasks by the handler
+/// does not report into it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PushbackLayer {
     _priv: (),

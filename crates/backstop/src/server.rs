@@ -32,8 +32,8 @@ use tower_layer::Layer;
 /// client call made in the handler's task picks it up, whatever the handler then does with
 /// the call's future. Two ways out of that task need a word from the handler:
 ///
-/// - **A spawned task** starts with no deadline (task-locals do not follow `tokio::spawn` or a
-///   `JoinSet`): wrap the future in
+/// - **A spawned task** starts with no deadline (the current deadline is set only while the
+///   handler's future is polled, so it does not follow `tokio::spawn` or a `JoinSet`): wrap the future in
 ///   [`with_current_deadline()`](backstop_deadline::DeadlineFutureExt::with_current_deadline)
 ///   where it is built, in the handler.
 /// - **A client whose `call` runs on another task** (a `Buffer` around it) does not see the

@@ -70,8 +70,8 @@ pub(crate) struct OutboundConfig {
 }
 
 impl PropagateDeadlineLayer {
-    /// Inherits the deadline (task-local, request extension, or a `grpc-timeout` already on the
-    /// request) and adds no limit of its own.
+    /// Inherits the deadline (the handler's [`current()`](crate::current), the request's
+    /// extension, or a `grpc-timeout` already on the request) and adds no limit of its own.
     pub fn new() -> Self {
         Self {
             config: OutboundConfig {
@@ -316,7 +316,7 @@ fn min_deadline(a: Option<Deadline>, b: Deadline) -> Deadline {
 
 impl OutboundConfig {
     /// The call's effective deadline and the time left until it: the earliest of the
-    /// task-local deadline, the request's extension, a `grpc-timeout` the caller already set,
+    /// current deadline (the scope being polled), the request's extension, a `grpc-timeout` the caller already set,
     /// `now + fraction × remaining` and `now + timeout`. Candidates given as durations are
     /// compared as durations, so the common case (only this layer's `timeout`) does no instant
     /// arithmetic but the one addition.
