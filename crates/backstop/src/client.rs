@@ -621,11 +621,16 @@ impl ClientLayer<HttpClassifier> {
     /// [`Idempotency::Standard`](backstop_retry::Idempotency::Standard) rule allows, so a POST
     /// that failed retryably (a 503, a reset, an attempt timed out) is **retried**, within the
     /// budget and the deadline, where without keys it is returned. It is **hedged** only when
-    /// the stack hedges at all ([`hedging`](Self::hedging), off by default): hedged copies
-    /// of a keyed POST meet the server at once, and all but one are answered 409, so turn
-    /// hedging on only for a server that answers duplicates by waiting for the original
-    /// (`wait_in_flight`). A key the caller set is left alone. Other methods (GET, PUT,
-    /// DELETE, …) get no key: they are idempotent already.
+    /// the stack hedges at all ([`hedging`](Self::hedging), off by default): a hedged copy
+    /// (or a retry) of a keyed POST that meets the server while the original is still in
+    /// flight is refused before it runs, with 409 and `Retry-After`, which the
+    /// [`HttpClassifier`] reads as "come back later" (a throttled, always-retryable failure,
+    /// like a 429): it never wins the race, the original's answer is the one returned, and a
+    /// further copy waits at least the `Retry-After` (within the budget and the deadline).
+    /// Each such copy still costs the server a store lookup, so hedge keyed POSTs with a
+    /// delay well above their usual latency, or let the server answer duplicates by waiting
+    /// for the original (`wait_in_flight`). A key the caller set is left alone. Other
+    /// methods (GET, PUT, DELETE, …) get no key: they are idempotent already.
     ///
     /// HTTP only: a gRPC call is a POST too, and [`IdempotencyLayer`] passes gRPC through (the
     /// crate docs of [`backstop_idempotency`] say why), so the gRPC preset has no such knob.

@@ -662,3 +662,191 @@ fn semconv_times_grpc_calls_until_their_status() {
         [0.03]
     );
 }
+
+/// A dependency that answers 503 after 5 ms, counting the calls it is sent.
+fn overloaded(
+    hits: &Arc<AtomicUsize>,
+) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
+    let hits = hits.clone();
+    service_fn(move |_req: Request<ReplayBody<String>>| {
+        hits.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok::<_, Infallible>(status(503))
+        }
+    })
+}
+
+#[test]
+fn a_throttle_refusal_counts_under_its_dependency_with_the_probability() {
+    let refused = Arc::new(AtomicUsize::new(0));
+    let metrics = recorded(|| {
+        let refused = refused.clone();
+        async move {
+            let throttle = backstop::retry::throttle::AdaptiveThrottle::builder()
+                .seed(28)
+                .build()
+                .unwrap();
+            // A breaker that never opens: every call the throttle lets through is sent.
+            let breaker = BreakerConfig::http()
+                .count_window(100_000)
+                .minimum_calls(100_000)
+                .build()
+                .unwrap();
+            let hits = Arc::new(AtomicUsize::new(0));
+            let client = ServiceBuilder::new()
+                .layer(
+                    backstop::client::http()
+                        .name("inventory")
+                        .max_attempts(1)
+                        .breaker(breaker)
+                        .throttle(backstop::retry::throttle::ThrottleLayer::with(
+                            Arc::new(throttle),
+                            HttpClassifier::new(),
+                        )),
+                )
+                .service(overloaded(&hits));
+            for _ in 0..300 {
+                if client
+                    .clone()
+                    .oneshot(Request::get("/item/1").body(String::new()).unwrap())
+                    .await
+                    .is_err()
+                {
+                    refused.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::advance(Duration::from_millis(20)).await;
+            }
+            assert_eq!(
+                hits.load(Ordering::SeqCst) + refused.load(Ordering::SeqCst),
+                300
+            );
+        }
+    });
+    let refused = refused.load(Ordering::SeqCst) as u64;
+    assert!(refused >= 100, "{refused} refused");
+    let rejections = backstop::metrics::THROTTLE_REJECTIONS;
+    assert_eq!(counter(&metrics, rejections, &[INVENTORY]), refused);
+    // The probability the last refusal was drawn against: above 0, at most the default cap.
+    let p = gauge(
+        &metrics,
+        backstop::metrics::THROTTLE_PROBABILITY,
+        &[INVENTORY],
+    );
+    assert!(p > 0.0 && p <= 0.9, "{p}");
+    // A refusal never reached the retry layer: no request outcome, no attempt for it.
+    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    assert_eq!(
+        counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
+        300 - refused
+    );
+}
+
+#[test]
+fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
+    let metrics = recorded(|| async {
+        let bulkhead = backstop::deadline::bulkhead::BulkheadLayer::builder(1)
+            .max_queue(1)
+            .max_wait(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        let client = ServiceBuilder::new()
+            .layer(
+                backstop::client::http()
+                    .name("inventory")
+                    .max_attempts(1)
+                    .bulkhead(bulkhead),
+            )
+            .service(service_fn(|_req: Request<ReplayBody<String>>| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, Infallible>(status(200))
+            }));
+        let within = |ms: u64| {
+            let mut req = Request::get("/item/1").body(String::new()).unwrap();
+            req.extensions_mut()
+                .insert(backstop::deadline::Deadline::after(Duration::from_millis(
+                    ms,
+                )));
+            req
+        };
+        let knob = |err: BoxError| {
+            backstop::core::find::<backstop::core::BulkheadFull>(err.as_ref())
+                .expect("a bulkhead refusal")
+                .knob()
+                .to_owned()
+        };
+        // One call holds the one permit 300 ms; the next waits (hold time not yet known)…
+        let holder = tokio::spawn(client.clone().oneshot(within(1_000)));
+        tokio::task::yield_now().await;
+        let waiter = tokio::spawn(client.clone().oneshot(within(1_000)));
+        tokio::task::yield_now().await;
+        // …so a third finds the queue full,
+        let err = client.clone().oneshot(within(1_000)).await.unwrap_err();
+        assert_eq!(knob(err), "max_queue");
+        // and the waiter gives up after max_wait.
+        assert_eq!(knob(waiter.await.unwrap().unwrap_err()), "max_wait");
+        assert!(holder.await.unwrap().is_ok());
+        // Now a call is known to hold its permit 300 ms: one with 200 ms left is refused at once.
+        let holder = tokio::spawn(client.clone().oneshot(within(1_000)));
+        tokio::task::yield_now().await;
+        let err = client.clone().oneshot(within(200)).await.unwrap_err();
+        assert_eq!(knob(err), "max_concurrency");
+        assert!(holder.await.unwrap().is_ok());
+    });
+    let rejections = backstop::metrics::BULKHEAD_REJECTIONS;
+    for reason in ["max_queue", "max_wait", "max_concurrency"] {
+        assert_eq!(
+            counter(&metrics, rejections, &[INVENTORY, ("reason", reason)]),
+            1,
+            "{reason}"
+        );
+    }
+    // The refused calls were never sent: two first attempts, both answered.
+    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    assert_eq!(
+        counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
+        2
+    );
+    assert_eq!(outcome(&metrics, "success"), 2);
+}
+
+#[test]
+fn an_admission_refusal_is_counted_without_labels() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let metrics = recorded(|| {
+        let calls = calls.clone();
+        async move {
+            let handler = service_fn(move |_req: Request<String>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<_, Infallible>(status(200))
+                }
+            });
+            let server = ServiceBuilder::new()
+                .layer(backstop::server())
+                .service(handler);
+            // The route's model learns that the handler takes 100 ms (100 answers).
+            for _ in 0..100 {
+                let req = backstop_test_support::http_request(Some("1S"));
+                assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 200);
+            }
+            tokio::time::advance(Duration::from_millis(100)).await;
+            // 50 ms left: refused on arrival, over HTTP and over gRPC.
+            let req = backstop_test_support::http_request(Some("50m"));
+            assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 504);
+            let req = backstop_test_support::grpc_request(Some("50m"));
+            let response = server.clone().oneshot(req).await.unwrap();
+            assert_eq!(response.headers()["grpc-status"], "4");
+        }
+    });
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        100,
+        "the handler was not called"
+    );
+    assert_eq!(
+        counter(&metrics, backstop::metrics::ADMISSION_REJECTIONS, &[]),
+        2
+    );
+}

@@ -207,12 +207,15 @@ impl Semaphore {
         };
         // The permit goes to `next`: `in_use` unchanged, one waiter fewer.
         self.word.fetch_sub(ONE_WAITER, Ordering::AcqRel);
-        drop(queue);
+        // Granted before the queue's lock is let go (the order `cancel` takes them in): a
+        // cancel in between would find the waiter neither queued nor granted, and the permit
+        // handed to it would be lost.
         let waker = {
             let mut state = next.state.lock().expect("bulkhead waiter");
             state.granted = true;
             state.waker.take()
         };
+        drop(queue);
         if let Some(waker) = waker {
             waker.wake();
         }

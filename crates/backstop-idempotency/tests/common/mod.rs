@@ -64,6 +64,8 @@ pub fn handler(
                 "/slow" => tokio::time::sleep(Duration::from_millis(200)).await,
                 "/fail" => status = StatusCode::INTERNAL_SERVER_ERROR,
                 "/bad" => status = StatusCode::BAD_REQUEST,
+                "/busy" => status = StatusCode::TOO_MANY_REQUESTS,
+                "/timeout" => status = StatusCode::REQUEST_TIMEOUT,
                 "/err" => return Err::<Response<Full<Bytes>>, BoxError>("handler failed".into()),
                 "/panic" if !panicked.swap(true, Ordering::SeqCst) => panic!("handler panicked"),
                 "/big" => body = "x".repeat(4096),
@@ -276,6 +278,28 @@ macro_rules! behaviour {
             let again = h.post("/bad", Some(&key), "").await;
             assert!(replayed(&again));
             assert_eq!(h.runs(), 3);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn the_handlers_own_429_and_408_are_not_stored_a_duplicate_runs_again() {
+            // 4xx answers are stored, but 429 and 408 say "not now", not "never": the claim
+            // is released, and a duplicate runs the handler again (and may succeed).
+            let h = Harness::new($store);
+            for (path, status) in [("/busy", 429), ("/timeout", 408)] {
+                let key = fresh_key(path.trim_start_matches('/'));
+                let before = h.runs();
+                let first = h.post(path, Some(&key), "").await;
+                assert_eq!(first.status(), status);
+                assert!(!replayed(&first));
+                let again = h.post(path, Some(&key), "").await;
+                assert_eq!(again.status(), status, "{again:?}");
+                assert!(!replayed(&again), "a {status} was stored: {again:?}");
+                assert_eq!(
+                    h.runs(),
+                    before + 2,
+                    "a duplicate after a {status} runs again"
+                );
+            }
         }
 
         #[tokio::test(start_paused = $paused)]

@@ -615,4 +615,75 @@ mod loom_tests {
             assert_eq!(t.sum(&t.accepts, 0), 2);
         });
     }
+
+    /// A window of two 1 s buckets, so an epoch's slot is reused two epochs on.
+    fn two_buckets(max_probability: f64) -> AdaptiveThrottle {
+        AdaptiveThrottle::builder()
+            .window(Duration::from_secs(2))
+            .buckets(2)
+            .max_probability(max_probability)
+            .build()
+            .unwrap()
+    }
+
+    /// A call sent in epoch 0 ends (and is counted, in its sending's bucket) while another
+    /// thread's call of epoch 2 rotates that bucket's slot: the late count lands in epoch 0
+    /// (then is reset by epoch 2) or is refused as late, but never moves into epoch 2, whose
+    /// window holds exactly what was counted in it.
+    #[test]
+    fn loom_a_late_count_racing_a_rotation_stays_in_its_bucket() {
+        loom::model(|| {
+            let t = Arc::new(two_buckets(1.0));
+            let second = t.bucket_nanos;
+            let late = {
+                let t = t.clone();
+                loom::thread::spawn(move || t.sent_ended(second / 2, true))
+            };
+            let rotating = {
+                let t = t.clone();
+                loom::thread::spawn(move || t.request_at(2 * second + 1))
+            };
+            late.join().unwrap();
+            rotating.join().unwrap();
+            assert_eq!(t.sum(&t.requests, 2), 1);
+            assert_eq!(t.sum(&t.accepts, 2), 0);
+        });
+    }
+
+    /// A refresh of the cached probability computed before a rotation (from a window full of
+    /// refusals) races one computed after it (the old bucket gone): whichever publishes last,
+    /// the newer tick's value is the one cached, and every value any reader is handed is at
+    /// most `max_probability`.
+    #[test]
+    fn loom_a_stale_refresh_never_overwrites_a_newer_one() {
+        loom::model(|| {
+            let t = Arc::new(two_buckets(0.5));
+            let second = t.bucket_nanos;
+            // Epoch 1: ten calls, none accepted (p = 10 / 11, capped at 0.5).
+            for _ in 0..10 {
+                t.request_at(second);
+            }
+            let cap = (0.5 * f64::from(u32::MAX)) as u32;
+            let stale = {
+                let t = t.clone();
+                loom::thread::spawn(move || t.cached_probability(second))
+            };
+            let fresh = {
+                let t = t.clone();
+                loom::thread::spawn(move || {
+                    // Epoch 3: epoch 1 has left the window; one call, accepted.
+                    t.sent_ended(3 * second, true);
+                    t.cached_probability(3 * second)
+                })
+            };
+            let seen_stale = stale.join().unwrap();
+            let seen_fresh = fresh.join().unwrap();
+            // The stale reader computed from epoch 1's refusals (capped), or from a window
+            // already rotated (below the minimum rate: 0), or took the newer value.
+            assert!(seen_stale == cap || seen_stale == 0, "{seen_stale}");
+            assert_eq!(seen_fresh, 0);
+            let newest = 3 * second / t.tick_nanos;
+            assert_eq!(t.cached.get(newest), Some(0));
+        });
+    }
 }
