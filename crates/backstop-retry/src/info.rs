@@ -18,8 +18,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 /// rejection (an open breaker's answer, which carries a
 /// [`Rejection`](backstop_core::Rejection)). A response of a retry layer without one is the
 /// answer of the call's one and only attempt, as if it carried `CallInfo::new(1, None)`:
-/// the common case keeps its path free of the extension map's allocation (about 800
-/// instructions a call).
+/// the common case keeps its path free of the extension map's allocation.
 ///
 /// ```
 /// use backstop_retry::{CallInfo, GiveUp, RetryError};

@@ -3,8 +3,8 @@
 //! Every request that may be retried needs a copy of its head, made before the first attempt
 //! takes the request, and on the success path that copy is dropped unused. Copying the
 //! `http` types costs two allocations for the header map, and one per header value or URI
-//! that was parsed from a string (cloning such a `Bytes` moves it to the heap): about 2 000
-//! instructions to build and drop for a request with one header. So the head is packed
+//! that was parsed from a string (cloning such a `Bytes` moves it to the heap; BENCHMARKS.md
+//! has the count). So the head is packed
 //! instead: the URI's text and each header's name, value and sensitivity, in one buffer (one
 //! allocation, a few copies of bytes), and unpacked only when an attempt after the first is
 //! built — where every header value becomes a slice of that one shared buffer.

@@ -37,7 +37,7 @@
 //!   the accept rule says: the dependency never saw it, and the breaker already stands
 //!   between it and the callers. Counted as refused, an outage would fill the window with
 //!   refusals, and the throttle would go on refusing most calls for a window's length after
-//!   the breaker closed (the storm lab's `outage` scenario measured 50 s of it); counted as
+//!   the breaker closed; counted as
 //!   accepted, the throttle acts on what the dependency itself answers: overload, which
 //!   the breaker (opening on a dependency that is down) does not see.
 //! - **Window.** `window` (default 30 s) in `buckets` (default 30) time buckets, a striped
