@@ -22,7 +22,7 @@
 //! | `backstop.deadline.expired` | counter | `side`, `dependency` | a deadline expires (`dependency` on the client side only): `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
 //! | `backstop.throttle.rejections` | counter | `dependency` | the client's adaptive throttle refuses a first attempt |
-//! | `backstop.throttle.probability` | gauge | `dependency` | the throttle refuses a call: set to the rejection probability that call was drawn against (recomputed at most once per tenth of a window bucket; the gauge keeps its last value once refusals stop) |
+//! | `backstop.throttle.probability` | gauge | `dependency` | from the throttle's first refusal on, its rejection probability at each recompute (at most once per tenth of a window bucket), so it falls back to 0 when the throttle lets go |
 //! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited) |
 //! | `backstop.admission.rejections` | counter | — | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
 //!

@@ -677,6 +677,77 @@ fn overloaded(
     })
 }
 
+/// The probability gauge follows the throttle's recomputes, not only its refusals: once the
+/// dependency answers again and the throttle has let go, it reads 0 (it kept the last
+/// refusal's value before).
+#[test]
+fn the_throttle_probability_falls_back_when_the_dependency_recovers() {
+    let metrics = recorded(|| async {
+        let throttle = Arc::new(
+            backstop::retry::throttle::AdaptiveThrottle::builder()
+                .seed(28)
+                .build()
+                .unwrap(),
+        );
+        let breaker = BreakerConfig::http()
+            .count_window(100_000)
+            .minimum_calls(100_000)
+            .build()
+            .unwrap();
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let fails = failing.clone();
+        let dependency = service_fn(move |_req: Request<ReplayBody<String>>| {
+            let code = if fails.load(Ordering::SeqCst) {
+                503
+            } else {
+                200
+            };
+            async move { Ok::<_, Infallible>(status(code)) }
+        });
+        let client = ServiceBuilder::new()
+            .layer(
+                backstop::client::http()
+                    .name("inventory")
+                    .max_attempts(1)
+                    .breaker(breaker)
+                    .throttle(backstop::retry::throttle::ThrottleLayer::with(
+                        throttle.clone(),
+                        HttpClassifier::new(),
+                    )),
+            )
+            .service(dependency);
+        let call = || {
+            client
+                .clone()
+                .oneshot(Request::get("/item/1").body(String::new()).unwrap())
+        };
+        for _ in 0..300 {
+            let _ = call().await;
+            tokio::time::advance(Duration::from_millis(20)).await;
+        }
+        failing.store(false, Ordering::SeqCst);
+        // 40 s of answers: longer than the 30 s window.
+        // Three minutes of answers: the refusals counted as requests leave the 30 s window
+        // over a few window lengths (the SRE rule halves its excess over K per window).
+        for _ in 0..1800 {
+            let _ = call().await;
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        assert_eq!(throttle.probability(), 0.0, "the throttle let go");
+    });
+    let rejections = backstop::metrics::THROTTLE_REJECTIONS;
+    assert!(
+        counter(&metrics, rejections, &[INVENTORY]) > 0,
+        "it refused"
+    );
+    let p = gauge(
+        &metrics,
+        backstop::metrics::THROTTLE_PROBABILITY,
+        &[INVENTORY],
+    );
+    assert_eq!(p, 0.0, "the gauge fell back with the probability");
+}
+
 #[test]
 fn a_throttle_refusal_counts_under_its_dependency_with_the_probability() {
     let refused = Arc::new(AtomicUsize::new(0));

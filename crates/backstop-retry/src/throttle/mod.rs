@@ -42,6 +42,10 @@
 //!   the breaker (opening on a dependency that is down) does not see.
 //! - **Window.** `window` (default 30 s) in `buckets` (default 30) time buckets, a striped
 //!   ring: an old bucket is forgotten whole as the window slides.
+//! - **Recovery.** Refusals count as requests, so once the dependency answers every call
+//!   again the probability p falls by the rule's own step, to about 1 − K × (1 − p) per
+//!   window: from 0.9 with `K` = 2, to 0.8, 0.6, 0.2, then 0, a few window lengths (about
+//!   two minutes at the defaults). A smaller window or a larger `K` lets go sooner.
 //! - **Decision.** The probability is recomputed at most once per bucket / 10 (100 ms at
 //!   the defaults) and cached, from the calls before it; each call then draws against it (a seeded draw with
 //!   [`AdaptiveThrottleBuilder::seed`], for tests).
@@ -134,6 +138,10 @@ pub struct AdaptiveThrottle {
     /// The probability × `u32::MAX`, per tick.
     cached: TickCache,
     rejections: AtomicU64,
+    /// `backstop.throttle.probability` of the first layer that refused a call through this
+    /// throttle: set at each recompute from then on, so it falls back when refusals stop.
+    #[cfg(feature = "metrics")]
+    gauge: std::sync::OnceLock<metrics::Gauge>,
 }
 
 /// Builds an [`AdaptiveThrottle`]: setters take any value, [`build`](Self::build) checks.
@@ -296,7 +304,17 @@ impl AdaptiveThrottle {
     #[inline(never)]
     fn refresh(&self, nanos: u64, tick: u64) -> u32 {
         let p = self.compute(nanos / self.bucket_nanos);
+        #[cfg(feature = "metrics")]
+        if let Some(gauge) = self.gauge.get() {
+            gauge.set(p);
+        }
         self.cached.publish(tick, (p * f64::from(u32::MAX)) as u32)
+    }
+
+    /// Makes `gauge` follow the probability at each recompute (the first gauge given wins).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn report_to(&self, gauge: &metrics::Gauge) {
+        let _ = self.gauge.set(gauge.clone());
     }
 }
 
@@ -462,6 +480,8 @@ impl AdaptiveThrottleBuilder {
             accepts: Ring::new(self.buckets as usize, stripes),
             cached: TickCache::new(),
             rejections: AtomicU64::new(0),
+            #[cfg(feature = "metrics")]
+            gauge: std::sync::OnceLock::new(),
         })
     }
 }

@@ -27,16 +27,19 @@ impl<C> Shared<C> {
         #[cfg(feature = "metrics")]
         {
             use backstop_core::metrics as names;
-            let (counter, gauge) = self.metrics.get_or_init(|| {
+            let (counter, _) = self.metrics.get_or_init(|| {
                 backstop_core::__private::metrics::describe();
                 let dependency = self.name.get().to_owned();
+                let gauge = metrics::gauge!(names::THROTTLE_PROBABILITY, "dependency" => dependency.clone());
+                // From the first refusal on, the throttle sets it at each recompute.
+                gauge.set(self.throttle.probability());
+                self.throttle.report_to(&gauge);
                 (
-                    metrics::counter!(names::THROTTLE_REJECTIONS, "dependency" => dependency.clone()),
-                    metrics::gauge!(names::THROTTLE_PROBABILITY, "dependency" => dependency),
+                    metrics::counter!(names::THROTTLE_REJECTIONS, "dependency" => dependency),
+                    gauge,
                 )
             });
             counter.increment(1);
-            gauge.set(self.throttle.probability());
         }
     }
 }
