@@ -3,17 +3,17 @@
 
 use crate::{
     Mode,
-    state::{Admission, Machine, Settings, Verdict},
+    state::{Admission, Machine, Settings, Tally},
     transition::State,
     window::{CountRing, Window},
 };
 use loom::{sync::Arc, thread};
 
-const FAIL: Verdict = Verdict::Counted {
+const FAIL: Tally = Tally::Counted {
     failure: true,
     slow: false,
 };
-const OK: Verdict = Verdict::Counted {
+const OK: Tally = Tally::Counted {
     failure: false,
     slow: false,
 };
@@ -81,7 +81,7 @@ fn loom_a_cancelled_probe_gives_its_slot_to_exactly_one_caller() {
         let other = m.clone();
         // One thread cancels its probe while another asks to be let in.
         let t = thread::spawn(move || admitted(&other));
-        m.complete(probe, Verdict::Nothing, 0, || 10);
+        m.complete(probe, Tally::Nothing, 0, || 10);
         let got = t.join().unwrap();
         let word = m.load();
         assert_eq!(word.state, State::HalfOpen);

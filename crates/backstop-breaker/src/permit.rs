@@ -2,7 +2,7 @@
 
 use crate::{
     shared::Handle,
-    state::{Admission, Verdict},
+    state::{Admission, Tally},
 };
 use backstop_core::Outcome;
 use std::{fmt, sync::Arc, time::Duration};
@@ -50,23 +50,23 @@ impl<C> Permit<C> {
     pub(crate) fn finish(mut self, outcome: Outcome) {
         self.armed = false;
         let slow = self.slow();
-        let verdict = match outcome {
-            Outcome::Success => Verdict::Counted {
+        let tally = match outcome {
+            Outcome::Success => Tally::Counted {
                 failure: false,
                 slow,
             },
-            Outcome::Failure { .. } => Verdict::Counted {
+            Outcome::Failure { .. } => Tally::Counted {
                 failure: true,
                 slow,
             },
-            Outcome::Throttled { .. } if self.handle.count_throttled => Verdict::Counted {
+            Outcome::Throttled { .. } if self.handle.count_throttled => Tally::Counted {
                 failure: true,
                 slow,
             },
-            Outcome::Throttled { .. } | Outcome::Rejected | Outcome::Ignored => Verdict::Nothing,
+            Outcome::Throttled { .. } | Outcome::Rejected | Outcome::Ignored => Tally::Nothing,
         };
         self.handle
-            .complete(self.admission, verdict, self.handle.stripe());
+            .complete(self.admission, tally, self.handle.stripe());
     }
 
     /// The breaker's classifier.
@@ -80,18 +80,18 @@ impl<C> Drop for Permit<C> {
         if !self.armed {
             return;
         }
-        let verdict = if self.slow() {
-            Verdict::Counted {
+        let tally = if self.slow() {
+            Tally::Counted {
                 failure: false,
                 slow: true,
             }
         } else if matches!(self.admission, Admission::Probe(_)) {
-            Verdict::Nothing
+            Tally::Nothing
         } else {
             return; // a closed-state call that ends as nothing: no shared state to touch
         };
         self.handle
-            .complete(self.admission, verdict, self.handle.stripe());
+            .complete(self.admission, tally, self.handle.stripe());
     }
 }
 

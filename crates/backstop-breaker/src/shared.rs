@@ -10,7 +10,7 @@ use crate::{
     BreakerConfig, Mode, State, Transition,
     config::Hook,
     key::BreakerKey,
-    state::{Admission, Machine, Verdict},
+    state::{Admission, Machine, Tally},
     sync::{AtomicU64, Swap},
 };
 use backstop_core::__private::stripe;
@@ -195,10 +195,10 @@ impl<C> Shared<C> {
     }
 
     /// Records how an admitted call ended, into window `stripe`.
-    pub(crate) fn complete(&self, admission: Admission, verdict: Verdict, stripe: usize) {
+    pub(crate) fn complete(&self, admission: Admission, tally: Tally, stripe: usize) {
         let transition = self
             .machine
-            .complete(admission, verdict, stripe, || self.now_us());
+            .complete(admission, tally, stripe, || self.now_us());
         self.emit(transition);
     }
 

@@ -53,9 +53,10 @@ pub(crate) enum Admission {
     Passive,
 }
 
-/// What a finished call says about the dependency.
+/// What a finished call counts as, for the dependency's window (the retry layer's `Verdict` is
+/// another thing: what to do next).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub(crate) enum Tally {
     /// A success or a failure, and whether it was slow.
     Counted { failure: bool, slow: bool },
     /// Nothing: ignored, our own rejection, or cancelled. A probe's slot is given back.
@@ -262,14 +263,14 @@ impl Machine {
     pub(crate) fn complete(
         &self,
         admission: Admission,
-        verdict: Verdict,
+        tally: Tally,
         stripe: usize,
         now: impl Fn() -> u64,
     ) -> Option<Transition> {
         match admission {
             Admission::Passive => None,
-            Admission::Closed(generation) => self.complete_closed(generation, verdict, stripe, now),
-            Admission::Probe(generation) => self.complete_probe(generation, verdict, now),
+            Admission::Closed(generation) => self.complete_closed(generation, tally, stripe, now),
+            Admission::Probe(generation) => self.complete_probe(generation, tally, now),
         }
     }
 
@@ -279,11 +280,11 @@ impl Machine {
     fn complete_closed(
         &self,
         generation: u32,
-        verdict: Verdict,
+        tally: Tally,
         stripe: usize,
         now: impl Fn() -> u64,
     ) -> Option<Transition> {
-        let Verdict::Counted { failure, slow } = verdict else {
+        let Tally::Counted { failure, slow } = tally else {
             return None;
         };
         let raw = self.word.load(Ordering::Acquire);
@@ -336,7 +337,7 @@ impl Machine {
     fn complete_probe(
         &self,
         generation: u32,
-        verdict: Verdict,
+        tally: Tally,
         now: impl Fn() -> u64,
     ) -> Option<Transition> {
         let mut word = self.load();
@@ -344,18 +345,18 @@ impl Machine {
             if word.state != State::HalfOpen || word.generation != generation {
                 return None;
             }
-            let next = match verdict {
-                Verdict::Nothing => Word {
+            let next = match tally {
+                Tally::Nothing => Word {
                     taken: word.taken.saturating_sub(1),
                     ..word
                 },
-                Verdict::Counted { failure, slow } if failure || slow => {
+                Tally::Counted { failure, slow } if failure || slow => {
                     return self.open(word, Reason::ProbeFailed, &now);
                 }
-                Verdict::Counted { .. } if word.succeeded + 1 >= self.settings.probes => {
+                Tally::Counted { .. } if word.succeeded + 1 >= self.settings.probes => {
                     return self.close(word, Reason::ProbesSucceeded, &now);
                 }
-                Verdict::Counted { .. } => Word {
+                Tally::Counted { .. } => Word {
                     succeeded: word.succeeded + 1,
                     ..word
                 },
@@ -518,11 +519,11 @@ mod tests {
         Machine::new(s, Window::Count(CountRing::new(10)), Mode::Normal)
     }
 
-    const OK: Verdict = Verdict::Counted {
+    const OK: Tally = Tally::Counted {
         failure: false,
         slow: false,
     };
-    const FAIL: Verdict = Verdict::Counted {
+    const FAIL: Tally = Tally::Counted {
         failure: true,
         slow: false,
     };
@@ -568,7 +569,7 @@ mod tests {
             Err(None),
             "two probes only"
         );
-        m.complete(Admission::Probe(g), Verdict::Nothing, 0, || 5_000_000);
+        m.complete(Admission::Probe(g), Tally::Nothing, 0, || 5_000_000);
         assert_eq!(m.load().taken, 1, "a cancelled probe gives its slot back");
         assert_eq!(m.admit(|| 5_000_000).admission, Ok(Admission::Probe(g)));
         assert!(m.complete(Admission::Probe(g), OK, 0, || 0).is_none());

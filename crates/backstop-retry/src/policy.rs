@@ -138,7 +138,7 @@ pub struct RetryConfig<C> {
 impl RetryConfig<HttpClassifier> {
     /// The preset for HTTP clients: [`HttpClassifier`] and the defaults above.
     pub fn http() -> Self {
-        Self::with_classifier(HttpClassifier::new())
+        Self::new(HttpClassifier::new())
     }
 }
 
@@ -146,13 +146,13 @@ impl RetryConfig<GrpcClassifier> {
     /// The preset for gRPC clients: [`GrpcClassifier`] (UNAVAILABLE retried, trailers-only
     /// failures only) and the defaults above.
     pub fn grpc() -> Self {
-        Self::with_classifier(GrpcClassifier::new())
+        Self::new(GrpcClassifier::new())
     }
 }
 
 impl<C> RetryConfig<C> {
-    /// The defaults above with a classifier of your own.
-    pub fn with_classifier(classifier: C) -> Self {
+    /// The defaults above with a classifier of your own (as `BreakerConfig::new(classifier)`).
+    pub fn new(classifier: C) -> Self {
         Self {
             max_attempts: 3,
             backoff: Arc::new(backoff::decorrelated(

@@ -156,7 +156,7 @@ impl RetryPolicyConfig {
     /// see [`RetryThrottling::throttle`]). It builds for every policy that passes
     /// [`ServiceConfig::validate`].
     pub fn retry_policy(&self) -> backstop_retry::RetryConfig<backstop_core::GrpcClassifier> {
-        backstop_retry::RetryConfig::with_classifier(
+        backstop_retry::RetryConfig::new(
             backstop_core::GrpcClassifier::new()
                 .retryable_codes(self.retryable_status_codes.iter().copied()),
         )

@@ -72,7 +72,7 @@ impl MethodsLayer {
         for entry in &config.methods {
             let policy = match &entry.policy {
                 Some(MethodPolicy::Retry(r)) => r.retry_policy().budget(budget.clone()),
-                Some(MethodPolicy::Hedging(h)) => RetryConfig::with_classifier(
+                Some(MethodPolicy::Hedging(h)) => RetryConfig::new(
                     GrpcClassifier::new().retryable_codes(h.non_fatal_status_codes.iter().copied()),
                 )
                 .max_attempts(h.max_attempts)

@@ -1,62 +1,15 @@
-//! Retry budgets: why a cap on attempts is not enough.
-//!
-//! "Up to 3 attempts" bounds the load a *single* request can add, not the load a fleet adds
-//! when a dependency fails: at 50 % failures, 3 attempts make 1.75× the traffic, at 100 %
-//! exactly 3×, and every hop multiplies it again — a retry storm that keeps the dependency
-//! down after the fault that started it is gone. A budget bounds retries by what is healthy:
-//! the [`RatioBudget`] allows retries worth a fraction (10 %) of recent successes, plus a small
-//! reserve for clients with little traffic, so the extra load stays ≈ 10 % however bad it gets.
-//! Measured in this crate's storm test (1000 requests/s for 60 s of virtual time, 5 attempts):
-//!
-//! | failure rate | 5 attempts, no budget | 5 attempts, 10 % ratio budget | target |
-//! |---|---|---|---|
-//! | 50 % | 1.939 attempts/request | 1.048 | ≤ 1.12 |
-//! | 100 % | 5.000 attempts/request | 1.009 | ≤ 1.02 |
-//!
-//! (`cargo test -p backstop-retry --test storm -- --nocapture` prints the table; the test
-//! fails if a bound is missed.)
-//!
-//! A budget is shared: clones of one [`RetryLayer`](crate::RetryLayer) share one budget, and
-//! the same budget can be given to several layers (`Arc<dyn Budget>`). Its hot path is a few
-//! atomic operations, never a lock.
-//!
-//! **Concurrency rule.** The [`RatioBudget`]'s bound holds exactly under any number of
-//! threads: a withdrawal is a reservation (written first, then checked with every racing
-//! withdrawal counted, then taken back if it overdrew), so threads racing for the last token
-//! can at worst all be refused, never all be granted. Deposits are striped per core and never
-//! lost. No idle period, however long, brings old deposits or withdrawals back. The
-//! [`GrpcThrottle`] is one atomic word, as A6 specifies it: its threshold check does not take
-//! a token, so racing retries may all pass it — the throttle bounds retries by the failure
-//! ratio, not by a count.
+//! [`RatioBudget`]: retries worth a fraction of recent successes, plus a reserve; see the
+//! [module docs](super) for why and for its concurrency rule.
 
+use super::Budget;
 use backstop_core::__private::stripe::{Ring, Update, Word};
-use backstop_core::{ConfigError, Retryable, ServerHint};
+use backstop_core::ConfigError;
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::{fmt, time::Duration};
+use std::time::Duration;
 use tokio::time::Instant;
-
-/// Decides whether a retry may be sent.
-pub trait Budget: fmt::Debug + Send + Sync {
-    /// A logical request succeeded (called once per request, however many attempts it took).
-    fn record_success(&self);
-
-    /// An attempt failed with a failure of the dependency. Default: nothing.
-    fn record_failure(&self) {}
-
-    /// Takes one retry from the budget; `false` when there is none left. Implementations
-    /// must not over-grant when called from several threads at once.
-    fn try_withdraw(&self) -> bool;
-
-    /// Gives back the token of a [`try_withdraw`](Budget::try_withdraw) whose retry was not
-    /// sent after all. Default: nothing.
-    fn refund(&self) {}
-
-    /// The retries available now (may be fractional).
-    fn balance(&self) -> f64;
-}
 
 /// Slots per `ttl` in the ratio budget's ring.
 const SLOTS: u64 = 10;
@@ -348,127 +301,6 @@ impl Budget for RatioBudget {
     }
 }
 
-/// Whether a failed attempt takes from a budget that counts failures (gRPC A6 throttling):
-/// only a failure the policy could retry, or a server's "do not retry" — not a malformed
-/// request or a final status.
-pub(crate) fn counts_as_failure(retryable: Retryable, hint: Option<ServerHint>) -> bool {
-    retryable != Retryable::Never || hint == Some(ServerHint::DoNotRetry)
-}
-
-/// gRPC's retry throttling (gRPC A6): a token bucket of `max_tokens`; every failed attempt
-/// takes one token, every success adds `token_ratio`; retries are allowed only while more
-/// than half the bucket is full.
-///
-/// ```
-/// use backstop_retry::{Budget, GrpcThrottle};
-///
-/// let throttle = GrpcThrottle::builder().max_tokens(10).token_ratio(0.1).build().unwrap();
-/// assert!(throttle.try_withdraw()); // starts full
-/// for _ in 0..5 {
-///     throttle.record_failure();
-/// }
-/// assert!(!throttle.try_withdraw()); // 5 of 10 left: not more than half
-/// ```
-#[derive(Debug)]
-pub struct GrpcThrottle {
-    /// Thousandths of a token.
-    tokens: AtomicU64,
-    max: u64,
-    ratio: u64,
-}
-
-/// Builds a [`GrpcThrottle`]: the setters take any value, [`build`](Self::build) checks them.
-#[derive(Debug, Clone, Copy)]
-pub struct GrpcThrottleBuilder {
-    max_tokens: u32,
-    token_ratio: f64,
-}
-
-impl GrpcThrottle {
-    /// A builder with A6's example values: 10 tokens, 0.1 per success.
-    pub fn builder() -> GrpcThrottleBuilder {
-        GrpcThrottleBuilder {
-            max_tokens: 10,
-            token_ratio: 0.1,
-        }
-    }
-}
-
-impl GrpcThrottleBuilder {
-    /// The bucket's size, 1–1000 (A6's `maxTokens`; default 10). The bucket starts full.
-    #[must_use]
-    pub fn max_tokens(mut self, max_tokens: u32) -> Self {
-        self.max_tokens = max_tokens;
-        self
-    }
-
-    /// Tokens a success adds (A6's `tokenRatio`; default 0.1), kept to 3 decimals as A6
-    /// specifies.
-    #[must_use]
-    pub fn token_ratio(mut self, token_ratio: f64) -> Self {
-        self.token_ratio = token_ratio;
-        self
-    }
-
-    /// Checks the knobs and builds the throttle.
-    ///
-    /// # Errors
-    ///
-    /// When `max_tokens` is 0 or over 1000, or `token_ratio` is not a number greater than zero
-    /// (A6: "typically between 0 and 1"; a larger one refills faster, up to `max_tokens`) and
-    /// at most `max_tokens`.
-    pub fn build(self) -> Result<GrpcThrottle, ConfigError> {
-        let Self {
-            max_tokens,
-            token_ratio,
-        } = self;
-        if max_tokens == 0 || max_tokens > 1000 {
-            return Err(ConfigError::new(
-                "max_tokens",
-                format!("must be in 1..=1000, got {max_tokens}"),
-            ));
-        }
-        if !(token_ratio > 0.0 && token_ratio <= f64::from(max_tokens)) {
-            return Err(ConfigError::new(
-                "token_ratio",
-                format!("must be in (0, max_tokens = {max_tokens}], got {token_ratio}"),
-            ));
-        }
-        let max = u64::from(max_tokens) * 1000;
-        Ok(GrpcThrottle {
-            tokens: AtomicU64::new(max),
-            max,
-            ratio: (token_ratio * 1000.0).round() as u64,
-        })
-    }
-}
-
-impl Budget for GrpcThrottle {
-    fn record_success(&self) {
-        let _ = self
-            .tokens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                Some((t + self.ratio).min(self.max))
-            });
-    }
-
-    fn record_failure(&self) {
-        let _ = self
-            .tokens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                Some(t.saturating_sub(1000))
-            });
-    }
-
-    fn try_withdraw(&self) -> bool {
-        self.tokens.load(Ordering::Acquire) > self.max / 2
-    }
-
-    fn balance(&self) -> f64 {
-        self.tokens.load(Ordering::Acquire) as f64 / 1000.0
-    }
-}
-
 /// A budget of earnings only: `ratio` of the successes of the last `ttl`, no reserve (tests).
 #[cfg(test)]
 fn earning(ratio: f64, ttl: Duration) -> RatioBudget {
@@ -742,42 +574,7 @@ mod tests {
                 .knob(),
             "ttl"
         );
-        for (max_tokens, token_ratio, knob) in [
-            (0, 0.1, "max_tokens"),
-            (1001, 0.1, "max_tokens"),
-            (10, 0.0, "token_ratio"),
-        ] {
-            let throttle = GrpcThrottle::builder()
-                .max_tokens(max_tokens)
-                .token_ratio(token_ratio)
-                .build();
-            assert_eq!(throttle.unwrap_err().knob(), knob);
-        }
         assert!(RatioBudget::builder().ratio(1.0).build().is_ok());
-    }
-
-    #[test]
-    fn grpc_throttle_follows_a6() {
-        let t = GrpcThrottle::builder()
-            .max_tokens(4)
-            .token_ratio(0.5)
-            .build()
-            .unwrap();
-        assert_eq!(t.balance(), 4.0);
-        t.record_failure();
-        assert!(t.try_withdraw()); // 3 > 2
-        t.record_failure();
-        assert!(!t.try_withdraw()); // 2 is not > 2
-        t.record_success();
-        assert!(t.try_withdraw()); // 2.5 > 2
-        for _ in 0..10 {
-            t.record_success();
-        }
-        assert_eq!(t.balance(), 4.0);
-        for _ in 0..10 {
-            t.record_failure();
-        }
-        assert_eq!(t.balance(), 0.0);
     }
 
     #[derive(Debug, Clone)]
