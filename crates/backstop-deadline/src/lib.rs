@@ -176,12 +176,14 @@ pub mod grpc_timeout;
 mod head;
 mod inbound;
 mod outbound;
+mod scope;
 
 pub use backstop_core::{DeadlineExceeded, is_deadline_exceeded};
 pub use body::DeadlineBody;
-pub use deadline::{Deadline, DeadlineFutureExt, Scoped, current};
+pub use deadline::Deadline;
 pub use grpc_timeout::MalformedTimeout;
 pub use inbound::{DeadlineLayer, DeadlineLayerBuilder, DeadlineService, ResponseFuture};
 pub use outbound::{
     PropagateDeadline, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder, PropagateFuture,
 };
+pub use scope::{DeadlineFutureExt, Scoped, current};

@@ -1,4 +1,4 @@
-use crate::{Deadline, DeadlineBody, body::local, deadline::enter};
+use crate::{Deadline, DeadlineBody, body::local, scope::enter};
 use backstop_core::__private::timer::LazySleep;
 use backstop_core::{BoxError, DeadlineExceeded, Rejection, ResponseBody};
 use http::Response;

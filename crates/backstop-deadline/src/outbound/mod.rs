@@ -10,8 +10,9 @@ pub use service::PropagateDeadline;
 
 use crate::{
     Deadline,
-    deadline::{FAR_FUTURE, current, scale},
+    deadline::{FAR_FUTURE, scale},
     head::Head,
+    scope::current,
 };
 use backstop_core::ConfigError;
 use http::Request;

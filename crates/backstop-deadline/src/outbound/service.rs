@@ -1,5 +1,5 @@
 use super::{Named, OutboundConfig, PropagateFuture, future::Meter};
-use crate::{Deadline, deadline::enter_picked, grpc_timeout, head::Head};
+use crate::{Deadline, grpc_timeout, head::Head, scope::enter_picked};
 use backstop_core::{BoxError, grpc::GRPC_TIMEOUT};
 use http::{Request, Response};
 use std::{
