@@ -5,7 +5,6 @@ use crate::{
     stats::Stats,
 };
 use backstop_core::__private::stripe;
-use backstop_core::ConfigError;
 use std::{sync::Arc, time::Duration};
 use tower_layer::Layer;
 
@@ -127,21 +126,6 @@ impl<C> RetryLayer<C> {
     /// What the layer (and every service it built) has done so far.
     pub fn stats(&self) -> crate::RetryStats {
         self.shared.stats.snapshot()
-    }
-}
-
-impl<C> RetryConfig<C> {
-    /// Validates the configuration and builds the layer.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the knob when a knob of the backoff is out of its range
-    /// ([`Backoff::validate`](crate::backoff::Backoff::validate)), `max_attempts` is 0 or
-    /// more than 10, `min_attempt_time` is longer than 1 h, or `hedging.max_attempts` is not
-    /// in 2..=10.
-    pub fn build(self) -> Result<RetryLayer<C>, ConfigError> {
-        self.validate()?;
-        Ok(RetryLayer::from_policy(self))
     }
 }
 

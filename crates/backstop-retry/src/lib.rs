@@ -137,6 +137,7 @@ pub mod backoff;
 mod body;
 mod bounds;
 pub mod budget;
+mod config;
 mod error;
 mod future;
 pub mod hedge;
@@ -147,7 +148,6 @@ mod metrics;
 #[cfg(not(feature = "metrics"))]
 #[path = "metrics_off.rs"]
 mod metrics;
-mod policy;
 mod pushback;
 mod replay;
 mod service;
@@ -160,11 +160,11 @@ pub mod throttle;
 pub use backoff::Backoff;
 pub use body::RetryBody;
 pub use budget::{Budget, GrpcThrottle, GrpcThrottleBuilder, RatioBudget, RatioBudgetBuilder};
+pub use config::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryConfig, RetryOverrides};
 pub use error::RetryError;
 pub use future::ResponseFuture;
 pub use info::{Attempt, CallInfo};
 pub use layer::RetryLayer;
-pub use policy::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryConfig, RetryOverrides};
 pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};
 pub use replay::{BodyFailedEarlier, BodySuperseded, ReplayBody};
 pub use service::Retry;

@@ -339,6 +339,21 @@ impl<C> RetryConfig<C> {
     }
 }
 
+impl<C> RetryConfig<C> {
+    /// Validates the configuration and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the knob when a knob of the backoff is out of its range
+    /// ([`Backoff::validate`](crate::backoff::Backoff::validate)), `max_attempts` is 0 or
+    /// more than 10, `min_attempt_time` is longer than 1 h, or `hedging.max_attempts` is not
+    /// in 2..=10.
+    pub fn build(self) -> Result<crate::RetryLayer<C>, ConfigError> {
+        self.validate()?;
+        Ok(crate::RetryLayer::from_policy(self))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
