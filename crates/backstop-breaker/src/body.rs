@@ -108,20 +108,3 @@ where
         self.inner.size_hint()
     }
 }
-
-impl<C> Permit<C> {
-    /// Classifies the response and records it now, or hands the permit to the body when the
-    /// outcome is in the trailers.
-    pub(crate) fn watch<B>(self, response: Response<B>) -> Response<BreakerBody<B, C>>
-    where
-        C: Classify<Response<B>>,
-    {
-        let classifier = self.classifier();
-        let outcome = classifier.classify(Ok(&response));
-        if outcome == Outcome::Success && classifier.awaits_trailers(&response) {
-            return response.map(|body| BreakerBody::watching(body, self, outcome));
-        }
-        self.finish(outcome);
-        response.map(BreakerBody::new)
-    }
-}

@@ -1,6 +1,7 @@
 use crate::{
-    Mode, Transition,
+    BreakerLayer, Mode, Transition,
     key::BreakerKey,
+    shared::{Keyed, Shared},
     state::Settings,
     window::{CountRing, MAX_COUNT_WINDOW, TimeRing, Window},
 };
@@ -462,6 +463,39 @@ impl<C> BreakerConfig<C> {
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(0u64)
+}
+
+impl<C> BreakerConfig<C> {
+    /// Validates the configuration and builds the layer. Clones of the layer, and every
+    /// service it builds, share one breaker (or, [`per_key`](Self::per_key), one table of
+    /// breakers).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the knob, when:
+    /// - `failure_rate` or the `slow_calls` rate is not in (0, 1], or the slow-call duration
+    ///   is zero;
+    /// - `minimum_calls` is zero, or larger than a count window;
+    /// - `consecutive_failures` is zero;
+    /// - `probes` is not in 1..=1000;
+    /// - `open_duration`'s base is zero, its max is below the base or above one day;
+    /// - `open_multiplier` is below 1 or not finite;
+    /// - `time_window` has 0 or more than 1000 buckets, or buckets shorter than 1 ms;
+    /// - `count_window` is not in 1..=100 000;
+    /// - `slow_start` is zero or longer than one day;
+    /// - `max_keys` is not in 1..=10 000, or `idle_keys_after` is not between 1 s and one day.
+    pub fn build(mut self) -> Result<BreakerLayer<C>, ConfigError>
+    where
+        C: Clone,
+    {
+        self.validate()?;
+        let keyed = self.key.take().map(|key| {
+            // Each new key's breaker: this configuration, unkeyed.
+            let template = self.clone();
+            Arc::new(Keyed::new(key, template, self.max_keys, self.key_idle))
+        });
+        Ok(BreakerLayer::from_shared(Shared::from_config(self, keyed)?))
+    }
 }
 
 #[cfg(test)]

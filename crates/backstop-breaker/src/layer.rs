@@ -1,10 +1,8 @@
 use crate::{
-    Breaker, BreakerConfig, Mode, Snapshot,
+    Breaker, BreakerConfig, CallPermit, Mode, Snapshot,
     permit::Permit,
-    shared::{Handles, Keyed, Shared},
+    shared::{Handles, Shared},
 };
-use backstop_core::ConfigError;
-use backstop_core::{Outcome, Retryable};
 use std::sync::Arc;
 use tower_layer::Layer;
 
@@ -210,84 +208,10 @@ impl<C> BreakerLayer<C> {
     }
 }
 
-impl<C> BreakerConfig<C> {
-    /// Validates the configuration and builds the layer. Clones of the layer, and every
-    /// service it builds, share one breaker (or, [`per_key`](Self::per_key), one table of
-    /// breakers).
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the knob, when:
-    /// - `failure_rate` or the `slow_calls` rate is not in (0, 1], or the slow-call duration
-    ///   is zero;
-    /// - `minimum_calls` is zero, or larger than a count window;
-    /// - `consecutive_failures` is zero;
-    /// - `probes` is not in 1..=1000;
-    /// - `open_duration`'s base is zero, its max is below the base or above one day;
-    /// - `open_multiplier` is below 1 or not finite;
-    /// - `time_window` has 0 or more than 1000 buckets, or buckets shorter than 1 ms;
-    /// - `count_window` is not in 1..=100 000;
-    /// - `slow_start` is zero or longer than one day;
-    /// - `max_keys` is not in 1..=10 000, or `idle_keys_after` is not between 1 s and one day.
-    pub fn build(mut self) -> Result<BreakerLayer<C>, ConfigError>
-    where
-        C: Clone,
-    {
-        self.validate()?;
-        let keyed = self.key.take().map(|key| {
-            // Each new key's breaker: this configuration, unkeyed.
-            let template = self.clone();
-            Arc::new(Keyed::new(key, template, self.max_keys, self.key_idle))
-        });
-        Ok(BreakerLayer::from_shared(Shared::from_config(self, keyed)?))
-    }
-}
-
 impl<S, C> Layer<S> for BreakerLayer<C> {
     type Service = Breaker<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Breaker::from_handles(inner, self.handles.clone())
-    }
-}
-
-/// A call the breaker let through, made outside tower; see [`BreakerLayer::try_acquire`].
-///
-/// Give it the call's outcome with [`success`](Self::success), [`failure`](Self::failure) or
-/// [`record`](Self::record) (any [`Outcome`]: a [throttled](Outcome::Throttled) one counts as a
-/// failure only with [`BreakerConfig::count_throttled`], an [ignored](Outcome::Ignored) one
-/// not at all). Dropped without an outcome, it counts as a cancelled call: nothing, a probe
-/// slot given back, or a slow call when slow-call detection is on and the call had run that
-/// long.
-#[must_use = "a permit records nothing until it is given the call's outcome"]
-pub struct CallPermit<C> {
-    /// `None` when the breaker records nothing (`Mode::Disabled`).
-    permit: Option<Permit<C>>,
-}
-
-impl<C> CallPermit<C> {
-    /// Records the call's outcome.
-    pub fn record(self, outcome: Outcome) {
-        if let Some(permit) = self.permit {
-            permit.finish(outcome);
-        }
-    }
-
-    /// Records a success.
-    pub fn success(self) {
-        self.record(Outcome::Success);
-    }
-
-    /// Records a failure of the dependency.
-    pub fn failure(self) {
-        self.record(Outcome::failure(Retryable::Never));
-    }
-}
-
-impl<C> std::fmt::Debug for CallPermit<C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CallPermit")
-            .field("permit", &self.permit)
-            .finish()
     }
 }

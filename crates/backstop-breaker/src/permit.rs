@@ -1,10 +1,14 @@
-//! The one owner of a call's cancellation rules: an admitted call's [`Permit`].
+//! The one owner of a call's cancellation rules: an admitted call's [`Permit`], which a
+//! response hands to its body when the outcome is in the trailers, and [`CallPermit`], the
+//! same claim for calls made outside tower.
 
 use crate::{
+    BreakerBody,
     shared::Handle,
     state::{Admission, Tally},
 };
-use backstop_core::Outcome;
+use backstop_core::{Classify, Outcome, Retryable};
+use http::Response;
 use std::{fmt, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
@@ -100,6 +104,65 @@ impl<C> fmt::Debug for Permit<C> {
         f.debug_struct("Permit")
             .field("admission", &self.admission)
             .field("armed", &self.armed)
+            .finish()
+    }
+}
+
+impl<C> Permit<C> {
+    /// Classifies the response and records it now, or hands the permit to the body when the
+    /// outcome is in the trailers.
+    pub(crate) fn watch<B>(self, response: Response<B>) -> Response<BreakerBody<B, C>>
+    where
+        C: Classify<Response<B>>,
+    {
+        let classifier = self.classifier();
+        let outcome = classifier.classify(Ok(&response));
+        if outcome == Outcome::Success && classifier.awaits_trailers(&response) {
+            return response.map(|body| BreakerBody::watching(body, self, outcome));
+        }
+        self.finish(outcome);
+        response.map(BreakerBody::new)
+    }
+}
+
+/// A call the breaker let through, made outside tower; see
+/// [`BreakerLayer::try_acquire`](crate::BreakerLayer::try_acquire).
+///
+/// Give it the call's outcome with [`success`](Self::success), [`failure`](Self::failure) or
+/// [`record`](Self::record) (any [`Outcome`]: a [throttled](Outcome::Throttled) one counts as a
+/// failure only with [`BreakerConfig::count_throttled`](crate::BreakerConfig::count_throttled), an [ignored](Outcome::Ignored) one
+/// not at all). Dropped without an outcome, it counts as a cancelled call: nothing, a probe
+/// slot given back, or a slow call when slow-call detection is on and the call had run that
+/// long.
+#[must_use = "a permit records nothing until it is given the call's outcome"]
+pub struct CallPermit<C> {
+    /// `None` when the breaker records nothing (`Mode::Disabled`).
+    pub(crate) permit: Option<Permit<C>>,
+}
+
+impl<C> CallPermit<C> {
+    /// Records the call's outcome.
+    pub fn record(self, outcome: Outcome) {
+        if let Some(permit) = self.permit {
+            permit.finish(outcome);
+        }
+    }
+
+    /// Records a success.
+    pub fn success(self) {
+        self.record(Outcome::Success);
+    }
+
+    /// Records a failure of the dependency.
+    pub fn failure(self) {
+        self.record(Outcome::failure(Retryable::Never));
+    }
+}
+
+impl<C> std::fmt::Debug for CallPermit<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallPermit")
+            .field("permit", &self.permit)
             .finish()
     }
 }
