@@ -192,16 +192,39 @@ impl Service<Request<Body>> for Backend {
 
 /// The middle hop of a chain: forwards each request to the next hop through its client stack
 /// and answers with the status it got (503 for a local rejection or a transport error, 504
-/// for a spent deadline).
+/// for a spent deadline). With [`work`](Self::work), its handler first spends that long on
+/// its own (parsing, a cache lookup) before it calls the next hop.
 #[derive(Clone, Debug)]
 pub struct Relay {
     next: Svc,
+    work: Option<Arc<RelayWork>>,
+}
+
+#[derive(Debug)]
+struct RelayWork {
+    least: Duration,
+    spread: Duration,
+    rng: Mutex<fastrand::Rng>,
 }
 
 impl Relay {
-    /// A relay calling `next` (a client stack).
+    /// A relay calling `next` (a client stack) at once.
     pub fn new(next: Svc) -> Self {
-        Self { next }
+        Self { next, work: None }
+    }
+
+    /// Spends between `least` and `most` on each request (uniformly, seeded with `seed`)
+    /// before calling the next hop.
+    #[must_use]
+    pub fn work(mut self, least: Duration, most: Duration, seed: u64) -> Self {
+        if !most.is_zero() {
+            self.work = Some(Arc::new(RelayWork {
+                least,
+                spread: most.saturating_sub(least),
+                rng: Mutex::new(fastrand::Rng::with_seed(seed ^ 0x0b0b)),
+            }));
+        }
+        self
     }
 }
 
@@ -221,7 +244,14 @@ impl Service<Request<Body>> for Relay {
         // Boxed with its type spelled out: rustc cannot prove the `Send` of this future
         // through the trait objects in `Svc` otherwise.
         let call: BoxFuture<Result<Response<Body>, BoxError>> = Box::pin(next.oneshot(forward));
+        let work = self.work.as_ref().map(|w| {
+            let share = w.rng.lock().expect("rng").f64();
+            w.least + w.spread.mul_f64(share)
+        });
         Box::pin(async move {
+            if let Some(work) = work {
+                tokio::time::sleep(work).await;
+            }
             Ok(match call.await {
                 Ok(response) => status(response.status().as_u16()),
                 Err(err) if backstop_core::find::<DeadlineExceeded>(err.as_ref()).is_some() => {

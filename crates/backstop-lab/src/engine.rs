@@ -6,7 +6,7 @@ use crate::{
     backend::{Backend, Lossy, Relay, USER_REQUEST},
     chart::Series,
     metrics::Recorder,
-    report::{MeasuredPoint, VariantReport},
+    report::{HopReport, MeasuredPoint, VariantReport},
     scenario::{Scenario, Schedule},
     stacks::{Body, ClientConfig, Svc, Variant, boxed, client, empty, server},
 };
@@ -21,7 +21,10 @@ use std::{
     future::Future,
     net::SocketAddr,
     pin::Pin,
-    sync::{Arc, atomic::AtomicU64},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 use tokio::{net::TcpListener, time::Instant};
@@ -116,7 +119,15 @@ impl Run {
             recorder.clone(),
             self.scenario.capacity(),
         );
-        let backend = server(variant, BoxCloneService::new(backend), post);
+        // Each server counts the requests that reach it and those its handler is called
+        // for: the difference is what its stack refused on arrival (backstop's admission).
+        let hops: [HopCounts; 3] = Default::default();
+        let [on_a, on_b, on_c] = &hops;
+        let backend = on_c.arrived(server(
+            variant,
+            on_c.handled(BoxCloneService::new(backend)),
+            post,
+        ));
         // The network loses answers after the server sent them (`post` only).
         let backend = if post {
             BoxCloneService::new(Lossy::new(backend, schedule.clone(), self.seed))
@@ -124,13 +135,22 @@ impl Run {
             backend
         };
         let mut target = self.connect(backend).await;
-        let edge = if self.scenario == Scenario::Chain {
+        let edge = if self.scenario.chained() {
             // users → A → B → C: A and B are servers that relay through their own client stack,
             // behind their own server stack; users call A directly.
-            for _hop in ["B", "A"] {
-                let relay = Relay::new(client(variant, target, &config));
+            for (hop, counts) in [("B", on_b), ("A", on_a)] {
+                // Only C's callers (B) know its capacity: A's client calls B, whose capacity
+                // is not fixed, with the preset's default (no bulkhead).
+                let mut config = config.clone();
+                if hop == "A" {
+                    config.bulkhead = None;
+                }
+                let work = self.scenario.hop_work(hop);
+                let relay =
+                    Relay::new(client(variant, target, &config)).work(work.0, work.1, self.seed);
+                let relay = counts.handled(BoxCloneService::new(relay));
                 target = self
-                    .connect(server(variant, BoxCloneService::new(relay), false))
+                    .connect(counts.arrived(server(variant, relay, false)))
                     .await;
             }
             target
@@ -219,6 +239,15 @@ impl Run {
         let measured = sampler.await.expect("the sampler does not panic");
         let mut report = recorder.report(variant.name(), &phases, breaker);
         report.measured_latency = measured.clone();
+        if self.scenario.chained() {
+            report.hops = Some(
+                ["A", "B", "C"]
+                    .into_iter()
+                    .zip(&hops)
+                    .map(|(hop, counts)| counts.report(hop))
+                    .collect(),
+            );
+        }
         if matches!(self.scenario, Scenario::Hang | Scenario::Quiet) {
             // The hung dependency's work never ends within the run: there is no orphaned work
             // to count, only work still held.
@@ -318,4 +347,47 @@ fn loopback_client(addr: SocketAddr) -> Svc {
             .map_err(|e: hyper_util::client::legacy::Error| -> BoxError { Box::new(e) })
             .service(client),
     )
+}
+
+/// What one server of a run counted: requests that reached it, and those its handler was
+/// called for.
+#[derive(Debug, Default)]
+struct HopCounts {
+    arrived: Arc<AtomicU64>,
+    handled: Arc<AtomicU64>,
+}
+
+impl HopCounts {
+    /// `service`, counting the requests it is called with in `counter`.
+    fn counting(service: Svc, counter: &Arc<AtomicU64>) -> Svc {
+        let counter = counter.clone();
+        BoxCloneService::new(
+            ServiceBuilder::new()
+                .map_request(move |r: Request<Body>| {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    r
+                })
+                .service(service),
+        )
+    }
+
+    /// The server stack `server`, counting arrivals.
+    fn arrived(&self, server: Svc) -> Svc {
+        Self::counting(server, &self.arrived)
+    }
+
+    /// The handler `handler`, counting the requests its server let through.
+    fn handled(&self, handler: Svc) -> Svc {
+        Self::counting(handler, &self.handled)
+    }
+
+    fn report(&self, hop: &str) -> HopReport {
+        let arrived = self.arrived.load(Ordering::Relaxed);
+        let handled = self.handled.load(Ordering::Relaxed);
+        HopReport {
+            hop: hop.to_owned(),
+            arrived,
+            refused_on_arrival: arrived.saturating_sub(handled),
+        }
+    }
 }

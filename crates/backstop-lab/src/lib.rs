@@ -28,7 +28,7 @@ pub mod scenario;
 pub mod stacks;
 
 pub use engine::{Engine, Progress, Run};
-pub use report::{MeasuredPoint, PhaseReport, Report, VariantReport};
+pub use report::{HopReport, MeasuredPoint, PhaseReport, Report, VariantReport};
 pub use scenario::Scenario;
 pub use stacks::Variant;
 

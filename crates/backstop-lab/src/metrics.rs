@@ -212,6 +212,7 @@ impl Recorder {
             breaker_opens: breaker.map(|(opens, _)| opens),
             first_open_s: breaker.and_then(|(_, first)| first.map(round3)),
             measured_latency: None,
+            hops: None,
             healthy_success_rate,
             failing_route_load,
             phases: phase_reports,

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
     /// The scenario's name (`brownout`, `outage`, `chain`, `slow`, `hang`, `tail`, `drift`,
-    /// `partial`, `overload`).
+    /// `partial`, `overload`, `overload-chain`, `post`, `quiet`).
     pub scenario: String,
     /// `real` or `sim`.
     pub engine: String,
@@ -77,6 +77,23 @@ pub struct VariantReport {
     /// What backstop's client measured of the dependency's latency, once a second (`null`
     /// for variants that measure nothing).
     pub measured_latency: Option<Vec<MeasuredPoint>>,
+    /// In `chain` and `overload-chain`: what each server (A, B, then the dependency C) was
+    /// sent and refused on arrival, without running its handler (`null` elsewhere).
+    pub hops: Option<Vec<HopReport>>,
+}
+
+/// One server of a chain.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HopReport {
+    /// `A`, `B` or `C` (the dependency).
+    pub hop: String,
+    /// Requests that reached it.
+    pub arrived: u64,
+    /// Of those, the requests its server stack answered without calling its handler
+    /// (backstop's: admission, a remaining deadline below the route's measured need; the
+    /// deadline layer refuses on arrival only a deadline already spent, which backstop's
+    /// clients never send).
+    pub refused_on_arrival: u64,
 }
 
 /// The dependency's latency as a client's latency model read it at one instant.
@@ -176,6 +193,15 @@ impl Report {
                 })
                 .collect();
             let _ = writeln!(out, "duplicate effects: {}", counts.join(" · "));
+        }
+        for v in &self.variants {
+            if let Some(hops) = &v.hops {
+                let hops: Vec<String> = hops
+                    .iter()
+                    .map(|h| format!("{} {} ({} refused)", h.hop, h.arrived, h.refused_on_arrival))
+                    .collect();
+                let _ = writeln!(out, "{} hops: {}", v.name, hops.join(" · "));
+            }
         }
         out
     }

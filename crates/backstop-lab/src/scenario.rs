@@ -44,6 +44,13 @@ pub enum Scenario {
     /// send 300/s, then 1 000/s during the fault, and wait 1 s: how many answers come in
     /// time (goodput), and how much work goes to callers that already left?
     Overload,
+    /// `overload` across a chain: users → A → B → C, C the dependency of fixed capacity
+    /// (as in `overload`), A and B servers that relay through their own client stacks. Does
+    /// admission at B and C refuse, on arrival, the requests that cannot be answered in time,
+    /// and how much of C's capacity reaches the users?
+    #[serde(rename = "overload-chain")]
+    #[value(name = "overload-chain")]
+    OverloadChain,
 }
 
 /// A dependency of fixed capacity: `workers` serve one request at a time each, the others
@@ -76,6 +83,7 @@ impl Scenario {
             Scenario::Drift => "drift",
             Scenario::Partial => "partial",
             Scenario::Overload => "overload",
+            Scenario::OverloadChain => "overload-chain",
             Scenario::Quiet => "quiet",
             Scenario::Post => "post",
         }
@@ -89,11 +97,11 @@ impl Scenario {
         }
     }
 
-    /// The dependency's capacity: fixed in `overload`, unbounded (a task per request)
-    /// otherwise.
+    /// The dependency's capacity: fixed in `overload` and `overload-chain`, unbounded (a
+    /// task per request) otherwise.
     pub fn capacity(self) -> Option<Capacity> {
         match self {
-            Scenario::Overload => Some(Capacity {
+            Scenario::Overload | Scenario::OverloadChain => Some(Capacity {
                 workers: 4,
                 queue: 2_000,
             }),
@@ -102,11 +110,11 @@ impl Scenario {
     }
 
     /// The share of the offered rate users send in phase `phase` (0, 1 or 2): 30 % outside
-    /// the fault in `overload` (300 of 1 000 requests/s, below the dependency's capacity),
-    /// all of it otherwise.
+    /// the fault in `overload` and `overload-chain` (300 of 1 000 requests/s, below the
+    /// dependency's capacity), all of it otherwise.
     pub fn offered_share(self, phase: usize) -> f64 {
         match (self, phase) {
-            (Scenario::Overload, 0 | 2) => 0.3,
+            (Scenario::Overload | Scenario::OverloadChain, 0 | 2) => 0.3,
             _ => 1.0,
         }
     }
@@ -203,7 +211,7 @@ impl Scenario {
                 ..Fault::NONE
             },
             // The fault is the load: the dependency itself stays as it was.
-            Scenario::Overload => Fault::NONE,
+            Scenario::Overload | Scenario::OverloadChain => Fault::NONE,
         }
     }
 
@@ -245,7 +253,7 @@ impl Scenario {
             Scenario::Partial => "route down",
             Scenario::Post => "answers lost",
             Scenario::Quiet => unreachable!("quiet has phases of its own"),
-            Scenario::Overload => "overload",
+            Scenario::Overload | Scenario::OverloadChain => "overload",
         };
         vec![
             Phase {
@@ -271,6 +279,22 @@ impl Scenario {
 }
 
 impl Scenario {
+    /// What the handler of hop `hop` (`A` or `B`) of a chain spends on its own before it
+    /// calls the next hop, least and most: 2 to 8 ms for B in `overload-chain` (a request
+    /// reaches C with a little less time than it left A with), nothing otherwise.
+    pub fn hop_work(self, hop: &str) -> (Duration, Duration) {
+        match (self, hop) {
+            (Scenario::OverloadChain, "B") => (Duration::from_millis(2), Duration::from_millis(8)),
+            _ => (Duration::ZERO, Duration::ZERO),
+        }
+    }
+
+    /// Whether users call A, which calls B, which calls the dependency C (`chain`,
+    /// `overload-chain`), rather than the dependency directly.
+    pub fn chained(self) -> bool {
+        matches!(self, Scenario::Chain | Scenario::OverloadChain)
+    }
+
     /// Whether users send nothing at `t` from the start of a run of `duration` (the silent
     /// phase of `quiet`).
     pub fn silent(self, t: Duration, duration: Duration) -> bool {

@@ -370,3 +370,56 @@ fn assert_overload_bounds(
     );
     assert!(backstop.recovery_s.is_some(), "{seed}: never recovered");
 }
+
+#[test]
+fn overload_chain_keeps_goodput_near_capacity_through_two_hops() {
+    let report = run(Scenario::OverloadChain);
+    let capacity = report.capacity.expect("overload-chain has a capacity");
+    assert_eq!(capacity, 400.0);
+    let (backstop, none) = (variant(&report, "backstop"), variant(&report, "none"));
+    assert_overload_chain_bounds(backstop, none, capacity, "seed 1");
+    assert!(none.goodput < 0.25 * capacity, "{}", none.goodput);
+    // Every server counts what reached it: A sees each user request once.
+    for v in &report.variants {
+        let hops = v.hops.as_ref().expect("a chain reports its hops");
+        let names: Vec<&str> = hops.iter().map(|h| h.hop.as_str()).collect();
+        assert_eq!(names, ["A", "B", "C"]);
+        assert_eq!(hops[0].arrived, v.offered, "{}", v.name);
+        assert_eq!(hops[2].arrived, v.downstream_attempts, "{}", v.name);
+    }
+}
+
+/// The bounds of `overload-chain` for backstop against `none` (the soak asserts them per
+/// seed). No bound on admission's refusals: with backstop's clients on every hop they are 0
+/// (README, "Overload"), so none is claimed.
+fn assert_overload_chain_bounds(
+    backstop: &VariantReport,
+    none: &VariantReport,
+    capacity: f64,
+    seed: &str,
+) {
+    assert!(
+        backstop.goodput >= 0.9 * capacity,
+        "{seed}: goodput {} of {capacity}",
+        backstop.goodput
+    );
+    assert!(
+        backstop.goodput >= 2.0 * none.goodput,
+        "{seed}: goodput {} against none's {}",
+        backstop.goodput,
+        none.goodput
+    );
+    let (ours, theirs) = (
+        backstop.orphaned_work_s.unwrap(),
+        none.orphaned_work_s.unwrap(),
+    );
+    assert!(
+        ours <= 0.1 * theirs,
+        "{seed}: C wasted {ours} s against none's {theirs} s"
+    );
+    assert!(
+        backstop.peak_downstream_rps <= 1.2 * 300.0,
+        "{seed}: {} attempts/s after the fault",
+        backstop.peak_downstream_rps
+    );
+}

@@ -133,3 +133,31 @@ fn overload_bounds_hold_for_every_seed() {
         assert!(ours.recovery_s.is_some(), "seed {seed:#x}: {ours:?}");
     }
 }
+
+#[test]
+fn overload_chain_bounds_hold_for_every_seed() {
+    for seed in SEEDS {
+        let report = simulate_variants(
+            Scenario::OverloadChain,
+            seed,
+            1000,
+            60,
+            &[Variant::None, Variant::Backstop],
+        );
+        let capacity = report.capacity.expect("overload-chain has a capacity");
+        let (none, ours) = (&report.variants[0], &report.variants[1]);
+        assert!(ours.goodput >= 0.9 * capacity, "seed {seed:#x}: {ours:?}");
+        assert!(
+            ours.goodput >= 2.0 * none.goodput,
+            "seed {seed:#x}: {ours:?}"
+        );
+        assert!(
+            ours.orphaned_work_s.unwrap() <= 0.1 * none.orphaned_work_s.unwrap(),
+            "seed {seed:#x}: {ours:?}"
+        );
+        assert!(
+            ours.peak_downstream_rps <= 1.2 * 300.0,
+            "seed {seed:#x}: {ours:?}"
+        );
+    }
+}
