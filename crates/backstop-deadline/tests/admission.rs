@@ -113,3 +113,35 @@ async fn a_handler_dropped_before_it_answers_is_not_measured() {
     assert_eq!(admission.need("/"), None, "nothing measured");
     assert_eq!(calls.load(Ordering::Relaxed), 3);
 }
+
+/// A handler that never answers (a queue nobody drains), counting its calls.
+fn stuck_handler(
+    calls: Arc<AtomicU64>,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(move |_req: Request<String>| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        std::future::pending::<Result<Response<String>, Infallible>>()
+    })
+}
+
+/// A request its client gave up on before its deadline says nothing of what the route needs.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_before_its_deadline_is_not_measured() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let admission = layer();
+    let server = DeadlineLayer::new().layer(admission.layer(stuck_handler(calls.clone())));
+    for _ in 0..20 {
+        let call = server.clone().oneshot(http_request(Some("1S")));
+        // The client leaves after 10 ms of a 1 s deadline.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), call)
+                .await
+                .is_err()
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(calls.load(Ordering::Relaxed), 20);
+    assert_eq!(admission.need("/"), None, "nothing was measured");
+}

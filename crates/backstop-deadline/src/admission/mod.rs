@@ -31,6 +31,12 @@
 //! 4. **Measured**: the time from the handler's `call` to its response (or error), for every
 //!    request it answers. A handler dropped before it answers (its deadline cancelled it, the
 //!    client left) is not measured: the model is of what the handler takes to finish.
+//!    Measuring a handler cancelled at its deadline as needing at least the time it had
+//!    (a censored sample) was tried and measured in the storm lab's `overload` scenario with
+//!    no bulkhead: goodput did not move (255.6/s either way), but once the fault ended the
+//!    need stayed at the deadline, every request was refused, and refused requests teach the
+//!    model nothing, so the route did not recover within the run (it recovers at once
+//!    without them). BENCHMARKS.md has the numbers.
 //!
 //! Metric (feature `metrics`): `backstop.admission.rejections`.
 //!
