@@ -280,11 +280,14 @@ impl Scenario {
 
 impl Scenario {
     /// What the handler of hop `hop` (`A` or `B`) of a chain spends on its own before it
-    /// calls the next hop, least and most: 2 to 8 ms for B in `overload-chain` (a request
-    /// reaches C with a little less time than it left A with), nothing otherwise.
+    /// calls the next hop, least and most: 100 to 700 ms for B in `overload-chain` (a query of
+    /// its own, so requests reach C with uneven time left, and B's own answers take long
+    /// enough for its admission to matter), nothing otherwise.
     pub fn hop_work(self, hop: &str) -> (Duration, Duration) {
         match (self, hop) {
-            (Scenario::OverloadChain, "B") => (Duration::from_millis(2), Duration::from_millis(8)),
+            (Scenario::OverloadChain, "B") => {
+                (Duration::from_millis(100), Duration::from_millis(700))
+            }
             _ => (Duration::ZERO, Duration::ZERO),
         }
     }

@@ -385,13 +385,26 @@ fn overload_chain_keeps_goodput_near_capacity_through_two_hops() {
         let names: Vec<&str> = hops.iter().map(|h| h.hop.as_str()).collect();
         assert_eq!(names, ["A", "B", "C"]);
         assert_eq!(hops[0].arrived, v.offered, "{}", v.name);
-        assert_eq!(hops[2].arrived, v.downstream_attempts, "{}", v.name);
+        // C's handler (the dependency) works on what C's admission let through.
+        assert_eq!(
+            hops[2].arrived - hops[2].refused_on_arrival,
+            v.downstream_attempts,
+            "{}",
+            v.name
+        );
+    }
+    // Only backstop's servers admit by deadline: B refuses on arrival what cannot fit.
+    let refused = |v: &VariantReport, hop: usize| v.hops.as_ref().unwrap()[hop].refused_on_arrival;
+    assert!(refused(backstop, 1) > 100, "{:?}", backstop.hops);
+    for v in &report.variants {
+        if v.name != "backstop" {
+            assert!((0..3).all(|hop| refused(v, hop) == 0), "{}", v.name);
+        }
     }
 }
 
 /// The bounds of `overload-chain` for backstop against `none` (the soak asserts them per
-/// seed). No bound on admission's refusals: with backstop's clients on every hop they are 0
-/// (README, "Overload"), so none is claimed.
+/// seed), B's admission refusing on arrival among them.
 fn assert_overload_chain_bounds(
     backstop: &VariantReport,
     none: &VariantReport,
@@ -422,4 +435,6 @@ fn assert_overload_chain_bounds(
         "{seed}: {} attempts/s after the fault",
         backstop.peak_downstream_rps
     );
+    let b = &backstop.hops.as_ref().expect("a chain reports its hops")[1];
+    assert!(b.refused_on_arrival > 100, "{seed}: B refused {b:?}");
 }
