@@ -933,3 +933,85 @@ async fn a_quiet_minute_widens_the_bound_instead_of_forgetting_it() {
     tokio::time::advance(Duration::from_secs(600)).await;
     assert_eq!(bound(&tuned), Duration::from_secs(10));
 }
+
+/// Issue 25, 5: `/report`, 0.5 % of the calls, takes 2 s; the other routes 10 ms; a 5 s
+/// deadline. With one model for the dependency, `/report` is cut at the bound the fast
+/// routes set (their 250 ms floor) on every attempt, about half the time. With the breaker keyed per path, the
+/// preset keys the attempt layer the same way: `/report` gets the cold-start ceiling (capped
+/// by the deadline's share) until its own model is trusted, then its own p99 × 3, and every
+/// call to it succeeds.
+#[tokio::test(start_paused = true)]
+async fn a_rare_slow_route_is_not_cut_at_the_fast_routes_bound_under_a_keyed_breaker() {
+    let dependency = service_fn(|req: Request<ReplayBody<String>>| async move {
+        let took = if req.uri().path() == "/report" {
+            2_000
+        } else {
+            10
+        };
+        tokio::time::sleep(Duration::from_millis(took)).await;
+        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    });
+    let keyed_breaker = backstop::client::http_breaker()
+        .per_key(backstop::breaker::BreakerKey::Path)
+        .build()
+        .unwrap();
+    let keyed = backstop::client::http()
+        .timeout(Duration::from_secs(5))
+        .breaker(keyed_breaker);
+    let single = backstop::client::http().timeout(Duration::from_secs(5));
+    assert!(keyed.attempt_layer().key().is_some());
+    assert!(single.attempt_layer().key().is_none());
+    let mut report_ok = Vec::new();
+    // One model first, so the keyed preset's models are read right after its run.
+    for backend in [&single, &keyed] {
+        let client = ServiceBuilder::new()
+            .layer(backend.clone())
+            .service(dependency);
+        // 1 000 calls a second for 25 s: /report is every 200th (125 calls, 5 a second, so
+        // its own model is trusted after about 20 s).
+        let mut tasks = Vec::new();
+        for i in 0..25_000u32 {
+            let path = match i % 200 {
+                7 => "/report",
+                n if n % 2 == 0 => "/a",
+                _ => "/b",
+            };
+            let req = Request::get(format!("http://dep{path}"))
+                .body(String::new())
+                .unwrap();
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let ok = matches!(client.oneshot(req).await, Ok(r) if r.status() == 200);
+                (path, ok)
+            }));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (mut sent, mut ok, mut fast_ok) = (0u32, 0u32, 0u32);
+        for t in tasks {
+            match t.await.unwrap() {
+                ("/report", good) => {
+                    sent += 1;
+                    ok += u32::from(good);
+                }
+                (_, good) => fast_ok += u32::from(good),
+            }
+        }
+        assert_eq!(sent, 125);
+        assert_eq!(fast_ok, 25_000 - 125, "the fast routes all succeed");
+        report_ok.push(ok);
+    }
+    assert_eq!(report_ok[1], 125, "keyed: every /report call succeeds");
+    // One model: /report's attempts are cut at the fast routes' bound until their censored
+    // samples (three attempts per call, 1.5 % of the model) lift its p99, then pass until
+    // they no longer do: 61 of 125 got through.
+    assert!(report_ok[0] < 100, "one model: {} of 125", report_ok[0]);
+    // /report's own model is trusted: its bound is its own, not the fast routes' 250 ms.
+    let report = keyed.attempt_layer().key_latency("/report").unwrap();
+    assert!(
+        report
+            .p99
+            .is_some_and(|p99| p99 >= Duration::from_millis(1_900)),
+        "{report:?}"
+    );
+    assert!(keyed.latency().count == 0, "every call had a key");
+}

@@ -83,12 +83,14 @@
 
 mod config;
 mod future;
+mod keyed;
 mod layer;
 mod service;
 mod shared;
 
 pub use config::{Adaptive, AttemptBound, STALE_DOUBLING};
 pub use future::AttemptTimeoutFuture;
+pub use keyed::KEY_IDLE;
 pub use layer::{AttemptTimeoutLayer, MeasuredDelay};
 pub use service::AttemptTimeout;
 

@@ -29,13 +29,28 @@ pub(super) struct Shared {
     pub(super) bound: AttemptBound,
     /// `refresh at (ms since origin) << 32 | bound (µs)`; zero: never computed.
     pub(super) cached: AtomicU64,
-    pub(super) name: backstop_core::__private::DependencyName,
+    /// The dependency's name, one for the layer and every key's model.
+    pub(super) name: std::sync::Arc<backstop_core::__private::DependencyName>,
     /// `backstop.client.attempt.duration`, registered on the first attempt that waited.
     #[cfg(feature = "metrics")]
     pub(super) duration: std::sync::OnceLock<metrics::Histogram>,
 }
 
 impl Shared {
+    /// A key's model and cached bound, built from the layer's (same bound, window, origin
+    /// and name), empty.
+    pub(super) fn for_key(&self) -> Shared {
+        Shared {
+            model: self.model.fresh(),
+            origin: self.origin,
+            bound: self.bound,
+            cached: AtomicU64::new(0),
+            name: self.name.clone(),
+            #[cfg(feature = "metrics")]
+            duration: std::sync::OnceLock::new(),
+        }
+    }
+
     /// An attempt that waited ended after `took` (feature `metrics`; otherwise nothing).
     #[inline(always)]
     pub(super) fn meter_duration(&self, took: Duration) {
