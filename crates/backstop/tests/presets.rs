@@ -1015,3 +1015,37 @@ async fn a_rare_slow_route_is_not_cut_at_the_fast_routes_bound_under_a_keyed_bre
     );
     assert!(keyed.latency().count == 0, "every call had a key");
 }
+
+/// Issue 25, 1 (refined): p50 ≈ 1 s, a deadline of 1.3 s. The first attempt is not the last
+/// by count, but its 80 % share (1.04 s) would leave 260 ms, less than the median call: no
+/// retry could finish there (the reserve refuses it). So it takes the whole deadline, and a
+/// call of 1.2 s succeeds; before, it was cut at 1.04 s and the call failed with no retry.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_no_retry_could_follow_takes_the_whole_deadline() {
+    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_secs(1))));
+    let backend = backstop::client::http().timeout(Duration::from_millis(1300));
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(slow(latency.clone()));
+    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let p50 = backend.latency().p50.expect("trusted");
+    assert!(p50.abs_diff(Duration::from_secs(1)) < Duration::from_millis(35));
+
+    *latency.lock().unwrap() = Some(Duration::from_millis(1200));
+    let started = tokio::time::Instant::now();
+    let response = client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(backstop::client::call_info(&response).attempts(), 1);
+    assert_eq!(started.elapsed(), Duration::from_millis(1200));
+    // A hang is cut at the deadline, by the attempt's own bound (counted by the breaker),
+    // not at 1.04 s.
+    *latency.lock().unwrap() = None;
+    let started = tokio::time::Instant::now();
+    let _ = client.oneshot(get()).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1280) && took <= Duration::from_millis(1300),
+        "{took:?}"
+    );
+}

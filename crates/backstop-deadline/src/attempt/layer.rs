@@ -57,6 +57,7 @@ impl AttemptTimeoutLayer {
             origin: Instant::now(),
             bound,
             cached: AtomicU64::new(0),
+            median: AtomicU64::new(0),
             name: Arc::default(),
             #[cfg(feature = "metrics")]
             duration: std::sync::OnceLock::new(),

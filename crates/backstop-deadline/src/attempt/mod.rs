@@ -14,7 +14,11 @@
 //! where an expired deadline (the caller's own) would count as nothing. The share is kept
 //! only where a retry may follow: an attempt marked [`FinalAttempt`](backstop_core::FinalAttempt) (the retry layer marks a
 //! call it sends once and its last attempt by count) may take the whole deadline, as gRPC's
-//! own clients give a single-attempt call. Until the model first holds
+//! own clients give a single-attempt call; so may an attempt whose share would leave less than
+//! the model's median call (the upper edge of its p50 bucket, what the presets' retry reserve
+//! asks for): no retry could finish in that room, and the reserve would refuse to send one.
+//! With p50 ≈ 1 s and a 1.3 s deadline the first attempt gets all 1.3 s (it was cut at 1.04 s,
+//! and the call failed with no retry). Until the model first holds
 //! 100 samples (the first seconds of traffic), the `ceiling` applies.
 //!
 //! # Trust decays, it is not discarded
