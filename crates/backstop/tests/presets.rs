@@ -1049,3 +1049,47 @@ async fn an_attempt_no_retry_could_follow_takes_the_whole_deadline() {
         "{took:?}"
     );
 }
+
+/// Issue 25, 5: with a keyed breaker the preset's measured hedging reads each route's own
+/// model. After 300 calls to a 10 ms route, a 200 ms call to a new route is not hedged (its
+/// model is not trusted yet); with one model it was, at the fast route's p95, and the
+/// dependency got every such call twice.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
+    let dependency = service_fn(|req: Request<ReplayBody<String>>| async move {
+        let took = if req.uri().path() == "/report" {
+            200
+        } else {
+            10
+        };
+        tokio::time::sleep(Duration::from_millis(took)).await;
+        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    });
+    let keyed_breaker = backstop::client::http_breaker()
+        .per_key(backstop::breaker::BreakerKey::Path)
+        .build()
+        .unwrap();
+    let keyed = backstop::client::http().hedging(2).breaker(keyed_breaker);
+    let single = backstop::client::http().hedging(2);
+    let mut attempts = Vec::new();
+    for backend in [&keyed, &single] {
+        let client = ServiceBuilder::new()
+            .layer(backend.clone())
+            .service(dependency);
+        for _ in 0..300 {
+            let req = Request::get("http://dep/a").body(String::new()).unwrap();
+            assert_eq!(client.clone().oneshot(req).await.unwrap().status(), 200);
+        }
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let req = Request::get("http://dep/report")
+            .body(String::new())
+            .unwrap();
+        let response = client.oneshot(req).await.unwrap();
+        attempts.push(backstop::client::call_info(&response).attempts());
+    }
+    assert_eq!(
+        attempts,
+        [1, 2],
+        "keyed: not hedged; one model: hedged at /a's p95"
+    );
+}
