@@ -163,14 +163,17 @@ impl AttemptTimeoutLayer {
         self.shared.bound
     }
 
-    /// What the model holds now: count and quantiles of the calls of the last window.
+    /// What the model holds now: count and quantiles of the calls of the last window. A
+    /// keyed layer's own model holds only the calls without a key of their own (no key, or a
+    /// full table); [`key_latency`](Self::key_latency) reads a key's.
     pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
         self.shared
             .model
             .snapshot(self.shared.now_us(Instant::now()))
     }
 
-    /// The bound an attempt starting now would get (under the current deadline, if any).
+    /// The bound an attempt starting now would get (under the current deadline, if any), from
+    /// the layer's own model (of a keyed layer: that of calls without a key of their own).
     pub fn current_bound(&self) -> Option<Duration> {
         let deadline = crate::current().map(|d| d.instant());
         self.shared.bound_at(Instant::now(), deadline, false)
