@@ -142,7 +142,7 @@ impl<C: Clone> Keyed<C> {
         config.mode = run_time.mode;
         let shared = Shared::from_config(config, None)
             .expect("the template was validated with the keyed layer");
-        shared.keyed_as(run_time.name.as_deref(), self.key.label(), key);
+        shared.keyed_as(run_time.name.as_deref(), crate::key::label(&self.key), key);
         let entry = Arc::new(Entry {
             handles: Handles::uncopied(&shared),
             shared,

@@ -63,6 +63,13 @@ impl<C> BreakerLayer<C> {
         self.shared.keyed.is_some()
     }
 
+    /// What the layer keys its breakers by, and how many keys it holds at most, for a keyed
+    /// layer ([`BreakerConfig::per_key`]): the client presets key their attempt layer's
+    /// latency models the same way.
+    pub fn key(&self) -> Option<(&crate::BreakerKey, usize)> {
+        self.shared.keyed.as_ref().map(|k| (&k.key, k.max_keys))
+    }
+
     /// Every key's breaker now, by key (sorted), for a keyed layer; empty otherwise. The
     /// calls no key's breaker took are in [`snapshot`](Self::snapshot) (the overflow breaker).
     pub fn keys(&self) -> Vec<(String, Snapshot)> {

@@ -30,6 +30,14 @@ use std::{fmt, time::Duration};
 pub trait HedgeDelay: fmt::Debug + Send + Sync {
     /// The delay before the next hedge, or `None` to send no hedge now.
     fn delay(&self) -> Option<Duration>;
+
+    /// The delay before the next hedge of a request with this method and URI: a delay kept
+    /// per route (a keyed attempt layer's, from the route's own model) answers here; the
+    /// default is [`delay`](Self::delay). The retry layer's hedging calls this one.
+    fn delay_for(&self, method: &http::Method, uri: &http::Uri) -> Option<Duration> {
+        let _ = (method, uri);
+        self.delay()
+    }
 }
 
 impl HedgeDelay for Duration {

@@ -132,6 +132,17 @@ impl LatencyModel {
         }
     }
 
+    /// An empty model with this one's window and `min_samples` (a keyed attempt layer builds
+    /// each key's model from its own this way).
+    pub fn fresh(&self) -> LatencyModel {
+        LatencyModel {
+            sub_us: self.sub_us,
+            min_samples: self.min_samples,
+            tags: std::array::from_fn(|_| AtomicU64::new(0)),
+            counts: (0..SLOTS * BUCKETS).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
     /// Records one call that took `latency`, at `now_us` microseconds from the caller's origin.
     /// A call that ran out of time is recorded at its bound.
     pub fn record(&self, latency: Duration, now_us: u64) {

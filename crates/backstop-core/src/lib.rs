@@ -94,6 +94,7 @@ pub mod metrics;
 mod name;
 pub mod reject;
 mod reserve;
+mod route;
 
 pub use attempt::FinalAttempt;
 pub use body::ResponseBody;
@@ -107,3 +108,4 @@ pub use hedge::HedgeDelay;
 pub use hint::ServerHint;
 pub use reject::Rejection;
 pub use reserve::RetryReserve;
+pub use route::{KeyFn, RouteKey};

@@ -21,6 +21,14 @@ use std::{fmt, time::Duration};
 pub trait RetryReserve: fmt::Debug + Send + Sync {
     /// The least time a retry needs, or `None` for no reserve now.
     fn reserve(&self) -> Option<Duration>;
+
+    /// The least time a retry of a request with this method and URI needs: a reserve kept
+    /// per route (a keyed attempt layer's) answers here; the default is
+    /// [`reserve`](Self::reserve). The retry layer calls this one.
+    fn reserve_for(&self, method: &http::Method, uri: &http::Uri) -> Option<Duration> {
+        let _ = (method, uri);
+        self.reserve()
+    }
 }
 
 impl RetryReserve for Duration {

@@ -164,7 +164,8 @@
 //!   (names and labels in `backstop_core::metrics`).
 //!
 //! The crate depends on `backstop-core`, `http`, `http-body`, `bytes`, `pin-project-lite`,
-//! `tokio` (`time`, `rt`), `tower-layer` / `tower-service` and `tracing` only.
+//! `tokio` (`time`, `rt`), `tower-layer` / `tower-service`, `tracing` and `arc-swap` (a keyed
+//! attempt layer's table of models, as the keyed breaker's) only.
 #![doc(test(attr(deny(warnings))))]
 
 pub mod admission;

@@ -124,3 +124,99 @@ async fn a_measured_hedge_delay_waits_for_a_trusted_model() {
 fn is_attempt_timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
     backstop_core::find::<AttemptTimedOut>(err).is_some()
 }
+
+/// A request to `path` answered after `delay_ms`.
+fn call_to(path: &str, delay_ms: u64) -> Request<()> {
+    let mut req = call(delay_ms);
+    *req.uri_mut() = format!("http://dep{path}").parse().unwrap();
+    req
+}
+
+/// Issue 25, 5: a keyed layer bounds, hedges and reserves each route from its own model. A
+/// route whose model is not trusted yet gets the ceiling and no hedge or reserve, never the
+/// values the other routes set.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_layer_gives_each_route_its_own_bound_hedge_delay_and_reserve() {
+    use backstop_core::{RetryReserve, RouteKey};
+    let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new().floor(10 * MS)))
+        .unwrap()
+        .per_key(RouteKey::Path, 64)
+        .unwrap();
+    let hedge = layer.hedge_delay(0.95).unwrap();
+    let reserve = layer.retry_reserve(0.5).unwrap();
+    let svc = layer.layer(dependency());
+    for _ in 0..100 {
+        svc.clone().oneshot(call_to("/fast", 10)).await.unwrap();
+        svc.clone().oneshot(call_to("/slow", 400)).await.unwrap();
+    }
+    sleep(200 * MS).await;
+    assert_eq!(layer.keys(), ["/fast", "/slow"]);
+    assert_eq!(layer.key_latency("/slow").unwrap().count, 100);
+    // Every call had a key: the layer's own model (the overflow) saw none.
+    assert_eq!(layer.latency().count, 0);
+    let get = http::Method::GET;
+    let uri = |p: &str| -> http::Uri { format!("http://dep{p}").parse().unwrap() };
+    let within = |d: Option<Duration>, ms: u32| {
+        let d = d.expect("trusted");
+        assert!(
+            d >= MS * ms && d <= MS * ms * 107 / 100,
+            "{d:?} for {ms} ms"
+        );
+    };
+    within(hedge.delay_for(&get, &uri("/fast")), 10);
+    within(hedge.delay_for(&get, &uri("/slow")), 400);
+    within(reserve.reserve_for(&get, &uri("/fast")), 10);
+    within(reserve.reserve_for(&get, &uri("/slow")), 400);
+    // Read again from the keys' cached words.
+    within(hedge.delay_for(&get, &uri("/slow")), 400);
+    // A new route: no hedge and no reserve until its own model is trusted.
+    assert_eq!(hedge.delay_for(&get, &uri("/new")), None);
+    assert_eq!(reserve.reserve_for(&get, &uri("/new")), None);
+    // Each route's attempt is cut at its own bound: /fast's hang at p99 × 3 of 10 ms, /slow's
+    // 1 s call passes (p99 × 3 of 400 ms), and a new route gets the ceiling.
+    let start = Instant::now();
+    let err = svc
+        .clone()
+        .oneshot(call_to("/fast", 5_000))
+        .await
+        .unwrap_err();
+    assert!(is_attempt_timed_out(&*err));
+    assert!(start.elapsed() < 35 * MS, "{:?}", start.elapsed());
+    assert!(svc.clone().oneshot(call_to("/slow", 1_000)).await.is_ok());
+    assert!(svc.clone().oneshot(call_to("/new", 5_000)).await.is_ok());
+}
+
+/// Issue 25, 5: the table is bounded. Past `max_keys` routes, new routes use the layer's own
+/// model, and the routes in the table keep theirs (nothing is evicted before a key has been
+/// idle for `KEY_IDLE`).
+#[tokio::test(start_paused = true)]
+async fn a_keyed_layer_holds_at_most_max_keys_models() {
+    use backstop_core::RouteKey;
+    let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
+        .unwrap()
+        .per_key(RouteKey::Path, 8)
+        .unwrap();
+    assert_eq!(
+        layer.per_key(RouteKey::Path, 0).unwrap_err().knob(),
+        "max_keys"
+    );
+    let svc = layer.layer(dependency());
+    for i in 0..1_000 {
+        svc.clone()
+            .oneshot(call_to(&format!("/item/{i}"), 1))
+            .await
+            .unwrap();
+    }
+    assert_eq!(layer.keys().len(), 8);
+    assert_eq!(layer.key_latency("/item/0").unwrap().count, 1);
+    assert_eq!(
+        layer.latency().count,
+        992,
+        "the rest went to the layer's own model"
+    );
+    // Once a key has been idle for KEY_IDLE, a new route takes its place.
+    sleep(backstop_deadline::attempt::KEY_IDLE + 10 * MS).await;
+    svc.oneshot(call_to("/late", 1)).await.unwrap();
+    assert!(layer.keys().contains(&"/late".to_owned()));
+    assert_eq!(layer.keys().len(), 8);
+}

@@ -125,6 +125,11 @@ impl Service<Request<Body>> for Backend {
         if tail {
             work += fault.tail_latency;
         }
+        if let Some((slow, more)) = fault.slow_route
+            && route == Some(slow)
+        {
+            work += more;
+        }
         let deadline = req.extensions().get::<Deadline>().map(|d| d.instant());
         // With a capacity: in the queue now (one waiting for a free worker too, briefly), or
         // a 503 at once when it is full.

@@ -1,4 +1,4 @@
-//! The storm lab: `cargo run --release -p backstop-lab -- [--scenario brownout|outage|chain|slow|hang|tail|drift|partial|quiet|post|overload|overload-chain]
+//! The storm lab: `cargo run --release -p backstop-lab -- [--scenario brownout|outage|chain|slow|hang|tail|drift|partial|routes|quiet|post|overload|overload-chain]
 //! [--engine real|sim] [--quick] ...` (see `--help`).
 
 use backstop_lab::{Engine, Run, Scenario, Variant, chart, run_all};

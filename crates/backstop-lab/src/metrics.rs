@@ -123,6 +123,7 @@ impl Recorder {
         breaker: Option<(u64, Option<f64>)>,
     ) -> VariantReport {
         let (healthy_success_rate, failing_route_load) = self.routes(&phases[1]);
+        let slow_route_success_rate = self.slow_route(&phases[1]);
         let inner = self.lock();
         let us = |d: Duration| d.as_micros() as u64;
         let offered = inner.users.len() as u64;
@@ -215,8 +216,25 @@ impl Recorder {
             hops: None,
             healthy_success_rate,
             failing_route_load,
+            slow_route_success_rate,
             phases: phase_reports,
         }
+    }
+
+    /// With a slow route (`routes`): the success of the user requests to it over the whole
+    /// run. `None` in the other scenarios.
+    fn slow_route(&self, fault: &Phase) -> Option<f64> {
+        let (slow, _) = fault.fault.slow_route?;
+        let inner = self.lock();
+        let to_it: Vec<bool> = inner
+            .users
+            .iter()
+            .zip(&inner.user_routes)
+            .filter(|(_, route)| **route == Some(slow))
+            .map(|(u, _)| u.2)
+            .collect();
+        let ok = to_it.iter().filter(|s| **s).count() as u64;
+        Some(ratio(ok, to_it.len() as u64))
     }
 
     /// With a failing route (`partial`): the success of the user requests to the other

@@ -72,6 +72,9 @@ pub struct VariantReport {
     /// In `partial`: attempts the failing route received during the fault, per user request
     /// to it (below 1: most of them failed fast, without reaching it; `null` elsewhere).
     pub failing_route_load: Option<f64>,
+    /// In `routes`: the share of user requests to the rare slow route answered with a 2xx,
+    /// over the whole run (`null` in other scenarios).
+    pub slow_route_success_rate: Option<f64>,
     /// The same numbers per phase.
     pub phases: Vec<PhaseReport>,
     /// What backstop's client measured of the dependency's latency, once a second (`null`

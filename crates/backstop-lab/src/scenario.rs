@@ -51,6 +51,11 @@ pub enum Scenario {
     #[serde(rename = "overload-chain")]
     #[value(name = "overload-chain")]
     OverloadChain,
+    /// A dependency with four routes: three answer in 10 ms, and one, `/route/0`, takes 2 s
+    /// and gets 0.5 % of the calls (a `/report` among fast reads); users wait 5 s: is the
+    /// rare route bounded by its own latency, or cut at the bound the fast routes set?
+    /// (backstop: a breaker per path, and the latency model keyed as the breaker is.)
+    Routes,
 }
 
 /// A dependency of fixed capacity: `workers` serve one request at a time each, the others
@@ -86,6 +91,7 @@ impl Scenario {
             Scenario::OverloadChain => "overload-chain",
             Scenario::Quiet => "quiet",
             Scenario::Post => "post",
+            Scenario::Routes => "routes",
         }
     }
 
@@ -130,13 +136,20 @@ impl Scenario {
     /// `partial`, where route 0 is the one that fails; 1 (`/work`) otherwise.
     pub fn routes(self) -> u64 {
         match self {
-            Scenario::Partial => 4,
+            Scenario::Partial | Scenario::Routes => 4,
             _ => 1,
         }
     }
 
-    /// The path of user request number `i`.
+    /// The path of user request number `i`. In `routes`, one request in 200 (0.5 %) goes to
+    /// the slow `/route/0`, the others to `/route/1` to `/route/3` in turn.
     pub fn path(self, i: u64) -> String {
+        if self == Scenario::Routes {
+            return match i % 200 {
+                0 => "/route/0".to_owned(),
+                n => format!("/route/{}", 1 + n % 3),
+            };
+        }
         match self.routes() {
             1 => "/work".to_owned(),
             n => format!("/route/{}", i % n),
@@ -144,11 +157,11 @@ impl Scenario {
     }
 
     /// How long a user waits for an answer (backstop: the deadline it propagates): 3 s in
-    /// `drift`, 5 s in `quiet`, 1 s otherwise.
+    /// `drift`, 5 s in `quiet` and `routes`, 1 s otherwise.
     pub fn patience(self) -> Duration {
         match self {
             Scenario::Drift => Duration::from_secs(3),
-            Scenario::Quiet => Duration::from_secs(5),
+            Scenario::Quiet | Scenario::Routes => Duration::from_secs(5),
             _ => Duration::from_secs(1),
         }
     }
@@ -159,9 +172,15 @@ impl Scenario {
     }
 
     /// The dependency's state outside the fault: healthy, except in `drift`, where its
-    /// latency is 50 ms (10 ms of service time, 40 ms added).
+    /// latency is 50 ms (10 ms of service time, 40 ms added), and in `routes`, where
+    /// `/route/0` takes 2 s throughout (the run has no fault over time: the rare slow route
+    /// is the dependency as it is).
     pub fn baseline(self) -> Fault {
         match self {
+            Scenario::Routes => Fault {
+                slow_route: Some((0, Duration::from_millis(1_990))),
+                ..Fault::NONE
+            },
             Scenario::Drift => Fault {
                 added_latency: Duration::from_millis(40),
                 ..Fault::NONE
@@ -212,6 +231,7 @@ impl Scenario {
             },
             // The fault is the load: the dependency itself stays as it was.
             Scenario::Overload | Scenario::OverloadChain => Fault::NONE,
+            Scenario::Routes => self.baseline(),
         }
     }
 
@@ -254,6 +274,7 @@ impl Scenario {
             Scenario::Post => "answers lost",
             Scenario::Quiet => unreachable!("quiet has phases of its own"),
             Scenario::Overload | Scenario::OverloadChain => "overload",
+            Scenario::Routes => "rare slow route",
         };
         vec![
             Phase {
@@ -321,6 +342,8 @@ pub struct Fault {
     /// Share of answers the network loses after the dependency did the work (the caller
     /// sees a reset stream).
     pub lose_rate: f64,
+    /// A route (`/route/N`) whose every response takes this much more (`routes`).
+    pub slow_route: Option<(u64, Duration)>,
 }
 
 impl Fault {
@@ -332,6 +355,7 @@ impl Fault {
         tail_latency: Duration::ZERO,
         failing_route: None,
         lose_rate: 0.0,
+        slow_route: None,
     };
 
     /// Whether the fault applies to a request for `path`.

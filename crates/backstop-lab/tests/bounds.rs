@@ -438,3 +438,36 @@ fn assert_overload_chain_bounds(
     let b = &backstop.hops.as_ref().expect("a chain reports its hops")[1];
     assert!(b.refused_on_arrival > 100, "{seed}: B refused {b:?}");
 }
+
+/// `routes` (issue 25, 5): `/route/0` takes 2 s and gets 0.5 % of the calls, the other
+/// three routes 10 ms; users wait 5 s. backstop keys its breaker per path and, with it, the
+/// latency model: the rare route is bounded by its own latency (the ceiling capped by the
+/// deadline's share until its model is trusted, then its own p99 × 3) and at least 99 % of
+/// its calls succeed, as do the fast routes'. tower's fixed 500 ms timeout cuts all of them.
+#[test]
+fn a_rare_slow_route_is_bounded_by_its_own_latency() {
+    let report = run(Scenario::Routes);
+    let (backstop, tower, none) = (
+        variant(&report, "backstop"),
+        variant(&report, "tower"),
+        variant(&report, "none"),
+    );
+    let rare = backstop.slow_route_success_rate.expect("routes reports it");
+    assert!(rare >= 0.99, "the rare route's success: {rare}");
+    assert!(backstop.success_rate >= 0.999, "{}", backstop.success_rate);
+    // With one model the rare route's attempts were cut at the fast routes' 250 ms floor:
+    // 0.3 % of its calls succeeded and its breaker opened 16 times.
+    assert_eq!(backstop.breaker_opens, Some(0));
+    assert_eq!(
+        none.slow_route_success_rate,
+        Some(1.0),
+        "it answers in time"
+    );
+    assert!(
+        tower.slow_route_success_rate.unwrap() < 0.99,
+        "a bound that does not follow the route must break it"
+    );
+    // Other scenarios have no slow route.
+    let partial = run(Scenario::Partial);
+    assert_eq!(variant(&partial, "backstop").slow_route_success_rate, None);
+}

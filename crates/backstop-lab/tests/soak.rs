@@ -96,6 +96,15 @@ fn post_bounds_hold_for_every_seed() {
 }
 
 #[test]
+fn routes_bounds_hold_for_every_seed() {
+    for seed in SEEDS {
+        let v = backstop(Scenario::Routes, seed);
+        let rare = v.slow_route_success_rate.expect("routes reports it");
+        assert!(rare >= 0.99, "seed {seed:#x}: {rare}");
+    }
+}
+
+#[test]
 fn quiet_bounds_hold_for_every_seed() {
     for seed in SEEDS {
         let report = simulate_variants(Scenario::Quiet, seed, 1000, 80, &[Variant::Backstop]);

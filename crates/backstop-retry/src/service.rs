@@ -158,7 +158,7 @@ where
                         .idempotent
                         .unwrap_or_else(|| template.idempotent(policy.idempotency)) =>
             {
-                hedging.delay.delay()
+                hedging.delay.delay_for(req.method(), req.uri())
             }
             _ => None,
         };

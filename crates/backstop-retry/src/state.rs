@@ -259,7 +259,12 @@ impl<S, B, C> RetryState<S, B, C> {
             }
             // What the dependency's calls usually take must fit too: a retry the median call
             // could not finish would time out and count as one more failure.
-            if let Some(reserve) = policy.reserve.as_ref().and_then(|r| r.reserve()) {
+            // The route's own reserve, when it is kept per route.
+            let reserve = policy
+                .reserve
+                .as_ref()
+                .and_then(|r| r.reserve_for(&self.template.method, &self.template.uri()));
+            if let Some(reserve) = reserve {
                 let finish = start.and_then(|t| t.checked_add(reserve));
                 if finish.is_none_or(|t| t > send_by) {
                     return Err(GiveUp::Reserve);

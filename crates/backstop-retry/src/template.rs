@@ -225,6 +225,20 @@ impl Template {
         false
     }
 
+    /// The request's URI (for a hedge delay or retry reserve kept per route: only hedges
+    /// and retries ask).
+    pub(crate) fn uri(&self) -> Uri {
+        let mut reader = Reader {
+            head: &self.head,
+            at: 0,
+        };
+        let (_, uri) = reader.next();
+        if uri.is_empty() {
+            return Uri::default();
+        }
+        Uri::try_from(uri).unwrap_or_default()
+    }
+
     /// The request's path, without the query (for events).
     pub(crate) fn path(&self) -> &str {
         let mut reader = Reader {

@@ -54,7 +54,11 @@ pub struct ClientLayer<C> {
     keys: IdempotencyKeyLayer,
     retry: RetryLayer<C>,
     breaker: BreakerLayer<C>,
+    /// The attempt layer the stack uses: `own_attempt`, keyed as the breaker is when the
+    /// breaker is keyed and `own_attempt` has no key of its own ([`ClientLayer::breaker`]).
     attempt: AttemptTimeoutLayer,
+    /// The attempt layer as given ([`ClientLayer::attempt`]) or the default.
+    own_attempt: AttemptTimeoutLayer,
     hedging: Option<Hedge>,
     /// The quantile of the attempt layer's model a retry must have left
     /// ([`ClientLayer::retry_reserve`]), kept so replacing the retry or attempt layer keeps it.
@@ -201,6 +205,8 @@ impl<C> ClientLayer<C> {
     /// kind: [`http()`] and [`grpc()`] add theirs); add them with
     /// [`throttle`](Self::throttle) and [`bulkhead`](Self::bulkhead).
     pub fn new(retry: RetryLayer<C>, breaker: BreakerLayer<C>) -> Self {
+        let attempt = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
+            .expect("the defaults are valid");
         Self {
             deadline: PropagateDeadlineLayer::new(),
             bulkhead: BulkheadLayer::off(),
@@ -208,12 +214,29 @@ impl<C> ClientLayer<C> {
             keys: IdempotencyKeyLayer::off(),
             retry,
             breaker,
-            attempt: AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
-                .expect("the defaults are valid"),
+            attempt: attempt.clone(),
+            own_attempt: attempt,
             hedging: None,
             reserve: None,
             name: None,
         }
+        .rekeyed()
+    }
+
+    /// Keys the attempt layer's latency models as the breaker's breakers are keyed (same
+    /// [`BreakerKey`](backstop_breaker::BreakerKey), same `max_keys`), unless the attempt
+    /// layer has a key of its own: decided here, when the stack is configured, never per
+    /// request. A route then gets its own bound, hedge delay and retry reserve, as it gets its
+    /// own breaker.
+    fn rekeyed(mut self) -> Self {
+        self.attempt = match (self.own_attempt.key(), self.breaker.key()) {
+            (None, Some((key, max_keys))) => self
+                .own_attempt
+                .per_key(key.clone(), max_keys)
+                .unwrap_or_else(|e| panic!("{e}")),
+            _ => self.own_attempt.clone(),
+        };
+        self
     }
 
     /// Names the dependency: every event the stack's retry layer and breaker emit carries it
@@ -365,11 +388,18 @@ impl<C> ClientLayer<C> {
         self.rehedge().renamed()
     }
 
-    /// Replaces the breaker.
+    /// Replaces the breaker. A keyed breaker ([`BreakerConfig::per_key`]) keys the attempt
+    /// layer's latency models the same way, unless that layer has a key of its own
+    /// ([`AttemptTimeoutLayer::per_key`]): each route is then bounded, hedged and given a
+    /// retry reserve from its own measured latency, so a rare slow route is not cut at the
+    /// bound the fast ones set (see [`backstop::timeout`](crate::timeout)).
     #[must_use]
-    pub fn breaker(mut self, layer: BreakerLayer<C>) -> Self {
+    pub fn breaker(mut self, layer: BreakerLayer<C>) -> Self
+    where
+        C: Clone,
+    {
         self.breaker = layer;
-        self.renamed()
+        self.rekeyed().rehedge().renamed()
     }
 
     /// Replaces the adaptive throttle (on in the presets: [`ClientLayer`] says why), e.g. a
@@ -432,8 +462,8 @@ impl<C> ClientLayer<C> {
     where
         C: Clone,
     {
-        self.attempt = layer;
-        self.rehedge().renamed()
+        self.own_attempt = layer;
+        self.rekeyed().rehedge().renamed()
     }
 
     /// Hedges slow requests: while an attempt is slower than the dependency's measured p95,

@@ -933,3 +933,163 @@ async fn a_quiet_minute_widens_the_bound_instead_of_forgetting_it() {
     tokio::time::advance(Duration::from_secs(600)).await;
     assert_eq!(bound(&tuned), Duration::from_secs(10));
 }
+
+/// Issue 25, 5: `/report`, 0.5 % of the calls, takes 2 s; the other routes 10 ms; a 5 s
+/// deadline. With one model for the dependency, `/report` is cut at the bound the fast
+/// routes set (their 250 ms floor) on every attempt, about half the time. With the breaker keyed per path, the
+/// preset keys the attempt layer the same way: `/report` gets the cold-start ceiling (capped
+/// by the deadline's share) until its own model is trusted, then its own p99 × 3, and every
+/// call to it succeeds.
+#[tokio::test(start_paused = true)]
+async fn a_rare_slow_route_is_not_cut_at_the_fast_routes_bound_under_a_keyed_breaker() {
+    let dependency = service_fn(|req: Request<ReplayBody<String>>| async move {
+        let took = if req.uri().path() == "/report" {
+            2_000
+        } else {
+            10
+        };
+        tokio::time::sleep(Duration::from_millis(took)).await;
+        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    });
+    let keyed_breaker = backstop::client::http_breaker()
+        .per_key(backstop::breaker::BreakerKey::Path)
+        .build()
+        .unwrap();
+    let keyed = backstop::client::http()
+        .timeout(Duration::from_secs(5))
+        .breaker(keyed_breaker);
+    let single = backstop::client::http().timeout(Duration::from_secs(5));
+    assert!(keyed.attempt_layer().key().is_some());
+    assert!(single.attempt_layer().key().is_none());
+    let mut report_ok = Vec::new();
+    // One model first, so the keyed preset's models are read right after its run.
+    for backend in [&single, &keyed] {
+        let client = ServiceBuilder::new()
+            .layer(backend.clone())
+            .service(dependency);
+        // 1 000 calls a second for 25 s: /report is every 200th (125 calls, 5 a second, so
+        // its own model is trusted after about 20 s).
+        let mut tasks = Vec::new();
+        for i in 0..25_000u32 {
+            let path = match i % 200 {
+                7 => "/report",
+                n if n % 2 == 0 => "/a",
+                _ => "/b",
+            };
+            let req = Request::get(format!("http://dep{path}"))
+                .body(String::new())
+                .unwrap();
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let ok = matches!(client.oneshot(req).await, Ok(r) if r.status() == 200);
+                (path, ok)
+            }));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (mut sent, mut ok, mut fast_ok) = (0u32, 0u32, 0u32);
+        for t in tasks {
+            match t.await.unwrap() {
+                ("/report", good) => {
+                    sent += 1;
+                    ok += u32::from(good);
+                }
+                (_, good) => fast_ok += u32::from(good),
+            }
+        }
+        assert_eq!(sent, 125);
+        assert_eq!(fast_ok, 25_000 - 125, "the fast routes all succeed");
+        report_ok.push(ok);
+    }
+    assert_eq!(report_ok[1], 125, "keyed: every /report call succeeds");
+    // One model: /report's attempts are cut at the fast routes' bound until their censored
+    // samples (three attempts per call, 1.5 % of the model) lift its p99, then pass until
+    // they no longer do: 61 of 125 got through.
+    assert!(report_ok[0] < 100, "one model: {} of 125", report_ok[0]);
+    // /report's own model is trusted: its bound is its own, not the fast routes' 250 ms.
+    let report = keyed.attempt_layer().key_latency("/report").unwrap();
+    assert!(
+        report
+            .p99
+            .is_some_and(|p99| p99 >= Duration::from_millis(1_900)),
+        "{report:?}"
+    );
+    assert!(keyed.latency().count == 0, "every call had a key");
+}
+
+/// Issue 25, 1 (refined): p50 ≈ 1 s, a deadline of 1.3 s. The first attempt is not the last
+/// by count, but its 80 % share (1.04 s) would leave 260 ms, less than the median call: no
+/// retry could finish there (the reserve refuses it). So it takes the whole deadline, and a
+/// call of 1.2 s succeeds; before, it was cut at 1.04 s and the call failed with no retry.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_no_retry_could_follow_takes_the_whole_deadline() {
+    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_secs(1))));
+    let backend = backstop::client::http().timeout(Duration::from_millis(1300));
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(slow(latency.clone()));
+    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let p50 = backend.latency().p50.expect("trusted");
+    assert!(p50.abs_diff(Duration::from_secs(1)) < Duration::from_millis(35));
+
+    *latency.lock().unwrap() = Some(Duration::from_millis(1200));
+    let started = tokio::time::Instant::now();
+    let response = client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(backstop::client::call_info(&response).attempts(), 1);
+    assert_eq!(started.elapsed(), Duration::from_millis(1200));
+    // A hang is cut at the deadline, by the attempt's own bound (counted by the breaker),
+    // not at 1.04 s.
+    *latency.lock().unwrap() = None;
+    let started = tokio::time::Instant::now();
+    let _ = client.oneshot(get()).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1280) && took <= Duration::from_millis(1300),
+        "{took:?}"
+    );
+}
+
+/// Issue 25, 5: with a keyed breaker the preset's measured hedging reads each route's own
+/// model. After 300 calls to a 10 ms route, a 200 ms call to a new route is not hedged (its
+/// model is not trusted yet); with one model it was, at the fast route's p95, and the
+/// dependency got every such call twice.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
+    let dependency = service_fn(|req: Request<ReplayBody<String>>| async move {
+        let took = if req.uri().path() == "/report" {
+            200
+        } else {
+            10
+        };
+        tokio::time::sleep(Duration::from_millis(took)).await;
+        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    });
+    let keyed_breaker = backstop::client::http_breaker()
+        .per_key(backstop::breaker::BreakerKey::Path)
+        .build()
+        .unwrap();
+    let keyed = backstop::client::http().hedging(2).breaker(keyed_breaker);
+    let single = backstop::client::http().hedging(2);
+    let mut attempts = Vec::new();
+    for backend in [&keyed, &single] {
+        let client = ServiceBuilder::new()
+            .layer(backend.clone())
+            .service(dependency);
+        for _ in 0..300 {
+            let req = Request::get("http://dep/a").body(String::new()).unwrap();
+            assert_eq!(client.clone().oneshot(req).await.unwrap().status(), 200);
+        }
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let req = Request::get("http://dep/report")
+            .body(String::new())
+            .unwrap();
+        let response = client.oneshot(req).await.unwrap();
+        attempts.push(backstop::client::call_info(&response).attempts());
+    }
+    assert_eq!(
+        attempts,
+        [1, 2],
+        "keyed: not hedged; one model: hedged at /a's p95"
+    );
+}

@@ -4,10 +4,20 @@ service-config client: a scripted server, and grpcio's own client with the same 
     python3 grpcio_referee.py grpcio   # grpcio's client against the scripted server: JSON
     python3 grpcio_referee.py serve    # the scripted server alone: prints "PORT n", then,
                                        # once stdin closes, the JSON of what it saw
+    python3 grpcio_referee.py deadline # grpcio's client calls SLOW once with a 0.3 s
+                                       # deadline: JSON of when the call ended, its status
+                                       # and what the server was told was left
 
 Each method's one call meets the statuses of SCRIPT in order, one per attempt. The JSON
 gives, per method: the attempts the server saw, the final status the server sent, the gaps
 between attempts (ms) and each attempt's grpc-previous-rpc-attempts.
+SLOW (a single-attempt method whose config entry says "timeout": "0.3s") never answers in
+time: the server records what it was told was left (`time_remaining()` on arrival, in ms) and
+holds the call for up to a second; it appears in the JSON only once called. grpcio's client
+calls it with a per-call timeout of 0.3 s, not from the config: on the Firecracker VMs this
+suite runs on, grpcio 1.68's deadline from a service config's "timeout" comes out wrong (the
+call fails at once with DEADLINE_EXCEEDED before reaching the server; "2s" fails after
+~0.86 s, "5s" is ignored), while a per-call timeout behaves. Both are the same 0.3 s deadline.
 Loopback only (127.0.0.1), bounded: five calls, a few seconds.
 """
 
@@ -34,13 +44,31 @@ SCRIPT = {
 }
 
 
+# A single-attempt method with "timeout": "0.3s" in the config, whose server never answers
+# in time.
+SLOW = "/pkg.Slow/Wait"
+
+
 class Scripted(grpc.GenericRpcHandler):
     def __init__(self):
         self.lock = threading.Lock()
         self.seen = {m: [] for m in SCRIPT}
+        self.told = []  # SLOW: the ms left by the deadline the server was told, per call
 
     def service(self, details):
         method = details.method
+        if method == SLOW:
+
+            def hold(request, context):
+                left = context.time_remaining()
+                with self.lock:
+                    self.told.append(None if left is None else round(left * 1000, 1))
+                end = time.monotonic() + 1.0
+                while context.is_active() and time.monotonic() < end:
+                    time.sleep(0.005)
+                return b""
+
+            return grpc.unary_unary_rpc_method_handler(hold)
         if method not in SCRIPT:
             return None
 
@@ -69,6 +97,8 @@ class Scripted(grpc.GenericRpcHandler):
                 "gaps_ms": [round((b - a) * 1000, 1) for a, b in zip(times, times[1:])],
                 "previous": [p for _, p in seen],
             }
+        if self.told:
+            out[SLOW] = {"told_ms": self.told}
         return out
 
     def final_statuses(self):
@@ -97,6 +127,23 @@ def main():
     if mode == "serve":
         print(f"PORT {port}", flush=True)
         sys.stdin.read()  # until the caller closes it
+    elif mode == "deadline":
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        grpc.channel_ready_future(channel).result(timeout=5)
+        call = channel.unary_unary(SLOW)
+        started = time.monotonic()
+        try:
+            call(b"", timeout=0.3)  # the config's 0.3 s, per call (see above)
+            status = "OK"
+        except grpc.RpcError as e:
+            status = e.code().name
+        took = round((time.monotonic() - started) * 1000, 1)
+        channel.close()
+        with scripted.lock:
+            told = list(scripted.told)
+        print(json.dumps({"status": status, "took_ms": took, "told_ms": told}), flush=True)
+        server.stop(0)
+        return
     else:
         channel = grpc.insecure_channel(
             f"127.0.0.1:{port}",

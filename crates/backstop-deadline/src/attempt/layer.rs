@@ -2,9 +2,11 @@
 
 use super::{
     AttemptBound, AttemptTimeout,
+    keyed::{KEY_IDLE, Keyed},
     shared::{REFRESH, Shared},
 };
-use backstop_core::{__private::stripe, ConfigError, latency::LatencyModel};
+use backstop_core::{__private::stripe, ConfigError, RouteKey, latency::LatencyModel};
+use http::{Method, Uri};
 use std::{
     sync::{
         Arc,
@@ -24,6 +26,8 @@ use tower_layer::Layer;
 pub struct AttemptTimeoutLayer {
     handles: stripe::Handles<Shared>,
     shared: Arc<Shared>,
+    /// A model per key ([`per_key`](Self::per_key)); `shared` takes the overflow.
+    pub(super) keyed: Option<Arc<Keyed>>,
     /// `Some(offset)`: the services write every attempt's `grpc-timeout`
     /// ([`write_grpc_timeout`](Self::write_grpc_timeout)).
     writes: Option<Duration>,
@@ -53,15 +57,95 @@ impl AttemptTimeoutLayer {
             origin: Instant::now(),
             bound,
             cached: AtomicU64::new(0),
-            name: backstop_core::__private::DependencyName::default(),
+            median: AtomicU64::new(0),
+            name: Arc::default(),
             #[cfg(feature = "metrics")]
             duration: std::sync::OnceLock::new(),
         });
         Ok(Self {
             handles: stripe::Handles::new(&shared),
             shared,
+            keyed: None,
             writes: None,
         })
+    }
+
+    /// The same layer with a latency model (and so a bound, a hedge delay and a retry
+    /// reserve) per key of its requests, as a breaker keyed by the same [`RouteKey`]
+    /// (`BreakerKey`) has a breaker per key; the client presets key it so when their breaker
+    /// is keyed. Each key's model is built empty from this layer's (same bound, window and
+    /// name); until it is trusted the key's attempts get the cold-start bound (the ceiling,
+    /// capped by the deadline's share), never the bound of other keys. This layer's own model
+    /// takes requests without a key and, while a table of `max_keys` models is full of keys
+    /// used in the last [`KEY_IDLE`](super::KEY_IDLE), new keys; see the [module docs](super)
+    /// for the rule and why.
+    ///
+    /// ```
+    /// use backstop_core::RouteKey;
+    /// use backstop_deadline::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+    ///
+    /// let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))?
+    ///     .per_key(RouteKey::Path, 64)?;
+    /// assert!(layer.key().is_some());
+    /// assert_eq!(
+    ///     AttemptTimeoutLayer::new(AttemptBound::None)?.per_key(RouteKey::Path, 0).unwrap_err().knob(),
+    ///     "max_keys"
+    /// );
+    /// # Ok::<(), backstop_core::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `max_keys` unless it is in `1..=4096`.
+    pub fn per_key(&self, key: RouteKey, max_keys: usize) -> Result<Self, ConfigError> {
+        self.per_key_idle(key, max_keys, KEY_IDLE)
+    }
+
+    /// [`per_key`](Self::per_key) with another idle time before a key may be evicted (the
+    /// tests' and the loom models').
+    pub(super) fn per_key_idle(
+        &self,
+        key: RouteKey,
+        max_keys: usize,
+        idle: Duration,
+    ) -> Result<Self, ConfigError> {
+        if !(1..=4096).contains(&max_keys) {
+            return Err(ConfigError::new(
+                "max_keys",
+                format!("must be in 1..=4096, got {max_keys}"),
+            ));
+        }
+        Ok(Self {
+            keyed: Some(Arc::new(Keyed::new(
+                key,
+                self.shared.clone(),
+                max_keys,
+                idle,
+            ))),
+            ..self.clone()
+        })
+    }
+
+    /// What the layer keys its models by, if it does ([`per_key`](Self::per_key)).
+    pub fn key(&self) -> Option<&RouteKey> {
+        self.keyed.as_ref().map(|k| &k.key)
+    }
+
+    /// The keys that have a model of their own now, sorted (empty unless keyed).
+    pub fn keys(&self) -> Vec<String> {
+        self.keyed.as_ref().map_or_else(Vec::new, |k| k.keys())
+    }
+
+    /// What `key`'s model holds now, if it has one (a keyed layer; see
+    /// [`latency`](Self::latency) for the layer's own, which takes requests without one).
+    pub fn key_latency(&self, key: &str) -> Option<backstop_core::latency::LatencySnapshot> {
+        let entry = self.keyed.as_ref()?.get(key)?;
+        Some(
+            entry
+                .shared
+                .model
+                .snapshot(entry.shared.now_us(Instant::now())),
+        )
     }
 
     /// Names the dependency: with the `metrics` feature, attempt durations are recorded as
@@ -79,14 +163,17 @@ impl AttemptTimeoutLayer {
         self.shared.bound
     }
 
-    /// What the model holds now: count and quantiles of the calls of the last window.
+    /// What the model holds now: count and quantiles of the calls of the last window. A
+    /// keyed layer's own model holds only the calls without a key of their own (no key, or a
+    /// full table); [`key_latency`](Self::key_latency) reads a key's.
     pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
         self.shared
             .model
             .snapshot(self.shared.now_us(Instant::now()))
     }
 
-    /// The bound an attempt starting now would get (under the current deadline, if any).
+    /// The bound an attempt starting now would get (under the current deadline, if any), from
+    /// the layer's own model (of a keyed layer: that of calls without a key of their own).
     pub fn current_bound(&self) -> Option<Duration> {
         let deadline = crate::current().map(|d| d.instant());
         self.shared.bound_at(Instant::now(), deadline, false)
@@ -110,11 +197,21 @@ impl AttemptTimeoutLayer {
                 format!("must be in (0, 1), got {quantile}"),
             ));
         }
-        Ok(MeasuredDelay {
+        Ok(self.measured(quantile))
+    }
+}
+
+impl AttemptTimeoutLayer {
+    fn measured(&self, quantile: f64) -> MeasuredDelay {
+        MeasuredDelay {
             shared: self.shared.clone(),
             quantile,
             cached: Arc::new(AtomicU64::new(0)),
-        })
+            keyed: self
+                .keyed
+                .as_ref()
+                .map(|k| (k.clone(), k.delay_slot(quantile))),
+        }
     }
 }
 
@@ -138,11 +235,7 @@ impl AttemptTimeoutLayer {
                 format!("must be in (0, 1), got {quantile}"),
             ));
         }
-        Ok(MeasuredDelay {
-            shared: self.shared.clone(),
-            quantile,
-            cached: Arc::new(AtomicU64::new(0)),
-        })
+        Ok(self.measured(quantile))
     }
 }
 
@@ -150,40 +243,70 @@ impl AttemptTimeoutLayer {
 /// ([`AttemptTimeoutLayer::hedge_delay`]) or a retry reserve
 /// ([`AttemptTimeoutLayer::retry_reserve`]).
 ///
+/// Of a keyed layer ([`AttemptTimeoutLayer::per_key`]), it is read per request
+/// ([`delay_for`](backstop_core::HedgeDelay::delay_for),
+/// [`reserve_for`](backstop_core::RetryReserve::reserve_for), which the retry layer calls)
+/// from the model of the request's key, as the attempt layer bounds it: a route is hedged at
+/// its own p95 and keeps its own reserve; a key whose model is not trusted yet gets no hedge
+/// and asks for no reserve (never the other keys' values). `delay()` and `reserve()`, without
+/// a request, read the layer's own model.
+///
 /// Clones share one cached value: an atomic word `refresh at (ms) << 32 | delay (µs) + 1`,
 /// refreshed by whichever hedged request finds it stale (racing refreshes write the same
-/// value); `+ 1` keeps zero for "not trusted".
+/// value); `+ 1` keeps zero for "not trusted". Each key caches its own word per quantile.
 #[derive(Debug, Clone)]
 pub struct MeasuredDelay {
     shared: Arc<Shared>,
     quantile: f64,
     cached: Arc<AtomicU64>,
+    /// A keyed layer's models, and the slot of this quantile's word in each key's entry.
+    keyed: Option<(Arc<Keyed>, Option<usize>)>,
 }
 
 impl backstop_core::HedgeDelay for MeasuredDelay {
     fn delay(&self) -> Option<Duration> {
-        self.read()
+        self.read(&self.shared, Some(&self.cached))
+    }
+
+    fn delay_for(&self, method: &Method, uri: &Uri) -> Option<Duration> {
+        self.read_for(method, uri)
     }
 }
 
 impl backstop_core::RetryReserve for MeasuredDelay {
     fn reserve(&self) -> Option<Duration> {
-        self.read()
+        self.read(&self.shared, Some(&self.cached))
+    }
+
+    fn reserve_for(&self, method: &Method, uri: &Uri) -> Option<Duration> {
+        self.read_for(method, uri)
     }
 }
 
 impl MeasuredDelay {
-    /// The quantile's upper edge, from the cached word while it is fresh.
-    fn read(&self) -> Option<Duration> {
-        let now_us = self.shared.now_us(Instant::now());
+    /// From the model of the request's key (a keyed layer), or the layer's own.
+    fn read_for(&self, method: &Method, uri: &Uri) -> Option<Duration> {
+        let Some((keyed, slot)) = &self.keyed else {
+            return self.read(&self.shared, Some(&self.cached));
+        };
+        match keyed.entry(method, uri) {
+            Some(entry) => self.read(&entry.shared, slot.map(|i| &entry.delays[i])),
+            None => self.read(&self.shared, Some(&self.cached)),
+        }
+    }
+
+    /// The quantile's upper edge in `shared`'s model, from the `cached` word while it is
+    /// fresh (no word: read each time).
+    fn read(&self, shared: &Shared, cached: Option<&AtomicU64>) -> Option<Duration> {
+        let now_us = shared.now_us(Instant::now());
         let now_ms = now_us / 1_000;
-        let word = self.cached.load(Ordering::Acquire);
+        let word = cached.map_or(0, |c| c.load(Ordering::Acquire));
         let value = if word != 0 && now_ms < word >> 32 {
             word & u64::from(u32::MAX)
         } else {
             // The bucket's upper edge, not its midpoint: a delay below the samples it stands
             // for would hedge calls of the usual latency.
-            let measured = self.shared.model.quantile_ceiling(self.quantile, now_us);
+            let measured = shared.model.quantile_ceiling(self.quantile, now_us);
             let value = measured.map_or(0, |d| {
                 u64::try_from(d.as_micros())
                     .unwrap_or(u64::MAX)
@@ -191,7 +314,9 @@ impl MeasuredDelay {
                     + 1
             });
             let until = (now_ms + REFRESH.as_millis() as u64).min(u64::from(u32::MAX));
-            self.cached.store((until << 32) | value, Ordering::Release);
+            if let Some(cached) = cached {
+                cached.store((until << 32) | value, Ordering::Release);
+            }
             value
         };
         value.checked_sub(1).map(Duration::from_micros)
@@ -205,6 +330,7 @@ impl<S> Layer<S> for AttemptTimeoutLayer {
         AttemptTimeout {
             inner,
             handles: self.handles.clone(),
+            keyed: self.keyed.clone(),
             writes: self.writes,
         }
     }

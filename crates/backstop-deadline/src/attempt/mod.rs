@@ -14,7 +14,11 @@
 //! where an expired deadline (the caller's own) would count as nothing. The share is kept
 //! only where a retry may follow: an attempt marked [`FinalAttempt`](backstop_core::FinalAttempt) (the retry layer marks a
 //! call it sends once and its last attempt by count) may take the whole deadline, as gRPC's
-//! own clients give a single-attempt call. Until the model first holds
+//! own clients give a single-attempt call; so may an attempt whose share would leave less than
+//! the model's median call (the upper edge of its p50 bucket, what the presets' retry reserve
+//! asks for): no retry could finish in that room, and the reserve would refuse to send one.
+//! With p50 ≈ 1 s and a 1.3 s deadline the first attempt gets all 1.3 s (it was cut at 1.04 s,
+//! and the call failed with no retry). Until the model first holds
 //! 100 samples (the first seconds of traffic), the `ceiling` applies.
 //!
 //! # Trust decays, it is not discarded
@@ -64,18 +68,42 @@
 //! gets through. Lower the floor (`floor`, which caps the measured one, or `step` and
 //! `min_floor`) for a dependency whose latency you know to be steady.
 //!
-//! # One model per layer, not per key (yet)
+//! # A model per key, keyed as the breaker is
 //!
-//! A layer keeps one model for every call it bounds, so a breaker keyed per path or method
-//! (`BreakerConfig::per_key`) does not key the bound: a rare slow route among fast ones is
-//! cut at the bound the fast routes set (a route taking 2 s at 0.5 % of the calls, under a
-//! 10 ms p99, at the 250 ms floor). Until the model follows the breaker's key, give such a
-//! route a stack of its own, or a bound that fits it.
+//! A layer keeps one model for every call it bounds unless it is keyed
+//! ([`AttemptTimeoutLayer::per_key`], with the [`RouteKey`](backstop_core::RouteKey) a keyed
+//! breaker uses; the client presets key their attempt layer so, when the stack is built, as
+//! soon as their breaker is keyed). Then each key has its own model, built empty from the
+//! layer's (same bound, window and name), so a rare slow route among fast ones is bounded by
+//! its own latency, not cut at the bound the fast routes set: `/report` taking 2 s at 0.5 % of
+//! the calls, the other routes 10 ms, under a 5 s deadline, was cut at the fast routes' 250 ms
+//! floor (64 of 125 calls failed); keyed, none is. The rules:
+//!
+//! - **A key whose model is not trusted yet** (fewer than 100 samples in its window) gets the
+//!   cold-start bound, the ceiling capped by the deadline's share, and no hedge delay or retry
+//!   reserve: never the bound, delay or reserve of other keys, which would be the bug again.
+//!   Once its samples leave the window, its bound decays from them as below.
+//! - **Requests without a key**, and new keys while the table is full, use the layer's own
+//!   model (the overflow), as a keyed breaker's overflow breaker takes them.
+//! - **The table is bounded**: at most `max_keys` models (about 4 KiB each). A key is evicted
+//!   only to make room for a new one, the one idle longest, and only once it has gone
+//!   [`KEY_IDLE`] (30 min) without a call: by then its aged bound is the ceiling and its delays
+//!   are `None`, what a fresh model gives, so evicting it changes no bound. The breaker evicts
+//!   an idle key after 5 min; a rare route's model would lose its aged samples too early at
+//!   that pace.
+//! - **Hedge delays and retry reserves follow the key**: the retry layer reads them per
+//!   request ([`HedgeDelay::delay_for`](backstop_core::HedgeDelay::delay_for),
+//!   [`RetryReserve::reserve_for`](backstop_core::RetryReserve::reserve_for), with the
+//!   request's method and URI), and a [`MeasuredDelay`] of a keyed layer answers from the
+//!   request's key's model; otherwise `/report` would be hedged at the fast routes' p95. No
+//!   per-request state passes between the layers: the key is a function of the request.
 //!
 //! # Concurrency rule
 //!
 //! Clones of one layer share one model and one cached bound (an atomic word, refreshed by
-//! whichever attempt finds it stale; racing refreshes write the same value). Each attempt
+//! whichever attempt finds it stale; racing refreshes write the same value); a keyed layer's
+//! clones share its table of per-key models, read without a lock (`arc-swap`) and grown under
+//! a mutex (a loom model checks an add and an eviction racing a lookup). Each attempt
 //! holds its core's handle to them (`backstop_core::__private::stripe`), so no reference count is
 //! shared across cores. An attempt answered on its first poll reads no clock and records
 //! nothing (it took no measurable time); every other attempt reads the clock when it first
@@ -83,12 +111,14 @@
 
 mod config;
 mod future;
+mod keyed;
 mod layer;
 mod service;
 mod shared;
 
 pub use config::{Adaptive, AttemptBound, STALE_DOUBLING};
 pub use future::AttemptTimeoutFuture;
+pub use keyed::KEY_IDLE;
 pub use layer::{AttemptTimeoutLayer, MeasuredDelay};
 pub use service::AttemptTimeout;
 

@@ -19,6 +19,8 @@ use tower_service::Service;
 pub struct AttemptTimeout<S> {
     pub(super) inner: S,
     pub(super) handles: stripe::Handles<Shared>,
+    /// A model per key: the request's key's, when it has one in the table.
+    pub(super) keyed: Option<std::sync::Arc<super::keyed::Keyed>>,
     /// `Some(offset)`: this layer writes every attempt's `grpc-timeout` (its outer deadline
     /// layer does not); `None`: it only shortens a header already on the request.
     pub(super) writes: Option<Duration>,
@@ -38,7 +40,13 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let handle = self.handles.current().clone();
+        let handle = match &self.keyed {
+            None => self.handles.current().clone(),
+            Some(keyed) => match keyed.entry(req.method(), req.uri()) {
+                Some(entry) => entry.handles.current().clone(),
+                None => self.handles.current().clone(),
+            },
+        };
         let told = write_attempt_grpc_timeout(&handle, self.writes, &mut req);
         let deadline = match told {
             Some(_) => None,

@@ -29,13 +29,32 @@ pub(super) struct Shared {
     pub(super) bound: AttemptBound,
     /// `refresh at (ms since origin) << 32 | bound (µs)`; zero: never computed.
     pub(super) cached: AtomicU64,
-    pub(super) name: backstop_core::__private::DependencyName,
+    /// The model's p50 (the upper edge of its bucket, as the presets' retry reserve reads
+    /// it) in µs plus one, refreshed with `cached`; zero: not trusted.
+    pub(super) median: AtomicU64,
+    /// The dependency's name, one for the layer and every key's model.
+    pub(super) name: std::sync::Arc<backstop_core::__private::DependencyName>,
     /// `backstop.client.attempt.duration`, registered on the first attempt that waited.
     #[cfg(feature = "metrics")]
     pub(super) duration: std::sync::OnceLock<metrics::Histogram>,
 }
 
 impl Shared {
+    /// A key's model and cached bound, built from the layer's (same bound, window, origin
+    /// and name), empty.
+    pub(super) fn for_key(&self) -> Shared {
+        Shared {
+            model: self.model.fresh(),
+            origin: self.origin,
+            bound: self.bound,
+            cached: AtomicU64::new(0),
+            median: AtomicU64::new(0),
+            name: self.name.clone(),
+            #[cfg(feature = "metrics")]
+            duration: std::sync::OnceLock::new(),
+        }
+    }
+
     /// An attempt that waited ended after `took` (feature `metrics`; otherwise nothing).
     #[inline(always)]
     pub(super) fn meter_duration(&self, took: Duration) {
@@ -87,6 +106,18 @@ impl Shared {
                     .unwrap_or(u64::MAX),
             );
             if share < bound {
+                // The share is room for a retry. When what it leaves is less than the
+                // measured median call, no retry could finish there (the presets' reserve
+                // refuses it): this attempt is the last that can succeed, and takes it all.
+                let rest = left.saturating_sub(share);
+                let median = self.median.load(Ordering::Relaxed);
+                if !whole && median != 0 && rest < Duration::from_micros(median - 1) {
+                    return if left < bound {
+                        three_digits(left)
+                    } else {
+                        bound
+                    };
+                }
                 return three_digits(share);
             }
         }
@@ -127,6 +158,10 @@ impl Shared {
         }
         let measured = self.model.quantile_aged(adaptive.quantile, now_us);
         let bound = adaptive.bound(measured);
+        let median = self.model.quantile_ceiling(0.5, now_us).map_or(0, |d| {
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX - 1) + 1
+        });
+        self.median.store(median, Ordering::Relaxed);
         let us = u64::try_from(bound.as_micros())
             .unwrap_or(u64::MAX)
             .min(u64::from(u32::MAX));

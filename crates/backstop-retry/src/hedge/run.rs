@@ -234,12 +234,12 @@ impl<S, B, C> RetryState<S, B, C> {
             attempt = self.attempts,
             "hedging request"
         );
+        // The route's own delay, when it is kept per route (read before the request goes).
+        let delay = hedging.delay.delay_for(req.method(), req.uri());
         hedges.in_flight.push(Box::pin(self.service.call(req)));
         // No delay (a model not trusted any more): no hedge on a timer, but a retryable
         // failure still sends the next one.
-        hedges.next = hedging
-            .delay
-            .delay()
+        hedges.next = delay
             .and_then(|d| now.checked_add(d))
             .map(|at| hedges.hold.map_or(at, |hold| at.max(hold)));
         Ok(Hedge::Sent)
