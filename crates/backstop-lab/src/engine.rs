@@ -190,7 +190,8 @@ impl Run {
                 continue;
             }
             tokio::time::sleep_until(due).await;
-            let (edge, recorder, patience) = (edge.clone(), recorder.clone(), self.patience);
+            let (edge, recorder) = (edge.clone(), recorder.clone());
+            let (patience, told) = self.scenario.user_patience(self.patience, i, self.seed);
             let path = self.scenario.path(i);
             let method = self.scenario.method();
             users.push(tokio::spawn(async move {
@@ -204,12 +205,15 @@ impl Run {
                 } else {
                     empty()
                 };
-                let request = Request::builder()
+                let mut request = Request::builder()
                     .method(method)
                     .uri(format!("http://dependency{path}"))
-                    .header(USER_REQUEST, i)
-                    .body(body)
-                    .expect("a valid request");
+                    .header(USER_REQUEST, i);
+                if told {
+                    // The user's own deadline, in whole milliseconds (rounded down).
+                    request = request.header("grpc-timeout", format!("{}m", patience.as_millis()));
+                }
+                let request = request.body(body).expect("a valid request");
                 // Boxed with its type spelled out: rustc cannot prove the `Send` of this
                 // future through the trait objects in `Svc` otherwise.
                 let call: BoxFuture<Result<http::Response<Body>, BoxError>> =

@@ -301,15 +301,33 @@ impl Scenario {
 
 impl Scenario {
     /// What the handler of hop `hop` (`A` or `B`) of a chain spends on its own before it
-    /// calls the next hop, least and most: 100 to 700 ms for B in `overload-chain` (a query of
-    /// its own, so requests reach C with uneven time left, and B's own answers take long
-    /// enough for its admission to matter), nothing otherwise.
+    /// calls the next hop, least and most: in `overload-chain`, 10 to 200 ms for A and 100 to
+    /// 700 ms for B (work of their own, so a request reaches each hop with uneven time left),
+    /// nothing otherwise.
     pub fn hop_work(self, hop: &str) -> (Duration, Duration) {
         match (self, hop) {
+            (Scenario::OverloadChain, "A") => {
+                (Duration::from_millis(10), Duration::from_millis(200))
+            }
             (Scenario::OverloadChain, "B") => {
                 (Duration::from_millis(100), Duration::from_millis(700))
             }
             _ => (Duration::ZERO, Duration::ZERO),
+        }
+    }
+
+    /// How long user request `i` waits, and whether it says so in `grpc-timeout`: in
+    /// `overload-chain`, each user waits between a quarter of `patience` and all of it
+    /// (uniformly, seeded with `seed`) and sends that deadline, as a gRPC caller with a
+    /// deadline of its own does; everywhere else, `patience`, untold.
+    pub fn user_patience(self, patience: Duration, i: u64, seed: u64) -> (Duration, bool) {
+        match self {
+            Scenario::OverloadChain => {
+                let draw =
+                    fastrand::Rng::with_seed(seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).f64();
+                (patience.mul_f64(0.25 + 0.75 * draw), true)
+            }
+            _ => (patience, false),
         }
     }
 

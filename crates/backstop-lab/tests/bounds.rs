@@ -393,9 +393,8 @@ fn overload_chain_keeps_goodput_near_capacity_through_two_hops() {
             v.name
         );
     }
-    // Only backstop's servers admit by deadline: B refuses on arrival what cannot fit.
+    // Only backstop's servers admit by deadline.
     let refused = |v: &VariantReport, hop: usize| v.hops.as_ref().unwrap()[hop].refused_on_arrival;
-    assert!(refused(backstop, 1) > 100, "{:?}", backstop.hops);
     for v in &report.variants {
         if v.name != "backstop" {
             assert!((0..3).all(|hop| refused(v, hop) == 0), "{}", v.name);
@@ -404,7 +403,7 @@ fn overload_chain_keeps_goodput_near_capacity_through_two_hops() {
 }
 
 /// The bounds of `overload-chain` for backstop against `none` (the soak asserts them per
-/// seed), B's admission refusing on arrival among them.
+/// seed), each hop's admission refusing on arrival among them.
 fn assert_overload_chain_bounds(
     backstop: &VariantReport,
     none: &VariantReport,
@@ -435,8 +434,11 @@ fn assert_overload_chain_bounds(
         "{seed}: {} attempts/s after the fault",
         backstop.peak_downstream_rps
     );
-    let b = &backstop.hops.as_ref().expect("a chain reports its hops")[1];
-    assert!(b.refused_on_arrival > 100, "{seed}: B refused {b:?}");
+    // Each hop's admission refuses on arrival what cannot fit its measured need.
+    let hops = backstop.hops.as_ref().expect("a chain reports its hops");
+    for (hop, least) in [(0, 5_000), (1, 100), (2, 20)] {
+        assert!(hops[hop].refused_on_arrival > least, "{seed}: {hops:?}");
+    }
 }
 
 /// `routes` (issue 25, 5): `/route/0` takes 2 s and gets 0.5 % of the calls, the other
