@@ -25,13 +25,3 @@ pub use backstop_core::RouteKey as BreakerKey;
 /// A key function: the key of a request from its method and URI (`None`: the overflow
 /// breaker).
 pub use backstop_core::KeyFn;
-
-/// The metric label a key's series carry: `authority` for [`BreakerKey::Authority`], `route`
-/// for a path or a custom key (a custom key names a route, as the client series of a
-/// service-config stack do), so breaker and client series join on one label.
-pub(crate) fn label(key: &BreakerKey) -> &'static str {
-    match key {
-        BreakerKey::Authority => "authority",
-        _ => "route",
-    }
-}

@@ -142,7 +142,11 @@ impl<C: Clone> Keyed<C> {
         config.mode = run_time.mode;
         let shared = Shared::from_config(config, None)
             .expect("the template was validated with the keyed layer");
-        shared.keyed_as(run_time.name.as_deref(), crate::key::label(&self.key), key);
+        shared.keyed_as(
+            run_time.name.as_deref(),
+            backstop_core::__private::key_label(&self.key),
+            key,
+        );
         let entry = Arc::new(Entry {
             handles: Handles::uncopied(&shared),
             shared,

@@ -13,7 +13,7 @@
 //! |------|------|--------|------------|
 //! | `backstop.client.requests` | counter | `dependency`, `route`, `outcome` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx) |
 //! | `backstop.client.attempts` | counter | `dependency`, `route`, `kind` | an attempt is sent: `first`, `retry`, `hedge` |
-//! | `backstop.client.attempt.duration` | histogram (s) | `dependency` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
+//! | `backstop.client.attempt.duration` | histogram (s) | `dependency`, `route`, `authority` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
 //! | `backstop.retry.give_ups` | counter | `dependency`, `route`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
 //! | `backstop.retry.budget.balance` | gauge | `dependency` | the retry budget changes (its tokens: retries it would allow now) |
 //! | `backstop.breaker.state` | gauge | `dependency`, `route`, `authority` | the breaker changes state: 0 closed, 1 open, 2 half-open |
@@ -29,10 +29,16 @@
 //! `route` and `authority` are there only where a stack has routes: the client series of a
 //! gRPC stack built from a service config carry `route` (the `methodConfig` entry's names that
 //! served the call, as paths: `/pkg.Service/Method`, `/pkg.Service/*`); the breaker's series
-//! of a layer built [`per_key`](https://docs.rs/backstop-breaker) carry the key, as `route`
+//! of a layer built [`per_key`](https://docs.rs/backstop-breaker), and the attempt durations of
+//! an attempt layer keyed with it (the presets key both together), carry the key, as `route`
 //! (a path or custom key) or `authority` (a host key). Both use the request's path, so an
-//! operator joins a route's breaker and client series on `dependency` and `route`. A stack
-//! left unnamed records `dependency = ""`. A call its caller drops before it ends is
+//! operator joins a route's breaker and client series on `dependency` and `route`.
+//! `backstop.deadline.expired` stays per dependency: it is counted by the outermost client
+//! layer, which bounds the whole call and keeps no route (keeping one would cost every call
+//! for a rare event; a retry the deadline left no room for is the route's
+//! `retry.give_ups{reason="deadline"}`). Throttle and bulkhead series are per
+//! dependency too: one throttle and one bulkhead guard the whole dependency. A stack left
+//! unnamed records `dependency = ""`. A call its caller drops before it ends is
 //! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
 //!
 //! The calls themselves, under OpenTelemetry's semantic conventions
@@ -129,7 +135,11 @@ pub const CATALOG: [Metric; 14] = {
             &["dependency", "route", "outcome"],
         ),
         m(CLIENT_ATTEMPTS, Counter, &["dependency", "route", "kind"]),
-        m(CLIENT_ATTEMPT_DURATION, Histogram, &["dependency"]),
+        m(
+            CLIENT_ATTEMPT_DURATION,
+            Histogram,
+            &["dependency", "route", "authority"],
+        ),
         m(RETRY_GIVE_UPS, Counter, &["dependency", "route", "reason"]),
         m(RETRY_BUDGET_BALANCE, Gauge, &["dependency"]),
         m(BREAKER_STATE, Gauge, &["dependency", "route", "authority"]),

@@ -457,6 +457,48 @@ fn a_service_config_labels_each_entry_by_its_methods() {
     );
 }
 
+/// A preset whose breaker is keyed by path keys its attempt bound with it: each route's
+/// attempt durations carry the route, as its breaker's series do.
+#[test]
+fn a_keyed_presets_attempt_durations_carry_the_route() {
+    let metrics = recorded(|| async {
+        let transport = service_fn(|req: Request<ReplayBody<String>>| async move {
+            let wait = if req.uri().path() == "/report" {
+                40
+            } else {
+                10
+            };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            Ok::<_, Infallible>(status(200))
+        });
+        let breaker = backstop::client::http_breaker()
+            .per_key(backstop::breaker::BreakerKey::Path)
+            .build()
+            .unwrap();
+        let mut client = ServiceBuilder::new()
+            .layer(backstop::client::http().name("inventory").breaker(breaker))
+            .service(transport);
+        for path in ["/item", "/report", "/item"] {
+            let req = Request::get(path).body(String::new()).unwrap();
+            client.ready().await.unwrap().call(req).await.unwrap();
+        }
+    });
+    let duration = backstop::metrics::CLIENT_ATTEMPT_DURATION;
+    assert_eq!(
+        histogram(&metrics, duration, &[INVENTORY, ("route", "/item")]),
+        [0.01, 0.01]
+    );
+    assert_eq!(
+        histogram(&metrics, duration, &[INVENTORY, ("route", "/report")]),
+        [0.04]
+    );
+    let state = backstop::metrics::BREAKER_STATE;
+    assert_eq!(
+        gauge(&metrics, state, &[INVENTORY, ("route", "/report")]),
+        0.0
+    );
+}
+
 /// An operator joins a keyed breaker's series and a service-config client's series on one
 /// label: both say `route`, in the form of the request's path.
 #[cfg(feature = "service-config")]

@@ -41,3 +41,14 @@ pub fn is_grpc_content_type(value: &HeaderValue) -> bool {
         // not `application/grpc-web` (trailers in the body) nor `application/grpcfoo`.
         && matches!(ct.get(TYPE.len()), None | Some(b'+' | b';' | b' ' | b'\t'))
 }
+
+/// The metric label a keyed layer's series carry their key under: `authority` for
+/// [`RouteKey::Authority`](crate::RouteKey::Authority), `route` for a path or a custom key (a
+/// custom key names a route, as the client series of a service-config stack do), so the
+/// breaker's, the attempt bound's and the client series of one route join on one label.
+pub fn key_label(key: &crate::RouteKey) -> &'static str {
+    match key {
+        crate::RouteKey::Authority => "authority",
+        _ => "route",
+    }
+}

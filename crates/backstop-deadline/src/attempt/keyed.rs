@@ -198,7 +198,10 @@ impl Keyed {
                 None => return None, // max_keys is at least 1; not reached
             }
         }
-        let shared = Arc::new(self.base.for_key());
+        let shared = Arc::new(
+            self.base
+                .for_key(backstop_core::__private::key_label(&self.key), key),
+        );
         let entry = Arc::new(Entry {
             handles: Handles::uncopied(&shared),
             shared,

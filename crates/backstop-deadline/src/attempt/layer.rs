@@ -61,6 +61,8 @@ impl AttemptTimeoutLayer {
             name: Arc::default(),
             #[cfg(feature = "metrics")]
             duration: std::sync::OnceLock::new(),
+            #[cfg(feature = "metrics")]
+            key: None,
         });
         Ok(Self {
             handles: stripe::Handles::new(&shared),

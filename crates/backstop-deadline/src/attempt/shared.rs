@@ -37,12 +37,18 @@ pub(super) struct Shared {
     /// `backstop.client.attempt.duration`, registered on the first attempt that waited.
     #[cfg(feature = "metrics")]
     pub(super) duration: std::sync::OnceLock<metrics::Histogram>,
+    /// A key's model: the label and value its series carry the key under (`route`, as the
+    /// breaker's of the same key; `authority` for a host key).
+    #[cfg(feature = "metrics")]
+    pub(super) key: Option<(&'static str, Box<str>)>,
 }
 
 impl Shared {
     /// A key's model and cached bound, built from the layer's (same bound, window, origin
-    /// and name), empty.
-    pub(super) fn for_key(&self) -> Shared {
+    /// and name), empty; its series carry `key` under `label`.
+    pub(super) fn for_key(&self, label: &'static str, key: &str) -> Shared {
+        #[cfg(not(feature = "metrics"))]
+        let _ = (label, key);
         Shared {
             model: self.model.fresh(),
             origin: self.origin,
@@ -52,6 +58,8 @@ impl Shared {
             name: self.name.clone(),
             #[cfg(feature = "metrics")]
             duration: std::sync::OnceLock::new(),
+            #[cfg(feature = "metrics")]
+            key: Some((label, key.into())),
         }
     }
 
@@ -63,10 +71,14 @@ impl Shared {
             .get_or_init(|| {
                 use backstop_core::metrics as names;
                 backstop_core::__private::metrics::describe();
-                metrics::histogram!(
-                    names::CLIENT_ATTEMPT_DURATION,
-                    "dependency" => self.name.get().to_owned()
-                )
+                let mut labels = vec![metrics::Label::new(
+                    "dependency",
+                    self.name.get().to_owned(),
+                )];
+                if let Some((label, key)) = &self.key {
+                    labels.push(metrics::Label::new(*label, key.to_string()));
+                }
+                metrics::histogram!(names::CLIENT_ATTEMPT_DURATION, labels)
             })
             .record(took.as_secs_f64());
         #[cfg(not(feature = "metrics"))]
