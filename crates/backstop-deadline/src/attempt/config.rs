@@ -121,10 +121,8 @@ impl Adaptive {
     /// attempt may take (default 0.8): the attempt then times out, and the breaker counts it,
     /// before the deadline expires (an expired deadline is the caller's, never counted). Not
     /// applied to an attempt marked [`FinalAttempt`](backstop_core::FinalAttempt), nor to one
-    /// whose share would leave less than the model's median call: no retry needs the room. In
-    /// the lab, when it was chosen, 0.8 kept the brownout's success of a fixed half-deadline
-    /// bound (76.9 %) and lifted the slow scenario's from 45.1 % to 50.0 %; 0.5 cost retries
-    /// their time (76.7 %).
+    /// whose share would leave less than the model's median call: no retry needs the room
+    /// (BENCHMARKS.md has the lab runs that chose 0.8).
     #[must_use]
     pub fn deadline_share(mut self, share: f64) -> Self {
         self.deadline_share = share;

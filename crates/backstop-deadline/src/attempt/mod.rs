@@ -42,10 +42,8 @@
 //! window instead of the timeout spiralling down. So are attempts dropped before they ended (a
 //! hedge's loser, a call its caller gave up on), at the time they ran: each took at least that
 //! long. Measured hedging needs them: recording only the winners of hedged calls, the model
-//! saw the tail shorter than it is and hedged too early (a log-normal dependency with a true
-//! p99 of 102 ms read as 52 ms, and 8 % of calls were hedged at the "p95"; with them, 4.9 %,
-//! at the true p95). Quantiles up to the hedge delay read right; above it, where a censored
-//! sample says only "at least", they read low (that p99 as 68 ms).
+//! sees the tail shorter than it is and hedges too early. Quantiles up to the hedge delay read
+//! right; above it, where a censored sample says only "at least", they read low.
 //!
 //! Why a floor, and why it follows the model: a latency *step* of more than 3× looks, at
 //! first, exactly like a hang. With a bound of p99 × 3 of a fast dependency (say 30 ms),
@@ -57,15 +55,8 @@
 //! 20 ms dependency's hang after 1 s per attempt; the measured floor cuts it after 400 ms
 //! (and a 10 ms dependency's after 250 ms). The floor never goes above 1 s, so a dependency
 //! whose p99 is 50 ms or more keeps the floor of 1 s it had, and a dependency whose p99 is
-//! above 333 ms is bounded by p99 × 3 alone. Measured in the storm lab (sim engine, seed 1,
-//! 1000 requests/s, a 1 s deadline whose 80 % share capped every attempt at 800 ms before):
-//! in `hang` (a 10 ms dependency stops answering) the breaker opens 0.268 s after the hang
-//! (0.818 s with the fixed floor); in `brownout` (10 → 210 ms and half the calls failing) the
-//! 250 ms floor keeps 76.6 % of calls with no breaker opening, as the fixed floor did, where
-//! p99 × 20 without the 250 ms minimum (200 ms, just under the step) opened it 5 times and
-//! kept 63.3 %, and a 10 ms floor opened it 10 times and kept 45.1 % (an earlier build); in
-//! `drift` (50 → 800 ms, a 16× step) the floor is 1 s, as before, and every call of the drift
-//! gets through. Lower the floor (`floor`, which caps the measured one, or `step` and
+//! above 333 ms is bounded by p99 × 3 alone (the storm lab's `hang`, `brownout` and `drift`
+//! scenarios chose these numbers; BENCHMARKS.md has the runs). Lower the floor (`floor`, which caps the measured one, or `step` and
 //! `min_floor`) for a dependency whose latency you know to be steady.
 //!
 //! # A model per key, keyed as the breaker is
@@ -75,9 +66,8 @@
 //! breaker uses; the client presets key their attempt layer so, when the stack is built, as
 //! soon as their breaker is keyed). Then each key has its own model, built empty from the
 //! layer's (same bound, window and name), so a rare slow route among fast ones is bounded by
-//! its own latency, not cut at the bound the fast routes set: `/report` taking 2 s at 0.5 % of
-//! the calls, the other routes 10 ms, under a 5 s deadline, was cut at the fast routes' 250 ms
-//! floor (64 of 125 calls failed); keyed, none is. The rules:
+//! its own latency, not cut at the bound the fast routes set (the storm lab's `routes`
+//! scenario: a `/report` taking 2 s among 10 ms routes). The rules:
 //!
 //! - **A key whose model is not trusted yet** (fewer than 100 samples in its window) gets the
 //!   cold-start bound, the ceiling capped by the deadline's share, and no hedge delay or retry
