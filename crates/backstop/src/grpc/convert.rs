@@ -1,0 +1,58 @@
+//! What a parsed config becomes: retry policies, hedging and the throttle of backstop's own
+//! layers.
+
+use super::{HedgingPolicyConfig, RetryPolicyConfig, RetryThrottling};
+
+impl RetryPolicyConfig {
+    /// The policy's backoff: gRFC A6's formula, `random(0, min(initialBackoff ×
+    /// backoffMultiplier^(n−1), maxBackoff))` ([`exponential`](backstop_retry::backoff::exponential)
+    /// with this multiplier and full jitter). A `maxBackoff` below `initialBackoff` caps every
+    /// wait at `maxBackoff`; one above the retry layer's longest backoff
+    /// ([`MAX_DELAY`](backstop_retry::backoff::MAX_DELAY), 1 h) is clamped to it, a deliberate
+    /// difference from A6, which sets no bound.
+    pub fn backoff(&self) -> backstop_retry::backoff::Exponential {
+        let cap = self.max_backoff.min(backstop_retry::backoff::MAX_DELAY);
+        let base = self.initial_backoff.min(cap);
+        backstop_retry::backoff::exponential(base, cap).multiplier(self.backoff_multiplier)
+    }
+
+    /// The policy as a [`RetryConfig`](backstop_retry::RetryConfig) for gRPC: its attempts, its
+    /// backoff and its retryable codes (no budget: the channel's throttle is one per client,
+    /// see [`RetryThrottling::throttle`]). It builds for every policy that passes
+    /// [`ServiceConfig::validate`](super::ServiceConfig::validate).
+    pub fn retry_policy(&self) -> backstop_retry::RetryConfig<backstop_core::GrpcClassifier> {
+        backstop_retry::RetryConfig::new(
+            backstop_core::GrpcClassifier::new()
+                .retryable_codes(self.retryable_status_codes.iter().copied()),
+        )
+        .max_attempts(self.max_attempts)
+        .backoff(self.backoff())
+        .no_budget()
+    }
+}
+
+impl HedgingPolicyConfig {
+    /// The policy as [`Hedging`](backstop_retry::hedge::Hedging): its attempts, a fixed delay
+    /// (valid for every policy that passes [`ServiceConfig::validate`](super::ServiceConfig::validate)).
+    pub fn hedging(&self) -> backstop_retry::hedge::Hedging {
+        backstop_retry::hedge::Hedging::new(self.hedging_delay).max_attempts(self.max_attempts)
+    }
+}
+
+impl RetryThrottling {
+    /// gRFC A6's throttle with these parameters.
+    ///
+    /// # Panics
+    ///
+    /// For parameters [`ServiceConfig::validate`](super::ServiceConfig::validate) refuses (never for a config read by
+    /// [`ServiceConfig::from_json`](super::ServiceConfig::from_json), nor in
+    /// [`ClientLayer::service_config`](crate::ClientLayer::service_config), which validates
+    /// first).
+    pub fn throttle(&self) -> backstop_retry::GrpcThrottle {
+        backstop_retry::GrpcThrottle::builder()
+            .max_tokens(self.max_tokens)
+            .token_ratio(self.token_ratio)
+            .build()
+            .expect("validated when the config was read")
+    }
+}
