@@ -140,29 +140,82 @@ async fn a_refused_caller_sees_a_local_rejection_never_retried() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_dropped_call_is_a_request_without_an_accept() {
+async fn a_call_dropped_at_its_deadline_is_a_request_without_an_accept() {
     let throttle = seeded();
     let layer = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new());
     let (mock, mut handle) = tower_test::mock::pair::<Request<String>, Response<String>>();
     let mut client = layer.layer(mock);
-    // Polled, then dropped.
+    let within = |ms: u64| {
+        let mut req = get();
+        req.extensions_mut()
+            .insert(backstop_deadline::Deadline::after(Duration::from_millis(
+                ms,
+            )));
+        req
+    };
+    // Polled, then dropped before its deadline: its caller let go, nothing is counted.
     tokio_test::assert_ready_ok!(tokio_test::task::spawn(()).enter(|cx, _| client.poll_ready(cx)));
-    let mut call = tokio_test::task::spawn(client.call(get()));
+    let mut call = tokio_test::task::spawn(client.call(within(1_000)));
     tokio_test::assert_pending!(call.poll());
     drop(call);
-    // Raced by a timer in `select!`, and lost.
+    // Raced by a timer in `select!` and lost, without a deadline: nothing either.
     client.ready().await.unwrap();
     let call = client.call(get());
     tokio::select! {
         _ = call => panic!("the mock never answers"),
         () = tokio::time::sleep(Duration::from_millis(10)) => {}
     }
+    assert_eq!(throttle.window_counts(), (0, 0));
+    // Still unanswered at its deadline, then dropped (the deadline layer outside does this):
+    // a request the dependency did not accept.
+    client.ready().await.unwrap();
+    let call = client.call(within(10));
+    tokio::select! {
+        _ = call => panic!("the mock never answers"),
+        () = tokio::time::sleep(Duration::from_millis(10)) => {}
+    }
+    assert_eq!(throttle.window_counts(), (1, 0));
     // Answered through a `Buffer` around the layer.
     let buffered = tower::buffer::Buffer::new(layer.layer(answering(200)), 8);
     let answered = tokio::spawn(buffered.oneshot(get()));
     assert!(answered.await.unwrap().is_ok());
     drop(handle.next_request());
-    assert_eq!(throttle.window_counts(), (3, 1));
+    assert_eq!(throttle.window_counts(), (2, 1));
+}
+
+/// A caller racing copies of a call to a healthy dependency (the first answer wins, the rest
+/// are dropped) never trips the throttle: the losers are let go of, not refused by the
+/// dependency.
+#[tokio::test(start_paused = true)]
+async fn racing_callers_never_throttle_a_healthy_dependency() {
+    use futures_util::{StreamExt, stream::FuturesUnordered};
+    let throttle = seeded();
+    let layer = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new());
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let count = sent.clone();
+    let client = layer.layer(tower::service_fn(move |_req: Request<String>| {
+        let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            let ms = if n.is_multiple_of(3) { 5 } else { 50 };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }
+    }));
+    for _ in 0..200 {
+        let mut race: FuturesUnordered<_> = (0..3)
+            .map(|_| {
+                let mut req = get();
+                req.extensions_mut()
+                    .insert(backstop_deadline::Deadline::after(Duration::from_secs(1)));
+                client.clone().oneshot(req)
+            })
+            .collect();
+        assert!(race.next().await.unwrap().is_ok());
+        drop(race);
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    assert_eq!(throttle.rejections(), 0);
+    assert_eq!(throttle.probability(), 0.0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -20,7 +20,8 @@ use tower_layer::Layer;
 ///
 /// With its defaults ([`AdmissionLayer::new`]: the p50 of each route's handler latency over
 /// 30 s, trusted from 100 answers, admitting everything until then), admission refuses only a
-/// request whose caller gave it less time than half of this route's requests take: most of
+/// request whose caller gave it less time than half of this route's requests take (each of 16
+/// models measures one route; a route that finds its model held by another is admitted): most of
 /// those would be cancelled by their deadline part-way through, and the work would go to
 /// nobody. A request without a deadline is always admitted. It needs no number only the user
 /// knows, so the preset turns it on; [`admission`](Self::admission) tunes it (a higher

@@ -963,3 +963,79 @@ fn an_admission_refusal_is_counted_without_labels() {
         2
     );
 }
+
+/// `ThrottleLayer::with` docs: layers built with the same `AdaptiveThrottle` share
+/// one window; the module docs say the `backstop.throttle.probability` gauge follows every
+/// recompute after the first refusal. Only the first layer's gauge is ever attached
+/// (`OnceLock`): the second dependency's series keeps its refusal-time value forever.
+#[test]
+fn every_layer_sharing_a_throttle_reports_its_probability() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(async {
+                let shared = Arc::new(
+                    backstop::retry::throttle::AdaptiveThrottle::builder()
+                        .seed(28)
+                        .build()
+                        .unwrap(),
+                );
+                let layer = |name: &str| {
+                    let l = ThrottleLayer::with(shared.clone(), HttpClassifier::new());
+                    l.set_name(name).unwrap();
+                    l
+                };
+                let ok = service_fn(|_req: Request<String>| async {
+                    Ok::<_, Infallible>(Response::new(String::new()))
+                });
+                let a = ServiceBuilder::new().layer(layer("a")).service(ok);
+                let b = ServiceBuilder::new().layer(layer("b")).service(ok);
+                for _ in 0..1_000 {
+                    shared.record_request();
+                }
+                tokio::time::advance(Duration::from_millis(200)).await;
+                // Both refuse (p = 0.9 with this seed for the first draws).
+                for _ in 0..20 {
+                    let _ = a.clone().oneshot(Request::new(String::new())).await;
+                    let _ = b.clone().oneshot(Request::new(String::new())).await;
+                }
+                // The refusals leave the window: p = 0, recomputed on the next calls.
+                tokio::time::advance(Duration::from_secs(31)).await;
+                for _ in 0..5 {
+                    a.clone()
+                        .oneshot(Request::new(String::new()))
+                        .await
+                        .unwrap();
+                    b.clone()
+                        .oneshot(Request::new(String::new()))
+                        .await
+                        .unwrap();
+                    tokio::time::advance(Duration::from_millis(200)).await;
+                }
+                assert_eq!(shared.probability(), 0.0);
+            });
+    });
+    let gauges: Vec<(String, f64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == backstop::metrics::THROTTLE_PROBABILITY)
+        .map(|(k, _, _, v)| {
+            let dep = k.key().labels().next().unwrap().value().to_owned();
+            let DebugValue::Gauge(v) = v else { panic!() };
+            (dep, v.into_inner())
+        })
+        .collect();
+    assert_eq!(gauges.len(), 2, "{gauges:?}");
+    for (dep, p) in &gauges {
+        assert_eq!(
+            *p, 0.0,
+            "dependency {dep}: the gauge reads {p}, the throttle 0 ({gauges:?})"
+        );
+    }
+}

@@ -19,8 +19,10 @@
 //!    (default the median, p50), at least [`min_need`](AdmissionLayerBuilder::min_need)
 //!    (default 0); or a [`fixed`](AdmissionLayerBuilder::fixed) need instead of measuring.
 //!    A route is the request's path (for gRPC, `/package.Service/Method`), hashed into one of
-//!    [`routes`](AdmissionLayerBuilder::routes) models (default 16; routes sharing a model
-//!    share a need). A model is trusted once it holds [`min_samples`](AdmissionLayerBuilder::min_samples)
+//!    [`routes`](AdmissionLayerBuilder::routes) models (default 16). A model measures one
+//!    route, the first to arrive there; a route whose model another route holds is admitted
+//!    and not measured, so no route is refused for another's latency (raise `routes` for a
+//!    service with many). A model is trusted once it holds [`min_samples`](AdmissionLayerBuilder::min_samples)
 //!    samples (default 100) of its [`window`](AdmissionLayerBuilder::window) (default 30 s);
 //!    until then (**cold start**) every request is admitted. The need is read from the model
 //!    at most every 100 ms and cached.
@@ -50,8 +52,10 @@
 //! Clones of a layer share its models. Recording is the latency model's (one relaxed add per
 //! sample, see [`LatencyModel`]); the cached need of a route is one word per tick (core's
 //! `TickCache`, model-checked there: an atomic maximum, so a reader computing from an older
-//! tick never overwrites a newer need). Needs are estimates:
-//! a request racing a rotation of the model is judged by a need a moment old.
+//! tick never overwrites a newer need). A model's owner is claimed once, by a compare-and-swap
+//! from "none": of two routes racing for it one wins for good, the other is admitted
+//! unmeasured. Needs are estimates: a request racing a rotation of the model is judged by a
+//! need a moment old.
 
 mod future;
 mod service;
@@ -60,7 +64,13 @@ pub use future::AdmissionFuture;
 pub use service::Admission;
 
 use backstop_core::{__private::tick::TickCache, ConfigError, latency::LatencyModel};
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 use tokio::time::Instant;
 use tower_layer::Layer;
 
@@ -115,6 +125,9 @@ struct Route {
     model: LatencyModel,
     /// The need in µs (`UNTRUSTED`: admit), per tick.
     cached: TickCache,
+    /// The 64-bit hash of the one path this model measures (0: none yet). Claimed by the
+    /// first request hashed here; another path hashed here is admitted unmeasured.
+    owner: AtomicU64,
 }
 
 impl AdmissionLayer {
@@ -189,8 +202,8 @@ impl AdmissionLayerBuilder {
         self
     }
 
-    /// Latency models, each for the routes whose path hashes to it (default 16, 1..=1024;
-    /// 4 KiB each).
+    /// Latency models, each measuring the first route whose path hashes to it (default 16,
+    /// 1..=1024; 4 KiB each); a route whose model another holds is admitted unmeasured.
     #[must_use]
     pub fn routes(mut self, routes: usize) -> Self {
         self.routes = routes;
@@ -253,6 +266,7 @@ impl AdmissionLayerBuilder {
                         .min_samples(self.min_samples)
                         .build()?,
                     cached: TickCache::new(),
+                    owner: AtomicU64::new(0),
                 })
             })
             .collect::<Result<Box<[Route]>, ConfigError>>()?;
@@ -281,20 +295,30 @@ impl Shared {
         u64::try_from(now.saturating_duration_since(self.start).as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// The model of `path` (FNV-1a of its bytes); `usize::MAX` with a fixed need.
+    /// The model of `path`: the slot its hash (FNV-1a of its bytes) falls in, if that slot
+    /// measures this path (the first to arrive there claims it); `usize::MAX`, admitted and
+    /// unmeasured, with a fixed need or when another path holds the slot, so a route is never
+    /// refused for another route's latency.
     pub(crate) fn route(&self, path: &str) -> usize {
-        if self.models.len() <= 1 {
-            return if self.models.is_empty() {
-                usize::MAX
-            } else {
-                0
-            };
+        if self.models.is_empty() {
+            return usize::MAX;
         }
-        let mut hash: u32 = 0x811c_9dc5;
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for byte in path.bytes() {
-            hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
         }
-        hash as usize % self.models.len()
+        let hash = hash.max(1); // 0 marks a free slot
+        let slot = (hash % self.models.len() as u64) as usize;
+        let owner = &self.models[slot].owner;
+        match owner.load(Ordering::Relaxed) {
+            h if h == hash => slot,
+            0 => match owner.compare_exchange(0, hash, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => slot,
+                Err(h) if h == hash => slot,
+                Err(_) => usize::MAX,
+            },
+            _ => usize::MAX,
+        }
     }
 
     /// The need of `route`'s requests in µs (`UNTRUSTED`: admit).

@@ -34,7 +34,8 @@ pin_project! {
         Called {
             #[pin]
             future: S::Future,
-            permit: Permit,
+            // Given back as soon as the response (or error) arrives; `None` after.
+            permit: Option<Permit>,
         },
         Waiting {
             // The service readied for this call, and the call, until the permit comes.
@@ -74,10 +75,15 @@ impl Permit {
         }
     }
 
-    /// The call answered: its hold time is a sample of the mean.
-    fn answered(&self) {
-        self.shared
-            .record_hold(Instant::now().saturating_duration_since(self.since));
+    /// The call answered: its hold time is a sample of the mean, unless the answer is a local
+    /// refusal made further in (a throttle, an open breaker), which held nothing of the
+    /// dependency's: counted, such instant answers would drag the mean down and the bulkhead
+    /// would wait where it should refuse at once. The permit is given back here.
+    fn answered(self, local: bool) {
+        if !local {
+            self.shared
+                .record_hold(Instant::now().saturating_duration_since(self.since));
+        }
     }
 }
 
@@ -124,7 +130,7 @@ impl<S: Service<R>, R> BulkheadFuture<S, R> {
         Self {
             kind: Kind::Called {
                 future,
-                permit: Permit::new(shared),
+                permit: Some(Permit::new(shared)),
             },
         }
     }
@@ -197,12 +203,17 @@ where
         loop {
             let (service, req, permit) = match kind.as_mut().project() {
                 KindProj::Called { future, permit } => {
-                    let result = ready!(future.poll(cx));
-                    permit.answered();
-                    return Poll::Ready(match result {
-                        Ok(response) => Ok(response.map(ResponseBody::new)),
-                        Err(err) => Err(err.into()),
-                    });
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    if let Some(permit) = permit.take() {
+                        let local = match &result {
+                            Ok(response) => {
+                                refused_further_in(response.extensions().get::<Rejection>())
+                            }
+                            Err(err) => refused_further_in(Rejection::of(&**err).as_ref()),
+                        };
+                        permit.answered(local);
+                    }
+                    return Poll::Ready(result.map(|r| r.map(ResponseBody::new)));
                 }
                 KindProj::Passed { future } => {
                     return Poll::Ready(match ready!(future.poll(cx)) {
@@ -246,9 +257,22 @@ where
             };
             let mut service = service;
             let future = service.call(req);
-            kind.set(Kind::Called { future, permit });
+            kind.set(Kind::Called {
+                future,
+                permit: Some(permit),
+            });
         }
     }
+}
+
+/// Whether an answer is a refusal a layer further in made without calling the dependency (an
+/// open breaker, a throttle, another bulkhead); an attempt bound or a deadline that ran out
+/// held the permit for real.
+fn refused_further_in(rejection: Option<&Rejection>) -> bool {
+    matches!(
+        rejection,
+        Some(Rejection::BreakerOpen { .. } | Rejection::ClientThrottled | Rejection::BulkheadFull)
+    )
 }
 
 /// The answer of a refused call: nothing was sent.

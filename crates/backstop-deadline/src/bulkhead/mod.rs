@@ -19,7 +19,8 @@
 //!    nobody queued): the call goes on at once.
 //! 2. **The wait's end**: the call's deadline less the time a call holds its permit (the
 //!    mean, measured: an exponentially weighted average of every permit's hold, 0 until the
-//!    first answer), and at most [`max_wait`](BulkheadLayerBuilder::max_wait) (default 1 s)
+//!    first answer; an answer a layer further in made without calling the dependency, an open
+//!    breaker's or a throttle's, is not a sample), and at most [`max_wait`](BulkheadLayerBuilder::max_wait) (default 1 s)
 //!    from now. The deadline is the request's [`Deadline`](crate::Deadline) extension (an
 //!    outer [`PropagateDeadlineLayer`](crate::PropagateDeadlineLayer), the retry layer, or
 //!    your handler put it there), else [`current()`](crate::current); a call without one
@@ -32,8 +33,9 @@
 //! 5. **Waits** for a permit until the wait's end, then is refused, naming `max_concurrency`
 //!    (a deadline bounded the wait) or `max_wait`.
 //!
-//! A permit is held from the grant to the response future's end: its response (headers;
-//! a streamed body is not held, as with tower's `ConcurrencyLimit`), its error, or its drop.
+//! A permit is held from the grant until the response future ends: it is given back the
+//! moment the response (headers; a streamed body is not held, as with tower's
+//! `ConcurrencyLimit`) or the error arrives, or when the future is dropped before.
 //! A call dropped while it waits leaves the queue (or, granted at that instant, gives its
 //! permit on); nothing waits for a dropped call.
 //!

@@ -12,6 +12,7 @@ use std::{
     sync::Arc,
     task::{Context, Poll, ready},
 };
+use tokio::time::Instant;
 
 pin_project! {
     /// The response future of [`Throttle`](super::Throttle).
@@ -41,11 +42,20 @@ pin_project! {
 }
 
 impl<F, C> ThrottleFuture<F, C> {
-    pub(crate) fn running(future: F, shared: Arc<Shared<C>>, sent: u64) -> Self {
+    pub(crate) fn running(
+        future: F,
+        shared: Arc<Shared<C>>,
+        sent: u64,
+        deadline: Option<Instant>,
+    ) -> Self {
         Self {
             kind: Kind::Running {
                 future,
-                call: InFlight(Some(shared), sent),
+                call: InFlight {
+                    shared: Some(shared),
+                    sent,
+                    deadline,
+                },
             },
         }
     }
@@ -89,7 +99,7 @@ where
         match self.project().kind.project() {
             KindProj::Running { future, call } => {
                 let result = ready!(future.poll(cx)).map_err(Into::into);
-                let shared = call.0.take().expect("polled after completion");
+                let shared = call.shared.take().expect("polled after completion");
                 // A sent call is counted as a request when its outcome is known, with its
                 // accept: counted when sent, the calls still in flight would read as refused
                 // (a slow dependency's first second, all requests and no accepts, would be
@@ -108,7 +118,7 @@ where
                         outcome => shared.throttle.accepts(&outcome),
                     },
                 });
-                shared.throttle.sent_ended(call.1, accepted);
+                shared.throttle.sent_ended(call.sent, accepted);
                 Poll::Ready(result.map(|r| r.map(ResponseBody::new)))
             }
             KindProj::Passed { future } => Poll::Ready(match ready!(future.poll(cx)) {
@@ -120,15 +130,23 @@ where
     }
 }
 
-/// A sent call, counted as a request without an accept if it is dropped before its answer
-/// (its deadline passed, its caller left).
-/// The second field is when it was let through.
-struct InFlight<C>(Option<Arc<Shared<C>>>, u64);
+/// A sent call: when it was let through, and its deadline if it has one. Dropped before its
+/// answer, it counts as a request without an accept only if its deadline had passed (the
+/// dependency did not answer in time); a call its caller let go of earlier (a lost race, a
+/// `select!`, a hedge) or that had no deadline says nothing about the dependency and counts as
+/// nothing.
+struct InFlight<C> {
+    shared: Option<Arc<Shared<C>>>,
+    sent: u64,
+    deadline: Option<Instant>,
+}
 
 impl<C> Drop for InFlight<C> {
     fn drop(&mut self) {
-        if let Some(shared) = self.0.take() {
-            shared.throttle.sent_ended(self.1, false);
+        if let Some(shared) = self.shared.take()
+            && self.deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            shared.throttle.sent_ended(self.sent, false);
         }
     }
 }

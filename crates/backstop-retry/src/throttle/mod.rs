@@ -30,8 +30,11 @@
 //!   outcome is an accept (default:
 //!   [`Outcome::Success`] and [`Outcome::Ignored`], i.e. the dependency answered, a caller
 //!   error included; a gRPC stream whose status is in its trailers counts as accepted when
-//!   its headers arrive: the server took it). A call dropped before its answer (its deadline
-//!   passed) is a request without an accept. A call a circuit breaker inside refused
+//!   its headers arrive: the server took it). A call dropped before its answer is a request
+//!   without an accept if its deadline (the request's `Deadline` extension, which the
+//!   deadline layer outside puts there, else the current one) had passed: the dependency did
+//!   not answer in time. Dropped earlier, or without a deadline, it counts as nothing: a lost
+//!   race, a `select!` or a hedge let go of says nothing about the dependency. A call a circuit breaker inside refused
 //!   ([`BreakerOpen`](backstop_core::BreakerOpen), or a gRPC response carrying
 //!   [`Rejection::BreakerOpen`](backstop_core::Rejection)) is counted as accepted, whatever
 //!   the accept rule says: the dependency never saw it, and the breaker already stands
@@ -138,10 +141,12 @@ pub struct AdaptiveThrottle {
     /// The probability × `u32::MAX`, per tick.
     cached: TickCache,
     rejections: AtomicU64,
-    /// `backstop.throttle.probability` of the first layer that refused a call through this
-    /// throttle: set at each recompute from then on, so it falls back when refusals stop.
+    /// `backstop.throttle.probability` of every layer that refused a call through this
+    /// throttle (one per named layer sharing it): set at each recompute from then on, so it
+    /// falls back when refusals stop. A lock, taken only there (at most once a tick) and when
+    /// a layer first refuses.
     #[cfg(feature = "metrics")]
-    gauge: std::sync::OnceLock<metrics::Gauge>,
+    gauges: std::sync::Mutex<Vec<metrics::Gauge>>,
 }
 
 /// Builds an [`AdaptiveThrottle`]: setters take any value, [`build`](Self::build) checks.
@@ -305,16 +310,20 @@ impl AdaptiveThrottle {
     fn refresh(&self, nanos: u64, tick: u64) -> u32 {
         let p = self.compute(nanos / self.bucket_nanos);
         #[cfg(feature = "metrics")]
-        if let Some(gauge) = self.gauge.get() {
+        for gauge in self.gauges.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             gauge.set(p);
         }
         self.cached.publish(tick, (p * f64::from(u32::MAX)) as u32)
     }
 
-    /// Makes `gauge` follow the probability at each recompute (the first gauge given wins).
+    /// Makes `gauge` follow the probability at each recompute (each layer gives its own,
+    /// once).
     #[cfg(feature = "metrics")]
     pub(crate) fn report_to(&self, gauge: &metrics::Gauge) {
-        let _ = self.gauge.set(gauge.clone());
+        self.gauges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(gauge.clone());
     }
 }
 
@@ -481,7 +490,7 @@ impl AdaptiveThrottleBuilder {
             cached: TickCache::new(),
             rejections: AtomicU64::new(0),
             #[cfg(feature = "metrics")]
-            gauge: std::sync::OnceLock::new(),
+            gauges: std::sync::Mutex::new(Vec::new()),
         })
     }
 }

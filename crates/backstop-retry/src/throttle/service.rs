@@ -104,6 +104,14 @@ where
             self.shared.refused();
             return ThrottleFuture::refused(is_grpc(req.headers()));
         };
-        ThrottleFuture::running(self.inner.call(req), self.shared.clone(), sent)
+        // The deadline the deadline layer outside put on the request (else the current one):
+        // what tells a call that ran out of time from one its caller let go of.
+        let deadline = req
+            .extensions()
+            .get::<backstop_deadline::Deadline>()
+            .copied()
+            .or_else(backstop_deadline::current)
+            .map(|d| d.instant());
+        ThrottleFuture::running(self.inner.call(req), self.shared.clone(), sent, deadline)
     }
 }
