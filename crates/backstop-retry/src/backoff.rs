@@ -95,6 +95,13 @@ pub trait Backoff: fmt::Debug + Send + Sync {
     fn validate(&self) -> Result<(), ConfigError> {
         Ok(())
     }
+
+    /// A lower bound of the first retry's delay: no first retry goes sooner. The client
+    /// presets tell the attempt bound inside (`AttemptTimeoutLayer::retry_wait`), so it keeps
+    /// room for a retry only where one could be sent. Default: zero, always a true bound.
+    fn least_first_delay(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// The longest delay a backoff may be configured with (its `cap`, or a constant delay), 1 h,
@@ -147,6 +154,10 @@ pub fn decorrelated(base: Duration, cap: Duration) -> Decorrelated {
 impl Backoff for Decorrelated {
     fn validate(&self) -> Result<(), ConfigError> {
         check("base", self.base, self.cap)
+    }
+
+    fn least_first_delay(&self) -> Duration {
+        self.base
     }
 
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
@@ -257,6 +268,16 @@ impl Backoff for Exponential {
         Ok(())
     }
 
+    fn least_first_delay(&self) -> Duration {
+        let e = self.envelope(1);
+        match self.jitter {
+            Jitter::None => e,
+            Jitter::Full => Duration::ZERO,
+            Jitter::Equal => e / 2,
+            Jitter::Proportional(f) => e.mul_f64((1.0 - f).clamp(0.0, 1.0)),
+        }
+    }
+
     fn next_delay(&self, state: &mut BackoffState, rng: &mut Rng) -> Duration {
         let e = self.envelope(state.retry);
         let d = match self.jitter {
@@ -333,6 +354,10 @@ impl Backoff for Constant {
             ));
         }
         Ok(())
+    }
+
+    fn least_first_delay(&self) -> Duration {
+        self.0
     }
 
     fn next_delay(&self, state: &mut BackoffState, _: &mut Rng) -> Duration {
@@ -464,6 +489,37 @@ mod tests {
             }
         }
         f64::from(at_cap) / f64::from(total)
+    }
+
+    /// No strategy's first delay is ever below what it says is its least.
+    #[test]
+    fn the_least_first_delay_bounds_every_first_delay() {
+        let ms = Duration::from_millis;
+        let strategies: Vec<Box<dyn Backoff>> = vec![
+            Box::new(decorrelated(ms(25), ms(1_000))),
+            Box::new(decorrelated_v2(ms(50), ms(1_000))),
+            Box::new(constant(ms(40))),
+            Box::new(exponential(ms(100), ms(1_000))),
+            Box::new(exponential(ms(100), ms(1_000)).jitter(Jitter::None)),
+            Box::new(exponential(ms(100), ms(1_000)).jitter(Jitter::Equal)),
+            Box::new(exponential(ms(100), ms(1_000)).jitter(Jitter::Proportional(0.3))),
+        ];
+        let least: Vec<Duration> = strategies.iter().map(|b| b.least_first_delay()).collect();
+        assert_eq!(
+            least,
+            [ms(25), ms(0), ms(40), ms(0), ms(100), ms(50), ms(70)],
+            "what each says"
+        );
+        for (b, least) in strategies.iter().zip(least) {
+            for seed in 0..2_000 {
+                let mut state = BackoffState {
+                    retry: 1,
+                    ..Default::default()
+                };
+                let first = b.next_delay(&mut state, &mut Rng::with_seed(seed));
+                assert!(first >= least, "{b:?}: {first:?} < {least:?}");
+            }
+        }
     }
 
     #[test]

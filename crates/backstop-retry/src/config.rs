@@ -187,6 +187,13 @@ impl<C> RetryConfig<C> {
         self
     }
 
+    /// The least a first retry waits after an attempt failed with no server hint: the
+    /// backoff's [`least_first_delay`](Backoff::least_first_delay) (a server's pushback may ask
+    /// for less). The client presets tell it to the attempt bound inside.
+    pub fn least_retry_wait(&self) -> Duration {
+        self.backoff.least_first_delay()
+    }
+
     /// The retry budget, shared with whoever else holds the `Arc` (default: a new
     /// [`RatioBudget`], shared by all clones of this layer).
     #[must_use]

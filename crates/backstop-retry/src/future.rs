@@ -385,8 +385,9 @@ where
                         .next_request()
                         .expect("the body is taken over when the retry is decided");
                     let armed = retry.bounds.arm(&mut req, false);
-                    if retry.is_last() {
-                        // No retry follows it: a bound inside may give it the whole deadline.
+                    if retry.is_last() || retry.timeouts_final {
+                        // No retry follows it (or its timeout): a bound inside may give it the
+                        // whole deadline.
                         req.extensions_mut().insert(backstop_core::FinalAttempt);
                     }
                     let service = &mut retry.service;

@@ -83,6 +83,7 @@ impl<C> RetryLayer<C> {
             name: backstop_core::__private::DependencyName::default(),
             methods: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
+            timeout_retryable: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
         let header = if shared.policy.send_grpc_timeout {

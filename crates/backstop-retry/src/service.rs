@@ -7,7 +7,7 @@ use crate::{
     state::RetryState,
     template::Template,
 };
-use backstop_core::{BoxError, Classify, grpc::GRPC_TIMEOUT};
+use backstop_core::{BoxError, Classify, Outcome, Retryable, grpc::GRPC_TIMEOUT};
 use backstop_deadline::{Deadline, current, grpc_timeout};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Body;
@@ -134,6 +134,30 @@ where
             header: self.header == crate::bounds::Wire::Write,
         };
         let template = Template::new(&req);
+        // Whether a retry may follow this request's attempt timeouts: the classifier's rule
+        // for `AttemptTimedOut` (asked once per layer) and, where it depends on it, whether the
+        // request is idempotent. When none may, every attempt is final for the bound inside,
+        // which then gives it the whole deadline instead of keeping a share for a retry.
+        let idempotent = || {
+            overrides
+                .idempotent
+                .unwrap_or_else(|| template.idempotent(policy.idempotency))
+        };
+        let timeouts_final = match *handle.timeout_retryable.get_or_init(|| {
+            match policy
+                .classifier
+                .classify(Err(&backstop_core::AttemptTimedOut::new()))
+            {
+                Outcome::Failure { retryable, .. } | Outcome::Throttled { retryable, .. } => {
+                    retryable
+                }
+                _ => Retryable::Never,
+            }
+        }) {
+            Retryable::Never => true,
+            Retryable::IfIdempotent => !idempotent(),
+            _ => false,
+        };
         let (parts, body) = req.into_parts();
         // An empty body (most GETs) needs no buffer at all.
         let body = if body.is_end_stream() {
@@ -149,14 +173,13 @@ where
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
         let armed = bounds.arm(&mut req, true);
+        if timeouts_final {
+            req.extensions_mut().insert(backstop_core::FinalAttempt);
+        }
         // A hedged request: one the idempotency rule allows, with a delay to hedge after.
         let hedge = match &policy.hedging {
             Some(hedging)
-                if armed != Armed::Expired
-                    && overrides.hedge != Some(false)
-                    && overrides
-                        .idempotent
-                        .unwrap_or_else(|| template.idempotent(policy.idempotency)) =>
+                if armed != Armed::Expired && overrides.hedge != Some(false) && idempotent() =>
             {
                 hedging.delay.delay_for(req.method(), req.uri())
             }
@@ -169,7 +192,15 @@ where
             }
             None => State::sent(armed, || service.call(req)),
         };
-        let retry = RetryState::new(handle.clone(), service, template, body, bounds, overrides);
+        let retry = RetryState::new(
+            handle.clone(),
+            service,
+            template,
+            body,
+            bounds,
+            overrides,
+            timeouts_final,
+        );
         ResponseFuture::retrying(retry, state)
     }
 }

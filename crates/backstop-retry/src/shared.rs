@@ -24,6 +24,9 @@ pub(crate) struct Shared<C> {
     /// The metric handles, registered by the first call that records (zero-sized without the
     /// `metrics` feature).
     pub(crate) metrics: std::sync::OnceLock<RetryMetrics>,
+    /// What the policy's classifier makes of an attempt timeout (`AttemptTimedOut`): asked
+    /// once, by the first call.
+    pub(crate) timeout_retryable: std::sync::OnceLock<backstop_core::Retryable>,
 }
 
 /// One handle per stripe to the layer's shared state, shared by every service of the layer

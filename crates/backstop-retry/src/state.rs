@@ -35,6 +35,10 @@ pub(crate) struct RetryState<S, B, C> {
     pub(crate) gave_up: Option<GiveUp>,
     /// This request's overrides of the policy.
     pub(crate) overrides: crate::RetryOverrides,
+    /// No retry follows an attempt of this request that timed out (the policy's classifier
+    /// makes an attempt timeout retryable only if idempotent, and it is not): every attempt
+    /// is final for the attempt bound inside.
+    pub(crate) timeouts_final: bool,
     /// The backoff since it last started over (a gRPC pushback resets it, per A6).
     pub(crate) backoff: BackoffState,
     pub(crate) rng: Option<Rng>,
@@ -75,6 +79,7 @@ impl<S, B, C> RetryState<S, B, C> {
         body: ReplayBody<B>,
         bounds: Bounds,
         overrides: crate::RetryOverrides,
+        timeouts_final: bool,
     ) -> Self {
         // Request numbers seed the jitter of a seeded policy (and only then: counting them
         // is a shared write every request would pay for).
@@ -92,6 +97,7 @@ impl<S, B, C> RetryState<S, B, C> {
             attempts: 1,
             gave_up: None,
             overrides,
+            timeouts_final,
             backoff: BackoffState::default(),
             rng: None,
             number,

@@ -587,6 +587,16 @@ impl<C> ClientLayer<C> {
         })
     }
 
+    /// The least time a retry of this stack waits before it is sent, for the attempt bound:
+    /// the retry layer's least first backoff, and the offset the retry's deadline is told
+    /// less.
+    pub(crate) fn retry_wait(&self) -> Duration {
+        self.retry
+            .config()
+            .least_retry_wait()
+            .saturating_add(self.deadline.offset())
+    }
+
     /// The attempt bound's layer: [`latency`](AttemptTimeoutLayer::latency) is the
     /// dependency's measured latency, [`current_bound`](AttemptTimeoutLayer::current_bound)
     /// the bound an attempt gets now.
@@ -700,12 +710,15 @@ impl<S, C> Layer<S> for ClientLayer<C> {
         // innermost, from the deadline each attempt carries on the request (less the deadline
         // layer's offset); the deadline and retry layers write none. No writer at all when
         // the deadline layer says the header is not to be sent.
+        // The attempt bound keeps its share of the deadline for a retry only where one could
+        // be sent: after the retry layer's least backoff, before the deadline less the offset.
+        let attempt = self.attempt.retry_wait(self.retry_wait());
         let inner = if self.deadline.sends_grpc_timeout() {
-            self.attempt
+            attempt
                 .write_grpc_timeout(self.deadline.offset())
                 .layer(inner)
         } else {
-            self.attempt.layer(inner)
+            attempt.layer(inner)
         };
         let inner = self.breaker.layer(inner);
         let inner = self

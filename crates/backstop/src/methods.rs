@@ -189,7 +189,18 @@ impl<S: Clone> Layer<S> for MethodsLayer {
         // `grpc-timeout` (unless the deadline layer says none is sent); the deadline and
         // retry layers write none.
         let deadline = self.client.deadline_layer();
-        let attempt = self.client.attempt_layer();
+        // Room for a retry after the least backoff of any method's policy (gRFC A6's full
+        // jitter may retry at once), before the deadline less the offset.
+        let least = self
+            .retries
+            .iter()
+            .map(|r| r.config().least_retry_wait())
+            .min()
+            .unwrap_or_default();
+        let attempt = self
+            .client
+            .attempt_layer()
+            .retry_wait(least.saturating_add(deadline.offset()));
         let attempt = if deadline.sends_grpc_timeout() {
             attempt.write_grpc_timeout(deadline.offset())
         } else {

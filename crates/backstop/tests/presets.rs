@@ -398,17 +398,42 @@ async fn a_single_attempt_takes_the_whole_deadline_and_its_timeout_is_counted() 
 /// into UNKNOWN.
 #[tokio::test(start_paused = true)]
 async fn a_grpc_attempt_out_of_time_answers_deadline_exceeded() {
+    let sent = Arc::new(AtomicU32::new(0));
+    let counted = sent.clone();
     let client = ServiceBuilder::new()
         .layer(backstop::client::grpc().deadline(deadline_of(400)))
-        .service(hung());
-    let request = Request::post("http://dep/pkg.Svc/Call")
-        .header("content-type", "application/grpc")
-        .body(String::new())
-        .unwrap();
+        .service(service_fn(move |_req: Request<ReplayBody<String>>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<Result<Response<String>, std::convert::Infallible>>()
+        }));
+    let request = || {
+        Request::post("http://dep/pkg.Svc/Call")
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap()
+    };
+    // A call marked idempotent may be retried after an attempt timeout: its first attempt
+    // keeps a share for the retry, is cut at 80 % of the deadline (320 ms) and retried; the
+    // retry runs into the deadline.
+    let mut idempotent = request();
+    idempotent
+        .extensions_mut()
+        .insert(backstop::retry::RetryOverrides::new().idempotent(true));
     let started = tokio::time::Instant::now();
-    let response = client.oneshot(request).await.unwrap();
+    let response = client.clone().oneshot(idempotent).await.unwrap();
     assert_eq!(response.headers()["grpc-status"], "4");
-    assert_eq!(started.elapsed(), Duration::from_millis(320));
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        2,
+        "the first attempt was cut and retried"
+    );
+    assert!(started.elapsed() <= Duration::from_millis(400));
+    // A plain gRPC call is not retried after a timeout: its attempt gets the whole deadline.
+    let started = tokio::time::Instant::now();
+    let response = client.oneshot(request()).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "4");
+    assert_eq!(started.elapsed(), Duration::from_millis(400));
+    assert_eq!(sent.load(Ordering::SeqCst), 3, "one attempt");
 }
 
 /// A dependency whose `n`th call (counting from 0) takes `latency(n)`.

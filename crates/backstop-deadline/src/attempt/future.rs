@@ -1,6 +1,6 @@
 //! The attempt future: its own timer, and the attempt's time recorded in the model.
 
-use super::shared::Shared;
+use super::shared::{Room, Shared};
 use backstop_core::{
     __private::{stripe, timer::LazySleep},
     AttemptTimedOut, BoxError,
@@ -33,8 +33,8 @@ pin_project! {
         pub(super) start: Option<(Instant, Option<Duration>, Option<Instant>)>,
         // The request's deadline, which caps an adaptive bound picked at the first wait.
         pub(super) deadline: Option<Instant>,
-        // A final attempt (`FinalAttempt`): the cap is all that is left, not the share.
-        pub(super) whole: bool,
+        // What a retry after it would need (`Final`: none follows, the cap is all that is left).
+        pub(super) room: Room,
         #[pin]
         pub(super) sleep: LazySleep,
     }
@@ -111,7 +111,7 @@ where
                 let (bound, end) = match *this.told {
                     Some((bound, end)) => (Some(bound), Some(end)),
                     None => {
-                        let bound = shared.bound_at(now, *this.deadline, *this.whole);
+                        let bound = shared.bound_at(now, *this.deadline, *this.room);
                         (bound, bound.map(|b| now + b))
                     }
                 };

@@ -3,7 +3,7 @@
 use super::{
     AttemptBound, AttemptTimeout,
     keyed::{KEY_IDLE, Keyed},
-    shared::{REFRESH, Shared},
+    shared::{REFRESH, Room, Shared},
 };
 use backstop_core::{__private::stripe, ConfigError, RouteKey, latency::LatencyModel};
 use http::{Method, Uri};
@@ -31,6 +31,8 @@ pub struct AttemptTimeoutLayer {
     /// `Some(offset)`: the services write every attempt's `grpc-timeout`
     /// ([`write_grpc_timeout`](Self::write_grpc_timeout)).
     writes: Option<Duration>,
+    /// The least a retry waits before it is sent ([`retry_wait`](Self::retry_wait)).
+    retry_wait: Duration,
 }
 
 impl AttemptTimeoutLayer {
@@ -69,6 +71,7 @@ impl AttemptTimeoutLayer {
             shared,
             keyed: None,
             writes: None,
+            retry_wait: Duration::ZERO,
         })
     }
 
@@ -178,7 +181,8 @@ impl AttemptTimeoutLayer {
     /// the layer's own model (of a keyed layer: that of calls without a key of their own).
     pub fn current_bound(&self) -> Option<Duration> {
         let deadline = crate::current().map(|d| d.instant());
-        self.shared.bound_at(Instant::now(), deadline, false)
+        self.shared
+            .bound_at(Instant::now(), deadline, Room::Retry(self.retry_wait))
     }
 }
 
@@ -334,6 +338,7 @@ impl<S> Layer<S> for AttemptTimeoutLayer {
             handles: self.handles.clone(),
             keyed: self.keyed.clone(),
             writes: self.writes,
+            retry_wait: self.retry_wait,
         }
     }
 }
@@ -381,6 +386,31 @@ impl AttemptTimeoutLayer {
     pub fn write_grpc_timeout(&self, offset: Duration) -> Self {
         Self {
             writes: Some(offset),
+            ..self.clone()
+        }
+    }
+
+    /// The same layer (sharing its model), told that the retry layer outside waits at least
+    /// `wait` before a retry (its backoff's least first delay, and any offset between the
+    /// deadline and what a retry may use). An adaptive bound keeps its share of the deadline
+    /// for a retry only where what the share leaves holds that wait and the model's median
+    /// call: with less, no retry could finish (the presets' retry reserve would refuse it), and
+    /// the attempt gets all that is left. The presets set it from their retry layer when the
+    /// stack is built; the default, zero, counts the median call alone.
+    ///
+    /// ```
+    /// use backstop_deadline::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+    /// use std::time::Duration;
+    ///
+    /// let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))?
+    ///     .retry_wait(Duration::from_millis(25));
+    /// # let _ = layer;
+    /// # Ok::<(), backstop_core::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn retry_wait(&self, wait: Duration) -> Self {
+        Self {
+            retry_wait: wait,
             ..self.clone()
         }
     }

@@ -13,12 +13,15 @@
 //! its callers' deadlines then times out before the deadline, a failure the breaker counts,
 //! where an expired deadline (the caller's own) would count as nothing. The share is kept
 //! only where a retry may follow: an attempt marked [`FinalAttempt`](backstop_core::FinalAttempt) (the retry layer marks a
-//! call it sends once and its last attempt by count) may take the whole deadline, as gRPC's
-//! own clients give a single-attempt call; so may an attempt whose share would leave less than
-//! the model's median call (the upper edge of its p50 bucket, what the presets' retry reserve
-//! asks for): no retry could finish in that room, and the reserve would refuse to send one.
-//! With p50 ≈ 1 s and a 1.3 s deadline the first attempt gets all 1.3 s (it was cut at 1.04 s,
-//! and the call failed with no retry). Until the model first holds
+//! call it sends once, its last attempt and last hedge by count, and every attempt of a request
+//! whose timeouts its policy would not retry, such as a gRPC call or a POST without an
+//! idempotency key) may take the whole deadline, as gRPC's own clients give a single-attempt
+//! call; so may an attempt whose share would leave less than a retry needs: the retry layer's
+//! least wait ([`AttemptTimeoutLayer::retry_wait`], which the presets set from their backoff
+//! and deadline offset) and then the model's median call (the upper edge of its p50 bucket,
+//! what the presets' retry reserve asks for). No retry could finish in that room, and the
+//! reserve would refuse to send one: with p50 ≈ 1 s and a 1.3 s deadline the first attempt
+//! gets all 1.3 s. Until the model first holds
 //! 100 samples (the first seconds of traffic), the `ceiling` applies.
 //!
 //! # Trust decays, it is not discarded

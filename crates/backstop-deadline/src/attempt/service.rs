@@ -1,10 +1,13 @@
 //! The attempt service: picks the bound at the call and writes the attempt's `grpc-timeout`
 //! where it is this layer's to write.
 
-use super::{AttemptBound, AttemptTimeoutFuture, shared::Shared};
+use super::{
+    AttemptBound, AttemptTimeoutFuture,
+    shared::{Room, Shared},
+};
 use backstop_core::{
     __private::{stripe, timer::LazySleep},
-    BoxError, FinalAttempt,
+    BoxError,
 };
 use http::Request;
 use std::{
@@ -24,6 +27,8 @@ pub struct AttemptTimeout<S> {
     /// `Some(offset)`: this layer writes every attempt's `grpc-timeout` (its outer deadline
     /// layer does not); `None`: it only shortens a header already on the request.
     pub(super) writes: Option<Duration>,
+    /// The least a retry waits before it is sent ([`retry_wait`](super::AttemptTimeoutLayer::retry_wait)).
+    pub(super) retry_wait: Duration,
 }
 
 impl<S, B, RB> Service<Request<B>> for AttemptTimeout<S>
@@ -47,7 +52,7 @@ where
                 None => self.handles.current().clone(),
             },
         };
-        let told = write_attempt_grpc_timeout(&handle, self.writes, &mut req);
+        let told = write_attempt_grpc_timeout(&handle, self.writes, self.retry_wait, &mut req);
         let deadline = match told {
             Some(_) => None,
             // Only an adaptive bound is capped by the deadline, and only where a retry may
@@ -55,14 +60,14 @@ where
             None if handle.capped_by_deadline() => request_deadline(&req),
             None => None,
         };
-        let whole = FinalAttempt::is_on(&req);
+        let room = Room::of(&req, self.retry_wait);
         AttemptTimeoutFuture {
             future: self.inner.call(req),
             handle,
             told,
             start: None,
             deadline,
-            whole,
+            room,
             sleep: LazySleep::new(),
         }
     }
@@ -111,6 +116,7 @@ fn request_deadline<B>(req: &Request<B>) -> Option<Instant> {
 fn write_attempt_grpc_timeout<B>(
     shared: &Shared,
     writes: Option<Duration>,
+    retry_wait: Duration,
     req: &mut Request<B>,
 ) -> Option<(Duration, Instant)> {
     use crate::grpc_timeout;
@@ -138,7 +144,7 @@ fn write_attempt_grpc_timeout<B>(
     };
     let now = Instant::now();
     // The last attempt gets the whole deadline: its share was kept for a retry.
-    let bound = shared.bound_at(now, deadline, FinalAttempt::is_on(req));
+    let bound = shared.bound_at(now, deadline, Room::of(req, retry_wait));
     let shorter = bound.filter(|&bound| match (owed, header) {
         (Some(at), _) => now.checked_add(bound).is_some_and(|end| end < at),
         (None, left) => left.is_some_and(|left| bound < left),

@@ -21,6 +21,28 @@ pub(super) fn three_digits(d: Duration) -> Duration {
 /// How often a cached adaptive bound is read again from the model.
 pub(super) const REFRESH: Duration = Duration::from_millis(100);
 
+/// What a retry after an attempt would need, for the deadline's share: `Final` when none
+/// follows (the attempt takes all that is left), else the least time a retry waits before it
+/// is sent (the median call it needs is the model's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Room {
+    /// No retry follows this attempt ([`FinalAttempt`](backstop_core::FinalAttempt)).
+    Final,
+    /// A retry may follow, after at least this wait.
+    Retry(Duration),
+}
+
+impl Room {
+    /// The room of `req`'s attempt, for a retry layer whose retries wait at least `wait`.
+    pub(super) fn of<B>(req: &http::Request<B>, wait: Duration) -> Self {
+        if backstop_core::FinalAttempt::is_on(req) {
+            Room::Final
+        } else {
+            Room::Retry(wait)
+        }
+    }
+}
+
 /// What every clone of one layer shares: the model and the cached bound.
 #[derive(Debug)]
 pub(super) struct Shared {
@@ -99,7 +121,7 @@ impl Shared {
         bound: Duration,
         now: Instant,
         deadline: Option<Instant>,
-        whole: bool,
+        room: Room,
     ) -> Duration {
         if let AttemptBound::Adaptive(a) = self.bound
             && let Some(deadline) = deadline
@@ -108,22 +130,25 @@ impl Shared {
             // Integer arithmetic: Duration::mul_f64 goes through floating-point seconds.
             let left_us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
             // A final attempt may take all that is left: its share was room for a retry.
-            let share_ppm = if whole {
-                1_000_000
-            } else {
-                (a.deadline_share * 1e6) as u64
+            let share_ppm = match room {
+                Room::Final => 1_000_000,
+                Room::Retry(_) => (a.deadline_share * 1e6) as u64,
             };
             let share = Duration::from_micros(
                 u64::try_from(u128::from(left_us) * u128::from(share_ppm) / 1_000_000)
                     .unwrap_or(u64::MAX),
             );
             if share < bound {
-                // The share is room for a retry. When what it leaves is less than the
-                // measured median call, no retry could finish there (the presets' reserve
-                // refuses it): this attempt is the last that can succeed, and takes it all.
+                // The share is room for a retry. When what it leaves is less than a retry
+                // needs (its least wait, then the measured median call), no retry could
+                // finish there (the presets' reserve refuses it): this attempt is the last
+                // that can succeed, and takes it all.
                 let rest = left.saturating_sub(share);
                 let median = self.median.load(Ordering::Relaxed);
-                if !whole && median != 0 && rest < Duration::from_micros(median - 1) {
+                if let Room::Retry(wait) = room
+                    && median != 0
+                    && rest < Duration::from_micros(median - 1).saturating_add(wait)
+                {
                     return if left < bound {
                         three_digits(left)
                     } else {
@@ -136,9 +161,6 @@ impl Shared {
         bound
     }
 
-    /// Whether the bound depends on the request's deadline (an adaptive one takes at most its
-    /// share of what is left).
-    #[inline]
     pub(super) fn capped_by_deadline(&self) -> bool {
         matches!(self.bound, AttemptBound::Adaptive(_))
     }
@@ -149,10 +171,10 @@ impl Shared {
         &self,
         now: Instant,
         deadline: Option<Instant>,
-        whole: bool,
+        room: Room,
     ) -> Option<Duration> {
         self.model_bound(now)
-            .map(|bound| self.capped(bound, now, deadline, whole))
+            .map(|bound| self.capped(bound, now, deadline, room))
     }
 
     /// The fixed bound, or the adaptive one from the model (cached for 100 ms), uncapped.

@@ -212,6 +212,11 @@ impl<S, B, C> RetryState<S, B, C> {
         let mut req = self.template.request(body);
         req.extensions_mut()
             .insert(crate::Attempt::new(self.attempts + 1, true));
+        if self.attempts + 1 >= cap || self.timeouts_final {
+            // No attempt follows the last hedge by count: a bound inside may give it the
+            // whole deadline.
+            req.extensions_mut().insert(backstop_core::FinalAttempt);
+        }
         if is_grpc(req.headers()) {
             req.headers_mut()
                 .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.attempts));
