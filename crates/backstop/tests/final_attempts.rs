@@ -5,6 +5,8 @@
 //! at the 80 % share, kept so it stays fixed.
 
 use backstop::ReplayBody;
+use backstop_test_support::told;
+use backstop_test_support::{Latency, adjustable as slow};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -24,20 +26,6 @@ fn grpc_call() -> Request<String> {
         .header("content-type", "application/grpc")
         .body(String::new())
         .unwrap()
-}
-
-#[cfg(feature = "service-config")]
-fn grpc_status(code: u16) -> Response<String> {
-    Response::builder()
-        .header("content-type", "application/grpc")
-        .header("grpc-status", code.to_string())
-        .body(String::new())
-        .unwrap()
-}
-
-fn told<B>(req: &Request<B>) -> Option<String> {
-    let value = req.headers().get("grpc-timeout")?;
-    Some(value.to_str().unwrap().to_owned())
 }
 
 /// A service config with a retry policy (maxAttempts 3, retryable UNAVAILABLE) and
@@ -66,7 +54,7 @@ async fn a_grpc_call_whose_timeout_cannot_be_retried_gets_the_whole_deadline() {
             log.lock().unwrap().push((start.elapsed(), told(&req)));
             async {
                 std::future::pending::<()>().await;
-                Ok::<_, Infallible>(grpc_status(0))
+                Ok::<_, Infallible>(backstop_test_support::grpc_reply(0))
             }
         });
         let _ = match which {
@@ -98,21 +86,6 @@ async fn a_grpc_call_whose_timeout_cannot_be_retried_gets_the_whole_deadline() {
         );
         assert_eq!(*took, 300 * MS, "{which}: the call's end");
     }
-}
-
-type Latency = Arc<Mutex<Option<Duration>>>;
-
-fn slow(latency: Latency) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
-    service_fn(move |_req: Request<ReplayBody<String>>| {
-        let latency = *latency.lock().unwrap();
-        async move {
-            match latency {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending::<()>().await,
-            }
-            Ok(Response::new(String::new()))
-        }
-    })
 }
 
 fn get(path: &str) -> Request<String> {

@@ -6,6 +6,7 @@ use backstop::{
     timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer},
 };
 use backstop_core::AttemptTimedOut;
+use backstop_test_support::{Latency, adjustable as slow};
 use http::{Request, Response};
 use std::{
     sync::{
@@ -94,23 +95,6 @@ async fn the_extension_methods_stack_the_same_layers() {
     let response = client.oneshot(get()).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(breaker.snapshot().calls, 1);
-}
-
-/// A dependency that answers after `latency` (shared, so a test can change it; `None`: it
-/// never answers).
-type Latency = Arc<std::sync::Mutex<Option<Duration>>>;
-
-fn slow(latency: Latency) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
-    service_fn(move |_req: Request<ReplayBody<String>>| {
-        let latency = *latency.lock().unwrap();
-        async move {
-            match latency {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending::<()>().await,
-            }
-            Ok(Response::new(String::new()))
-        }
-    })
 }
 
 /// A dependency that never answers.

@@ -7,6 +7,7 @@ use backstop::deadline::{Deadline, PropagateDeadlineLayer, grpc_timeout};
 use backstop::retry::{RetryConfig, backoff};
 use backstop::timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer};
 use backstop::{BoxError, ReplayBody};
+use backstop_test_support::told;
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -34,11 +35,6 @@ fn grpc_status(code: u16) -> Response<String> {
         .header("grpc-status", code.to_string())
         .body(String::new())
         .unwrap()
-}
-
-fn told<B>(req: &Request<B>) -> Option<String> {
-    let value = req.headers().get("grpc-timeout")?;
-    Some(value.to_str().unwrap().to_owned())
 }
 
 /// An adaptive attempt bound takes at most its share (80 %) of what is left of the call's

@@ -47,6 +47,30 @@ impl<S, Req> Dependency<Req> for S where
 {
 }
 
+/// The latency of an [`adjustable`] dependency, shared so a test can change it as it runs
+/// (`None`: it never answers).
+pub type Latency = Arc<std::sync::Mutex<Option<Duration>>>;
+
+/// A dependency that answers 200 after the [`Latency`] it reads at each call, or never.
+pub fn adjustable<Req: Send + 'static>(latency: Latency) -> impl Dependency<Req> {
+    service_fn(move |_req: Req| {
+        let latency = *latency.lock().unwrap();
+        async move {
+            match latency {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+            Ok(Response::new(String::new()))
+        }
+    })
+}
+
+/// The `grpc-timeout` a request carries, as text.
+pub fn told<B>(req: &Request<B>) -> Option<String> {
+    let value = req.headers().get("grpc-timeout")?;
+    Some(value.to_str().unwrap().to_owned())
+}
+
 /// A reply with `status` and an empty body.
 pub fn reply(status: u16) -> Response<String> {
     Response::builder()
