@@ -112,6 +112,7 @@ pub enum Kind {
 /// One metric backstop records: its name, its kind and every label it may carry (`route` and
 /// `authority` only where the module docs say).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Metric {
     /// The name, one of [`ALL`].
     pub name: &'static str,
