@@ -2,7 +2,7 @@
 
 use crate::timeout::{Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer};
 use backstop_breaker::{Breaker, BreakerConfig, BreakerLayer};
-use backstop_core::{GrpcClassifier, HttpClassifier, ResponseBody};
+use backstop_core::{ConfigError, GrpcClassifier, HttpClassifier, ResponseBody};
 use backstop_deadline::bulkhead::{Bulkhead, BulkheadLayer};
 use backstop_deadline::{PropagateDeadline, PropagateDeadlineLayer};
 use backstop_idempotency::{IdempotencyKey, IdempotencyKeyLayer};
@@ -46,6 +46,10 @@ use tower_layer::Layer;
 /// [`RetryError`](backstop_retry::RetryError) saying 0 attempts) or
 /// [`BulkheadFull`](backstop_core::BulkheadFull); a gRPC caller a trailers-only UNAVAILABLE
 /// with `grpc-retry-pushback-ms: -1`.
+///
+/// Its setters never panic: a value out of range (a zero timeout, 11 attempts) is kept, with
+/// the knob it belongs to, for [`build`](ClientLayer::build), which returns it as a
+/// [`ConfigError`]; a stack layered without that check panics with it when it is built.
 #[derive(Debug, Clone)]
 pub struct ClientLayer<C> {
     deadline: PropagateDeadlineLayer,
@@ -65,6 +69,9 @@ pub struct ClientLayer<C> {
     reserve: Option<f64>,
     /// The dependency's name, applied again to a replaced retry layer or breaker.
     name: Option<std::sync::Arc<str>>,
+    /// The first misconfiguration a setter met, kept for [`ClientLayer::build`]: setters
+    /// never panic.
+    error: Option<ConfigError>,
 }
 
 /// The service [`http()`] builds around a transport `S`: name it in a struct field or axum
@@ -219,6 +226,7 @@ impl<C> ClientLayer<C> {
             hedging: None,
             reserve: None,
             name: None,
+            error: None,
         }
         .rekeyed()
     }
@@ -230,13 +238,49 @@ impl<C> ClientLayer<C> {
     /// own breaker.
     fn rekeyed(mut self) -> Self {
         self.attempt = match (self.own_attempt.key(), self.breaker.key()) {
-            (None, Some((key, max_keys))) => self
-                .own_attempt
-                .per_key(key.clone(), max_keys)
-                .unwrap_or_else(|e| panic!("{e}")),
+            (None, Some((key, max_keys))) => {
+                match self.own_attempt.per_key(key.clone(), max_keys) {
+                    Ok(keyed) => keyed,
+                    Err(e) => return self.failed(e),
+                }
+            }
             _ => self.own_attempt.clone(),
         };
         self
+    }
+
+    /// Keeps the first misconfiguration for [`build`](Self::build); the stack is left as it
+    /// was before the setter that met it.
+    fn failed(mut self, error: ConfigError) -> Self {
+        self.error.get_or_insert(error);
+        self
+    }
+
+    /// Checks the configuration: `Ok` with the stack, or the first knob a setter refused
+    /// (setters never panic; they keep the error for here). Call it where a misconfiguration
+    /// should be handled, not crash: with values read from a config file.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let err = backstop::client::http()
+    ///     .timeout(Duration::ZERO)
+    ///     .max_attempts(2)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.knob(), "timeout");
+    /// assert!(backstop::client::http().max_attempts(2).build().is_ok());
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`] a setter met, naming its knob. A stack layered without
+    /// checking (`ServiceBuilder::layer(client)`) panics with that error when it is built.
+    pub fn build(self) -> Result<Self, ConfigError> {
+        match self.error {
+            Some(error) => Err(error),
+            None => Ok(self),
+        }
     }
 
     /// Names the dependency: every event the stack's retry layer and breaker emit carries it
@@ -248,10 +292,10 @@ impl<C> ClientLayer<C> {
     /// assert_eq!(inventory.dependency(), "inventory");
     /// ```
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// When a layer of this stack is already named otherwise (layers shared between two
-    /// stacks cannot tell two dependencies apart).
+    /// Kept for [`build`](Self::build): a layer of this stack already named otherwise (layers
+    /// shared between two stacks cannot tell two dependencies apart).
     #[must_use]
     pub fn name(mut self, name: &str) -> Self {
         self.name = Some(name.into());
@@ -261,14 +305,17 @@ impl<C> ClientLayer<C> {
     /// Applies the name to the current retry layer and breaker.
     fn renamed(self) -> Self {
         if let Some(name) = &self.name {
-            self.retry
+            let named = self
+                .retry
                 .set_name(name)
                 .and_then(|()| self.breaker.set_name(name))
                 .and_then(|()| self.deadline.set_name(name))
                 .and_then(|()| self.attempt.set_name(name))
                 .and_then(|()| self.throttle.set_name(name))
-                .and_then(|()| self.bulkhead.set_name(name))
-                .unwrap_or_else(|e| panic!("{e}"));
+                .and_then(|()| self.bulkhead.set_name(name));
+            if let Err(e) = named {
+                return self.failed(e);
+            }
         }
         self
     }
@@ -285,16 +332,19 @@ impl<C> ClientLayer<C> {
     /// # let _ = client;
     /// ```
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// When `timeout` is zero (every call would fail at once).
+    /// Kept for [`build`](Self::build): `timeout` is zero (every call would fail at once).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.deadline = PropagateDeadlineLayer::builder()
+        match PropagateDeadlineLayer::builder()
             .timeout(timeout)
             .send_grpc_timeout(self.deadline.sends_grpc_timeout())
             .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+        {
+            Ok(deadline) => self.deadline = deadline,
+            Err(e) => return self.failed(e),
+        }
         self.renamed()
     }
 
@@ -302,21 +352,18 @@ impl<C> ClientLayer<C> {
     /// retry policy with [`RetryConfig::max_attempts`]. Keeps the policy's other knobs and
     /// its budget; the retry stats start from zero.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// Unless `n` is in `1..=10`.
+    /// Kept for [`build`](Self::build): `n` is not in `1..=10`.
     #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self
     where
         C: Clone,
     {
-        self.retry = self
-            .retry
-            .config()
-            .clone()
-            .max_attempts(n)
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
+        match self.retry.config().clone().max_attempts(n).build() {
+            Ok(retry) => self.retry = retry,
+            Err(e) => return self.failed(e),
+        }
         self.rehedge().renamed()
     }
 
@@ -441,18 +488,18 @@ impl<C> ClientLayer<C> {
     /// may retry (if the request is idempotent), within the request's deadline. A new latency
     /// model comes with it.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// When `timeout` is zero (every attempt would fail); [`attempt`](Self::attempt) with
-    /// [`AttemptTimeoutLayer::new`] returns the error instead.
+    /// Kept for [`build`](Self::build): `timeout` is zero (every attempt would fail).
     #[must_use]
     pub fn attempt_timeout(self, timeout: Duration) -> Self
     where
         C: Clone,
     {
-        let layer = AttemptTimeoutLayer::new(AttemptBound::Fixed(timeout))
-            .unwrap_or_else(|e| panic!("{e}"));
-        self.attempt(layer)
+        match AttemptTimeoutLayer::new(AttemptBound::Fixed(timeout)) {
+            Ok(layer) => self.attempt(layer),
+            Err(e) => self.failed(e),
+        }
     }
 
     /// Replaces the attempt bound and its latency model (tuned [`Adaptive`] knobs, a fixed
@@ -482,9 +529,9 @@ impl<C> ClientLayer<C> {
     /// # let _ = client;
     /// ```
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// Unless `max_attempts` is in `2..=10`.
+    /// Kept for [`build`](Self::build): `max_attempts` is not in `2..=10`.
     #[must_use]
     pub fn hedging(mut self, max_attempts: u32) -> Self
     where
@@ -497,9 +544,10 @@ impl<C> ClientLayer<C> {
     /// Hedges as `hedging` says (e.g. a fixed delay, or another quantile of
     /// [`AttemptTimeoutLayer::hedge_delay`]).
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// When `hedging` is invalid (its `max_attempts` outside `2..=10`).
+    /// Kept for [`build`](Self::build): `hedging` is invalid (its `max_attempts` outside
+    /// `2..=10`).
     #[must_use]
     pub fn hedging_with(mut self, hedging: Hedging) -> Self
     where
@@ -525,22 +573,24 @@ impl<C> ClientLayer<C> {
     /// # let _ = client;
     /// ```
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// Unless `quantile` is in (0, 1).
+    /// Kept for [`build`](Self::build): `quantile` is not in (0, 1).
     #[must_use]
     pub fn retry_reserve(mut self, quantile: Option<f64>) -> Self
     where
         C: Clone,
     {
+        if let Some(q) = quantile
+            && let Err(e) = self.attempt.retry_reserve(q)
+        {
+            return self.failed(e);
+        }
         if self.reserve.is_some() && quantile.is_none() {
-            self.retry = self
-                .retry
-                .config()
-                .clone()
-                .no_reserve()
-                .build()
-                .unwrap_or_else(|e| panic!("{e}"));
+            match self.retry.config().clone().no_reserve().build() {
+                Ok(retry) => self.retry = retry,
+                Err(e) => return self.failed(e),
+            }
         }
         self.reserve = quantile;
         self.rehedge().renamed()
@@ -566,13 +616,15 @@ impl<C> ClientLayer<C> {
             }
         }
         if let Some(q) = self.reserve {
-            policy = policy.reserve(
-                self.attempt
-                    .retry_reserve(q)
-                    .unwrap_or_else(|e| panic!("{e}")),
-            );
+            match self.attempt.retry_reserve(q) {
+                Ok(reserve) => policy = policy.reserve(reserve),
+                Err(e) => return self.failed(e),
+            }
         }
-        self.retry = policy.build().unwrap_or_else(|e| panic!("{e}"));
+        match policy.build() {
+            Ok(retry) => self.retry = retry,
+            Err(e) => return self.failed(e),
+        }
         self.renamed()
     }
 
@@ -706,6 +758,9 @@ impl<S, C> Layer<S> for ClientLayer<C> {
     >;
 
     fn layer(&self, inner: S) -> Self::Service {
+        if let Some(error) = &self.error {
+            panic!("a misconfigured client stack: {error} (check it with `ClientLayer::build`)");
+        }
         // One writer of each attempt's `grpc-timeout`, decided here: the attempt bound,
         // innermost, from the deadline each attempt carries on the request (less the deadline
         // layer's offset); the deadline and retry layers write none. No writer at all when

@@ -334,11 +334,12 @@ impl ClientLayer<GrpcClassifier> {
     ///
     /// A config [`ServiceConfig::validate`](crate::grpc::ServiceConfig::validate) refuses
     /// (one built or changed by hand: every config `from_json` returns passes), named by the
-    /// JSON path of the field at fault.
+    /// JSON path of the field at fault; or a misconfiguration a setter of this stack kept
+    /// ([`build`](Self::build)).
     pub fn service_config(
         self,
         config: crate::grpc::ServiceConfig,
     ) -> Result<MethodsLayer, crate::ConfigError> {
-        MethodsLayer::new(self, config)
+        MethodsLayer::new(self.build()?, config)
     }
 }

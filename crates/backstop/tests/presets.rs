@@ -511,10 +511,50 @@ async fn the_short_paths_configure_the_same_stack() {
     assert!(!backstop::is_deadline_exceeded(err.as_ref()));
 }
 
+/// A setter never panics: the first knob out of range is kept, the later setters still apply,
+/// and `build` names it.
+#[test]
+fn max_attempts_out_of_range_names_the_knob() {
+    let client = backstop::client::http()
+        .max_attempts(0)
+        .timeout(Duration::ZERO)
+        .name("inventory");
+    assert_eq!(client.dependency(), "inventory");
+    assert_eq!(client.build().unwrap_err().knob(), "max_attempts");
+    let every = [
+        backstop::client::http().timeout(Duration::ZERO).build(),
+        backstop::client::http()
+            .attempt_timeout(Duration::ZERO)
+            .build(),
+        backstop::client::http().hedging(11).build(),
+        backstop::client::http().retry_reserve(Some(1.5)).build(),
+    ];
+    let knobs: Vec<_> = every
+        .iter()
+        .map(|r| r.as_ref().unwrap_err().knob())
+        .collect();
+    assert_eq!(
+        knobs,
+        [
+            "timeout",
+            "attempt_timeout",
+            "hedging.max_attempts",
+            "reserve_quantile"
+        ]
+    );
+}
+
+/// A stack layered without `build` and a misconfiguration kept panics when it is built, with
+/// the knob in the message.
 #[test]
 #[should_panic(expected = "max_attempts")]
-fn max_attempts_out_of_range_names_the_knob() {
-    let _ = backstop::client::http().max_attempts(0);
+fn a_misconfigured_stack_panics_when_it_is_layered() {
+    let client = backstop::client::http().max_attempts(0);
+    let _ = ServiceBuilder::new()
+        .layer(client)
+        .service(backstop_test_support::adjustable::<
+            Request<ReplayBody<String>>,
+        >(Latency::default()));
 }
 
 /// An attempt that runs out of its bound is the same failure whichever timer fires first: the
