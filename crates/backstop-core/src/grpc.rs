@@ -133,6 +133,30 @@ impl Code {
         }
     }
 
+    /// The status of a gRPC call answered with an HTTP status and no `grpc-status` (a proxy's
+    /// error page), as gRPC's `http-grpc-status-mapping.md` says: 400 → INTERNAL, 401 →
+    /// UNAUTHENTICATED, 403 → PERMISSION_DENIED, 404 → UNIMPLEMENTED, 429, 502, 503 and 504 →
+    /// UNAVAILABLE, any other → UNKNOWN.
+    ///
+    /// ```
+    /// use backstop_core::Code;
+    /// use http::StatusCode;
+    ///
+    /// assert_eq!(Code::of_http_status(StatusCode::SERVICE_UNAVAILABLE), Code::Unavailable);
+    /// assert_eq!(Code::of_http_status(StatusCode::BAD_REQUEST), Code::Internal);
+    /// assert_eq!(Code::of_http_status(StatusCode::IM_A_TEAPOT), Code::Unknown);
+    /// ```
+    pub fn of_http_status(status: http::StatusCode) -> Code {
+        match status.as_u16() {
+            400 => Code::Internal,
+            401 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
+            404 => Code::Unimplemented,
+            429 | 502 | 503 | 504 => Code::Unavailable,
+            _ => Code::Unknown,
+        }
+    }
+
     /// The value as it is written in a `grpc-status` header.
     pub fn header_value(self) -> HeaderValue {
         const DIGITS: [&str; 17] = [

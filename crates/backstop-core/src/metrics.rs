@@ -31,8 +31,13 @@
 //! served the call, as paths: `/pkg.Service/Method`, `/pkg.Service/*`); the breaker's series
 //! of a layer built [`per_key`](https://docs.rs/backstop-breaker), and the attempt durations of
 //! an attempt layer keyed with it (the presets key both together), carry the key, as `route`
-//! (a path or custom key) or `authority` (a host key). Both use the request's path, so an
-//! operator joins a route's breaker and client series on `dependency` and `route`.
+//! (a path or custom key) or `authority` (a host key). An entry naming one method carries
+//! that method's path, the value a breaker keyed by path gives the same calls, so an operator
+//! joins a route's breaker, latency and client series on `dependency` and `route`. An entry
+//! naming a whole service (`/pkg.Service/*`), several names (comma-joined: `/a.S/M,/a.S/N`),
+//! the default entry (`*`) or no entry (`(none)`) carries those names, which a query matches
+//! with a regular expression (`route=~"/pkg.Service/.*"`), not by equality. A stack without
+//! routes (no keyed breaker, no service config) and a keyed layer's overflow carry none.
 //! `backstop.deadline.expired` stays per dependency: it is counted by the outermost client
 //! layer, which bounds the whole call and keeps no route (keeping one would cost every call
 //! for a rare event; a retry the deadline left no room for is the route's

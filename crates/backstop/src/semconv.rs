@@ -14,7 +14,13 @@
 //! A gRPC call (`content-type: application/grpc…`) is timed until its status: the response
 //! headers of a trailers-only answer, else the trailers at the end of its body; a body dropped
 //! before them records `rpc.grpc.status_code = 1` (CANCELLED), as gRPC's clients report a
-//! call their caller cancelled. An error becomes the status gRPC's clients give it: 4
+//! call their caller cancelled; a response with another HTTP status than 200 and no
+//! `grpc-status` (a proxy's error page) records the code gRPC's clients give it
+//! (`Code::of_http_status`: 503 → 14). An attempt dropped before its response headers is
+//! recorded too: as timed out (`rpc.grpc.status_code = 4`, `error.type = timeout`) when its
+//! time had run out (the attempt bound outside, or the deadline, dropped it: its
+//! `grpc-timeout` or `Deadline` says when), else as cancelled (`1`, `error.type =
+//! cancelled`: a hedge that lost, a caller that let go). An error becomes the status gRPC's clients give it: 4
 //! (DEADLINE_EXCEEDED) for an expired deadline or attempt bound, 14 (UNAVAILABLE) otherwise.
 //! Any other request is timed until its response headers. `http.request.method` is one of
 //! RFC 9110's methods or PATCH, else `_OTHER`; `server.address` is the URI's host and
@@ -140,6 +146,10 @@ struct Call {
     start: Instant,
     grpc: bool,
     labels: Vec<Label>,
+    /// When the attempt runs out of time, if the request says (its `grpc-timeout`, written by
+    /// the attempt bound outside, or its `Deadline`): a call dropped from then on timed out,
+    /// one dropped before was cancelled.
+    expires: Option<Instant>,
 }
 
 impl Call {
@@ -179,10 +189,12 @@ impl Call {
                 labels.push(Label::new("server.port", port.to_string()));
             }
         }
+        let start = Instant::now();
         Self {
-            start: Instant::now(),
+            start,
             grpc,
             labels,
+            expires: expiry(req, start),
         }
     }
 
@@ -193,6 +205,7 @@ impl Call {
             start,
             grpc,
             mut labels,
+            ..
         } = self;
         let elapsed = start.elapsed();
         match end {
@@ -239,6 +252,43 @@ fn method_label(method: &Method) -> &'static str {
 }
 
 /// The gRPC status code in `headers`, if they carry one (an unreadable one is UNKNOWN, 2).
+/// When an attempt sent at `start` runs out of time: the earlier of what its `grpc-timeout`
+/// tells the server and its `Deadline` extension.
+#[cfg(feature = "deadline")]
+fn expiry<B>(req: &Request<B>, start: Instant) -> Option<Instant> {
+    let told = req
+        .headers()
+        .get(backstop_core::grpc::GRPC_TIMEOUT)
+        .and_then(|v| backstop_deadline::grpc_timeout::decode_header(v).ok())
+        .and_then(|t| start.checked_add(t));
+    let deadline = req
+        .extensions()
+        .get::<backstop_deadline::Deadline>()
+        .map(|d| d.instant());
+    match (told, deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(not(feature = "deadline"))]
+fn expiry<B>(_req: &Request<B>, _start: Instant) -> Option<Instant> {
+    None
+}
+
+/// How a call dropped before its response ended: timed out if its time had run out (the
+/// attempt bound or the deadline outside dropped it), else cancelled (a hedge that lost, a
+/// caller that let go).
+fn dropped_end(call: &Call) -> End {
+    let timed_out = call.expires.is_some_and(|at| Instant::now() >= at);
+    match (call.grpc, timed_out) {
+        (true, true) => End::Grpc(4),
+        (true, false) => End::Grpc(1),
+        (false, true) => End::HttpError("timeout"),
+        (false, false) => End::HttpError("cancelled"),
+    }
+}
+
 fn grpc_code(headers: &HeaderMap) -> Option<u32> {
     let value = headers.get(GRPC_STATUS)?;
     Some(
@@ -292,6 +342,16 @@ pin_project_lite::pin_project! {
         future: F,
         call: Option<Call>,
     }
+
+    impl<F> PinnedDrop for SemconvFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            // Dropped before its response: timed out or cancelled, still an attempt made.
+            if let Some(call) = this.project().call.take() {
+                let end = dropped_end(&call);
+                call.record(end);
+            }
+        }
+    }
 }
 
 impl<F, RB, E> Future for SemconvFuture<F>
@@ -319,6 +379,12 @@ where
                 // Trailers-only: the status is here.
                 Some(code) => {
                     call.record(End::Grpc(code));
+                    Ok(response.map(|body| SemconvBody { body, call: None }))
+                }
+                // Not a gRPC answer (a proxy's error page): the status gRPC's clients give it.
+                None if response.status() != http::StatusCode::OK => {
+                    let code = backstop_core::Code::of_http_status(response.status());
+                    call.record(End::Grpc(code.as_i32() as u32));
                     Ok(response.map(|body| SemconvBody { body, call: None }))
                 }
                 None => Ok(response.map(|body| SemconvBody {

@@ -27,9 +27,10 @@ use std::error::Error;
 /// only says when (or, negative, never): a RESOURCE_EXHAUSTED carrying a pushback is not
 /// retried unless RESOURCE_EXHAUSTED is among the retryable codes.
 ///
-/// A non-200 HTTP status without `grpc-status` maps as the gRPC specification says (429, 502,
-/// 503, 504 → UNAVAILABLE; 401 → UNAUTHENTICATED; 403 → PERMISSION_DENIED; 404 →
-/// UNIMPLEMENTED; others → UNKNOWN). Errors as [`classify_error`].
+/// A non-200 HTTP status without `grpc-status` maps as the gRPC specification says
+/// ([`Code::of_http_status`]: 400 → INTERNAL; 401 → UNAUTHENTICATED; 403 →
+/// PERMISSION_DENIED; 404 → UNIMPLEMENTED; 429, 502, 503, 504 → UNAVAILABLE; others →
+/// UNKNOWN). Errors as [`classify_error`].
 #[derive(Debug, Clone)]
 pub struct GrpcClassifier {
     retryable: Vec<Code>,
@@ -91,16 +92,6 @@ impl GrpcClassifier {
             },
         }
     }
-
-    fn code_for_http(status: StatusCode) -> Code {
-        match status.as_u16() {
-            401 => Code::Unauthenticated,
-            403 => Code::PermissionDenied,
-            404 => Code::Unimplemented,
-            429 | 502 | 503 | 504 => Code::Unavailable,
-            _ => Code::Unknown,
-        }
-    }
 }
 
 impl<B> Classify<Response<B>> for GrpcClassifier {
@@ -116,7 +107,7 @@ impl<B> Classify<Response<B>> for GrpcClassifier {
             return self.classify_code(code.unwrap_or(Code::Unknown), response.headers());
         }
         if response.status() != StatusCode::OK {
-            let code = Self::code_for_http(response.status());
+            let code = Code::of_http_status(response.status());
             return self.classify_code(code, response.headers());
         }
         if !is_grpc(response.headers()) && !response.headers().is_empty() {
