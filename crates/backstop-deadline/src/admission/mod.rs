@@ -64,13 +64,11 @@ pub use future::AdmissionFuture;
 pub use service::Admission;
 
 use backstop_core::{__private::tick::TickCache, ConfigError, latency::LatencyModel};
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
 use tower_layer::Layer;
 
@@ -309,15 +307,10 @@ impl Shared {
         }
         let hash = hash.max(1); // 0 marks a free slot
         let slot = (hash % self.models.len() as u64) as usize;
-        let owner = &self.models[slot].owner;
-        match owner.load(Ordering::Relaxed) {
-            h if h == hash => slot,
-            0 => match owner.compare_exchange(0, hash, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => slot,
-                Err(h) if h == hash => slot,
-                Err(_) => usize::MAX,
-            },
-            _ => usize::MAX,
+        if claims(&self.models[slot].owner, hash) {
+            slot
+        } else {
+            usize::MAX
         }
     }
 
@@ -367,6 +360,56 @@ impl Shared {
     pub(crate) fn refuses(&self, route: usize, remaining: Duration, now: Instant) -> bool {
         let need = self.need_us(route, now);
         need != UNTRUSTED && (remaining.as_micros() as u64) < need
+    }
+}
+
+/// Whether the model whose owner word is `owner` measures the route hashed `hash` (non-zero):
+/// it does if that route holds it, or claims it now, free (0), with a compare-and-swap. Of
+/// routes racing for a free model one wins for good.
+fn claims(owner: &AtomicU64, hash: u64) -> bool {
+    match owner.load(Ordering::Relaxed) {
+        h if h == hash => true,
+        0 => match owner.compare_exchange(0, hash, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => true,
+            Err(h) => h == hash,
+        },
+        _ => false,
+    }
+}
+
+/// Loom models of the claim: `RUSTFLAGS="--cfg loom" cargo test -p backstop-deadline --lib
+/// loom` (what `.ci/run` does).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::{AtomicU64, claims};
+    use loom::sync::Arc;
+
+    /// Two routes racing for a free model: exactly one measures it, for good.
+    #[test]
+    fn loom_one_of_two_routes_claims_a_model() {
+        loom::model(|| {
+            let owner = Arc::new(AtomicU64::new(0));
+            let other = owner.clone();
+            let b = loom::thread::spawn(move || claims(&other, 2));
+            let a = claims(&owner, 1);
+            let b = b.join().unwrap();
+            assert!(a ^ b, "one wins: {a} {b}");
+            // Whoever won keeps it; the loser stays out.
+            assert_eq!(claims(&owner, 1), a);
+            assert_eq!(claims(&owner, 2), b);
+        });
+    }
+
+    /// Two calls of one route racing: both measure it.
+    #[test]
+    fn loom_calls_of_one_route_share_its_model() {
+        loom::model(|| {
+            let owner = Arc::new(AtomicU64::new(0));
+            let other = owner.clone();
+            let b = loom::thread::spawn(move || claims(&other, 7));
+            assert!(claims(&owner, 7));
+            assert!(b.join().unwrap());
+        });
     }
 }
 
