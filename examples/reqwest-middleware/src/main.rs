@@ -45,7 +45,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{n}: {status} {} ({attempts} attempt(s))", body.trim());
     }
 
-    // A handler slower than the deadline: the call ends at the deadline with backstop's error.
+    // A handler slower than the deadline: the call ends at the deadline, with backstop's error
+    // or the server's 504 (it is told the time each attempt has, and may answer first).
     match client
         .get(format!("{}/sleep/3000", args.base))
         .timeout(Duration::from_millis(300))
