@@ -370,7 +370,11 @@ impl<C> ClientLayer<C> {
     /// Replaces the deadline propagation (e.g. a per-call `timeout` or a `fraction`). A
     /// layer built with [`send_grpc_timeout(false)`](PropagateDeadlineLayer::send_grpc_timeout)
     /// turns the header off for the whole stack, as [`send_grpc_timeout`](Self::send_grpc_timeout)
-    /// does.
+    /// does. Its timeout, fraction, offset and `min_remaining` apply as given; one thing the
+    /// stack decides for it: it writes no `grpc-timeout` itself, the attempt bound innermost
+    /// does, for each attempt, less this layer's offset (one writer per attempt, so a retry
+    /// tells the time really left), and the layer puts the deadline on the request for the
+    /// layers inside.
     #[must_use]
     pub fn deadline(mut self, layer: PropagateDeadlineLayer) -> Self {
         self.deadline = layer;
