@@ -138,11 +138,9 @@ where
         // for `AttemptTimedOut` (asked once per layer) and, where it depends on it, whether the
         // request is idempotent. When none may, every attempt is final for the bound inside,
         // which then gives it the whole deadline instead of keeping a share for a retry.
-        let idempotent = || {
-            overrides
-                .idempotent
-                .unwrap_or_else(|| template.idempotent(policy.idempotency))
-        };
+        let idempotent = overrides
+            .idempotent
+            .unwrap_or_else(|| template.idempotent(policy.idempotency));
         let timeouts_final = match *handle.timeout_retryable.get_or_init(|| {
             match policy
                 .classifier
@@ -155,7 +153,7 @@ where
             }
         }) {
             Retryable::Never => true,
-            Retryable::IfIdempotent => !idempotent(),
+            Retryable::IfIdempotent => !idempotent,
             _ => false,
         };
         let (parts, body) = req.into_parts();
@@ -179,7 +177,7 @@ where
         // A hedged request: one the idempotency rule allows, with a delay to hedge after.
         let hedge = match &policy.hedging {
             Some(hedging)
-                if armed != Armed::Expired && overrides.hedge != Some(false) && idempotent() =>
+                if armed != Armed::Expired && overrides.hedge != Some(false) && idempotent =>
             {
                 hedging.delay.delay_for(req.method(), req.uri())
             }

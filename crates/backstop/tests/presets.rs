@@ -983,6 +983,29 @@ async fn a_quiet_minute_widens_the_bound_instead_of_forgetting_it() {
     assert_eq!(bound(&tuned), Duration::from_secs(10));
 }
 
+/// A dependency whose `/report` takes `took` and every other route 10 ms.
+fn a_slow_report(
+    took: Duration,
+) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
+    service_fn(move |req: Request<ReplayBody<String>>| async move {
+        let took = if req.uri().path() == "/report" {
+            took
+        } else {
+            Duration::from_millis(10)
+        };
+        tokio::time::sleep(took).await;
+        Ok(Response::new(String::new()))
+    })
+}
+
+/// The HTTP preset's breaker, one per path.
+fn path_keyed_breaker() -> backstop::breaker::BreakerLayer<HttpClassifier> {
+    backstop::client::http_breaker()
+        .per_key(backstop::breaker::BreakerKey::Path)
+        .build()
+        .unwrap()
+}
+
 /// Issue 25, 5: `/report`, 0.5 % of the calls, takes 2 s; the other routes 10 ms; a 5 s
 /// deadline. With one model for the dependency, `/report` is cut at the bound the fast
 /// routes set (their 250 ms floor) on every attempt, about half the time. With the breaker keyed per path, the
@@ -991,19 +1014,8 @@ async fn a_quiet_minute_widens_the_bound_instead_of_forgetting_it() {
 /// call to it succeeds.
 #[tokio::test(start_paused = true)]
 async fn a_rare_slow_route_is_not_cut_at_the_fast_routes_bound_under_a_keyed_breaker() {
-    let dependency = service_fn(|req: Request<ReplayBody<String>>| async move {
-        let took = if req.uri().path() == "/report" {
-            2_000
-        } else {
-            10
-        };
-        tokio::time::sleep(Duration::from_millis(took)).await;
-        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-    });
-    let keyed_breaker = backstop::client::http_breaker()
-        .per_key(backstop::breaker::BreakerKey::Path)
-        .build()
-        .unwrap();
+    let dependency = a_slow_report(Duration::from_millis(2_000));
+    let keyed_breaker = path_keyed_breaker();
     let keyed = backstop::client::http()
         .timeout(Duration::from_secs(5))
         .breaker(keyed_breaker);
@@ -1015,7 +1027,7 @@ async fn a_rare_slow_route_is_not_cut_at_the_fast_routes_bound_under_a_keyed_bre
     for backend in [&single, &keyed] {
         let client = ServiceBuilder::new()
             .layer(backend.clone())
-            .service(dependency);
+            .service(dependency.clone());
         // 1 000 calls a second for 25 s: /report is every 200th (125 calls, 5 a second, so
         // its own model is trusted after about 20 s).
         let mut tasks = Vec::new();
@@ -1105,26 +1117,15 @@ async fn an_attempt_no_retry_could_follow_takes_the_whole_deadline() {
 /// dependency got every such call twice.
 #[tokio::test(start_paused = true)]
 async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
-    let dependency = service_fn(|req: Request<ReplayBody<String>>| async move {
-        let took = if req.uri().path() == "/report" {
-            200
-        } else {
-            10
-        };
-        tokio::time::sleep(Duration::from_millis(took)).await;
-        Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-    });
-    let keyed_breaker = backstop::client::http_breaker()
-        .per_key(backstop::breaker::BreakerKey::Path)
-        .build()
-        .unwrap();
+    let dependency = a_slow_report(Duration::from_millis(200));
+    let keyed_breaker = path_keyed_breaker();
     let keyed = backstop::client::http().hedging(2).breaker(keyed_breaker);
     let single = backstop::client::http().hedging(2);
     let mut attempts = Vec::new();
     for backend in [&keyed, &single] {
         let client = ServiceBuilder::new()
             .layer(backend.clone())
-            .service(dependency);
+            .service(dependency.clone());
         for _ in 0..300 {
             let req = Request::get("http://dep/a").body(String::new()).unwrap();
             assert_eq!(client.clone().oneshot(req).await.unwrap().status(), 200);
