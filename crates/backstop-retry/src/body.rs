@@ -26,18 +26,12 @@ pin_project! {
         #[pin]
         inner: B,
         watch: Option<Arc<Handle<C>>>,
-        // Whether the watched trailers go to the budget (otherwise only to the metrics).
-        budget: bool,
     }
 }
 
 impl<B, C> RetryBody<B, C> {
-    pub(crate) fn new(inner: B, watch: Option<Arc<Handle<C>>>, budget: bool) -> Self {
-        Self {
-            inner,
-            watch,
-            budget,
-        }
+    pub(crate) fn new(inner: B, watch: Option<Arc<Handle<C>>>) -> Self {
+        Self { inner, watch }
     }
 
     /// The inner body.
@@ -65,10 +59,10 @@ impl<B: fmt::Debug, C> fmt::Debug for RetryBody<B, C> {
     }
 }
 
-/// Tells `outcome` to the metrics and, when `to_budget`, to the budget.
-pub(crate) fn record<C>(handle: &Handle<C>, outcome: Outcome, to_budget: bool) {
+/// Tells `outcome` to the metrics and the budget.
+pub(crate) fn record<C>(handle: &Handle<C>, outcome: Outcome) {
     handle.meter_outcome(outcome);
-    let Some(budget) = handle.policy.budget.as_ref().filter(|_| to_budget) else {
+    let Some(budget) = handle.policy.budget.as_ref() else {
         return;
     };
     match outcome {
@@ -103,19 +97,13 @@ where
                 Some(Ok(f)) => match f.trailers_ref() {
                     Some(trailers) => {
                         let outcome = handle.policy.classifier.classify_trailers(trailers);
-                        record(&handle, outcome.unwrap_or(missing), *this.budget);
+                        record(&handle, outcome.unwrap_or(missing));
                     }
-                    None if this.inner.is_end_stream() => record(&handle, missing, *this.budget),
+                    None if this.inner.is_end_stream() => record(&handle, missing),
                     None => *this.watch = Some(handle),
                 },
-                Some(Err(_)) => {
-                    record(
-                        &handle,
-                        Outcome::failure(Retryable::IfIdempotent),
-                        *this.budget,
-                    );
-                }
-                None => record(&handle, missing, *this.budget),
+                Some(Err(_)) => record(&handle, Outcome::failure(Retryable::IfIdempotent)),
+                None => record(&handle, missing),
             }
         }
         Poll::Ready(frame)

@@ -5,7 +5,7 @@ use crate::{
     bounds::Armed,
     hedge::HedgesBox,
     shared::Handle,
-    state::{RetryState, Verdict},
+    state::{Heard, RetryState, Verdict},
     stats::GiveUp,
 };
 use backstop_core::__private::timer::LazySleep;
@@ -165,29 +165,31 @@ impl<F, T> State<F, T> {
 /// The call's result as the layer returns it: its [`CallInfo`] extension (or its error, a
 /// [`RetryError`](crate::RetryError)) tells the caller how many attempts the call took and why
 /// it was not retried; the body watches the trailers when the outcome is still to come (for
-/// the budget, and for the metrics).
+/// the budget, and for the metrics). `heard`: the result as the retry path heard it when it
+/// decided (`None` for a call sent once, or for an error no attempt answered).
 #[inline(always)]
 fn finish<S, B, C, R>(
     retry: Option<&RetryState<S, B, C>>,
     once: &Once<C>,
     result: Result<Response<R>, BoxError>,
-    watch: Option<Arc<Handle<C>>>,
+    heard: Option<Heard>,
 ) -> Result<Response<RetryBody<R, C>>, BoxError>
 where
     C: Classify<Response<R>>,
 {
-    let (attempts, gave_up, watch, budget) = match retry {
-        Some(r) => {
-            // The budget heard of every attempt when it was decided.
-            let (watch, budget) = meter_end(&r.shared, result.as_ref(), watch);
-            (r.attempts, r.gave_up, watch, budget)
-        }
+    let (attempts, gave_up, watch) = match retry {
+        // The budget heard of every attempt when it was decided.
+        Some(r) => (
+            r.attempts,
+            r.gave_up,
+            meter_end(&r.shared, result.as_ref(), heard),
+        ),
         None => match &once.handle {
             Some(handle) => {
                 let (watch, gave_up) = once_end(handle, once.unreplayable, result.as_ref());
-                (1, gave_up, watch, true)
+                (1, gave_up, watch)
             }
-            None => (1, None, None, true),
+            None => (1, None, None),
         },
     };
     // The error is wrapped out of line: the success path keeps its size.
@@ -201,7 +203,7 @@ where
             {
                 tell(&mut response, attempts, gave_up);
             }
-            Ok(response.map(|body| RetryBody::new(body, watch, budget)))
+            Ok(response.map(|body| RetryBody::new(body, watch)))
         }
         Err(e) => Err(wrap(attempts, gave_up, e)),
     }
@@ -230,7 +232,7 @@ where
     }
     let outcome =
         classifier.classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
-    crate::body::record(handle, outcome, true);
+    crate::body::record(handle, outcome);
     let gave_up = match (outcome, unreplayable) {
         (
             Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint },
@@ -271,34 +273,35 @@ fn wrap(attempts: u32, gave_up: Option<GiveUp>, e: BoxError) -> BoxError {
     Box::new(crate::RetryError::new(attempts, gave_up, e))
 }
 
-/// Counts the call's outcome in the metrics, or, when it is still to come in the trailers,
-/// leaves it to the body: the watch to give the body, and whether its trailers also go to the
-/// budget.
+/// Counts the call's outcome in the metrics from what the decision heard, or, when it is still
+/// to come in the trailers, leaves it to the body (for the budget too): the watch to give the
+/// body. A result no decision heard (an error no attempt answered) is classified here.
 #[inline(always)]
 fn meter_end<C, R>(
     handle: &Arc<Handle<C>>,
     result: Result<&Response<R>, &BoxError>,
-    watch: Option<Arc<Handle<C>>>,
-) -> (Option<Arc<Handle<C>>>, bool)
+    heard: Option<Heard>,
+) -> Option<Arc<Handle<C>>>
 where
     C: Classify<Response<R>>,
 {
-    if !RetryMetrics::ON {
-        return (watch, true);
+    match heard {
+        Some(Heard { watched: true, .. }) => Some(handle.clone()),
+        Some(Heard { outcome, .. }) => {
+            handle.meter_outcome(outcome);
+            None
+        }
+        None => {
+            if RetryMetrics::ON {
+                let outcome = handle
+                    .policy
+                    .classifier
+                    .classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
+                handle.meter_outcome(outcome);
+            }
+            None
+        }
     }
-    let classifier = &handle.policy.classifier;
-    if let Ok(response) = result
-        && classifier.awaits_trailers(response)
-    {
-        return match watch {
-            Some(watch) => (Some(watch), true),
-            None => (Some(handle.clone()), false),
-        };
-    }
-    let outcome =
-        classifier.classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
-    handle.meter_outcome(outcome);
-    (watch, true)
 }
 
 impl<S, B, C, R> Future for ResponseFuture<S, B, C>
@@ -325,28 +328,24 @@ where
                             Err(DeadlineExceeded::new().into())
                         }
                     };
-                    let verdict = match this.retry.as_mut() {
-                        Some(retry) => retry.decide(result.as_ref()),
-                        None => Verdict::Return,
-                    };
-                    let watch = match verdict {
-                        Verdict::Retry(wait) => {
+                    let heard = match this.retry.as_mut().map(|r| r.decide(result.as_ref())) {
+                        Some(Verdict::Retry(wait)) => {
                             drop(result);
                             this.state.set(State::BackingOff { sleep: sleep(wait) });
                             continue;
                         }
-                        Verdict::Return => None,
-                        Verdict::ReturnWatched => this.retry.as_ref().map(|r| r.shared.clone()),
+                        Some(Verdict::Return(heard)) => Some(heard),
+                        None => None,
                     };
                     this.state.set(State::Done);
-                    return Poll::Ready(finish(this.retry.as_ref(), this.once, result, watch));
+                    return Poll::Ready(finish(this.retry.as_ref(), this.once, result, heard));
                 }
                 StateProj::Hedging { hedges, timer } => {
                     let retry = this.retry.as_mut().expect("a hedged request");
-                    let (result, watch) = ready!(retry.poll_hedges(hedges.get(), timer, cx));
+                    let (result, heard) = ready!(retry.poll_hedges(hedges.get(), timer, cx));
                     // The attempts still in flight are cancelled here.
                     this.state.set(State::Done);
-                    return Poll::Ready(finish(this.retry.as_ref(), this.once, result, watch));
+                    return Poll::Ready(finish(this.retry.as_ref(), this.once, result, heard));
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);

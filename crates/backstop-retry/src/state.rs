@@ -7,7 +7,7 @@ use crate::{
     backoff::{BackoffState, Rng},
     bounds::Bounds,
     budget::counts_as_failure,
-    metrics::AttemptKind,
+    metrics::{AttemptKind, RetryMetrics},
     pushback::mark_exhausted,
     shared::Handle,
     stats::GiveUp,
@@ -47,27 +47,21 @@ pub(crate) struct RetryState<S, B, C> {
 
 /// What to do with a finished attempt.
 pub(crate) enum Verdict {
-    /// Return the result.
-    Return,
-    /// Return the result, whose outcome is still to come in its trailers: the body records
-    /// it in the budget.
-    ReturnWatched,
+    /// Return the result, heard as it was.
+    Return(Heard),
     /// Retry after this wait.
     Retry(Duration),
 }
 
-/// A finished attempt, classified once and told to the budget: what retries and hedges both
-/// decide from.
-pub(crate) enum Heard {
-    /// A success; `watched`: its trailers will tell the budget (a gRPC response committed by
-    /// its headers), so its body must watch them.
-    Success { watched: bool },
-    /// Neither success nor failure (a caller error).
-    Ignored,
-    /// Our own rejection (an open breaker, a spent deadline).
-    Rejected,
-    /// A failure (throttled or not), with its retry rules.
-    Failure(Retryable, Option<ServerHint>),
+/// A finished attempt, classified once: what retries, hedges, the budget and the metrics all
+/// read, so no attempt is classified twice by this layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heard {
+    pub(crate) outcome: Outcome,
+    /// A success whose trailers are still to come (a gRPC response committed by its
+    /// headers): its body must watch them for the budget and the metrics. Asked only when a
+    /// budget or the metrics listen (otherwise `false`).
+    pub(crate) watched: bool,
 }
 
 impl<S, B, C> RetryState<S, B, C> {
@@ -124,34 +118,26 @@ impl<S, B, C> RetryState<S, B, C> {
         let outcome = policy
             .classifier
             .classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
-        match outcome {
-            Outcome::Success => {
-                let Some(budget) = &policy.budget else {
-                    return Heard::Success { watched: false };
-                };
-                // A gRPC response committed by its headers: the trailers tell success from
-                // failure, so the budget hears of it at the end of the body.
-                if let Ok(response) = result
-                    && policy.classifier.awaits_trailers(response)
-                {
-                    return Heard::Success { watched: true };
-                }
-                budget.record_success();
-                self.shared.meter_budget();
-                Heard::Success { watched: false }
-            }
-            Outcome::Ignored => Heard::Ignored,
-            Outcome::Rejected => Heard::Rejected,
-            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
-                if let Some(budget) = &policy.budget
-                    && counts_as_failure(retryable, hint)
+        // Whether the trailers still decide: asked once, and only of a success someone will
+        // hear of (a gRPC classifier reads a header for it).
+        let watched = outcome == Outcome::Success
+            && (policy.budget.is_some() || RetryMetrics::ON)
+            && result.is_ok_and(|response| policy.classifier.awaits_trailers(response));
+        if let Some(budget) = &policy.budget {
+            match outcome {
+                // A success committed by its headers tells the budget at the end of its body.
+                Outcome::Success if watched => return Heard { outcome, watched },
+                Outcome::Success => budget.record_success(),
+                Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint }
+                    if counts_as_failure(retryable, hint) =>
                 {
                     budget.record_failure();
-                    self.shared.meter_budget();
                 }
-                Heard::Failure(retryable, hint)
+                _ => return Heard { outcome, watched },
             }
+            self.shared.meter_budget();
         }
+        Heard { outcome, watched }
     }
 
     /// The decision order for a finished attempt.
@@ -159,16 +145,18 @@ impl<S, B, C> RetryState<S, B, C> {
     where
         C: Classify<Response<R>>,
     {
-        let (retryable, hint) = match self.hear(result) {
-            Heard::Success { watched: true } => return Verdict::ReturnWatched,
-            Heard::Success { watched: false } | Heard::Ignored => return Verdict::Return,
-            Heard::Rejected => {
+        let heard = self.hear(result);
+        let (retryable, hint) = match heard.outcome {
+            Outcome::Success | Outcome::Ignored => return Verdict::Return(heard),
+            Outcome::Rejected => {
                 // Our own rejection (an open breaker, a spent deadline): callers upstream must
                 // not retry it either.
                 mark_exhausted();
-                return Verdict::Return;
+                return Verdict::Return(heard);
             }
-            Heard::Failure(retryable, hint) => (retryable, hint),
+            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
+                (retryable, hint)
+            }
         };
         match self.grant_retry(retryable, hint) {
             Ok(wait) => {
@@ -188,7 +176,7 @@ impl<S, B, C> RetryState<S, B, C> {
             }
             Err(why) => {
                 self.give_up(why, result);
-                Verdict::Return
+                Verdict::Return(heard)
             }
         }
     }

@@ -4,19 +4,18 @@ use crate::{
     ReplayBody,
     metrics::AttemptKind,
     pushback::mark_exhausted,
-    shared::Handle,
     state::{Heard, RetryState},
     stats::GiveUp,
 };
 use backstop_core::__private::timer::LazySleep;
 use backstop_core::{
-    BoxError, Classify, DeadlineExceeded, ServerHint, grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
+    BoxError, Classify, DeadlineExceeded, Outcome, Retryable, ServerHint,
+    grpc::GRPC_PREVIOUS_RPC_ATTEMPTS, is_grpc,
 };
 use http::{HeaderValue, Request, Response};
 use std::{
     future::Future,
     pin::Pin,
-    sync::Arc,
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -35,8 +34,9 @@ pub(crate) struct Hedges<F, T> {
     deadline: Option<Instant>,
     /// The next hedge's timer (the deadline's is the response future's).
     timer: Option<Pin<Box<Sleep>>>,
-    /// The last attempt that did not commit, returned when nothing else is left.
-    last: Option<Result<T, BoxError>>,
+    /// The last attempt that did not commit, as it was heard, returned when nothing else is
+    /// left.
+    last: Option<(Result<T, BoxError>, Heard)>,
     /// Why no further hedge is sent, for the stats.
     why: Option<GiveUp>,
 }
@@ -86,8 +86,8 @@ impl<F, T> Drop for HedgesBox<F, T> {
 
 /// What a finished attempt means for a hedged request.
 enum Judged {
-    /// It wins: return it (watching its trailers for the budget when `true`).
-    Commit(bool),
+    /// It wins: return it.
+    Commit,
     /// A retryable failure: the next hedge goes after this wait (at once, unless the server
     /// asked for one), and none before it.
     HedgeAfter(Duration),
@@ -106,33 +106,37 @@ enum Hedge {
     Waiting,
 }
 
-/// The result of a hedged request, and whether its body tells the budget of the outcome.
-pub(crate) type Settled<R, C> = (Result<Response<R>, BoxError>, Option<Arc<Handle<C>>>);
+/// The result of a hedged request, and how it was heard (`None`: no attempt answered it).
+pub(crate) type Settled<R> = (Result<Response<R>, BoxError>, Option<Heard>);
 
 impl<S, B, C> RetryState<S, B, C> {
-    fn judge<R>(&mut self, result: Result<&Response<R>, &BoxError>) -> Judged
+    fn judge<R>(&mut self, result: Result<&Response<R>, &BoxError>) -> (Judged, Heard)
     where
         C: Classify<Response<R>>,
     {
-        match self.hear(result) {
-            Heard::Success { watched } => Judged::Commit(watched),
-            Heard::Ignored => Judged::Commit(false),
+        let heard = self.hear(result);
+        let judged = match heard.outcome {
+            Outcome::Success | Outcome::Ignored => Judged::Commit,
             // Our own rejection (an open breaker): no further hedge, but an attempt still in
             // flight may yet answer.
-            Heard::Rejected => Judged::Stop(None),
-            Heard::Failure(backstop_core::Retryable::Never, _) => {
-                self.give_up(GiveUp::NotRetryable, result);
-                Judged::Commit(false)
+            Outcome::Rejected => Judged::Stop(None),
+            Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
+                match (retryable, hint) {
+                    (Retryable::Never, _) => {
+                        self.give_up(GiveUp::NotRetryable, result);
+                        Judged::Commit
+                    }
+                    (_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
+                    // A pushback says exactly when, a `Retry-After` the least wait (RFC 9110):
+                    // the failure's shortcut (at once) makes both the same.
+                    (_, Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked))) => {
+                        Judged::HedgeAfter(asked.min(self.shared.policy.max_hint))
+                    }
+                    _ => Judged::HedgeAfter(Duration::ZERO),
+                }
             }
-            Heard::Failure(_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
-            // A pushback says exactly when, a `Retry-After` the least wait (RFC 9110): the
-            // failure's shortcut (at once) makes both the same.
-            Heard::Failure(
-                _,
-                Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked)),
-            ) => Judged::HedgeAfter(asked.min(self.shared.policy.max_hint)),
-            Heard::Failure(..) => Judged::HedgeAfter(Duration::ZERO),
-        }
+        };
+        (judged, heard)
     }
 
     /// Sends the next hedge if one is due and every rule allows it.
@@ -292,7 +296,7 @@ impl<S, B, C> RetryState<S, B, C> {
         hedges: &mut Hedges<S::Future, Response<R>>,
         mut deadline_timer: Pin<&mut LazySleep>,
         cx: &mut Context<'_>,
-    ) -> Poll<Settled<R, C>>
+    ) -> Poll<Settled<R>>
     where
         S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
         S::Error: Into<BoxError>,
@@ -307,16 +311,14 @@ impl<S, B, C> RetryState<S, B, C> {
                 };
                 drop(hedges.in_flight.swap_remove(i));
                 let result = result.map_err(Into::into);
-                match self.judge(result.as_ref()) {
-                    Judged::Commit(watch) => {
-                        // The others are dropped with `hedges`: cancellations.
-                        let watch = watch.then(|| self.shared.clone());
-                        return Poll::Ready((result, watch));
-                    }
+                let (judged, heard) = self.judge(result.as_ref());
+                match judged {
+                    // The others are dropped with `hedges`: cancellations.
+                    Judged::Commit => return Poll::Ready((result, Some(heard))),
                     Judged::HedgeAfter(wait) => self.hedge_after(hedges, wait),
                     Judged::Stop(why) => hedges.stop(why),
                 }
-                hedges.last = Some(result);
+                hedges.last = Some((result, heard));
             }
             match self.poll_hedge(hedges, cx) {
                 Err(e) => return Poll::Ready((Err(e), None)),
@@ -352,11 +354,11 @@ impl<S, B, C> RetryState<S, B, C> {
     }
 
     /// Nothing in flight and no hedge to come: the last failure is the answer.
-    fn settle<R>(&mut self, hedges: &mut Hedges<S::Future, Response<R>>) -> Settled<R, C>
+    fn settle<R>(&mut self, hedges: &mut Hedges<S::Future, Response<R>>) -> Settled<R>
     where
         S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
     {
-        let result = hedges
+        let (result, heard) = hedges
             .last
             .take()
             .expect("an attempt finished before none was left");
@@ -365,6 +367,6 @@ impl<S, B, C> RetryState<S, B, C> {
             // Our own rejection: callers upstream must not retry it either.
             None => mark_exhausted(),
         }
-        (result, None)
+        (result, Some(heard))
     }
 }
