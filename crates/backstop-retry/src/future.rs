@@ -244,10 +244,10 @@ where
         _ => None,
     };
     if let Some(why) = gave_up {
-        handle.stats.give_up(why);
+        handle.ledger.stats.give_up(why);
         handle.meter_give_up(why);
         tracing::debug!(
-            dependency = handle.name.get(),
+            dependency = handle.ledger.name.get(),
             reason = why.as_str(),
             "not retrying"
         );

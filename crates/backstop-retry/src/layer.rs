@@ -1,7 +1,7 @@
 use crate::bounds::Wire;
 use crate::{
     Retry, RetryConfig,
-    shared::{Handles, Shared},
+    shared::{Handles, Ledger, Shared},
     stats::Stats,
 };
 use backstop_core::__private::stripe;
@@ -47,12 +47,12 @@ impl<C> RetryLayer<C> {
     ///
     /// When the layer already has another name.
     pub fn set_name(&self, name: &str) -> Result<(), backstop_core::ConfigError> {
-        self.shared.name.set(name)
+        self.shared.ledger.name.set(name)
     }
 
     /// The dependency's name (`""` when unnamed).
     pub fn name(&self) -> &str {
-        self.shared.name.get()
+        self.shared.ledger.name.get()
     }
 
     /// Says which of the dependency's methods this layer serves (e.g. the names of a gRPC
@@ -63,12 +63,12 @@ impl<C> RetryLayer<C> {
     /// part of the API users build stacks with (hidden, no semver promise).
     #[doc(hidden)]
     pub fn set_methods(&self, methods: &str) {
-        let _ = self.shared.methods.set(methods.into());
+        let _ = self.shared.ledger.methods.set(methods.into());
     }
 
     /// Which methods this layer serves, if said.
     pub fn methods(&self) -> Option<&str> {
-        self.shared.methods.get().map(|m| &**m)
+        self.shared.ledger.methods.get().map(|m| &**m)
     }
 
     /// The configuration this layer was built from.
@@ -76,13 +76,44 @@ impl<C> RetryLayer<C> {
         &self.shared.policy
     }
 
+    /// The same layer's counters, name and metrics, with another policy (checked as
+    /// [`RetryConfig::build`] checks it): what this layer and its clones count and report
+    /// goes on across the change, and the layers cloned before it keep the old policy. Give
+    /// it a config derived from [`config`](Self::config) to change one knob:
+    ///
+    /// ```
+    /// use backstop_retry::RetryConfig;
+    ///
+    /// let retry = RetryConfig::http().build()?;
+    /// retry.set_name("search")?;
+    /// let fewer = retry.with_config(retry.config().clone().max_attempts(2))?;
+    /// assert_eq!(fewer.name(), "search");
+    /// assert!(retry.with_config(RetryConfig::http().max_attempts(11)).is_err());
+    /// # Ok::<(), backstop_core::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RetryConfig::build`].
+    pub fn with_config(&self, policy: RetryConfig<C>) -> Result<Self, backstop_core::ConfigError> {
+        policy.validate()?;
+        Ok(Self::with_ledger(policy, self.shared.ledger.clone()))
+    }
+
     pub(crate) fn from_policy(policy: RetryConfig<C>) -> Self {
-        let shared = Arc::new(Shared {
-            policy,
+        let ledger = Arc::new(Ledger {
             stats: Stats::new(stripe::count()),
             name: backstop_core::__private::DependencyName::default(),
             methods: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
+        });
+        Self::with_ledger(policy, ledger)
+    }
+
+    fn with_ledger(policy: RetryConfig<C>, ledger: Arc<Ledger>) -> Self {
+        let shared = Arc::new(Shared {
+            policy,
+            ledger,
             timeout_retryable: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
@@ -126,7 +157,7 @@ impl<C> RetryLayer<C> {
 
     /// What the layer (and every service it built) has done so far.
     pub fn stats(&self) -> crate::RetryStats {
-        self.shared.stats.snapshot()
+        self.shared.ledger.stats.snapshot()
     }
 }
 

@@ -85,7 +85,7 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let handle = self.handles.current();
-        handle.stats.request(handle.stripe());
+        handle.ledger.stats.request(handle.stripe());
         handle.meter_attempt(crate::metrics::AttemptKind::First);
         let policy = &handle.policy;
         // An empty extension map answers at once: most requests pay one branch for this.

@@ -11,11 +11,24 @@ use crate::{
     stats::{GiveUp, Stats},
 };
 use backstop_core::{__private::stripe, Outcome};
+use std::sync::Arc;
 
 /// The layer's shared state.
 #[derive(Debug)]
 pub(crate) struct Shared<C> {
     pub(crate) policy: RetryConfig<C>,
+    /// What outlives a change of policy ([`RetryLayer::with_config`](crate::RetryLayer::with_config)).
+    pub(crate) ledger: Arc<Ledger>,
+    /// What the policy's classifier makes of an attempt timeout (`AttemptTimedOut`): asked
+    /// once, by the first call.
+    pub(crate) timeout_retryable: std::sync::OnceLock<backstop_core::Retryable>,
+}
+
+/// What a retry layer keeps when its policy is replaced: the counters, the dependency's name
+/// and the metric handles that carry it. One per layer built from a config; shared by the
+/// layers [`RetryLayer::with_config`](crate::RetryLayer::with_config) derives from it.
+#[derive(Debug)]
+pub(crate) struct Ledger {
     pub(crate) stats: Stats,
     pub(crate) name: backstop_core::__private::DependencyName,
     /// Which of the dependency's methods this layer serves (a gRPC service config's entry):
@@ -24,9 +37,6 @@ pub(crate) struct Shared<C> {
     /// The metric handles, registered by the first call that records (zero-sized without the
     /// `metrics` feature).
     pub(crate) metrics: std::sync::OnceLock<RetryMetrics>,
-    /// What the policy's classifier makes of an attempt timeout (`AttemptTimedOut`): asked
-    /// once, by the first call.
-    pub(crate) timeout_retryable: std::sync::OnceLock<backstop_core::Retryable>,
 }
 
 /// One handle per stripe to the layer's shared state, shared by every service of the layer
@@ -39,8 +49,10 @@ pub(crate) type Handle<C> = stripe::Handle<Shared<C>>;
 impl<C> Shared<C> {
     #[inline(always)]
     fn metrics(&self) -> &RetryMetrics {
-        self.metrics
-            .get_or_init(|| RetryMetrics::new(self.name.get(), self.methods.get().map(|m| &**m)))
+        let ledger = &*self.ledger;
+        ledger.metrics.get_or_init(|| {
+            RetryMetrics::new(ledger.name.get(), ledger.methods.get().map(|m| &**m))
+        })
     }
 
     /// A call ended with this outcome.

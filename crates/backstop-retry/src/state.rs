@@ -78,7 +78,7 @@ impl<S, B, C> RetryState<S, B, C> {
         // Request numbers seed the jitter of a seeded policy (and only then: counting them
         // is a shared write every request would pay for).
         let number = match shared.policy.seed {
-            Some(_) => shared.stats.number(),
+            Some(_) => shared.ledger.stats.number(),
             None => 0,
         };
         Self {
@@ -161,10 +161,10 @@ impl<S, B, C> RetryState<S, B, C> {
         match self.grant_retry(retryable, hint) {
             Ok(wait) => {
                 self.attempts += 1;
-                self.shared.stats.retry();
+                self.shared.ledger.stats.retry();
                 self.shared.meter_attempt(AttemptKind::Retry);
                 tracing::debug!(
-                    dependency = self.shared.name.get(),
+                    dependency = self.shared.ledger.name.get(),
                     method = %self.template.method,
                     path = self.template.path(),
                     attempt = self.attempts,
@@ -186,13 +186,13 @@ impl<S, B, C> RetryState<S, B, C> {
     /// for retries and hedges.
     pub(crate) fn give_up<R>(&mut self, why: GiveUp, result: Result<&Response<R>, &BoxError>) {
         self.gave_up = Some(why);
-        self.shared.stats.give_up(why);
+        self.shared.ledger.stats.give_up(why);
         self.shared.meter_give_up(why);
         if why.exhausts_retries() {
             mark_exhausted();
         }
         tracing::debug!(
-            dependency = self.shared.name.get(),
+            dependency = self.shared.ledger.name.get(),
             method = %self.template.method,
             path = self.template.path(),
             attempts = self.attempts,

@@ -349,8 +349,9 @@ impl<C> ClientLayer<C> {
     }
 
     /// Attempts per request, the first included (default 3): the short form of rebuilding the
-    /// retry policy with [`RetryConfig::max_attempts`]. Keeps the policy's other knobs and
-    /// its budget; the retry stats start from zero.
+    /// retry policy with [`RetryConfig::max_attempts`] ([`RetryLayer::with_config`]). Keeps the
+    /// policy's other knobs, its budget, and the layer's stats and name: a clone made before
+    /// keeps counting into the same stats, with the old policy.
     ///
     /// # Errors
     ///
@@ -360,7 +361,10 @@ impl<C> ClientLayer<C> {
     where
         C: Clone,
     {
-        match self.retry.config().clone().max_attempts(n).build() {
+        match self
+            .retry
+            .with_config(self.retry.config().clone().max_attempts(n))
+        {
             Ok(retry) => self.retry = retry,
             Err(e) => return self.failed(e),
         }
@@ -570,7 +574,8 @@ impl<C> ClientLayer<C> {
     /// time out and count as one more failure of the breaker. Nothing is asked for until the
     /// model is trusted. The retry layer is handed the attempt layer's model here, when the
     /// stack is built, as measured hedging is; replacing either layer keeps the setting. The
-    /// retry layer is rebuilt with the reserve (its budget shared; its stats start from zero).
+    /// retry layer gets the reserve through [`RetryLayer::with_config`] (its budget, stats and
+    /// name kept).
     ///
     /// ```
     /// let client = backstop::client::http().retry_reserve(Some(0.9));
@@ -591,7 +596,10 @@ impl<C> ClientLayer<C> {
             return self.failed(e);
         }
         if self.reserve.is_some() && quantile.is_none() {
-            match self.retry.config().clone().no_reserve().build() {
+            match self
+                .retry
+                .with_config(self.retry.config().clone().no_reserve())
+            {
                 Ok(retry) => self.retry = retry,
                 Err(e) => return self.failed(e),
             }
@@ -625,7 +633,7 @@ impl<C> ClientLayer<C> {
                 Err(e) => return self.failed(e),
             }
         }
-        match policy.build() {
+        match self.retry.with_config(policy) {
             Ok(retry) => self.retry = retry,
             Err(e) => return self.failed(e),
         }

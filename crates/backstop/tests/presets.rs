@@ -1143,3 +1143,46 @@ async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
         "keyed: not hedged; one model: hedged at /a's p95"
     );
 }
+
+/// Changing the number of attempts (or hedging, or the reserve) on a clone of a stack that is
+/// already serving keeps one set of stats for the dependency: the clone made before keeps
+/// counting into it with its old policy, and the new clone counts into it too.
+#[tokio::test(start_paused = true)]
+async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
+    let failing = || {
+        service_fn(|_req: Request<ReplayBody<String>>| async {
+            let response = Response::builder().status(503).body(String::new());
+            Ok::<_, std::convert::Infallible>(response.unwrap())
+        })
+    };
+    let three = backstop::client::http()
+        .name("inventory")
+        // Three failures in a row would trip the throttle, which is not under test.
+        .throttle(backstop::retry::throttle::ThrottleLayer::off());
+    let client = tower::Layer::layer(&three, failing());
+    client.oneshot(get()).await.unwrap();
+    assert_eq!(
+        three.retry_layer().stats().retries,
+        2,
+        "3 attempts: 2 retries"
+    );
+
+    let two = three
+        .clone()
+        .max_attempts(2)
+        .hedging(2)
+        .retry_reserve(Some(0.9));
+    assert_eq!(two.retry_layer().stats().retries, 2, "the stats go on");
+    assert_eq!(two.retry_layer().name(), "inventory");
+    tower::Layer::layer(&two, failing())
+        .oneshot(get())
+        .await
+        .unwrap();
+    tower::Layer::layer(&three, failing())
+        .oneshot(get())
+        .await
+        .unwrap();
+    // 2 + 1 (two attempts) + 2 (the first clone keeps three attempts).
+    assert_eq!(three.retry_layer().stats().retries, 5);
+    assert_eq!(two.retry_layer().stats().retries, 5);
+}

@@ -234,10 +234,10 @@ impl<S, B, C> RetryState<S, B, C> {
             return Ok(Hedge::NotDue);
         }
         self.attempts += 1;
-        self.shared.stats.hedge();
+        self.shared.ledger.stats.hedge();
         self.shared.meter_attempt(AttemptKind::Hedge);
         tracing::debug!(
-            dependency = self.shared.name.get(),
+            dependency = self.shared.ledger.name.get(),
             method = %self.template.method,
             path = self.template.path(),
             attempt = self.attempts,
