@@ -21,7 +21,7 @@ pin_project! {
     pub struct BreakerBody<B, C> {
         #[pin]
         inner: ResponseBody<B>,
-        watch: Option<(Permit<C>, Outcome)>,
+        watch: Option<Permit<C>>,
     }
 }
 
@@ -40,10 +40,12 @@ impl<B, C> BreakerBody<B, C> {
         }
     }
 
-    pub(crate) fn watching(body: B, permit: Permit<C>, outcome: Outcome) -> Self {
+    /// The inner body; `watch`: the permit that waits for the trailers, if the headers did
+    /// not decide.
+    pub(crate) fn watching(body: B, watch: Option<Permit<C>>) -> Self {
         Self {
             inner: ResponseBody::new(body),
-            watch: Some((permit, outcome)),
+            watch,
         }
     }
 
@@ -77,7 +79,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        if let Some((permit, outcome)) = this.watch.take() {
+        if let Some(permit) = this.watch.take() {
             // The status was due in the trailers: a stream that ends without them is a
             // protocol error (gRPC clients report INTERNAL), never a success.
             let missing = Outcome::failure(Retryable::Never);
@@ -91,7 +93,7 @@ where
                         permit.finish(outcome);
                     }
                     None if this.inner.is_end_stream() => permit.finish(missing),
-                    None => *this.watch = Some((permit, outcome)),
+                    None => *this.watch = Some(permit),
                 },
                 Some(Err(_)) => permit.finish(Outcome::failure(Retryable::IfIdempotent)),
                 None => permit.finish(missing),

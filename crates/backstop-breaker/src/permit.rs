@@ -111,17 +111,20 @@ impl<C> fmt::Debug for Permit<C> {
 impl<C> Permit<C> {
     /// Classifies the response and records it now, or hands the permit to the body when the
     /// outcome is in the trailers.
+    #[inline(always)]
     pub(crate) fn watch<B>(self, response: Response<B>) -> Response<BreakerBody<B, C>>
     where
         C: Classify<Response<B>>,
     {
-        let classifier = self.classifier();
-        let outcome = classifier.classify(Ok(&response));
-        if outcome == Outcome::Success && classifier.awaits_trailers(&response) {
-            return response.map(|body| BreakerBody::watching(body, self, outcome));
-        }
-        self.finish(outcome);
-        response.map(BreakerBody::new)
+        let watch = match self.classifier().classify_head(&response) {
+            Some(outcome) => {
+                self.finish(outcome);
+                None
+            }
+            None => Some(self),
+        };
+        // One move of the response either way.
+        response.map(|body| BreakerBody::watching(body, watch))
     }
 }
 

@@ -224,14 +224,14 @@ where
     C: Classify<Response<R>>,
 {
     let classifier = &handle.policy.classifier;
-    if let Ok(response) = result
-        && classifier.awaits_trailers(response)
-    {
-        // The body records the outcome, in the budget too.
-        return (Some(handle.clone()), None);
-    }
-    let outcome =
-        classifier.classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
+    let outcome = match result {
+        Ok(response) => match classifier.classify_head(response) {
+            Some(outcome) => outcome,
+            // The body records the outcome, in the budget too.
+            None => return (Some(handle.clone()), None),
+        },
+        Err(e) => classifier.classify(Err(&**e)),
+    };
     crate::body::record(handle, outcome);
     let gave_up = match (outcome, unreplayable) {
         (

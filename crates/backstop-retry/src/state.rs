@@ -59,9 +59,29 @@ pub(crate) enum Verdict {
 pub(crate) struct Heard {
     pub(crate) outcome: Outcome,
     /// A success whose trailers are still to come (a gRPC response committed by its
-    /// headers): its body must watch them for the budget and the metrics. Asked only when a
-    /// budget or the metrics listen (otherwise `false`).
+    /// headers): its body must watch them for the budget and the metrics. `false` when neither
+    /// listens.
     pub(crate) watched: bool,
+}
+
+impl Heard {
+    /// An outcome the headers (or the error) decided.
+    fn decided(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            watched: false,
+        }
+    }
+}
+
+/// What `classifier` makes of an error: out of line, the success path keeps its size.
+#[cold]
+#[inline(never)]
+fn classify_error_of<C, R>(classifier: &C, error: &BoxError) -> Outcome
+where
+    C: Classify<Response<R>>,
+{
+    classifier.classify(Err(&**error))
 }
 
 impl<S, B, C> RetryState<S, B, C> {
@@ -115,29 +135,32 @@ impl<S, B, C> RetryState<S, B, C> {
         C: Classify<Response<R>>,
     {
         let policy = &self.shared.policy;
-        let outcome = policy
-            .classifier
-            .classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
-        // Whether the trailers still decide: asked once, and only of a success someone will
-        // hear of (a gRPC classifier reads a header for it).
-        let watched = outcome == Outcome::Success
-            && (policy.budget.is_some() || RetryMetrics::ON)
-            && result.is_ok_and(|response| policy.classifier.awaits_trailers(response));
+        let outcome = match result {
+            // One pass over the headers: the outcome, or `None` when the trailers decide.
+            Ok(response) => policy.classifier.classify_head(response),
+            Err(e) => Some(classify_error_of(&policy.classifier, e)),
+        };
+        let Some(outcome) = outcome else {
+            // A success so far, committed by its headers: its body tells the budget and the
+            // metrics at the end, if either listens.
+            return Heard {
+                outcome: Outcome::Success,
+                watched: policy.budget.is_some() || RetryMetrics::ON,
+            };
+        };
         if let Some(budget) = &policy.budget {
             match outcome {
-                // A success committed by its headers tells the budget at the end of its body.
-                Outcome::Success if watched => return Heard { outcome, watched },
                 Outcome::Success => budget.record_success(),
                 Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint }
                     if counts_as_failure(retryable, hint) =>
                 {
                     budget.record_failure();
                 }
-                _ => return Heard { outcome, watched },
+                _ => return Heard::decided(outcome),
             }
             self.shared.meter_budget();
         }
-        Heard { outcome, watched }
+        Heard::decided(outcome)
     }
 
     /// The decision order for a finished attempt.

@@ -94,27 +94,34 @@ impl GrpcClassifier {
     }
 }
 
-impl<B> Classify<Response<B>> for GrpcClassifier {
-    fn classify(&self, result: Result<&Response<B>, &(dyn Error + 'static)>) -> Outcome {
-        let response = match result {
-            Ok(r) => r,
-            Err(e) => return classify_error(e),
-        };
+impl GrpcClassifier {
+    /// The outcome the headers decide, or `None` for a gRPC stream committed by its headers
+    /// (a success so far; the trailers decide): `classify` and `classify_head` in one pass.
+    fn head<B>(&self, response: &Response<B>) -> Option<Outcome> {
         if response.extensions().get::<Rejection>().is_some() {
-            return Outcome::Rejected;
+            return Some(Outcome::Rejected);
         }
         if let Some(code) = response.headers().get(GRPC_STATUS).map(Code::from_header) {
-            return self.classify_code(code.unwrap_or(Code::Unknown), response.headers());
+            return Some(self.classify_code(code.unwrap_or(Code::Unknown), response.headers()));
         }
         if response.status() != StatusCode::OK {
             let code = Code::of_http_status(response.status());
-            return self.classify_code(code, response.headers());
+            return Some(self.classify_code(code, response.headers()));
         }
         if !is_grpc(response.headers()) && !response.headers().is_empty() {
             // A 200 that is not gRPC at all: the peer is not a gRPC server.
-            return self.classify_code(Code::Unknown, response.headers());
+            return Some(self.classify_code(Code::Unknown, response.headers()));
         }
-        Outcome::Success
+        None
+    }
+}
+
+impl<B> Classify<Response<B>> for GrpcClassifier {
+    fn classify(&self, result: Result<&Response<B>, &(dyn Error + 'static)>) -> Outcome {
+        match result {
+            Ok(response) => self.head(response).unwrap_or(Outcome::Success),
+            Err(e) => classify_error(e),
+        }
     }
 
     fn classify_trailers(&self, trailers: &HeaderMap) -> Option<Outcome> {
@@ -126,6 +133,10 @@ impl<B> Classify<Response<B>> for GrpcClassifier {
         response.status() == StatusCode::OK
             && !is_trailers_only(response)
             && response.extensions().get::<Rejection>().is_none()
+    }
+
+    fn classify_head(&self, response: &Response<B>) -> Option<Outcome> {
+        self.head(response)
     }
 }
 

@@ -120,6 +120,22 @@ pub trait Classify<Res> {
         let _ = response;
         false
     }
+
+    /// What a layer that must know the final outcome asks of a response: `Some(outcome)` when
+    /// its headers decide it, `None` when the outcome is still to come in the trailers (a
+    /// success so far, which [`awaits_trailers`](Self::awaits_trailers)).
+    ///
+    /// The default asks [`classify`](Self::classify) and, of a success, `awaits_trailers`. A
+    /// classifier that reads the same headers for both overrides it to read them once
+    /// ([`GrpcClassifier`] does: one lookup of `grpc-status` where the two took two); the
+    /// answer must be the same as the default's.
+    fn classify_head(&self, response: &Res) -> Option<Outcome> {
+        let outcome = self.classify(Ok(response));
+        if outcome == Outcome::Success && self.awaits_trailers(response) {
+            return None;
+        }
+        Some(outcome)
+    }
 }
 
 /// The server's hint in a response's headers, read once per classification.

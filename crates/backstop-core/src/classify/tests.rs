@@ -286,3 +286,72 @@ fn transport_errors_through_the_source_chain() {
     assert!(Outcome::failure(Never).is_failure());
     assert!(!Outcome::Rejected.is_failure());
 }
+
+/// `classify_head`'s contract: the same answer as `classify` and, of a success,
+/// `awaits_trailers`. The gRPC classifier reads its headers once for it; the HTTP classifier
+/// keeps the default.
+#[test]
+fn classify_head_answers_as_classify_and_awaits_trailers_do() {
+    fn asked_apart<C: Classify<Response<()>>>(c: &C, r: &Response<()>) -> Option<Outcome> {
+        let outcome = c.classify(Ok(r));
+        (outcome != Outcome::Success || !c.awaits_trailers(r)).then_some(outcome)
+    }
+    let rejected = Rejection::DeadlineExceeded
+        .into_response::<()>(true)
+        .map(|_| ());
+    let cases = [
+        (
+            "a gRPC stream",
+            response(200, &[("content-type", "application/grpc")]),
+        ),
+        (
+            "a gRPC+proto stream",
+            response(200, &[("content-type", "application/grpc+proto")]),
+        ),
+        ("no headers at all", response(200, &[])),
+        (
+            "trailers-only OK",
+            response(
+                200,
+                &[("content-type", "application/grpc"), ("grpc-status", "0")],
+            ),
+        ),
+        (
+            "trailers-only UNAVAILABLE",
+            response(
+                200,
+                &[("content-type", "application/grpc"), ("grpc-status", "14")],
+            ),
+        ),
+        (
+            "a malformed status",
+            response(
+                200,
+                &[("content-type", "application/grpc"), ("grpc-status", "x")],
+            ),
+        ),
+        (
+            "a JSON 200",
+            response(200, &[("content-type", "application/json")]),
+        ),
+        ("a proxy's 503", response(503, &[])),
+        (
+            "a 429 with Retry-After",
+            response(429, &[("retry-after", "3")]),
+        ),
+        ("a 404", response(404, &[])),
+        ("our own rejection", rejected),
+    ];
+    let grpc = GrpcClassifier::new();
+    let http = HttpClassifier::new();
+    for (name, r) in &cases {
+        assert_eq!(grpc.classify_head(r), asked_apart(&grpc, r), "gRPC: {name}");
+        assert_eq!(http.classify_head(r), asked_apart(&http, r), "HTTP: {name}");
+    }
+    assert_eq!(
+        grpc.classify_head(&cases[0].1),
+        None,
+        "a stream's trailers decide"
+    );
+    assert_eq!(grpc.classify_head(&cases[3].1), Some(Outcome::Success));
+}

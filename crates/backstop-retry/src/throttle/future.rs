@@ -107,11 +107,11 @@ where
                 // A running call is one of a layer that is on: it has a classifier.
                 let classifier = shared.classifier.as_ref();
                 let accepted = classifier.is_some_and(|classifier| match &result {
-                    // A stream whose status is still to come: the server took the call.
-                    Ok(response) if classifier.awaits_trailers(response) => true,
-                    Ok(response) => match classifier.classify(Ok(response)) {
-                        Outcome::Rejected => breaker_refused(Ok(response)),
-                        outcome => shared.throttle.accepts(&outcome),
+                    Ok(response) => match classifier.classify_head(response) {
+                        // A stream whose status is still to come: the server took the call.
+                        None => true,
+                        Some(Outcome::Rejected) => breaker_refused(Ok(response)),
+                        Some(outcome) => shared.throttle.accepts(&outcome),
                     },
                     Err(err) => match classifier.classify(Err(&**err)) {
                         Outcome::Rejected => breaker_refused::<B>(Err(&**err)),
