@@ -71,6 +71,44 @@ pub fn told<B>(req: &Request<B>) -> Option<String> {
     Some(value.to_str().unwrap().to_owned())
 }
 
+/// What a [`telling`] dependency heard: when each attempt came (since the dependency was
+/// made) and the `grpc-timeout` it carried.
+pub type Heard = Arc<std::sync::Mutex<Vec<(Duration, Option<String>)>>>;
+
+/// A dependency that logs each attempt in the [`Heard`] it returns, then answers what
+/// `answer` makes of the attempt's number (1 for the first) and its request.
+pub fn telling<B, E, F, Fut>(
+    answer: F,
+) -> (
+    Heard,
+    impl Service<Request<B>, Response = Response<String>, Error = E, Future = Fut> + Clone,
+)
+where
+    F: Fn(usize, &Request<B>) -> Fut + Clone,
+    Fut: Future<Output = Result<Response<String>, E>>,
+{
+    let heard = Heard::default();
+    let log = heard.clone();
+    let start = Instant::now();
+    let dependency = service_fn(move |req: Request<B>| {
+        let attempt = {
+            let mut log = log.lock().unwrap();
+            log.push((start.elapsed(), told(&req)));
+            log.len()
+        };
+        answer(attempt, &req)
+    });
+    (heard, dependency)
+}
+
+/// The answer of a dependency that never answers, for [`telling`].
+pub fn never<B>(
+    _attempt: usize,
+    _req: &Request<B>,
+) -> std::future::Pending<Result<Response<String>, Infallible>> {
+    std::future::pending()
+}
+
 /// A reply with `status` and an empty body.
 pub fn reply(status: u16) -> Response<String> {
     Response::builder()
