@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 use tokio::time::Instant;
-use tower::{Service, service_fn};
+use tower::{Service, ServiceExt, service_fn};
 
 /// One millisecond.
 pub const MS: Duration = Duration::from_millis(1);
@@ -172,6 +172,21 @@ pub fn http_request(timeout: Option<&str>) -> Request<String> {
         builder = builder.header("grpc-timeout", t);
     }
     builder.body(String::new()).unwrap()
+}
+
+/// What `server` answers a plain HTTP request carrying `grpc-timeout: {ms}m`. The test fails
+/// if no answer comes within `guard`: paused time moves only to armed timers, so a call that
+/// no timer wakes would otherwise hang it.
+pub async fn answer_within<S>(server: S, ms: u64, guard: Duration) -> S::Response
+where
+    S: Service<Request<String>>,
+    S::Error: std::fmt::Debug,
+{
+    let timeout = format!("{ms}m");
+    tokio::time::timeout(guard, server.oneshot(http_request(Some(&timeout))))
+        .await
+        .expect("the server answered by its deadline")
+        .unwrap()
 }
 
 /// Sets a flag when dropped: proves a future was cancelled.
