@@ -178,7 +178,6 @@ mod head;
 mod inbound;
 mod outbound;
 mod scope;
-mod sync;
 
 pub use backstop_core::{DeadlineExceeded, is_deadline_exceeded};
 pub use body::DeadlineBody;

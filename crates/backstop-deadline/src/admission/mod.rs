@@ -63,7 +63,7 @@ mod service;
 pub use future::AdmissionFuture;
 pub use service::Admission;
 
-use crate::sync::{AtomicU64, Ordering};
+use backstop_core::__private::sync::{AtomicU64, Ordering};
 use backstop_core::{__private::tick::TickCache, ConfigError, latency::LatencyModel};
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;

@@ -30,7 +30,7 @@ use http::{Method, Uri};
 use std::{collections::HashMap, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use backstop_core::__private::sync::{AtomicU64, Mutex, Ordering};
 
 /// How long a key's model must have gone without a call before a new key may take its place
 /// in a full table: 20 doublings of its aged bound ([`STALE_DOUBLING`](super::STALE_DOUBLING),

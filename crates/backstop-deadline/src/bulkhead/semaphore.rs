@@ -24,7 +24,7 @@
 //! bulkhead is full, when waiting is the cost anyway; the path of a call that finds a permit
 //! takes none.
 
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use backstop_core::__private::sync::{AtomicU64, Mutex, Ordering};
 use std::{
     collections::VecDeque,
     sync::Arc,
