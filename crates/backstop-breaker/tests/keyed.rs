@@ -52,6 +52,33 @@ where
     }
 }
 
+/// Fails `uri` 3 times in a row: its breaker (or the one breaker) opens.
+async fn open<S>(service: &mut S, uri: &str)
+where
+    S: Service<
+            Request<String>,
+            Response = Response<backstop_breaker::BreakerBody<String, HttpClassifier>>,
+            Error = backstop_core::BoxError,
+        >,
+{
+    for _ in 0..3 {
+        send(service, uri).await;
+    }
+}
+
+/// A table of one key by path, a key idle after a second without calls.
+fn one_key_idle_after_a_second() -> BreakerConfig<HttpClassifier> {
+    config()
+        .per_key(BreakerKey::Path)
+        .max_keys(1)
+        .idle_keys_after(Duration::from_secs(1))
+}
+
+/// The keys the layer holds, in order.
+fn key_names(layer: &BreakerLayer<HttpClassifier>) -> Vec<String> {
+    layer.keys().into_iter().map(|(k, _)| k).collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_host_that_is_down_fails_fast_alone() {
     let layer = config().per_key(BreakerKey::Authority).build().unwrap();
@@ -93,9 +120,7 @@ async fn a_host_that_is_down_fails_fast_alone() {
 async fn a_single_breaker_fails_every_route_with_the_bad_one() {
     // The behaviour keyed breakers exist to avoid, for contrast.
     let mut service = config().build().unwrap().layer(dependency());
-    for _ in 0..3 {
-        send(&mut service, "http://svc/item/down").await;
-    }
+    open(&mut service, "http://svc/item/down").await;
     assert_eq!(send(&mut service, "http://svc/item/ok").await, None);
 }
 
@@ -130,7 +155,7 @@ async fn a_route_key_groups_paths_and_no_key_goes_to_the_overflow_breaker() {
         Some(200)
     );
     assert_eq!(send(&mut service, "http://svc/health").await, Some(200));
-    let keys: Vec<String> = layer.keys().into_iter().map(|(k, _)| k).collect();
+    let keys = key_names(&layer);
     assert_eq!(keys, ["/item/{id}/down", "/item/{id}/stock"]);
     assert_eq!(
         layer.key_snapshot("/item/{id}/down").unwrap().state,
@@ -173,22 +198,15 @@ async fn the_table_is_bounded_and_idle_keys_make_room() {
         send(&mut service, "http://svc/a").await;
     }
     send(&mut service, "http://svc/c").await;
-    let keys: Vec<String> = layer.keys().into_iter().map(|(k, _)| k).collect();
+    let keys = key_names(&layer);
     assert_eq!(keys, ["/a", "/c"], "the idle key made room");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_key_that_is_still_called_while_open_is_never_evicted() {
-    let layer = config()
-        .per_key(BreakerKey::Path)
-        .max_keys(1)
-        .idle_keys_after(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let layer = one_key_idle_after_a_second().build().unwrap();
     let mut service = layer.layer(dependency());
-    for _ in 0..3 {
-        send(&mut service, "http://svc/down").await;
-    }
+    open(&mut service, "http://svc/down").await;
     for _ in 0..5 {
         tokio::time::advance(Duration::from_millis(500)).await;
         assert_eq!(
@@ -206,17 +224,10 @@ async fn a_key_that_is_still_called_while_open_is_never_evicted() {
 /// not idle, though a second boundary passed in between; its open breaker keeps refusing.
 #[tokio::test(start_paused = true)]
 async fn a_key_used_less_than_idle_keys_after_ago_is_never_evicted() {
-    let layer = config()
-        .per_key(BreakerKey::Path)
-        .max_keys(1)
-        .idle_keys_after(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let layer = one_key_idle_after_a_second().build().unwrap();
     let mut service = layer.layer(dependency());
     tokio::time::advance(Duration::from_millis(900)).await;
-    for _ in 0..3 {
-        send(&mut service, "http://svc/down").await;
-    }
+    open(&mut service, "http://svc/down").await;
     tokio::time::advance(Duration::from_millis(200)).await;
     assert_eq!(
         send(&mut service, "http://svc/other").await,
@@ -240,7 +251,7 @@ async fn a_key_used_less_than_idle_keys_after_ago_is_never_evicted() {
     );
     tokio::time::advance(Duration::from_secs(5)).await;
     send(&mut service, "http://svc/other").await;
-    let keys: Vec<String> = layer.keys().into_iter().map(|(k, _)| k).collect();
+    let keys = key_names(&layer);
     assert_eq!(keys, ["/other"]);
 }
 
@@ -249,17 +260,12 @@ async fn a_key_used_less_than_idle_keys_after_ago_is_never_evicted() {
 /// and then it makes room as soon as it is idle.
 #[tokio::test(start_paused = true)]
 async fn an_open_breaker_is_kept_until_its_open_time_is_over() {
-    let layer = config()
-        .per_key(BreakerKey::Path)
-        .max_keys(1)
-        .idle_keys_after(Duration::from_secs(1))
+    let layer = one_key_idle_after_a_second()
         .open_duration(Duration::from_secs(600), Duration::from_secs(600))
         .build()
         .unwrap();
     let mut service = layer.layer(dependency());
-    for _ in 0..3 {
-        send(&mut service, "http://svc/down").await;
-    }
+    open(&mut service, "http://svc/down").await;
     // Idle for 10 s, but open for 600.
     tokio::time::advance(Duration::from_secs(10)).await;
     assert_eq!(send(&mut service, "http://svc/other").await, Some(200));
@@ -282,7 +288,7 @@ async fn an_open_breaker_is_kept_until_its_open_time_is_over() {
     layer.reset();
     tokio::time::advance(Duration::from_millis(501)).await;
     send(&mut service, "http://svc/other").await;
-    let keys: Vec<String> = layer.keys().into_iter().map(|(k, _)| k).collect();
+    let keys = key_names(&layer);
     assert_eq!(keys, ["/other"]);
 }
 

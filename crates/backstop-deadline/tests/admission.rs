@@ -4,7 +4,7 @@
 
 use backstop_core::Rejection;
 use backstop_deadline::{DeadlineLayer, admission::AdmissionLayer};
-use backstop_test_support::{grpc_request, http_request};
+use backstop_test_support::{Dependency, grpc_request, http_request};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -14,14 +14,10 @@ use std::{
     },
     time::Duration,
 };
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::{Layer, ServiceExt, service_fn};
 
 /// A handler taking 200 ms, counting its calls.
-fn slow_handler(
-    calls: Arc<AtomicU64>,
-) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
+fn slow_handler(calls: Arc<AtomicU64>) -> impl Dependency<Request<String>> {
     service_fn(move |_req: Request<String>| {
         calls.fetch_add(1, Ordering::Relaxed);
         async {
@@ -115,11 +111,7 @@ async fn a_handler_dropped_before_it_answers_is_not_measured() {
 }
 
 /// A handler that never answers (a queue nobody drains), counting its calls.
-fn stuck_handler(
-    calls: Arc<AtomicU64>,
-) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
+fn stuck_handler(calls: Arc<AtomicU64>) -> impl Dependency<Request<String>> {
     service_fn(move |_req: Request<String>| {
         calls.fetch_add(1, Ordering::Relaxed);
         std::future::pending::<Result<Response<String>, Infallible>>()

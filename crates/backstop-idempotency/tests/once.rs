@@ -218,15 +218,7 @@ fn scripted(
     runs: Arc<AtomicUsize>,
     log: Arc<Mutex<Vec<Run>>>,
     t0: tokio::time::Instant,
-) -> impl tower::Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = BoxError,
-    Future = impl Send,
-> + Clone
-+ Send
-+ Sync
-+ 'static {
+) -> impl Handler {
     service_fn(move |req: Request<Full<Bytes>>| {
         let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
         let header = |name: &str| req.headers()[name].to_str().unwrap().to_owned();

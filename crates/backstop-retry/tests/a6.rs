@@ -56,6 +56,17 @@ async fn run(
     (sent.len(), sent, status_of(&response))
 }
 
+/// gRPC's A6 throttle with 10 tokens, each success giving back `token_ratio` of one.
+fn throttle_of_10_tokens(token_ratio: f64) -> Arc<GrpcThrottle> {
+    Arc::new(
+        GrpcThrottle::builder()
+            .max_tokens(10)
+            .token_ratio(token_ratio)
+            .build()
+            .unwrap(),
+    )
+}
+
 fn gaps(sent: &[Duration]) -> Vec<Duration> {
     sent.windows(2).map(|w| w[1] - w[0]).collect()
 }
@@ -65,13 +76,7 @@ fn gaps(sent: &[Duration]) -> Vec<Duration> {
 /// with a retryable status, or a "do not retry" pushback.
 #[tokio::test(start_paused = true)]
 async fn the_throttle_counts_only_retryable_failures() {
-    let throttle = Arc::new(
-        GrpcThrottle::builder()
-            .max_tokens(10)
-            .token_ratio(0.1)
-            .build()
-            .unwrap(),
-    );
+    let throttle = throttle_of_10_tokens(0.1);
     let layer = RetryConfig::grpc()
         .budget(throttle.clone())
         .backoff(backoff::constant(MS))
@@ -212,13 +217,7 @@ async fn a_failure_in_trailers_is_no_success() {
         "a stream without a status is no success"
     );
 
-    let throttle = Arc::new(
-        GrpcThrottle::builder()
-            .max_tokens(10)
-            .token_ratio(0.5)
-            .build()
-            .unwrap(),
-    );
+    let throttle = throttle_of_10_tokens(0.5);
     committed_call(throttle.clone(), Some(14)).await;
     assert_eq!(throttle.balance(), 9.0, "A6: a failed RPC takes a token");
     committed_call(throttle.clone(), Some(0)).await;
@@ -244,13 +243,7 @@ fn status_of<B>(response: &Response<B>) -> String {
 /// every RPC, whatever its method. Its failures take tokens and its successes add them.
 #[tokio::test(start_paused = true)]
 async fn the_throttle_hears_calls_that_are_never_retried() {
-    let throttle = Arc::new(
-        GrpcThrottle::builder()
-            .max_tokens(10)
-            .token_ratio(0.1)
-            .build()
-            .unwrap(),
-    );
+    let throttle = throttle_of_10_tokens(0.1);
     let once = RetryConfig::grpc()
         .max_attempts(1)
         .budget(throttle.clone())

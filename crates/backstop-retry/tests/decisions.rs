@@ -31,6 +31,13 @@ fn grpc() -> Request<String> {
     support::grpc_call("msg")
 }
 
+/// A GET whose deadline is `left` away.
+fn get_within(left: Duration) -> Request<String> {
+    let mut req = get();
+    req.extensions_mut().insert(Deadline::after(left));
+    req
+}
+
 /// A deterministic policy: fixed 10 ms backoff, no budget unless given.
 fn policy() -> RetryConfig<backstop_core::HttpClassifier> {
     RetryConfig::http()
@@ -247,9 +254,7 @@ async fn retry_after_sets_the_wait() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hostile_retry_after_never_outlives_the_deadline() {
-    let mut req = get();
-    req.extensions_mut()
-        .insert(Deadline::after(Duration::from_secs(5)));
+    let req = get_within(Duration::from_secs(5));
     let start_at = Instant::now();
     let mut h = start(policy().build().unwrap(), req);
     let (_, send) = h.handle.next_request().await.unwrap();
@@ -270,21 +275,31 @@ async fn a_hostile_retry_after_never_outlives_the_deadline() {
 async fn no_retry_is_started_that_cannot_finish_before_the_deadline() {
     let layer = policy().min_attempt_time(5 * MS).build().unwrap();
     // 14 ms left: 10 ms of backoff + 5 ms of attempt do not fit.
-    let mut req = get();
-    req.extensions_mut().insert(Deadline::after(14 * MS));
-    let mut h = start(layer.clone(), req);
+    let mut h = start(layer.clone(), get_within(14 * MS));
     h.answer(503).await;
     assert_eq!(h.done().unwrap().status(), 503);
     assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 1);
     // 15 ms left: they do.
-    let mut req = get();
-    req.extensions_mut().insert(Deadline::after(15 * MS));
-    let mut h = start(layer, req);
+    let mut h = start(layer, get_within(15 * MS));
     h.answer(503).await;
     h.advance(10 * MS).await;
     let retry = h.answer(200).await;
     // The retry's grpc-timeout is what is left: 5 ms.
     assert_eq!(retry.headers()["grpc-timeout"], "5000000n");
+    assert_eq!(h.done().unwrap().status(), 200);
+}
+
+/// A call with 1.3 s to its deadline whose first attempt answers 503 after `first_took`: its
+/// retry goes out after the 10 ms backoff and answers 200.
+async fn a_503_after_then_a_retry(
+    layer: &RetryLayer<backstop_core::HttpClassifier>,
+    first_took: Duration,
+) {
+    let mut h = start(layer.clone(), get_within(1300 * MS));
+    h.advance(first_took).await;
+    h.answer(503).await;
+    h.advance(10 * MS).await;
+    h.answer(200).await;
     assert_eq!(h.done().unwrap().status(), 200);
 }
 
@@ -294,9 +309,7 @@ async fn no_retry_is_started_that_cannot_finish_before_the_deadline() {
 #[tokio::test(start_paused = true)]
 async fn no_retry_is_started_that_the_reserve_says_cannot_finish() {
     let layer = policy().reserve(Duration::from_secs(1)).build().unwrap();
-    let mut req = get();
-    req.extensions_mut().insert(Deadline::after(1300 * MS));
-    let mut h = start(layer.clone(), req);
+    let mut h = start(layer.clone(), get_within(1300 * MS));
     h.advance(1040 * MS).await;
     h.answer(503).await;
     assert_eq!(h.done().unwrap().status(), 503);
@@ -305,14 +318,7 @@ async fn no_retry_is_started_that_the_reserve_says_cannot_finish() {
     assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 0);
     assert_eq!(layer.stats().retries, 0);
     // With 1.01 s left after the backoff, it does.
-    let mut req = get();
-    req.extensions_mut().insert(Deadline::after(1300 * MS));
-    let mut h = start(layer.clone(), req);
-    h.advance(280 * MS).await;
-    h.answer(503).await;
-    h.advance(10 * MS).await;
-    h.answer(200).await;
-    assert_eq!(h.done().unwrap().status(), 200);
+    a_503_after_then_a_retry(&layer, 280 * MS).await;
     assert_eq!(layer.stats().retries, 1);
 }
 
@@ -327,14 +333,7 @@ async fn a_reserve_of_none_leaves_the_deadline_rule_alone() {
         }
     }
     let layer = policy().reserve(Untrusted).build().unwrap();
-    let mut req = get();
-    req.extensions_mut().insert(Deadline::after(1300 * MS));
-    let mut h = start(layer.clone(), req);
-    h.advance(1040 * MS).await;
-    h.answer(503).await;
-    h.advance(10 * MS).await;
-    h.answer(200).await;
-    assert_eq!(h.done().unwrap().status(), 200);
+    a_503_after_then_a_retry(&layer, 1040 * MS).await;
     assert_eq!(layer.stats().retries, 1);
 }
 
@@ -457,9 +456,7 @@ async fn an_attempt_timed_out_inside_is_retried_when_idempotent() {
 
 #[tokio::test(start_paused = true)]
 async fn an_outer_wire_offset_is_kept_on_retries() {
-    let mut req = get();
-    req.extensions_mut()
-        .insert(Deadline::after(Duration::from_millis(500)));
+    let mut req = get_within(Duration::from_millis(500));
     // What an outer PropagateDeadline with a 20 ms offset would have written.
     req.headers_mut()
         .insert("grpc-timeout", "480m".parse().unwrap());

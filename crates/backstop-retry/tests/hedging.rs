@@ -35,13 +35,23 @@ struct Seen {
 }
 
 /// What the dependency saw, and how many attempts were dropped before they answered.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Log {
+    /// When the dependency was made: the call starts at once.
+    t0: Instant,
     seen: Mutex<Vec<Seen>>,
     cancelled: AtomicUsize,
 }
 
 impl Log {
+    fn starting_now() -> Arc<Self> {
+        Arc::new(Self {
+            t0: Instant::now(),
+            seen: Mutex::default(),
+            cancelled: AtomicUsize::new(0),
+        })
+    }
+
     fn at(&self) -> Vec<u64> {
         let seen = self.seen.lock().unwrap();
         seen.iter().map(|s| s.at.as_millis() as u64).collect()
@@ -49,6 +59,21 @@ impl Log {
 
     fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// Logs an attempt arriving now, its body not read yet; returns its index, where the
+    /// body goes once read.
+    fn arrived<B>(&self, headers: (Option<String>, Option<String>), req: &Req<B>) -> usize {
+        let (previous, timeout) = headers;
+        let mut seen = self.seen.lock().unwrap();
+        seen.push(Seen {
+            at: Instant::now() - self.t0,
+            previous,
+            timeout,
+            attempt: Attempt::of(req),
+            body: Vec::new(),
+        });
+        seen.len() - 1
     }
 }
 
@@ -65,20 +90,25 @@ impl Drop for Guard<'_> {
 
 type Req<B> = Request<ReplayBody<B>>;
 
+/// What the scripted dependencies below are: a service the retry layer can clone per attempt.
+trait Dependency<B>:
+    tower::Service<Req<B>, Response = Response<String>, Error = BoxError> + Clone
+{
+}
+
+impl<B, S> Dependency<B> for S where
+    S: tower::Service<Req<B>, Response = Response<String>, Error = BoxError> + Clone
+{
+}
+
 /// A dependency that answers attempt `i` with `script[i]` (after its delay; the last entry
 /// repeats), logging every attempt. The body is read first, then the answer waits.
-fn dependency<B>(
-    script: Vec<(u64, Response<String>)>,
-) -> (
-    impl tower::Service<Req<B>, Response = Response<String>, Error = BoxError> + Clone,
-    Arc<Log>,
-)
+fn dependency<B>(script: Vec<(u64, Response<String>)>) -> (impl Dependency<B>, Arc<Log>)
 where
     B: http_body::Body<Data = Bytes> + 'static,
     B::Error: Into<BoxError>,
 {
-    let log = Arc::new(Log::default());
-    let t0 = Instant::now();
+    let log = Log::starting_now();
     let script = Arc::new(script);
     let svc_log = log.clone();
     let svc = service_fn(move |req: Req<B>| {
@@ -90,21 +120,8 @@ where
                     .get(name)
                     .map(|v| v.to_str().unwrap().to_owned())
             };
-            let (previous, timeout) =
-                (header("grpc-previous-rpc-attempts"), header("grpc-timeout"));
-            let at = Instant::now() - t0;
-            let attempt = Attempt::of(&req);
-            let i = {
-                let mut seen = log.seen.lock().unwrap();
-                seen.push(Seen {
-                    at,
-                    previous,
-                    timeout,
-                    attempt,
-                    body: Vec::new(),
-                });
-                seen.len() - 1
-            };
+            let headers = (header("grpc-previous-rpc-attempts"), header("grpc-timeout"));
+            let i = log.arrived(headers, &req);
             let mut guard = Guard(&log.cancelled, false);
             let body = req.into_body().collect().await?.to_bytes();
             log.seen.lock().unwrap()[i].body = body.to_vec();
@@ -440,32 +457,16 @@ fn exchange(read_at: Option<u64>, answer_at: u64, response: Response<String>) ->
 /// which sends (reads) the body on its own time, so the body is not in the replay buffer yet
 /// when the response future is first polled; the response future waits for the answer.
 /// Attempt `i` follows `script[i]` (the last entry repeats).
-fn connection<B>(
-    script: Vec<Exchange>,
-) -> (
-    impl tower::Service<Req<B>, Response = Response<String>, Error = BoxError> + Clone,
-    Arc<Log>,
-)
+fn connection<B>(script: Vec<Exchange>) -> (impl Dependency<B>, Arc<Log>)
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let log = Arc::new(Log::default());
-    let t0 = Instant::now();
+    let log = Log::starting_now();
     let script = Arc::new(script);
     let svc_log = log.clone();
     let svc = service_fn(move |req: Req<B>| {
-        let i = {
-            let mut seen = svc_log.seen.lock().unwrap();
-            seen.push(Seen {
-                at: Instant::now() - t0,
-                previous: None,
-                timeout: None,
-                attempt: Attempt::of(&req),
-                body: Vec::new(),
-            });
-            seen.len() - 1
-        };
+        let i = svc_log.arrived((None, None), &req);
         let step = &script[i.min(script.len() - 1)];
         let (read_at, answer_at) = (step.read_at, step.answer_at);
         let response = step.response.clone();

@@ -111,6 +111,43 @@ fn one_at_a_time() -> (
     (mock, handle)
 }
 
+/// A call through the retry layer, on a task of its own, bounded by the guard.
+type Spawned = tokio::task::JoinHandle<
+    Result<
+        Result<
+            Response<backstop_retry::RetryBody<String, backstop_core::HttpClassifier>>,
+            backstop_core::BoxError,
+        >,
+        tokio::time::error::Elapsed,
+    >,
+>;
+
+/// Runs a call through `layer` over `mock`, its deadline 100 ms away, on a task of its own;
+/// returns that task, with the instant the call started.
+fn spawn_with_100ms_left(
+    layer: backstop_retry::RetryLayer<backstop_core::HttpClassifier>,
+    mock: tower_test::mock::Mock<Req, Response<String>>,
+) -> (Spawned, Instant) {
+    let mut req = request();
+    req.extensions_mut().insert(Deadline::after(100 * MS));
+    let start = Instant::now();
+    let call = tokio::spawn(tokio::time::timeout(GUARD, layer.layer(mock).oneshot(req)));
+    (call, start)
+}
+
+/// The attempts `call` made: it must end with the deadline's error, 100 ms after `start`.
+async fn attempts_of_a_call_that_ended_at_its_deadline(call: Spawned, start: Instant) -> u32 {
+    let err = call
+        .await
+        .unwrap()
+        .expect("the call ended at its deadline")
+        .unwrap_err();
+    assert!(is_deadline_exceeded(&*err), "{err}");
+    assert_eq!(start.elapsed(), 100 * MS);
+    let info = err.downcast_ref::<backstop_retry::RetryError>().unwrap();
+    info.attempts()
+}
+
 /// A hedged call whose transport is not ready when its hedge is due (the first attempt hangs
 /// and holds the only slot) still ends at its deadline, with the deadline's error; and the
 /// hedge still goes the moment the transport is ready again.
@@ -123,10 +160,7 @@ async fn a_hedge_waiting_for_the_transport_still_ends_at_the_deadline() {
         .no_budget()
         .build()
         .unwrap();
-    let mut req = request();
-    req.extensions_mut().insert(Deadline::after(100 * MS));
-    let start = Instant::now();
-    let call = tokio::spawn(tokio::time::timeout(GUARD, layer.layer(mock).oneshot(req)));
+    let (call, start) = spawn_with_100ms_left(layer, mock);
     // The first attempt hangs and keeps the slot.
     let (_first, _never) = handle.next_request().await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO);
@@ -136,15 +170,8 @@ async fn a_hedge_waiting_for_the_transport_still_ends_at_the_deadline() {
     let (_hedge, _never_either) = handle.next_request().await.unwrap();
     assert_eq!(start.elapsed(), 50 * MS);
     // The third attempt is due at 60 ms and never gets a slot: the deadline ends the wait.
-    let err = call
-        .await
-        .unwrap()
-        .expect("the call ended at its deadline")
-        .unwrap_err();
-    assert!(is_deadline_exceeded(&*err), "{err}");
-    assert_eq!(start.elapsed(), 100 * MS);
-    let info = err.downcast_ref::<backstop_retry::RetryError>().unwrap();
-    assert_eq!(info.attempts(), 2);
+    let attempts = attempts_of_a_call_that_ended_at_its_deadline(call, start).await;
+    assert_eq!(attempts, 2);
 }
 
 /// A budget with tokens to spare that counts what it gives and gets back.
@@ -182,21 +209,11 @@ async fn a_retry_waiting_for_the_transport_still_ends_at_the_deadline() {
         .budget(budget.clone())
         .build()
         .unwrap();
-    let mut req = request();
-    req.extensions_mut().insert(Deadline::after(100 * MS));
-    let start = Instant::now();
-    let call = tokio::spawn(tokio::time::timeout(GUARD, layer.layer(mock).oneshot(req)));
+    let (call, start) = spawn_with_100ms_left(layer, mock);
     let (_first, send) = handle.next_request().await.unwrap();
     send.send_response(Response::builder().status(503).body(String::new()).unwrap());
-    let err = call
-        .await
-        .unwrap()
-        .expect("the call ended at its deadline")
-        .unwrap_err();
-    assert!(is_deadline_exceeded(&*err), "{err}");
-    assert_eq!(start.elapsed(), 100 * MS);
-    let info = err.downcast_ref::<backstop_retry::RetryError>().unwrap();
-    assert_eq!(info.attempts(), 1, "the retry was never sent");
+    let attempts = attempts_of_a_call_that_ended_at_its_deadline(call, start).await;
+    assert_eq!(attempts, 1, "the retry was never sent");
     let counts = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(
         (counts(&budget.withdrawn), counts(&budget.refunded)),

@@ -271,14 +271,7 @@ proptest! {
                 handle(client.clone(), wiring, polls, then, handler_seen.clone(), start)
             });
             let server = backstop::server().layer(handler);
-            let timeout = format!("{deadline}m");
-            let response = tokio::time::timeout(
-                GUARD,
-                server.oneshot(backstop_test_support::http_request(Some(&timeout))),
-            )
-            .await
-            .expect("the server answered by its deadline")
-            .unwrap();
+            let response = backstop_test_support::answer_within(server, deadline, GUARD).await;
             let took = start.elapsed();
             // Whatever was moved to another task has all the time it wants to end.
             tokio::time::sleep(GUARD).await;

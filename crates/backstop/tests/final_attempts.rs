@@ -5,8 +5,7 @@
 //! at the 80 % share, kept so it stays fixed.
 
 use backstop::ReplayBody;
-use backstop_test_support::told;
-use backstop_test_support::{Latency, adjustable as slow};
+use backstop_test_support::{Latency, adjustable as slow, telling};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -14,19 +13,9 @@ use std::{
     time::Duration,
 };
 use tokio::time::Instant;
-use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower::{ServiceBuilder, ServiceExt};
 
 const MS: Duration = Duration::from_millis(1);
-
-type Seen = Arc<Mutex<Vec<(Duration, Option<String>)>>>;
-
-#[cfg(feature = "service-config")]
-fn grpc_call() -> Request<String> {
-    Request::post("http://svc/pkg.Svc/Call")
-        .header("content-type", "application/grpc")
-        .body(String::new())
-        .unwrap()
-}
 
 /// A service config with a retry policy (maxAttempts 3, retryable UNAVAILABLE) and
 /// `"timeout": "0.3s"`, to a server that hangs: nothing can retry a call that runs out of
@@ -47,27 +36,19 @@ async fn a_grpc_call_whose_timeout_cannot_be_retried_gets_the_whole_deadline() {
     let preset = backstop::client::grpc().timeout(300 * MS);
     let mut results = Vec::new();
     for which in ["service config", "grpc() preset"] {
-        let seen: Seen = Arc::default();
-        let log = seen.clone();
         let start = Instant::now();
-        let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
-            log.lock().unwrap().push((start.elapsed(), told(&req)));
-            async {
-                std::future::pending::<()>().await;
-                Ok::<_, Infallible>(backstop_test_support::grpc_reply(0))
-            }
-        });
+        let (seen, dependency) = telling(backstop_test_support::never::<ReplayBody<String>>);
         let _ = match which {
             "service config" => ServiceBuilder::new()
                 .layer(service_config.clone())
                 .service(dependency)
-                .oneshot(grpc_call())
+                .oneshot(backstop_test_support::grpc_call(""))
                 .await
                 .map(|_| ()),
             _ => ServiceBuilder::new()
                 .layer(preset.clone())
                 .service(dependency)
-                .oneshot(grpc_call())
+                .oneshot(backstop_test_support::grpc_call(""))
                 .await
                 .map(|_| ()),
         };
@@ -158,11 +139,8 @@ async fn no_share_is_kept_for_a_retry_the_backoff_leaves_no_room_for() {
 #[tokio::test(start_paused = true)]
 async fn the_last_hedge_gets_the_whole_deadline() {
     let latency: Latency = Arc::new(Mutex::new(Some(60 * MS)));
-    let seen: Seen = Arc::default();
-    let log = seen.clone();
     let lat = latency.clone();
-    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
-        log.lock().unwrap().push((Duration::ZERO, told(&req)));
+    let (seen, dependency) = telling(move |_, _: &Request<ReplayBody<String>>| {
         let latency = *lat.lock().unwrap();
         async move {
             tokio::time::sleep(latency.unwrap()).await;

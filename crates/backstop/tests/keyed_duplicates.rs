@@ -21,27 +21,34 @@ use std::{
 };
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
-#[tokio::test(start_paused = true)]
-async fn a_hedge_answered_409_does_not_beat_the_original() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let counter = runs.clone();
-    // The server: a slow (200 ms) charge handler behind the idempotency layer.
+/// The server: a slow (200 ms) charge handler behind the idempotency layer, counting its
+/// runs in `runs` and answering 201 `charge {n}`, as a service of the client's requests (the
+/// "network": the client's ReplayBody in, the server's body out as a String).
+fn charge_server(
+    runs: Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<ReplayBody<String>>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<String>, Infallible>> + Send,
+> + Clone
++ Send
++ 'static {
     let server = ServiceBuilder::new()
         .layer(IdempotencyLayer::new(MemoryStore::new()))
         .service(service_fn(move |_req: Request<Full<Bytes>>| {
-            counter.fetch_add(1, Ordering::SeqCst);
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 Ok::<_, Infallible>(
                     Response::builder()
                         .status(201)
-                        .body(Full::new(Bytes::from_static(b"charged")))
+                        .body(Full::new(Bytes::from(format!("charge {n}"))))
                         .unwrap(),
                 )
             }
         }));
-    // The "network": the client's ReplayBody in, the server's body out as a String.
-    let wire = service_fn(move |req: Request<ReplayBody<String>>| {
+    service_fn(move |req: Request<ReplayBody<String>>| {
         let server = server.clone();
         async move {
             let (parts, body) = req.into_parts();
@@ -57,19 +64,24 @@ async fn a_hedge_answered_409_does_not_beat_the_original() {
                 String::from_utf8(bytes.to_vec()).unwrap(),
             ))
         }
-    });
+    })
+}
+
+fn charge() -> Request<String> {
+    Request::post("http://payments/charges")
+        .body("{\"amount\":100}".to_owned())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_answered_409_does_not_beat_the_original() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let wire = charge_server(runs.clone());
     let preset = backstop::client::http()
         .idempotency_keys(true)
         .hedging_with(Hedging::new(Duration::from_millis(50)).max_attempts(2));
     let client = ServiceBuilder::new().layer(preset).service(wire);
-    let resp = client
-        .oneshot(
-            Request::post("http://payments/charges")
-                .body("{\"amount\":100}".to_owned())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let resp = client.oneshot(charge()).await.unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
     assert_eq!(
         resp.status(),
@@ -82,37 +94,12 @@ async fn a_hedge_answered_409_does_not_beat_the_original() {
 #[tokio::test(start_paused = true)]
 async fn a_retry_after_the_attempt_bound_comes_back_for_the_stored_answer() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let counter = runs.clone();
-    let server = ServiceBuilder::new()
-        .layer(IdempotencyLayer::new(MemoryStore::new()))
-        .service(service_fn(move |_req: Request<Full<Bytes>>| {
-            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-            async move {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                Ok::<_, Infallible>(
-                    Response::builder()
-                        .status(201)
-                        .body(Full::new(Bytes::from(format!("charge {n}"))))
-                        .unwrap(),
-                )
-            }
-        }));
+    let server = charge_server(runs.clone());
     // A real server goes on when its caller gives up: each request runs in its own task,
     // which the client's attempt bound cannot cancel.
     let wire = service_fn(move |req: Request<ReplayBody<String>>| {
-        let server = server.clone();
-        let handled = tokio::spawn(async move {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect().await.unwrap().to_bytes();
-            let resp = server
-                .oneshot(Request::from_parts(parts, Full::new(bytes)))
-                .await
-                .unwrap();
-            let (parts, body) = resp.into_parts();
-            let bytes = body.collect().await.ok().unwrap().to_bytes();
-            Response::from_parts(parts, String::from_utf8(bytes.to_vec()).unwrap())
-        });
-        async move { Ok::<_, Infallible>(handled.await.unwrap()) }
+        let handled = tokio::spawn(server.clone().oneshot(req));
+        async move { handled.await.unwrap() }
     });
     let preset = backstop::client::http()
         .idempotency_keys(true)
@@ -121,14 +108,7 @@ async fn a_retry_after_the_attempt_bound_comes_back_for_the_stored_answer() {
         .attempt_timeout(Duration::from_millis(50));
     let client = ServiceBuilder::new().layer(preset).service(wire);
     let started = tokio::time::Instant::now();
-    let resp = client
-        .oneshot(
-            Request::post("http://payments/charges")
-                .body("{\"amount\":100}".to_owned())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let resp = client.oneshot(charge()).await.unwrap();
     // The first attempt timed out at 50 ms while the charge went on; the retry met the
     // charge in flight (409, Retry-After: 1) and came back a second later for its answer.
     assert_eq!(resp.status(), 201, "{:?}", resp.body());

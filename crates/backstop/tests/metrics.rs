@@ -102,6 +102,40 @@ async fn call_through(breaker: backstop::breaker::BreakerLayer<HttpClassifier>, 
     }
 }
 
+fn get_item() -> Request<String> {
+    Request::get("/item/1").body(String::new()).unwrap()
+}
+
+/// A gRPC call to `path` carrying `body`.
+fn grpc_post<B>(path: &str, body: B) -> Request<B> {
+    Request::post(path)
+        .header("content-type", "application/grpc")
+        .body(body)
+        .unwrap()
+}
+
+/// One empty gRPC message, as a body.
+fn empty_message() -> Full<Bytes> {
+    Full::new(Bytes::from_static(b"\0\0\0\0\0"))
+}
+
+/// A service config for `pkg.Billing/GetBalance` alone: up to `max_attempts` on UNAVAILABLE.
+#[cfg(feature = "service-config")]
+fn billing_config(max_attempts: u32) -> backstop::grpc::ServiceConfig {
+    let json = format!(
+        r#"{{
+        "methodConfig": [{{
+            "name": [{{"service": "pkg.Billing", "method": "GetBalance"}}],
+            "retryPolicy": {{
+                "maxAttempts": {max_attempts}, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
+            }}
+        }}]
+    }}"#
+    );
+    backstop::grpc::ServiceConfig::from_json(&json).unwrap()
+}
+
 /// Answers the statuses in `script`, then 200.
 fn scripted(
     script: &'static [u16],
@@ -119,10 +153,7 @@ fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
         let client = ServiceBuilder::new()
             .layer(backstop::client::http().name("inventory"))
             .service(scripted(&[503]));
-        let response = client
-            .oneshot(Request::get("/item/1").body(String::new()).unwrap())
-            .await
-            .unwrap();
+        let response = client.oneshot(get_item()).await.unwrap();
         assert_eq!(response.status(), 200);
     });
     let attempts = backstop::metrics::CLIENT_ATTEMPTS;
@@ -184,7 +215,7 @@ fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
             .layer(backstop::client::http().name("inventory").max_attempts(1))
             .service(scripted(&[429, 404]));
         for _ in 0..2 {
-            let req = Request::get("/item/1").body(String::new()).unwrap();
+            let req = get_item();
             client.ready().await.unwrap().call(req).await.unwrap();
         }
     });
@@ -297,10 +328,7 @@ fn a_grpc_attempt_timeout_is_not_an_expired_deadline() {
                     ),
             )
             .service(hang);
-        let req = Request::post("/inventory.Stock/Get")
-            .header("content-type", "application/grpc")
-            .body(Full::new(Bytes::from_static(b"\0\0\0\0\0")))
-            .unwrap();
+        let req = grpc_post("/inventory.Stock/Get", empty_message());
         let started = tokio::time::Instant::now();
         let response = client.oneshot(req).await.unwrap();
         assert_eq!(started.elapsed(), Duration::from_millis(100));
@@ -328,8 +356,8 @@ fn a_grpc_status_in_the_trailers_is_counted_at_the_end_of_the_body() {
         let grpc = service_fn(|_req: Request<ReplayBody<Full<Bytes>>>| async {
             let mut trailers = HeaderMap::new();
             trailers.insert("grpc-status", "14".parse().unwrap());
-            let body = Full::new(Bytes::from_static(b"\0\0\0\0\0"))
-                .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
+            let body =
+                empty_message().with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
             let response = Response::builder()
                 .header("content-type", "application/grpc")
                 .body(body)
@@ -339,10 +367,7 @@ fn a_grpc_status_in_the_trailers_is_counted_at_the_end_of_the_body() {
         let client = ServiceBuilder::new()
             .layer(backstop::client::grpc().name("inventory"))
             .service(grpc);
-        let req = Request::post("/inventory.Stock/Get")
-            .header("content-type", "application/grpc")
-            .body(Full::new(Bytes::from_static(b"\0\0\0\0\0")))
-            .unwrap();
+        let req = grpc_post("/inventory.Stock/Get", empty_message());
         let response = client.oneshot(req).await.unwrap();
         let collected = response.into_body().collect().await.unwrap();
         assert_eq!(collected.trailers().unwrap()["grpc-status"], "14");
@@ -406,17 +431,8 @@ fn a_keyed_breaker_reports_under_its_key() {
 #[cfg(feature = "service-config")]
 #[test]
 fn a_service_config_labels_each_entry_by_its_methods() {
-    let json = r#"{
-        "methodConfig": [{
-            "name": [{"service": "pkg.Billing", "method": "GetBalance"}],
-            "retryPolicy": {
-                "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
-                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
-            }
-        }]
-    }"#;
     let metrics = recorded(|| async {
-        let config = backstop::grpc::ServiceConfig::from_json(json).unwrap();
+        let config = billing_config(3);
         let layer = backstop::client::grpc()
             .name("billing")
             .service_config(config)
@@ -428,10 +444,7 @@ fn a_service_config_labels_each_entry_by_its_methods() {
         });
         let mut client = ServiceBuilder::new().layer(layer).service(transport);
         for path in ["/pkg.Billing/GetBalance", "/pkg.Billing/Charge"] {
-            let req = Request::post(path)
-                .header("content-type", "application/grpc")
-                .body(String::new())
-                .unwrap();
+            let req = grpc_post(path, String::new());
             client.ready().await.unwrap().call(req).await.unwrap();
         }
     });
@@ -504,17 +517,8 @@ fn a_keyed_presets_attempt_durations_carry_the_route() {
 #[cfg(feature = "service-config")]
 #[test]
 fn breaker_and_client_series_join_on_the_route() {
-    let json = r#"{
-        "methodConfig": [{
-            "name": [{"service": "pkg.Billing", "method": "GetBalance"}],
-            "retryPolicy": {
-                "maxAttempts": 2, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
-                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
-            }
-        }]
-    }"#;
     let metrics = recorded(|| async {
-        let config = backstop::grpc::ServiceConfig::from_json(json).unwrap();
+        let config = billing_config(2);
         let breaker = backstop::client::grpc_breaker()
             .consecutive_failures(100)
             .per_key(backstop::breaker::BreakerKey::Path)
@@ -529,10 +533,7 @@ fn breaker_and_client_series_join_on_the_route() {
             Ok::<_, Infallible>(grpc_status(14))
         });
         let mut client = ServiceBuilder::new().layer(layer).service(transport);
-        let req = Request::post("/pkg.Billing/GetBalance")
-            .header("content-type", "application/grpc")
-            .body(String::new())
-            .unwrap();
+        let req = grpc_post("/pkg.Billing/GetBalance", String::new());
         client.ready().await.unwrap().call(req).await.unwrap();
     });
     let billing = ("dependency", "billing");
@@ -652,12 +653,7 @@ fn semconv_times_grpc_calls_until_their_status() {
                 Ok(response.map(|b| Full::new(Bytes::from(b)).boxed()))
             }))
         };
-        let call = || {
-            Request::post("http://stock:50051/stock.Stock/Get")
-                .header("content-type", "application/grpc")
-                .body(String::new())
-                .unwrap()
-        };
+        let call = || grpc_post("http://stock:50051/stock.Stock/Get", String::new());
         let _ = grpc(Some("14"), 5).oneshot(call()).await.unwrap();
         let streamed = grpc(None, 5).oneshot(call()).await.unwrap();
         let _ = streamed.into_body().collect().await.unwrap();
@@ -722,20 +718,40 @@ fn overloaded(
 /// The probability gauge follows the throttle's recomputes, not only its refusals: once the
 /// dependency answers again and the throttle has let go, it reads 0 (it kept the last
 /// refusal's value before).
+/// The adaptive throttle these tests share, seeded so its draws repeat.
+fn seeded_throttle() -> Arc<backstop::retry::throttle::AdaptiveThrottle> {
+    Arc::new(
+        backstop::retry::throttle::AdaptiveThrottle::builder()
+            .seed(28)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// The HTTP preset named `inventory`, one attempt, behind `throttle`, with a breaker that
+/// never opens: every call the throttle lets through is sent.
+fn throttled_inventory(
+    throttle: Arc<backstop::retry::throttle::AdaptiveThrottle>,
+) -> backstop::client::ClientLayer<HttpClassifier> {
+    let breaker = BreakerConfig::http()
+        .count_window(100_000)
+        .minimum_calls(100_000)
+        .build()
+        .unwrap();
+    backstop::client::http()
+        .name("inventory")
+        .max_attempts(1)
+        .breaker(breaker)
+        .throttle(backstop::retry::throttle::ThrottleLayer::with(
+            throttle,
+            HttpClassifier::new(),
+        ))
+}
+
 #[test]
 fn the_throttle_probability_falls_back_when_the_dependency_recovers() {
     let metrics = recorded(|| async {
-        let throttle = Arc::new(
-            backstop::retry::throttle::AdaptiveThrottle::builder()
-                .seed(28)
-                .build()
-                .unwrap(),
-        );
-        let breaker = BreakerConfig::http()
-            .count_window(100_000)
-            .minimum_calls(100_000)
-            .build()
-            .unwrap();
+        let throttle = seeded_throttle();
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let fails = failing.clone();
         let dependency = service_fn(move |_req: Request<ReplayBody<String>>| {
@@ -747,22 +763,9 @@ fn the_throttle_probability_falls_back_when_the_dependency_recovers() {
             async move { Ok::<_, Infallible>(status(code)) }
         });
         let client = ServiceBuilder::new()
-            .layer(
-                backstop::client::http()
-                    .name("inventory")
-                    .max_attempts(1)
-                    .breaker(breaker)
-                    .throttle(backstop::retry::throttle::ThrottleLayer::with(
-                        throttle.clone(),
-                        HttpClassifier::new(),
-                    )),
-            )
+            .layer(throttled_inventory(throttle.clone()))
             .service(dependency);
-        let call = || {
-            client
-                .clone()
-                .oneshot(Request::get("/item/1").body(String::new()).unwrap())
-        };
+        let call = || client.clone().oneshot(get_item());
         for _ in 0..300 {
             let _ = call().await;
             tokio::time::advance(Duration::from_millis(20)).await;
@@ -796,36 +799,12 @@ fn a_throttle_refusal_counts_under_its_dependency_with_the_probability() {
     let metrics = recorded(|| {
         let refused = refused.clone();
         async move {
-            let throttle = backstop::retry::throttle::AdaptiveThrottle::builder()
-                .seed(28)
-                .build()
-                .unwrap();
-            // A breaker that never opens: every call the throttle lets through is sent.
-            let breaker = BreakerConfig::http()
-                .count_window(100_000)
-                .minimum_calls(100_000)
-                .build()
-                .unwrap();
             let hits = Arc::new(AtomicUsize::new(0));
             let client = ServiceBuilder::new()
-                .layer(
-                    backstop::client::http()
-                        .name("inventory")
-                        .max_attempts(1)
-                        .breaker(breaker)
-                        .throttle(backstop::retry::throttle::ThrottleLayer::with(
-                            Arc::new(throttle),
-                            HttpClassifier::new(),
-                        )),
-                )
+                .layer(throttled_inventory(seeded_throttle()))
                 .service(overloaded(&hits));
             for _ in 0..300 {
-                if client
-                    .clone()
-                    .oneshot(Request::get("/item/1").body(String::new()).unwrap())
-                    .await
-                    .is_err()
-                {
+                if client.clone().oneshot(get_item()).await.is_err() {
                     refused.fetch_add(1, Ordering::SeqCst);
                 }
                 tokio::time::advance(Duration::from_millis(20)).await;
@@ -875,7 +854,7 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
                 Ok::<_, Infallible>(status(200))
             }));
         let within = |ms: u64| {
-            let mut req = Request::get("/item/1").body(String::new()).unwrap();
+            let mut req = get_item();
             req.extensions_mut()
                 .insert(backstop::deadline::Deadline::after(Duration::from_millis(
                     ms,
@@ -970,63 +949,46 @@ fn an_admission_refusal_is_counted_without_labels() {
 /// (`OnceLock`): the second dependency's series keeps its refusal-time value forever.
 #[test]
 fn every_layer_sharing_a_throttle_reports_its_probability() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-            .block_on(async {
-                let shared = Arc::new(
-                    backstop::retry::throttle::AdaptiveThrottle::builder()
-                        .seed(28)
-                        .build()
-                        .unwrap(),
-                );
-                let layer = |name: &str| {
-                    let l = ThrottleLayer::with(shared.clone(), HttpClassifier::new());
-                    l.set_name(name).unwrap();
-                    l
-                };
-                let ok = service_fn(|_req: Request<String>| async {
-                    Ok::<_, Infallible>(Response::new(String::new()))
-                });
-                let a = ServiceBuilder::new().layer(layer("a")).service(ok);
-                let b = ServiceBuilder::new().layer(layer("b")).service(ok);
-                for _ in 0..1_000 {
-                    shared.record_request();
-                }
-                tokio::time::advance(Duration::from_millis(200)).await;
-                // Both refuse (p = 0.9 with this seed for the first draws).
-                for _ in 0..20 {
-                    let _ = a.clone().oneshot(Request::new(String::new())).await;
-                    let _ = b.clone().oneshot(Request::new(String::new())).await;
-                }
-                // The refusals leave the window: p = 0, recomputed on the next calls.
-                tokio::time::advance(Duration::from_secs(31)).await;
-                for _ in 0..5 {
-                    a.clone()
-                        .oneshot(Request::new(String::new()))
-                        .await
-                        .unwrap();
-                    b.clone()
-                        .oneshot(Request::new(String::new()))
-                        .await
-                        .unwrap();
-                    tokio::time::advance(Duration::from_millis(200)).await;
-                }
-                assert_eq!(shared.probability(), 0.0);
-            });
+    let metrics = recorded(|| async {
+        let shared = seeded_throttle();
+        let layer = |name: &str| {
+            let l = ThrottleLayer::with(shared.clone(), HttpClassifier::new());
+            l.set_name(name).unwrap();
+            l
+        };
+        let ok = service_fn(|_req: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        });
+        let a = ServiceBuilder::new().layer(layer("a")).service(ok);
+        let b = ServiceBuilder::new().layer(layer("b")).service(ok);
+        for _ in 0..1_000 {
+            shared.record_request();
+        }
+        tokio::time::advance(Duration::from_millis(200)).await;
+        // Both refuse (p = 0.9 with this seed for the first draws).
+        for _ in 0..20 {
+            let _ = a.clone().oneshot(Request::new(String::new())).await;
+            let _ = b.clone().oneshot(Request::new(String::new())).await;
+        }
+        // The refusals leave the window: p = 0, recomputed on the next calls.
+        tokio::time::advance(Duration::from_secs(31)).await;
+        for _ in 0..5 {
+            a.clone()
+                .oneshot(Request::new(String::new()))
+                .await
+                .unwrap();
+            b.clone()
+                .oneshot(Request::new(String::new()))
+                .await
+                .unwrap();
+            tokio::time::advance(Duration::from_millis(200)).await;
+        }
+        assert_eq!(shared.probability(), 0.0);
     });
-    let gauges: Vec<(String, f64)> = snapshotter
-        .snapshot()
-        .into_vec()
+    let gauges: Vec<(String, f64)> = series(&metrics, backstop::metrics::THROTTLE_PROBABILITY)
         .into_iter()
-        .filter(|(k, ..)| k.key().name() == backstop::metrics::THROTTLE_PROBABILITY)
-        .map(|(k, _, _, v)| {
-            let dep = k.key().labels().next().unwrap().value().to_owned();
+        .map(|(labels, v)| {
+            let dep = labels[0].1.clone();
             let DebugValue::Gauge(v) = v else { panic!() };
             (dep, v.into_inner())
         })
@@ -1135,10 +1097,7 @@ fn a_grpc_attempt_the_bound_ended_is_deadline_exceeded() {
                 std::future::pending::<()>().await;
                 Ok::<_, Infallible>(status(200))
             }));
-        let req = Request::post("/stock.Stock/Get")
-            .header("content-type", "application/grpc")
-            .body(String::new())
-            .unwrap();
+        let req = grpc_post("/stock.Stock/Get", String::new());
         let _ = client.oneshot(req).await;
     });
     let got = series(&metrics, RPC_CLIENT_DURATION);
@@ -1166,10 +1125,7 @@ fn a_grpc_call_a_proxy_answered_503_is_unavailable() {
                     .unwrap(),
             )
         }));
-        let req = Request::post("http://stock:50051/stock.Stock/Get")
-            .header("content-type", "application/grpc")
-            .body(String::new())
-            .unwrap();
+        let req = grpc_post("http://stock:50051/stock.Stock/Get", String::new());
         let response = svc.oneshot(req).await.unwrap();
         let _ = response.into_body().collect().await;
     });

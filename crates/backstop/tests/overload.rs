@@ -13,7 +13,7 @@ use backstop::{
         throttle::{AdaptiveThrottle, ThrottleLayer},
     },
 };
-use backstop_core::{BulkheadFull, ClientThrottled, GrpcClassifier, HttpClassifier};
+use backstop_core::{BulkheadFull, ClientThrottled, HttpClassifier};
 use futures_util::{StreamExt, stream::FuturesUnordered};
 use http::{Request, Response};
 use std::{
@@ -67,14 +67,10 @@ fn patient<C: Clone>(config: BreakerConfig<C>) -> BreakerLayer<C> {
         .unwrap()
 }
 
-fn seeded_http_throttle() -> ThrottleLayer<HttpClassifier> {
+/// A throttle of its own, seeded so its draws repeat, classifying with `C`'s defaults.
+fn seeded_throttle<C: Default>() -> ThrottleLayer<C> {
     let throttle = AdaptiveThrottle::builder().seed(28).build().unwrap();
-    ThrottleLayer::with(Arc::new(throttle), HttpClassifier::new())
-}
-
-fn seeded_grpc_throttle() -> ThrottleLayer<GrpcClassifier> {
-    let throttle = AdaptiveThrottle::builder().seed(28).build().unwrap();
-    ThrottleLayer::with(Arc::new(throttle), GrpcClassifier::new())
+    ThrottleLayer::with(Arc::new(throttle), C::default())
 }
 
 #[test]
@@ -95,7 +91,7 @@ async fn a_throttled_http_call_is_refused_not_sent_not_retried_not_a_breaker_fai
     let hits = Arc::new(AtomicU32::new(0));
     let backend = backstop::client::http()
         .breaker(patient(BreakerConfig::http()))
-        .throttle(seeded_http_throttle());
+        .throttle(seeded_throttle());
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency(&hits, Duration::from_millis(5), unavailable));
@@ -147,7 +143,7 @@ async fn a_throttled_grpc_call_is_a_trailers_only_unavailable_never_sent() {
     let hits = Arc::new(AtomicU32::new(0));
     let backend = backstop::client::grpc()
         .breaker(patient(BreakerConfig::grpc()))
-        .throttle(seeded_grpc_throttle());
+        .throttle(seeded_throttle());
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency(
@@ -248,16 +244,24 @@ async fn a_full_bulkhead_refuses_a_call_that_cannot_wait_at_once_and_never_sends
     assert_eq!(backend.breaker_layer().snapshot().calls, 2);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_full_bulkhead_answers_grpc_with_a_trailers_only_unavailable() {
-    let hits = Arc::new(AtomicU32::new(0));
-    let backend =
-        backstop::client::grpc().bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap());
-    let client = ServiceBuilder::new()
-        .layer(backend.clone())
-        .service(dependency(&hits, Duration::from_millis(300), || {
-            backstop_test_support::grpc_reply(0)
-        }));
+/// A dependency that counts its calls in `hits` and answers each gRPC OK after 300 ms.
+fn slow_grpc_ok(
+    hits: &Arc<AtomicU32>,
+) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
+    dependency(hits, Duration::from_millis(300), || {
+        backstop_test_support::grpc_reply(0)
+    })
+}
+
+/// Sends a gRPC call through `client`, which holds the one permit of its bulkhead (no queue),
+/// then another while it runs: returns the second call's answer, then the first's.
+async fn a_call_beside_the_permit_holder<S, B>(client: &S) -> (Response<B>, Response<B>)
+where
+    S: Service<Request<String>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug + Send,
+    B: Send + 'static,
+{
     let holder = tokio::spawn(client.clone().oneshot(backstop_test_support::grpc_call("")));
     tokio::task::yield_now().await;
     let response = client
@@ -265,13 +269,24 @@ async fn a_full_bulkhead_answers_grpc_with_a_trailers_only_unavailable() {
         .oneshot(backstop_test_support::grpc_call(""))
         .await
         .unwrap();
+    (response, holder.await.unwrap().unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_bulkhead_answers_grpc_with_a_trailers_only_unavailable() {
+    let hits = Arc::new(AtomicU32::new(0));
+    let backend =
+        backstop::client::grpc().bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap());
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(slow_grpc_ok(&hits));
+    let (response, answered) = a_call_beside_the_permit_holder(&client).await;
     assert_eq!(response.headers()["grpc-status"], "14");
     assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
     assert_eq!(
         response.extensions().get::<backstop_core::Rejection>(),
         Some(&backstop_core::Rejection::BulkheadFull)
     );
-    let answered = holder.await.unwrap().unwrap();
     assert_eq!(answered.headers()["grpc-status"], "0");
     assert_eq!(hits.load(Ordering::SeqCst), 1);
     assert_eq!(backend.retry_layer().stats().requests, 1);
@@ -349,23 +364,15 @@ async fn the_service_config_client_keeps_the_presets_bulkhead_for_every_method()
         .bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap())
         .service_config(config)
         .unwrap();
-    let client = ServiceBuilder::new().layer(backend).service(dependency(
-        &hits,
-        Duration::from_millis(300),
-        || backstop_test_support::grpc_reply(0),
-    ));
-    let holder = tokio::spawn(client.clone().oneshot(backstop_test_support::grpc_call("")));
-    tokio::task::yield_now().await;
-    let response = client
-        .clone()
-        .oneshot(backstop_test_support::grpc_call(""))
-        .await
-        .unwrap();
+    let client = ServiceBuilder::new()
+        .layer(backend)
+        .service(slow_grpc_ok(&hits));
+    let (response, answered) = a_call_beside_the_permit_holder(&client).await;
     assert_eq!(
         response.extensions().get::<backstop_core::Rejection>(),
         Some(&backstop_core::Rejection::BulkheadFull)
     );
-    assert_eq!(holder.await.unwrap().unwrap().headers()["grpc-status"], "0");
+    assert_eq!(answered.headers()["grpc-status"], "0");
     assert_eq!(hits.load(Ordering::SeqCst), 1);
 }
 

@@ -547,107 +547,69 @@ fn a_config_built_by_hand_is_refused_by_its_json_path() {
     let build = |config: ServiceConfig| backstop::client::grpc().service_config(config).map(drop);
     assert!(build(with(MethodPolicy::Retry(retry_policy.clone()))).is_ok());
     assert!(build(with(MethodPolicy::Hedging(hedging.clone()))).is_ok());
+    // Each case: one field of a valid config made invalid.
+    let retrying = |change: fn(&mut RetryPolicyConfig)| {
+        let mut policy = retry_policy.clone();
+        change(&mut policy);
+        with(MethodPolicy::Retry(policy))
+    };
+    let hedging_up_to = |max_attempts| {
+        with(MethodPolicy::Hedging(HedgingPolicyConfig {
+            max_attempts,
+            ..hedging.clone()
+        }))
+    };
+    let throttled = |max_tokens, token_ratio| ServiceConfig {
+        retry_throttling: Some(RetryThrottling {
+            max_tokens,
+            token_ratio,
+        }),
+        ..with(MethodPolicy::Hedging(hedging.clone()))
+    };
     let p = "methodConfig[1]";
     let cases: Vec<(ServiceConfig, String)> = vec![
         (
-            with(MethodPolicy::Retry(RetryPolicyConfig {
-                max_attempts: 11,
-                ..retry_policy.clone()
-            })),
+            retrying(|r| r.max_attempts = 11),
             format!("{p}.retryPolicy.maxAttempts"),
         ),
         (
-            with(MethodPolicy::Retry(RetryPolicyConfig {
-                max_attempts: 1,
-                ..retry_policy.clone()
-            })),
+            retrying(|r| r.max_attempts = 1),
             format!("{p}.retryPolicy.maxAttempts"),
         ),
         (
-            with(MethodPolicy::Retry(RetryPolicyConfig {
-                initial_backoff: Duration::ZERO,
-                ..retry_policy.clone()
-            })),
+            retrying(|r| r.initial_backoff = Duration::ZERO),
             format!("{p}.retryPolicy.initialBackoff"),
         ),
         (
-            with(MethodPolicy::Retry(RetryPolicyConfig {
-                max_backoff: Duration::ZERO,
-                ..retry_policy.clone()
-            })),
+            retrying(|r| r.max_backoff = Duration::ZERO),
             format!("{p}.retryPolicy.maxBackoff"),
         ),
         (
-            with(MethodPolicy::Retry(RetryPolicyConfig {
-                backoff_multiplier: f64::NAN,
-                ..retry_policy.clone()
-            })),
+            retrying(|r| r.backoff_multiplier = f64::NAN),
             format!("{p}.retryPolicy.backoffMultiplier"),
         ),
         (
-            with(MethodPolicy::Retry(RetryPolicyConfig {
-                retryable_status_codes: vec![],
-                ..retry_policy.clone()
-            })),
+            retrying(|r| r.retryable_status_codes = vec![]),
             format!("{p}.retryPolicy.retryableStatusCodes"),
         ),
         (
-            with(MethodPolicy::Retry(RetryPolicyConfig {
-                retryable_status_codes: vec![Code::Unavailable, Code::Ok],
-                ..retry_policy.clone()
-            })),
+            retrying(|r| r.retryable_status_codes = vec![Code::Unavailable, Code::Ok]),
             format!("{p}.retryPolicy.retryableStatusCodes[1]"),
         ),
+        (hedging_up_to(1), format!("{p}.hedgingPolicy.maxAttempts")),
+        (hedging_up_to(11), format!("{p}.hedgingPolicy.maxAttempts")),
+        (throttled(0, 0.1), "retryThrottling.maxTokens".to_owned()),
         (
-            with(MethodPolicy::Hedging(HedgingPolicyConfig {
-                max_attempts: 1,
-                ..hedging.clone()
-            })),
-            format!("{p}.hedgingPolicy.maxAttempts"),
-        ),
-        (
-            with(MethodPolicy::Hedging(HedgingPolicyConfig {
-                max_attempts: 11,
-                ..hedging.clone()
-            })),
-            format!("{p}.hedgingPolicy.maxAttempts"),
-        ),
-        (
-            ServiceConfig {
-                retry_throttling: Some(RetryThrottling {
-                    max_tokens: 0,
-                    token_ratio: 0.1,
-                }),
-                ..with(MethodPolicy::Hedging(hedging.clone()))
-            },
-            "retryThrottling.maxTokens".to_owned(),
-        ),
-        (
-            ServiceConfig {
-                retry_throttling: Some(RetryThrottling {
-                    max_tokens: 10,
-                    token_ratio: 0.0004,
-                }),
-                ..with(MethodPolicy::Hedging(hedging.clone()))
-            },
+            throttled(10, 0.0004),
             "retryThrottling.tokenRatio".to_owned(),
         ),
-        (
-            ServiceConfig {
-                retry_throttling: Some(RetryThrottling {
-                    max_tokens: 10,
-                    token_ratio: 11.0,
-                }),
-                ..with(MethodPolicy::Hedging(hedging.clone()))
-            },
-            "retryThrottling.tokenRatio".to_owned(),
-        ),
+        (throttled(10, 11.0), "retryThrottling.tokenRatio".to_owned()),
     ];
     for (i, (config, knob)) in cases.into_iter().enumerate() {
         let validated = config.validate().map_err(|e| e.knob().to_owned());
-        assert_eq!(validated.err().as_ref(), Some(&knob), "case {i}");
+        assert_eq!(validated.err().as_ref(), Some(&knob), "case {i}: {knob}");
         let built = build(config).map_err(|e| e.knob().to_owned());
-        assert_eq!(built.err().as_ref(), Some(&knob), "case {i}");
+        assert_eq!(built.err().as_ref(), Some(&knob), "case {i}: {knob}");
     }
 }
 
@@ -691,6 +653,29 @@ mod dispatch {
             .unwrap()
     }
 
+    /// Calls each of `paths` once through the gRPC preset with `config`, over an `unavailable`
+    /// dependency: each call ends UNAVAILABLE. Returns the layer, what the dependency saw, and
+    /// the paths of the attempts in their order.
+    async fn call_each(
+        config: ServiceConfig,
+        paths: &[&str],
+    ) -> (
+        backstop::methods::MethodsLayer,
+        Vec<(String, Option<String>, Duration)>,
+        Vec<String>,
+    ) {
+        let layer = backstop::client::grpc().service_config(config).unwrap();
+        let seen: Seen = Arc::default();
+        let client = layer.layer(unavailable(seen.clone()));
+        for path in paths {
+            let response = client.clone().oneshot(call(path)).await.unwrap();
+            assert_eq!(response.headers()["grpc-status"], "14", "{path}");
+        }
+        let seen = seen.lock().unwrap().clone();
+        let attempts = seen.iter().map(|(p, ..)| p.clone()).collect();
+        (layer, seen, attempts)
+    }
+
     /// The longest values A6 allows serve calls: a timeout of proto3's longest duration (a
     /// deadline far off, a well-formed `grpc-timeout`), backoffs of two hours (waits capped
     /// at 1 h), a hedging delay that never comes.
@@ -707,15 +692,7 @@ mod dispatch {
               ] }"#,
         )
         .unwrap();
-        let layer = backstop::client::grpc().service_config(config).unwrap();
-        let seen: Seen = Arc::default();
-        let client = layer.layer(unavailable(seen.clone()));
-        for path in ["/a.Retried/Call", "/a.Hedged/Call"] {
-            let response = client.clone().oneshot(call(path)).await.unwrap();
-            assert_eq!(response.headers()["grpc-status"], "14", "{path}");
-        }
-        let seen = seen.lock().unwrap().clone();
-        let paths: Vec<_> = seen.iter().map(|(p, ..)| p.as_str()).collect();
+        let (_, seen, paths) = call_each(config, &["/a.Retried/Call", "/a.Hedged/Call"]).await;
         assert_eq!(
             paths,
             [
@@ -758,19 +735,15 @@ mod dispatch {
               "retryThrottling": { "maxTokens": 100, "tokenRatio": 0.1 } }"#,
         )
         .unwrap();
-        let layer = backstop::client::grpc().service_config(config).unwrap();
-        let seen: Seen = Arc::default();
-        let client = layer.layer(unavailable(seen.clone()));
-        for path in [
-            "/bank.Accounts/GetBalance",
-            "/bank.Accounts/Charge",
-            "/bank.Cards/List",
-        ] {
-            let response = client.clone().oneshot(call(path)).await.unwrap();
-            assert_eq!(response.headers()["grpc-status"], "14", "{path}");
-        }
-        let seen = seen.lock().unwrap().clone();
-        let paths: Vec<_> = seen.iter().map(|(p, ..)| p.as_str()).collect();
+        let (layer, seen, paths) = call_each(
+            config,
+            &[
+                "/bank.Accounts/GetBalance",
+                "/bank.Accounts/Charge",
+                "/bank.Cards/List",
+            ],
+        )
+        .await;
         assert_eq!(
             paths,
             [

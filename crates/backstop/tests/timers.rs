@@ -85,15 +85,8 @@ proptest::proptest! {
                 }
             });
             let server = ServiceBuilder::new().layer(backstop::server()).service(handler);
-            let timeout = format!("{deadline}m");
             let start = Instant::now();
-            let response = tokio::time::timeout(
-                GUARD,
-                server.oneshot(backstop_test_support::http_request(Some(&timeout))),
-            )
-            .await
-            .expect("the server answered by its deadline")
-            .unwrap();
+            let response = backstop_test_support::answer_within(server, deadline, GUARD).await;
             (response.status(), start.elapsed())
         });
         // The server keeps 1 ms of the caller's time for its answer.

@@ -7,7 +7,7 @@ use backstop::deadline::{Deadline, PropagateDeadlineLayer, grpc_timeout};
 use backstop::retry::{RetryConfig, backoff};
 use backstop::timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer};
 use backstop::{BoxError, ReplayBody};
-use backstop_test_support::told;
+use backstop_test_support::{grpc_call, grpc_reply, never, telling};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -19,22 +19,28 @@ use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 const MS: Duration = Duration::from_millis(1);
 
-/// When each attempt came (since the call) and the `grpc-timeout` it carried.
-type Seen = Arc<Mutex<Vec<(Duration, Option<String>)>>>;
-
-fn grpc_call() -> Request<String> {
-    Request::post("http://svc/pkg.Svc/Call")
-        .header("content-type", "application/grpc")
-        .body(String::new())
-        .unwrap()
-}
-
-fn grpc_status(code: u16) -> Response<String> {
-    Response::builder()
-        .header("content-type", "application/grpc")
-        .header("grpc-status", code.to_string())
-        .body(String::new())
-        .unwrap()
+/// The gRPC preset under a 200 ms deadline of which 50 ms stay off the wire (150 ms are
+/// told), up to `max_attempts`, 1 ms apart. Its attempt bound is longer than the deadline,
+/// so only the deadline bounds the attempts.
+fn preset_keeping_50ms_off_the_wire(
+    max_attempts: u32,
+) -> backstop::client::ClientLayer<backstop::prelude::GrpcClassifier> {
+    backstop::client::grpc()
+        .deadline(
+            PropagateDeadlineLayer::builder()
+                .timeout(200 * MS)
+                .offset(50 * MS)
+                .build()
+                .unwrap(),
+        )
+        .retry(
+            RetryConfig::grpc()
+                .max_attempts(max_attempts)
+                .backoff(backoff::constant(MS))
+                .build()
+                .unwrap(),
+        )
+        .attempt_timeout(Duration::from_secs(1))
 }
 
 /// An adaptive attempt bound takes at most its share (80 %) of what is left of the call's
@@ -56,7 +62,7 @@ async fn an_adaptive_bound_takes_its_share_whatever_deadline_the_caller_put_on_t
                 std::future::pending::<()>().await;
                 Ok::<_, Infallible>(Response::new(String::new()))
             }));
-        let mut req = grpc_call();
+        let mut req = grpc_call("");
         if let Some(deadline) = caller {
             req.extensions_mut().insert(deadline);
         }
@@ -72,39 +78,16 @@ async fn an_adaptive_bound_takes_its_share_whatever_deadline_the_caller_put_on_t
 /// now refused for the deadline, as a hand-built stack reading the header refuses it.
 #[tokio::test(start_paused = true)]
 async fn the_preset_sends_no_attempt_with_nothing_left_on_the_wire() {
-    let seen: Seen = Arc::default();
-    let log = seen.clone();
-    let start = Instant::now();
-    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
-        let mut log = log.lock().unwrap();
-        let first = log.is_empty();
-        log.push((start.elapsed(), told(&req)));
-        async move {
-            if first {
-                tokio::time::sleep(155 * MS).await;
-            }
-            Ok::<_, Infallible>(grpc_status(14))
+    let (seen, dependency) = telling(|attempt, _: &Request<ReplayBody<String>>| async move {
+        if attempt == 1 {
+            tokio::time::sleep(155 * MS).await;
         }
+        Ok::<_, Infallible>(grpc_reply(14))
     });
-    let client = backstop::client::grpc()
-        .deadline(
-            PropagateDeadlineLayer::builder()
-                .timeout(200 * MS)
-                .offset(50 * MS)
-                .build()
-                .unwrap(),
-        )
-        .retry(
-            RetryConfig::grpc()
-                .max_attempts(3)
-                .backoff(backoff::constant(MS))
-                .build()
-                .unwrap(),
-        )
-        // Longer than the deadline: only the deadline bounds the attempts.
-        .attempt_timeout(Duration::from_secs(1));
-    let client = ServiceBuilder::new().layer(client).service(dependency);
-    let response = client.oneshot(grpc_call()).await.unwrap();
+    let client = ServiceBuilder::new()
+        .layer(preset_keeping_50ms_off_the_wire(3))
+        .service(dependency);
+    let response = client.oneshot(grpc_call("")).await.unwrap();
     // The server's answer, not retried for the deadline.
     assert_eq!(response.headers()["grpc-status"], "14");
     let info = backstop::client::call_info(&response);
@@ -126,34 +109,14 @@ async fn the_preset_sends_no_attempt_with_nothing_left_on_the_wire() {
 /// never more, never zero.
 #[tokio::test(start_paused = true)]
 async fn every_attempt_of_the_preset_is_told_what_is_left_on_the_wire() {
-    let seen: Seen = Arc::default();
-    let log = seen.clone();
-    let start = Instant::now();
-    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
-        log.lock().unwrap().push((start.elapsed(), told(&req)));
-        async move {
-            tokio::time::sleep(40 * MS).await;
-            Ok::<_, Infallible>(grpc_status(14))
-        }
+    let (seen, dependency) = telling(|_, _: &Request<ReplayBody<String>>| async {
+        tokio::time::sleep(40 * MS).await;
+        Ok::<_, Infallible>(grpc_reply(14))
     });
-    let client = backstop::client::grpc()
-        .deadline(
-            PropagateDeadlineLayer::builder()
-                .timeout(200 * MS)
-                .offset(50 * MS)
-                .build()
-                .unwrap(),
-        )
-        .retry(
-            RetryConfig::grpc()
-                .max_attempts(5)
-                .backoff(backoff::constant(MS))
-                .build()
-                .unwrap(),
-        )
-        .attempt_timeout(Duration::from_secs(1));
-    let client = ServiceBuilder::new().layer(client).service(dependency);
-    client.oneshot(grpc_call()).await.unwrap();
+    let client = ServiceBuilder::new()
+        .layer(preset_keeping_50ms_off_the_wire(5))
+        .service(dependency);
+    client.oneshot(grpc_call("")).await.unwrap();
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() >= 2, "{seen:?}");
     for (at, header) in &seen {
@@ -173,12 +136,8 @@ async fn every_attempt_of_the_preset_is_told_what_is_left_on_the_wire() {
 #[tokio::test(start_paused = true)]
 async fn a_silent_deadline_layer_never_lets_the_server_hear_more_than_is_left() {
     for writer in [false, true] {
-        let seen: Seen = Arc::default();
-        let log = seen.clone();
-        let dependency = service_fn(move |req: Request<String>| {
-            log.lock().unwrap().push((Duration::ZERO, told(&req)));
-            async { Ok::<_, BoxError>(grpc_status(0)) }
-        });
+        let (seen, dependency) =
+            telling(|_, _: &Request<String>| async { Ok::<_, BoxError>(grpc_reply(0)) });
         let deadline = PropagateDeadlineLayer::builder()
             .timeout(100 * MS)
             .build()
@@ -193,7 +152,7 @@ async fn a_silent_deadline_layer_never_lets_the_server_hear_more_than_is_left() 
             .layer(deadline.send_grpc_timeout(false))
             .layer(attempt)
             .service(dependency);
-        let mut req = grpc_call();
+        let mut req = grpc_call("");
         req.headers_mut()
             .insert("grpc-timeout", "10S".parse().unwrap());
         svc.oneshot(req).await.unwrap();
@@ -220,28 +179,20 @@ async fn a_call_no_retry_can_follow_gets_the_whole_deadline() {
         .timeout(300 * MS)
         .retry(RetryConfig::grpc().max_attempts(1).build().unwrap());
     for which in ["service config", "max_attempts(1)"] {
-        let seen: Seen = Arc::default();
-        let log = seen.clone();
-        let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
-            log.lock().unwrap().push((Duration::ZERO, told(&req)));
-            async {
-                std::future::pending::<()>().await;
-                Ok::<_, Infallible>(grpc_status(0))
-            }
-        });
+        let (seen, dependency) = telling(never::<ReplayBody<String>>);
         let start = Instant::now();
         let response = match which {
             "service config" => {
                 let client = ServiceBuilder::new()
                     .layer(service_config.clone())
                     .service(dependency);
-                client.oneshot(grpc_call()).await.unwrap().map(|_| ())
+                client.oneshot(grpc_call("")).await.unwrap().map(|_| ())
             }
             _ => {
                 let client = ServiceBuilder::new()
                     .layer(once.clone())
                     .service(dependency);
-                client.oneshot(grpc_call()).await.unwrap().map(|_| ())
+                client.oneshot(grpc_call("")).await.unwrap().map(|_| ())
             }
         };
         assert_eq!(response.headers()["grpc-status"], "4", "{which}");
@@ -255,16 +206,8 @@ async fn a_call_no_retry_can_follow_gets_the_whole_deadline() {
 /// ones before it keep the share, so a retry has room.
 #[tokio::test(start_paused = true)]
 async fn the_last_attempt_gets_what_is_left() {
-    let seen: Seen = Arc::default();
-    let log = seen.clone();
     let start = Instant::now();
-    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
-        log.lock().unwrap().push((start.elapsed(), told(&req)));
-        async {
-            std::future::pending::<()>().await;
-            Ok::<_, Infallible>(grpc_status(0))
-        }
-    });
+    let (seen, dependency) = telling(never::<ReplayBody<String>>);
     let client = backstop::client::http()
         .timeout(Duration::from_secs(1))
         .retry(
@@ -310,20 +253,16 @@ async fn a_preset_told_not_to_send_the_header_sends_none_yet_keeps_every_bound()
         ("silent layer", http().deadline(silent)),
     ];
     for (how, preset) in presets {
-        let seen: Seen = Arc::default();
         let carried = Arc::new(Mutex::new(Vec::new()));
-        let (log, deadlines) = (seen.clone(), carried.clone());
-        let start = Instant::now();
-        let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
-            log.lock().unwrap().push((start.elapsed(), told(&req)));
+        let deadlines = carried.clone();
+        let (seen, dependency) = telling(move |attempt, req: &Request<ReplayBody<String>>| {
             let deadline = req.extensions().get::<Deadline>().copied();
             deadlines
                 .lock()
                 .unwrap()
                 .push(deadline.map(|d| d.remaining()));
-            let first = log.lock().unwrap().len() == 1;
             async move {
-                if first {
+                if attempt == 1 {
                     // Hangs: cut by the attempt bound (100 ms), then retried (a GET).
                     std::future::pending::<()>().await;
                 }
@@ -359,23 +298,15 @@ async fn a_preset_told_not_to_send_the_header_sends_none_yet_keeps_every_bound()
 /// The gRPC preset too: no header on any attempt, a retryable status still retried.
 #[tokio::test(start_paused = true)]
 async fn the_grpc_preset_without_the_header_still_retries() {
-    let seen: Seen = Arc::default();
-    let log = seen.clone();
-    let start = Instant::now();
-    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
-        log.lock().unwrap().push((start.elapsed(), told(&req)));
-        let code = if log.lock().unwrap().len() == 1 {
-            14
-        } else {
-            0
-        };
-        async move { Ok::<_, Infallible>(grpc_status(code)) }
+    let (seen, dependency) = telling(|attempt, _: &Request<ReplayBody<String>>| {
+        let code = if attempt == 1 { 14 } else { 0 };
+        std::future::ready(Ok::<_, Infallible>(grpc_reply(code)))
     });
     let preset = backstop::client::grpc()
         .timeout(300 * MS)
         .send_grpc_timeout(false);
     let client = ServiceBuilder::new().layer(preset).service(dependency);
-    let response = client.oneshot(grpc_call()).await.unwrap();
+    let response = client.oneshot(grpc_call("")).await.unwrap();
     assert_eq!(response.headers()["grpc-status"], "0");
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2, "{seen:?}");

@@ -27,7 +27,7 @@ use serde_json::Value;
 use std::{
     io::{BufRead, BufReader, Read},
     path::PathBuf,
-    process::{Command, Stdio},
+    process::{Child, ChildStdout, Command, Stdio},
 };
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -39,6 +39,71 @@ fn referee() -> Command {
     let mut cmd = Command::new("python3");
     cmd.arg(interop_dir().join("grpcio_referee.py"));
     cmd
+}
+
+/// What grpcio's own client did in the referee's `mode`, as its JSON.
+fn grpcio(mode: &str) -> Value {
+    let out = referee().arg(mode).output().expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the referee's JSON")
+}
+
+/// The referee's scripted server, for backstop's calls; it reports what it saw when told.
+struct Scripted {
+    server: Child,
+    stdout: BufReader<ChildStdout>,
+    port: u16,
+}
+
+impl Scripted {
+    fn serve() -> Self {
+        let mut server = referee()
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut stdout = BufReader::new(server.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let port: u16 = line.trim().strip_prefix("PORT ").unwrap().parse().unwrap();
+        Self {
+            server,
+            stdout,
+            port,
+        }
+    }
+
+    /// A tonic channel to the server.
+    async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", self.port))
+            .unwrap()
+            .connect()
+            .await
+            .expect("tonic connects")
+    }
+
+    /// A call of `method` with one empty message.
+    fn call(&self, method: &str) -> Request<Full<Bytes>> {
+        Request::post(format!("http://127.0.0.1:{}{method}", self.port))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+            .unwrap()
+    }
+
+    /// What the server saw, as its JSON, once it has exited.
+    fn report(mut self) -> Value {
+        drop(self.server.stdin.take()); // the server reports and exits
+        let mut report = String::new();
+        self.stdout.read_to_string(&mut report).unwrap();
+        assert!(self.server.wait().unwrap().success());
+        serde_json::from_str(&report).expect("the server's JSON")
+    }
 }
 
 /// The status of a gRPC response: in its headers (trailers-only) or its trailers.
@@ -79,32 +144,12 @@ async fn backstop_makes_the_attempts_grpcio_makes_method_by_method() {
     let json = std::fs::read_to_string(interop_dir().join("service_config.json")).unwrap();
 
     // The referee's own client first.
-    let out = referee().arg("grpcio").output().expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let grpcio: Value = serde_json::from_slice(&out.stdout).expect("the referee's JSON");
+    let grpcio = grpcio("grpcio");
 
     // Then backstop's, against a fresh scripted server.
-    let mut server = referee()
-        .arg("serve")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    let mut stdout = BufReader::new(server.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let port: u16 = line.trim().strip_prefix("PORT ").unwrap().parse().unwrap();
-
+    let server = Scripted::serve();
     let config = ServiceConfig::from_json(&json).unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("tonic connects");
+    let channel = server.channel().await;
     let mut client = ServiceBuilder::new()
         .layer(backstop::client::grpc().service_config(config).unwrap())
         .map_request(|r: Request<ReplayBody<Full<Bytes>>>| r.map(tonic::body::Body::new))
@@ -112,11 +157,7 @@ async fn backstop_makes_the_attempts_grpcio_makes_method_by_method() {
     let methods: Vec<String> = grpcio.as_object().unwrap().keys().cloned().collect();
     let mut finals = serde_json::Map::new();
     for method in &methods {
-        let request = Request::post(format!("http://127.0.0.1:{port}{method}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-            .unwrap();
+        let request = server.call(method);
         let response = client.ready().await.unwrap().call(request).await.unwrap();
         let status = match status_in(response.headers()) {
             Some(status) => status,
@@ -127,11 +168,7 @@ async fn backstop_makes_the_attempts_grpcio_makes_method_by_method() {
         };
         finals.insert(method.clone(), Value::String(status));
     }
-    drop(server.stdin.take()); // the server reports and exits
-    let mut report = String::new();
-    stdout.read_to_string(&mut report).unwrap();
-    assert!(server.wait().unwrap().success());
-    let backstop: Value = serde_json::from_str(&report).expect("the server's JSON");
+    let backstop = server.report();
 
     let config: Value = serde_json::from_str(&json).unwrap();
     let policy_of = |method: &str| -> Option<Value> {
@@ -225,40 +262,17 @@ async fn a_single_attempt_call_ends_when_grpcio_s_does_and_tells_the_server_as_m
     let json = std::fs::read_to_string(interop_dir().join("service_config.json")).unwrap();
     let slow = "/pkg.Slow/Wait";
     // The referee: grpcio's client with the same 0.3 s deadline (see grpcio_referee.py).
-    let out = referee().arg("deadline").output().expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let grpcio: Value = serde_json::from_slice(&out.stdout).expect("the referee's JSON");
+    let grpcio = grpcio("deadline");
     assert_eq!(grpcio["status"], "DEADLINE_EXCEEDED", "{grpcio}");
 
-    let mut server = referee()
-        .arg("serve")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    let mut stdout = BufReader::new(server.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let port: u16 = line.trim().strip_prefix("PORT ").unwrap().parse().unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("tonic connects");
+    let server = Scripted::serve();
+    let channel = server.channel().await;
     let config = ServiceConfig::from_json(&json).unwrap();
     let mut client = ServiceBuilder::new()
         .layer(backstop::client::grpc().service_config(config).unwrap())
         .map_request(|r: Request<ReplayBody<Full<Bytes>>>| r.map(tonic::body::Body::new))
         .service(channel);
-    let request = Request::post(format!("http://127.0.0.1:{port}{slow}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-        .unwrap();
+    let request = server.call(slow);
     let started = tokio::time::Instant::now();
     let response = client.ready().await.unwrap().call(request).await;
     let status = match response {
@@ -275,11 +289,7 @@ async fn a_single_attempt_call_ends_when_grpcio_s_does_and_tells_the_server_as_m
         Err(e) => format!("error: {e}"),
     };
     let took_ms = started.elapsed().as_secs_f64() * 1000.0;
-    drop(server.stdin.take());
-    let mut report = String::new();
-    stdout.read_to_string(&mut report).unwrap();
-    assert!(server.wait().unwrap().success());
-    let seen: Value = serde_json::from_str(&report).expect("the server's JSON");
+    let seen = server.report();
 
     let told = |v: &Value| v["told_ms"][0].as_f64().expect("the server was called");
     let (ours, theirs) = (told(&seen[slow]), told(&grpcio));

@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 use tokio::time::Instant;
-use tower::{Service, service_fn};
+use tower::{Service, ServiceExt, service_fn};
 
 /// One millisecond.
 pub const MS: Duration = Duration::from_millis(1);
@@ -69,6 +69,44 @@ pub fn adjustable<Req: Send + 'static>(latency: Latency) -> impl Dependency<Req>
 pub fn told<B>(req: &Request<B>) -> Option<String> {
     let value = req.headers().get("grpc-timeout")?;
     Some(value.to_str().unwrap().to_owned())
+}
+
+/// What a [`telling`] dependency heard: when each attempt came (since the dependency was
+/// made) and the `grpc-timeout` it carried.
+pub type Heard = Arc<std::sync::Mutex<Vec<(Duration, Option<String>)>>>;
+
+/// A dependency that logs each attempt in the [`Heard`] it returns, then answers what
+/// `answer` makes of the attempt's number (1 for the first) and its request.
+pub fn telling<B, E, F, Fut>(
+    answer: F,
+) -> (
+    Heard,
+    impl Service<Request<B>, Response = Response<String>, Error = E, Future = Fut> + Clone,
+)
+where
+    F: Fn(usize, &Request<B>) -> Fut + Clone,
+    Fut: Future<Output = Result<Response<String>, E>>,
+{
+    let heard = Heard::default();
+    let log = heard.clone();
+    let start = Instant::now();
+    let dependency = service_fn(move |req: Request<B>| {
+        let attempt = {
+            let mut log = log.lock().unwrap();
+            log.push((start.elapsed(), told(&req)));
+            log.len()
+        };
+        answer(attempt, &req)
+    });
+    (heard, dependency)
+}
+
+/// The answer of a dependency that never answers, for [`telling`].
+pub fn never<B>(
+    _attempt: usize,
+    _req: &Request<B>,
+) -> std::future::Pending<Result<Response<String>, Infallible>> {
+    std::future::pending()
 }
 
 /// A reply with `status` and an empty body.
@@ -134,6 +172,21 @@ pub fn http_request(timeout: Option<&str>) -> Request<String> {
         builder = builder.header("grpc-timeout", t);
     }
     builder.body(String::new()).unwrap()
+}
+
+/// What `server` answers a plain HTTP request carrying `grpc-timeout: {ms}m`. The test fails
+/// if no answer comes within `guard`: paused time moves only to armed timers, so a call that
+/// no timer wakes would otherwise hang it.
+pub async fn answer_within<S>(server: S, ms: u64, guard: Duration) -> S::Response
+where
+    S: Service<Request<String>>,
+    S::Error: std::fmt::Debug,
+{
+    let timeout = format!("{ms}m");
+    tokio::time::timeout(guard, server.oneshot(http_request(Some(&timeout))))
+        .await
+        .expect("the server answered by its deadline")
+        .unwrap()
 }
 
 /// Sets a flag when dropped: proves a future was cancelled.

@@ -10,6 +10,8 @@
 //!   mark).
 //! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
 //!   the retry budget's deposits).
+//! - [`sync`]: the lock and atomics of the hand-rolled concurrent structures, loom's under
+//!   `cfg(loom)`.
 //! - [`tick`]: [`TickCache`](tick::TickCache), a value recomputed at most once per tick
 //!   (the throttle's probability, the admission need).
 //! - [`timer`]: [`LazySleep`](timer::LazySleep), the timer a future arms only when it must
@@ -23,6 +25,7 @@ pub mod metrics;
 pub mod mix;
 pub mod scope;
 pub mod stripe;
+pub mod sync;
 pub mod tick;
 pub mod timer;
 

@@ -63,11 +63,8 @@ mod service;
 pub use future::AdmissionFuture;
 pub use service::Admission;
 
+use backstop_core::__private::sync::{AtomicU64, Ordering};
 use backstop_core::{__private::tick::TickCache, ConfigError, latency::LatencyModel};
-#[cfg(loom)]
-use loom::sync::atomic::{AtomicU64, Ordering};
-#[cfg(not(loom))]
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
 use tower_layer::Layer;

@@ -10,19 +10,10 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 /// The service built by [`AdmissionLayer`](super::AdmissionLayer).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Admission<S> {
     inner: S,
     shared: Arc<Shared>,
-}
-
-impl<S: Clone> Clone for Admission<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
 }
 
 impl<S> Admission<S> {

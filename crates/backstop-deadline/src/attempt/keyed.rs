@@ -30,16 +30,7 @@ use http::{Method, Uri};
 use std::{collections::HashMap, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
-#[cfg(loom)]
-use loom::sync::{
-    Mutex,
-    atomic::{AtomicU64, Ordering},
-};
-#[cfg(not(loom))]
-use std::sync::{
-    Mutex,
-    atomic::{AtomicU64, Ordering},
-};
+use backstop_core::__private::sync::{AtomicU64, Mutex, Ordering};
 
 /// How long a key's model must have gone without a call before a new key may take its place
 /// in a full table: 20 doublings of its aged bound ([`STALE_DOUBLING`](super::STALE_DOUBLING),

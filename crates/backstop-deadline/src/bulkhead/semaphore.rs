@@ -24,16 +24,7 @@
 //! bulkhead is full, when waiting is the cost anyway; the path of a call that finds a permit
 //! takes none.
 
-#[cfg(loom)]
-use loom::sync::{
-    Mutex,
-    atomic::{AtomicU64, Ordering},
-};
-#[cfg(not(loom))]
-use std::sync::{
-    Mutex,
-    atomic::{AtomicU64, Ordering},
-};
+use backstop_core::__private::sync::{AtomicU64, Mutex, Ordering};
 use std::{
     collections::VecDeque,
     sync::Arc,

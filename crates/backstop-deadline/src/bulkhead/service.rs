@@ -11,19 +11,10 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 /// The service built by [`BulkheadLayer`](super::BulkheadLayer).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Bulkhead<S> {
     inner: S,
     shared: Arc<Shared>,
-}
-
-impl<S: Clone> Clone for Bulkhead<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
 }
 
 impl<S> Bulkhead<S> {

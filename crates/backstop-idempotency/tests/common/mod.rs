@@ -40,17 +40,31 @@ pub fn fresh_key(name: &str) -> String {
     )
 }
 
-pub fn handler(
-    runs: Arc<AtomicUsize>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = BoxError,
-    Future = impl Send,
-> + Clone
-+ Send
-+ Sync
-+ 'static {
+/// What the harness can put behind the layer: a handler it clones per call and whose calls
+/// cross tasks.
+pub trait Handler:
+    Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>, Error = BoxError, Future: Send>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<H> Handler for H where
+    H: Service<
+            Request<Full<Bytes>>,
+            Response = Response<Full<Bytes>>,
+            Error = BoxError,
+            Future: Send,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+pub fn handler(runs: Arc<AtomicUsize>) -> impl Handler {
     let panicked = Arc::new(std::sync::atomic::AtomicBool::new(false));
     service_fn(move |req: Request<Full<Bytes>>| {
         let runs = runs.clone();
@@ -101,16 +115,11 @@ impl Harness {
     }
 
     /// The layer of `config` around `handler`, which counts its runs in `runs`.
-    pub fn around<St, H>(config: IdempotencyConfig<St>, runs: Arc<AtomicUsize>, handler: H) -> Self
-    where
-        St: Store,
-        H: Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>, Error = BoxError>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        H::Future: Send,
-    {
+    pub fn around<St: Store>(
+        config: IdempotencyConfig<St>,
+        runs: Arc<AtomicUsize>,
+        handler: impl Handler,
+    ) -> Self {
         let layer = config.build().unwrap();
         let svc = tower::ServiceBuilder::new()
             .layer(layer)

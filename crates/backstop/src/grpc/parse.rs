@@ -134,11 +134,11 @@ fn field<'a>(map: &'a Map<String, Value>, path: &str, key: &str) -> Result<&'a V
         .ok_or_else(|| ConfigError::new(format!("{path}.{key}"), "is required"))
 }
 
-/// `maxAttempts`, clamped to the cap (the range is checked by `validate`).
-fn max_attempts(value: &Value, path: &str, cap: u32) -> Result<u32, ConfigError> {
-    let n = value
+/// The policy's `maxAttempts`, clamped to the cap (the range is checked by `validate`).
+fn max_attempts(policy: &Map<String, Value>, path: &str, cap: u32) -> Result<u32, ConfigError> {
+    let n = field(policy, path, "maxAttempts")?
         .as_u64()
-        .ok_or_else(|| ConfigError::new(path.to_owned(), "must be a whole number"))?;
+        .ok_or_else(|| ConfigError::new(format!("{path}.maxAttempts"), "must be a whole number"))?;
     // A6: larger values are treated as the client's cap (which is at least 2, so a value
     // below 2 is left for `validate` to refuse).
     Ok(n.min(u64::from(cap)) as u32)
@@ -146,11 +146,7 @@ fn max_attempts(value: &Value, path: &str, cap: u32) -> Result<u32, ConfigError>
 
 fn retry_policy(value: &Value, path: &str, cap: u32) -> Result<RetryPolicyConfig, ConfigError> {
     let map = object(value, path)?;
-    let max_attempts = max_attempts(
-        field(map, path, "maxAttempts")?,
-        &format!("{path}.maxAttempts"),
-        cap,
-    )?;
+    let max_attempts = max_attempts(map, path, cap)?;
     let backoff = |key: &str| duration(field(map, path, key)?, &format!("{path}.{key}"));
     let initial_backoff = backoff("initialBackoff")?;
     let max_backoff = backoff("maxBackoff")?;
@@ -173,11 +169,7 @@ fn retry_policy(value: &Value, path: &str, cap: u32) -> Result<RetryPolicyConfig
 
 fn hedging_policy(value: &Value, path: &str, cap: u32) -> Result<HedgingPolicyConfig, ConfigError> {
     let map = object(value, path)?;
-    let max_attempts = max_attempts(
-        field(map, path, "maxAttempts")?,
-        &format!("{path}.maxAttempts"),
-        cap,
-    )?;
+    let max_attempts = max_attempts(map, path, cap)?;
     let hedging_delay = map
         .get("hedgingDelay")
         .map(|d| duration(d, &format!("{path}.hedgingDelay")))

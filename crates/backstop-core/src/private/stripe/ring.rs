@@ -26,17 +26,8 @@
 //! sweep with release/acquire ordering). The one assumption: no thread holds a clock reading
 //! for a whole era before using it.
 
-#[cfg(loom)]
-use loom::sync::{
-    Mutex,
-    atomic::{AtomicU64, Ordering},
-};
+use crate::__private::sync::{AtomicU64, Mutex, Ordering};
 use std::fmt;
-#[cfg(not(loom))]
-use std::sync::{
-    Mutex,
-    atomic::{AtomicU64, Ordering},
-};
 
 /// The packing of a slot word: `epoch tag : 64 - VALUE_BITS | value : VALUE_BITS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
