@@ -4,7 +4,6 @@ use http::Response;
 use pin_project_lite::pin_project;
 use std::{
     fmt,
-    future::Future,
     pin::Pin,
     task::{Context, Poll, ready},
     time::Duration,

@@ -5,7 +5,6 @@ use crate::Deadline;
 use pin_project_lite::pin_project;
 use std::{
     cell::Cell,
-    future::Future,
     pin::Pin,
     task::{Context, Poll},
 };

@@ -12,7 +12,6 @@ use backstop_test_support::{http_request, script_answer, scripted, step};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
-    future::Future,
     pin::Pin,
     sync::{Arc, Mutex},
     task::{Context, Poll},

@@ -15,7 +15,6 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use std::{
     fmt,
-    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},

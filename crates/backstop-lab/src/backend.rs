@@ -8,7 +8,6 @@ use crate::{
 use backstop::{BoxError, BreakerOpen, DeadlineExceeded, deadline::Deadline};
 use http::{Request, Response};
 use std::{
-    future::Future,
     pin::Pin,
     sync::{
         Arc, Mutex,

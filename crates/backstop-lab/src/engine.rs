@@ -18,7 +18,6 @@ use hyper_util::{
 };
 use serde::Serialize;
 use std::{
-    future::Future,
     net::SocketAddr,
     pin::Pin,
     sync::{

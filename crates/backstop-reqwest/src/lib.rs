@@ -53,7 +53,6 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::{
-    future::Future,
     pin::Pin,
     task::{Context, Poll},
 };

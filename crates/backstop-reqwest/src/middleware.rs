@@ -71,7 +71,6 @@ use reqwest::ResponseBuilderExt;
 use reqwest_middleware::{Middleware, Next};
 use std::{
     fmt,
-    future::Future,
     pin::Pin,
     task::{Context, Poll},
 };

@@ -13,7 +13,6 @@ use backstop_core::{BoxError, Classify, DeadlineExceeded, Outcome, Rejection};
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::{
-    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll, ready},

@@ -8,7 +8,6 @@ use http::{HeaderName, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use std::{
     cell::Cell,
-    future::Future,
     pin::Pin,
     task::{Context, Poll, ready},
 };

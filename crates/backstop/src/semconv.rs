@@ -68,7 +68,6 @@ use http::{HeaderMap, Method, Request, Response};
 use http_body::{Body, Frame};
 use metrics::Label;
 use std::{
-    future::Future,
     pin::Pin,
     task::{Context, Poll, ready},
 };

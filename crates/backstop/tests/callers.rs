@@ -17,7 +17,6 @@ use http::{Request, Response, StatusCode};
 use proptest::prelude::*;
 use std::{
     convert::Infallible,
-    future::Future,
     pin::Pin,
     sync::{Arc, Mutex},
     task::Poll,

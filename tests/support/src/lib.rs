@@ -9,7 +9,6 @@ use http::{Request, Response};
 use http_body_util::channel::{Channel, Sender};
 use std::{
     convert::Infallible,
-    future::Future,
     pin::Pin,
     sync::{
         Arc,

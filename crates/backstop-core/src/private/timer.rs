@@ -20,7 +20,6 @@
 
 use pin_project_lite::pin_project;
 use std::{
-    future::Future,
     pin::Pin,
     task::{Context, Poll},
 };

@@ -7,7 +7,6 @@ use backstop_core::{
 };
 use pin_project_lite::pin_project;
 use std::{
-    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll, ready},

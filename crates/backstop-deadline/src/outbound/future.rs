@@ -4,7 +4,6 @@ use backstop_core::{BoxError, DeadlineExceeded, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
 use std::{
-    future::Future,
     pin::Pin,
     task::{Context, Poll, ready},
 };

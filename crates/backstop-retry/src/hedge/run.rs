@@ -14,7 +14,6 @@ use backstop_core::{
 };
 use http::{HeaderValue, Request, Response};
 use std::{
-    future::Future,
     pin::Pin,
     task::{Context, Poll, ready},
     time::Duration,

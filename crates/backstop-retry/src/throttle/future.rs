@@ -7,7 +7,6 @@ use http::Response;
 use pin_project_lite::pin_project;
 use std::{
     fmt,
-    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll, ready},
