@@ -5,7 +5,7 @@ use crate::{
     state::Settings,
     window::{CountRing, MAX_COUNT_WINDOW, TimeRing, Window},
 };
-use backstop_core::{ConfigError, GrpcClassifier, HttpClassifier};
+use backstop_core::{__private::DependencyName, ConfigError, GrpcClassifier, HttpClassifier};
 use std::{fmt, sync::Arc, time::Duration};
 
 /// A hook called on every change of state (see [`BreakerConfig::on_state_change`]).
@@ -50,6 +50,8 @@ pub struct BreakerConfig<C> {
     pub(crate) key: Option<BreakerKey>,
     pub(crate) max_keys: usize,
     pub(crate) key_idle: Duration,
+    /// Set by [`BreakerLayer::named`], for the layer and every key's breaker.
+    pub(crate) name: DependencyName,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -80,6 +82,7 @@ impl<C: fmt::Debug> fmt::Debug for BreakerConfig<C> {
             .field("per_key", &self.key)
             .field("max_keys", &self.max_keys)
             .field("idle_keys_after", &self.key_idle)
+            .field("name", &self.name.get())
             .finish()
     }
 }
@@ -127,6 +130,7 @@ impl<C> BreakerConfig<C> {
             key: None,
             max_keys: 64,
             key_idle: Duration::from_secs(300),
+            name: DependencyName::default(),
         }
     }
 
@@ -153,6 +157,7 @@ impl<C> BreakerConfig<C> {
             max_keys: self.max_keys,
             key_idle: self.key_idle,
             hook: self.hook,
+            name: self.name,
         }
     }
 
@@ -489,12 +494,16 @@ impl<C> BreakerConfig<C> {
         C: Clone,
     {
         self.validate()?;
+        let config = Arc::new(self.clone());
         let keyed = self.key.take().map(|key| {
             // Each new key's breaker: this configuration, unkeyed.
             let template = self.clone();
             Arc::new(Keyed::new(key, template, self.max_keys, self.key_idle))
         });
-        Ok(BreakerLayer::from_shared(Shared::from_config(self, keyed)?))
+        Ok(BreakerLayer::from_shared(
+            Shared::from_config(self, keyed)?,
+            config,
+        ))
     }
 }
 

@@ -34,11 +34,11 @@
 //! new keys go to the overflow breaker without the mutex. A call holds its breaker (an `Arc`)
 //! until its outcome is recorded, so an evicted breaker lives on until its last call ends.
 //!
-//! The layer's run-time setters ([`set_mode`](crate::BreakerLayer::set_mode),
-//! [`set_name`](crate::BreakerLayer::set_name)) take the same mutex: they record the setting
-//! for the keys to come and apply it to every key in the table, and a key is built with the
-//! setting recorded when it is added. So a key added while a setter runs gets the setting
-//! either way (a loom model checks it).
+//! The layer's run-time setter ([`set_mode`](crate::BreakerLayer::set_mode)) takes the same
+//! mutex: it records the mode for the keys to come and applies it to every key in the table,
+//! and a key is built with the mode recorded when it is added. So a key added while the
+//! setter runs gets the mode either way (a loom model checks it). The name is configuration
+//! ([`named`](crate::BreakerLayer::named)): every key's breaker is built with it.
 
 pub use crate::key::{BreakerKey, KeyFn};
 
@@ -47,7 +47,6 @@ use crate::{
     shared::{Entry, Handle, Handles, Keyed, Shared, Table},
     sync::{AtomicU64, Ordering},
 };
-use backstop_core::ConfigError;
 use http::{Method, Uri};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -136,17 +135,13 @@ impl<C: Clone> Keyed<C> {
         } else {
             next = (*table).clone();
         }
-        // The layer's config, in the mode and with the name the layer has now: a setter holds
-        // the lock while it changes them on every key, so no key misses a change.
+        // The layer's config (its name with it), in the mode the layer has now: the setter
+        // holds the lock while it changes it on every key, so no key misses a change.
         let mut config = self.template.clone();
         config.mode = run_time.mode;
         let shared = Shared::from_config(config, None)
             .expect("the template was validated with the keyed layer");
-        shared.keyed_as(
-            run_time.name.as_deref(),
-            backstop_core::__private::key_label(&self.key),
-            key,
-        );
+        shared.keyed_as(backstop_core::__private::key_label(&self.key), key);
         let entry = Arc::new(Entry {
             handles: Handles::uncopied(&shared),
             shared,
@@ -200,18 +195,6 @@ impl<C> Keyed<C> {
         for entry in self.table.load_full().values() {
             entry.shared.machine.set_mode(mode);
         }
-    }
-
-    /// Names the layer's breakers: `overflow`, every key's, and those of the keys added from
-    /// now on.
-    pub(crate) fn set_name(&self, name: &str, overflow: &Shared<C>) -> Result<(), ConfigError> {
-        let mut run_time = self.grow.lock().unwrap_or_else(|e| e.into_inner());
-        overflow.name.set(name)?;
-        run_time.name = Some(name.into());
-        for entry in self.table.load_full().values() {
-            entry.shared.name.set(name)?;
-        }
-        Ok(())
     }
 
     /// Every key's breaker now, sorted by key.

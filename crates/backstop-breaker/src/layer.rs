@@ -15,6 +15,8 @@ pub struct BreakerLayer<C> {
     /// The breaker (keyed: the overflow breaker).
     pub(crate) shared: Arc<Shared<C>>,
     pub(crate) handles: Handles<C>,
+    /// What it was built from, for [`named`](Self::named).
+    config: Arc<BreakerConfig<C>>,
 }
 
 impl<C> Clone for BreakerLayer<C> {
@@ -22,6 +24,7 @@ impl<C> Clone for BreakerLayer<C> {
         Self {
             shared: self.shared.clone(),
             handles: self.handles.clone(),
+            config: self.config.clone(),
         }
     }
 }
@@ -39,23 +42,36 @@ impl<C> BreakerLayer<C> {
         config.build()
     }
 
-    pub(crate) fn from_shared(shared: Arc<Shared<C>>) -> Self {
+    pub(crate) fn from_shared(shared: Arc<Shared<C>>, config: Arc<BreakerConfig<C>>) -> Self {
         let handles = Handles::new(&shared);
-        Self { shared, handles }
+        Self {
+            shared,
+            handles,
+            config,
+        }
     }
 
-    /// Names the dependency: every event this breaker emits carries it as `dependency`
-    /// (unnamed: `""`). A keyed layer names every key's breaker, and those of the keys it adds
-    /// later.
+    /// This breaker's configuration for the dependency `name`: its events carry the name as
+    /// `dependency`, its metrics as the `dependency` label, and a keyed layer's every key's
+    /// breaker too. Naming is configuration, done before the layer serves: the layer returned
+    /// is a new breaker built from the configuration (closed, an empty window, the
+    /// configuration's mode), and the layers cloned before keep theirs.
     ///
-    /// # Errors
+    /// ```
+    /// use backstop_breaker::BreakerConfig;
     ///
-    /// When the breaker already has another name.
-    pub fn set_name(&self, name: &str) -> Result<(), backstop_core::ConfigError> {
-        match &self.shared.keyed {
-            Some(keyed) => keyed.set_name(name, &self.shared),
-            None => self.shared.name.set(name),
-        }
+    /// let breaker = BreakerConfig::http().build()?.named("inventory");
+    /// assert_eq!(breaker.name(), "inventory");
+    /// # Ok::<(), backstop_core::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn named(&self, name: &str) -> Self
+    where
+        C: Clone,
+    {
+        let mut config = (*self.config).clone();
+        config.name = backstop_core::__private::DependencyName::new(name);
+        config.build().expect("validated when the layer was built")
     }
 
     /// Whether the layer holds a breaker per key ([`BreakerConfig::per_key`]).
@@ -97,6 +113,7 @@ impl<C> BreakerLayer<C> {
                 let layer = BreakerLayer {
                     shared: entry.shared.clone(),
                     handles: entry.handles.clone(),
+                    config: self.config.clone(),
                 };
                 (key, layer)
             })

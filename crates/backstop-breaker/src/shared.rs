@@ -119,7 +119,7 @@ impl<C> Shared<C> {
             count_throttled: config.count_throttled,
             hook: config.hook,
             opens: std::sync::atomic::AtomicU64::new(0),
-            name: backstop_core::__private::DependencyName::default(),
+            name: config.name,
             key: std::sync::OnceLock::new(),
             keyed,
             #[cfg(feature = "metrics")]
@@ -164,13 +164,9 @@ impl<C> Shared<C> {
         })
     }
 
-    /// Makes this the breaker of `key` in a keyed layer of dependency `name` (`None`: not
-    /// named yet; naming the layer later names it).
-    pub(crate) fn keyed_as(&self, name: Option<&str>, label: &'static str, key: &str) {
-        // A new breaker: neither is set yet.
-        if let Some(name) = name {
-            let _ = self.name.set(name);
-        }
+    /// Makes this the breaker of `key` in a keyed layer.
+    pub(crate) fn keyed_as(&self, label: &'static str, key: &str) {
+        // A new breaker: not set yet.
         let _ = self.key.set((label, key.into()));
     }
 
@@ -346,15 +342,13 @@ pub(crate) struct Keyed<C> {
     pub(crate) full_until: AtomicU64,
 }
 
-/// What the layer's run-time setters ([`set_mode`](crate::BreakerLayer::set_mode),
-/// [`set_name`](crate::BreakerLayer::set_name)) changed since it was built: the breaker of a key
-/// added later starts with it, not with the config's.
+/// What the layer's run-time setter ([`set_mode`](crate::BreakerLayer::set_mode)) changed
+/// since it was built: the breaker of a key added later starts with it, not with the
+/// config's.
 #[derive(Debug)]
 pub(crate) struct RunTime {
     /// The mode every key's breaker is in.
     pub(crate) mode: Mode,
-    /// The dependency's name, once the layer is named.
-    pub(crate) name: Option<Box<str>>,
 }
 
 impl<C> fmt::Debug for Keyed<C> {
@@ -378,7 +372,6 @@ impl<C> Keyed<C> {
             key,
             grow: crate::sync::Mutex::new(RunTime {
                 mode: template.mode,
-                name: None,
             }),
             template,
             table: Swap::new(Arc::new(HashMap::new())),

@@ -341,25 +341,28 @@ async fn a_mode_set_at_run_time_applies_to_keys_added_later() {
     assert_eq!(send(&mut service, "http://svc/b").await, Some(200));
 }
 
-/// Naming a keyed layer once it has keys names them, and the keys it adds later.
+/// Naming is configuration: a keyed layer named after it served is a new layer, its keys
+/// still to come, and the layer that served keeps its keys and its (empty) name.
 #[tokio::test(start_paused = true)]
-async fn a_name_set_after_keys_were_added_reaches_every_key() {
+async fn naming_a_keyed_layer_builds_a_new_one_and_leaves_the_served_one_as_it_was() {
     let layer = config().per_key(BreakerKey::Path).build().unwrap();
     let mut service = layer.layer(dependency());
     send(&mut service, "http://svc/a").await;
-    layer.set_name("inventory").unwrap();
-    assert_eq!(layer.name(), "inventory");
-    send(&mut service, "http://svc/b").await;
-    assert_eq!(layer.keys().len(), 2);
-    // Every key has the name now: naming it again is fine, another name is refused.
-    layer.set_name("inventory").unwrap();
-    assert_eq!(layer.set_name("billing").unwrap_err().knob(), "name");
+    let named = layer.named("inventory");
+    assert_eq!(named.name(), "inventory");
+    assert!(named.is_keyed());
+    assert!(named.keys().is_empty(), "a new layer: no key yet");
+    assert_eq!(layer.name(), "");
+    assert_eq!(layer.keys().len(), 1);
 }
 
 #[test]
 fn each_key_costs_one_breaker() {
-    let layer = config().per_key(BreakerKey::Path).build().unwrap();
-    layer.set_name("inventory").unwrap();
+    let layer = config()
+        .per_key(BreakerKey::Path)
+        .build()
+        .unwrap()
+        .named("inventory");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

@@ -1,39 +1,26 @@
-//! The name of a dependency, carried by every event a client layer emits about it.
+//! The name of a dependency, carried by every event and metric a client layer emits about it.
 //!
 //! # Concurrency rule
 //!
-//! Set once (a `OnceLock`), then read without a lock by every clone of the layer.
+//! None needed: a name is fixed when its layer is built (each layer's `named`) and never
+//! changes; every clone of the layer reads the same immutable string.
 
-use crate::ConfigError;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-/// A dependency's name, set at most once (the facade's `ClientLayer::name` sets it on every
-/// layer of a stack) and read by every event the layer emits. Unnamed reads as `""`.
-#[derive(Debug, Default)]
-pub struct DependencyName(OnceLock<Arc<str>>);
+/// A dependency's name, fixed when its layer is built and read by every event the layer
+/// emits. Unnamed reads as `""`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DependencyName(Option<Arc<str>>);
 
 impl DependencyName {
-    /// Names the dependency.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming `name` when the layer already has another name (layers shared
-    /// by two stacks cannot tell two dependencies apart).
-    pub fn set(&self, name: &str) -> Result<(), ConfigError> {
-        let current = self.0.get_or_init(|| Arc::from(name));
-        if &**current == name {
-            Ok(())
-        } else {
-            Err(ConfigError::new(
-                "name",
-                format!("this layer is already named {current:?}; got {name:?}"),
-            ))
-        }
+    /// The name `name` (`""`: unnamed).
+    pub fn new(name: &str) -> Self {
+        Self((!name.is_empty()).then(|| Arc::from(name)))
     }
 
     /// The name, or `""` when unnamed.
     pub fn get(&self) -> &str {
-        self.0.get().map_or("", |name| name)
+        self.0.as_deref().unwrap_or("")
     }
 }
 
@@ -42,14 +29,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_name_is_set_once() {
-        let name = DependencyName::default();
-        assert_eq!(name.get(), "");
-        name.set("inventory").unwrap();
-        name.set("inventory").unwrap();
-        assert_eq!(name.get(), "inventory");
-        let err = name.set("billing").unwrap_err();
-        assert_eq!(err.knob(), "name");
-        assert_eq!(name.get(), "inventory");
+    fn unnamed_reads_as_empty() {
+        assert_eq!(DependencyName::default().get(), "");
+        assert_eq!(DependencyName::new("").get(), "");
+        assert_eq!(DependencyName::new("inventory").get(), "inventory");
     }
 }

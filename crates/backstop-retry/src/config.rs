@@ -133,6 +133,7 @@ pub struct RetryConfig<C> {
     pub(crate) hedging: Option<crate::hedge::Hedging>,
     pub(crate) reserve: Option<Arc<dyn RetryReserve>>,
     pub(crate) send_grpc_timeout: bool,
+    pub(crate) route: Option<Box<str>>,
 }
 
 impl RetryConfig<HttpClassifier> {
@@ -169,6 +170,7 @@ impl<C> RetryConfig<C> {
             hedging: None,
             reserve: None,
             send_grpc_timeout: true,
+            route: None,
         }
     }
 
@@ -226,6 +228,7 @@ impl<C> RetryConfig<C> {
             hedging: self.hedging,
             reserve: self.reserve,
             send_grpc_timeout: self.send_grpc_timeout,
+            route: self.route,
         }
     }
 
@@ -307,6 +310,17 @@ impl<C> RetryConfig<C> {
     #[must_use]
     pub fn send_grpc_timeout(mut self, send: bool) -> Self {
         self.send_grpc_timeout = send;
+        self
+    }
+
+    /// Which of the dependency's routes this layer serves, when routes have retry layers of
+    /// their own (a gRPC service config builds one per entry, with the entry's methods as
+    /// paths, `/pkg.Service/Method`): its metrics carry it as `route`, as a keyed breaker's
+    /// and attempt layer's series do, so they join. Default: none (one layer for the whole
+    /// dependency, no `route` label).
+    #[must_use]
+    pub fn route(mut self, route: &str) -> Self {
+        self.route = Some(route.into());
         self
     }
 

@@ -2,9 +2,8 @@ use crate::bounds::Wire;
 use crate::{
     Retry, RetryConfig,
     shared::{Handles, Ledger, Shared},
-    stats::Stats,
 };
-use backstop_core::__private::stripe;
+use backstop_core::__private::DependencyName;
 use std::{sync::Arc, time::Duration};
 use tower_layer::Layer;
 
@@ -40,14 +39,29 @@ impl<C> RetryLayer<C> {
         policy.build()
     }
 
-    /// Names the dependency: every event this layer emits carries it as `dependency`
-    /// (unnamed: `""`).
+    /// This layer's policy for the dependency `name`: its events carry the name as
+    /// `dependency`, its metrics as the `dependency` label. Naming is configuration, done
+    /// before the layer serves: the layer returned counts in stats of its own, with metric
+    /// handles of its own (its budget is the policy's, shared as the policy says), and the
+    /// layers cloned before keep theirs.
     ///
-    /// # Errors
+    /// ```
+    /// use backstop_retry::RetryConfig;
     ///
-    /// When the layer already has another name.
-    pub fn set_name(&self, name: &str) -> Result<(), backstop_core::ConfigError> {
-        self.shared.ledger.name.set(name)
+    /// let retry = RetryConfig::http().build()?.named("inventory");
+    /// assert_eq!(retry.name(), "inventory");
+    /// # Ok::<(), backstop_core::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn named(&self, name: &str) -> Self
+    where
+        C: Clone,
+    {
+        let ledger = Ledger::new(DependencyName::new(name), self.shared.ledger.route.clone());
+        Self {
+            header: self.header,
+            ..Self::with_ledger(self.shared.policy.clone(), Arc::new(ledger))
+        }
     }
 
     /// The dependency's name (`""` when unnamed).
@@ -55,20 +69,9 @@ impl<C> RetryLayer<C> {
         self.shared.ledger.name.get()
     }
 
-    /// Says which of the dependency's methods this layer serves (e.g. the names of a gRPC
-    /// service config entry): with the `metrics` feature its series carry it as a `route` label
-    /// (set once, before the first call; later calls are ignored).
-    ///
-    /// For the facade's service-config client, which builds one layer per config entry; not
-    /// part of the API users build stacks with (hidden, no semver promise).
-    #[doc(hidden)]
-    pub fn set_methods(&self, methods: &str) {
-        let _ = self.shared.ledger.methods.set(methods.into());
-    }
-
-    /// Which methods this layer serves, if said.
-    pub fn methods(&self) -> Option<&str> {
-        self.shared.ledger.methods.get().map(|m| &**m)
+    /// The route this layer serves ([`RetryConfig::route`]), if it serves one.
+    pub fn route(&self) -> Option<&str> {
+        self.shared.ledger.route.as_deref()
     }
 
     /// The configuration this layer was built from.
@@ -76,16 +79,16 @@ impl<C> RetryLayer<C> {
         &self.shared.policy
     }
 
-    /// The same layer's counters, name and metrics, with another policy (checked as
-    /// [`RetryConfig::build`] checks it): what this layer and its clones count and report
-    /// goes on across the change, and the layers cloned before it keep the old policy. Give
-    /// it a config derived from [`config`](Self::config) to change one knob:
+    /// The same layer's counters, name, route and metrics, with another policy (checked as
+    /// [`RetryConfig::build`] checks it; its route is not read, the layer keeps its own):
+    /// what this layer and its clones count and report goes on across the change, and the
+    /// layers cloned before it keep the old policy. Give it a config derived from
+    /// [`config`](Self::config) to change one knob:
     ///
     /// ```
     /// use backstop_retry::RetryConfig;
     ///
-    /// let retry = RetryConfig::http().build()?;
-    /// retry.set_name("search")?;
+    /// let retry = RetryConfig::http().build()?.named("search");
     /// let fewer = retry.with_config(retry.config().clone().max_attempts(2))?;
     /// assert_eq!(fewer.name(), "search");
     /// assert!(retry.with_config(RetryConfig::http().max_attempts(11)).is_err());
@@ -101,13 +104,8 @@ impl<C> RetryLayer<C> {
     }
 
     pub(crate) fn from_policy(policy: RetryConfig<C>) -> Self {
-        let ledger = Arc::new(Ledger {
-            stats: Stats::new(stripe::count()),
-            name: backstop_core::__private::DependencyName::default(),
-            methods: std::sync::OnceLock::new(),
-            metrics: std::sync::OnceLock::new(),
-        });
-        Self::with_ledger(policy, ledger)
+        let ledger = Ledger::new(DependencyName::default(), policy.route.clone());
+        Self::with_ledger(policy, Arc::new(ledger))
     }
 
     fn with_ledger(policy: RetryConfig<C>, ledger: Arc<Ledger>) -> Self {

@@ -2,15 +2,18 @@
 //! the dependency's name and the metric handles.
 //!
 //! **Concurrency rule.** Read-only after the layer is built, but for the stats (striped
-//! atomics, see `stats.rs`), the budget (see `budget.rs`) and the name, methods and metric
-//! handles, each set once (`OnceLock`).
+//! atomics, see `stats.rs`), the budget (see `budget.rs`) and the metric handles, set once
+//! (`OnceLock`) by the first call that records.
 
 use crate::{
     RetryConfig,
     metrics::{AttemptKind, RetryMetrics},
     stats::{GiveUp, Stats},
 };
-use backstop_core::{__private::stripe, Outcome};
+use backstop_core::{
+    __private::{DependencyName, stripe},
+    Outcome,
+};
 use std::sync::Arc;
 
 /// The layer's shared state.
@@ -24,19 +27,31 @@ pub(crate) struct Shared<C> {
     pub(crate) timeout_retryable: std::sync::OnceLock<backstop_core::Retryable>,
 }
 
-/// What a retry layer keeps when its policy is replaced: the counters, the dependency's name
-/// and the metric handles that carry it. One per layer built from a config; shared by the
-/// layers [`RetryLayer::with_config`](crate::RetryLayer::with_config) derives from it.
+/// What a retry layer keeps when its policy is replaced: the counters, the dependency's name,
+/// the route and the metric handles that carry them. One per layer built from a config (or
+/// [named](crate::RetryLayer::named)); shared by the layers
+/// [`RetryLayer::with_config`](crate::RetryLayer::with_config) derives from it.
 #[derive(Debug)]
 pub(crate) struct Ledger {
     pub(crate) stats: Stats,
-    pub(crate) name: backstop_core::__private::DependencyName,
-    /// Which of the dependency's methods this layer serves (a gRPC service config's entry):
-    /// its events and metrics carry it as `method`.
-    pub(crate) methods: std::sync::OnceLock<Box<str>>,
+    pub(crate) name: DependencyName,
+    /// Which of the dependency's routes this layer serves ([`RetryConfig::route`]): its
+    /// metrics carry it as `route`.
+    pub(crate) route: Option<Box<str>>,
     /// The metric handles, registered by the first call that records (zero-sized without the
     /// `metrics` feature).
     pub(crate) metrics: std::sync::OnceLock<RetryMetrics>,
+}
+
+impl Ledger {
+    pub(crate) fn new(name: DependencyName, route: Option<Box<str>>) -> Self {
+        Self {
+            stats: Stats::new(stripe::count()),
+            name,
+            route,
+            metrics: std::sync::OnceLock::new(),
+        }
+    }
 }
 
 /// One handle per stripe to the layer's shared state, shared by every service of the layer
@@ -50,9 +65,9 @@ impl<C> Shared<C> {
     #[inline(always)]
     fn metrics(&self) -> &RetryMetrics {
         let ledger = &*self.ledger;
-        ledger.metrics.get_or_init(|| {
-            RetryMetrics::new(ledger.name.get(), ledger.methods.get().map(|m| &**m))
-        })
+        ledger
+            .metrics
+            .get_or_init(|| RetryMetrics::new(ledger.name.get(), ledger.route.as_deref()))
     }
 
     /// A call ended with this outcome.

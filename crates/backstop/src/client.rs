@@ -67,11 +67,27 @@ pub struct ClientLayer<C> {
     /// The quantile of the attempt layer's model a retry must have left
     /// ([`ClientLayer::retry_reserve`]), kept so replacing the retry or attempt layer keeps it.
     reserve: Option<f64>,
-    /// The dependency's name, applied again to a replaced retry layer or breaker.
+    /// The dependency's name ([`ClientLayer::name`]).
     name: Option<std::sync::Arc<str>>,
+    /// Which layers were passed in named: used as given, never renamed.
+    passed: Passed,
     /// The first misconfiguration a setter met, kept for [`ClientLayer::build`]: setters
     /// never panic.
     error: Option<ConfigError>,
+}
+
+/// Which of a [`ClientLayer`]'s layers the user passed in with a name of their own: kept
+/// exactly as given (the stack never renames or rebuilds a layer that may be shared with
+/// another stack). The others (the stack's own, and those passed in unnamed) take the
+/// stack's name.
+#[derive(Debug, Clone, Copy, Default)]
+struct Passed {
+    deadline: bool,
+    bulkhead: bool,
+    throttle: bool,
+    retry: bool,
+    breaker: bool,
+    attempt: bool,
 }
 
 /// The service [`http()`] builds around a transport `S`: name it in a struct field or axum
@@ -212,6 +228,7 @@ impl<C> ClientLayer<C> {
     /// kind: [`http()`] and [`grpc()`] add theirs); add them with
     /// [`throttle`](Self::throttle) and [`bulkhead`](Self::bulkhead).
     pub fn new(retry: RetryLayer<C>, breaker: BreakerLayer<C>) -> Self {
+        let (retry_named, breaker_named) = (retry.name().to_owned(), breaker.name().to_owned());
         let attempt = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
             .expect("the defaults are valid");
         Self {
@@ -226,6 +243,11 @@ impl<C> ClientLayer<C> {
             hedging: None,
             reserve: None,
             name: None,
+            passed: Passed {
+                retry: !retry_named.is_empty(),
+                breaker: !breaker_named.is_empty(),
+                ..Passed::default()
+            },
             error: None,
         }
         .rekeyed()
@@ -283,41 +305,76 @@ impl<C> ClientLayer<C> {
         }
     }
 
-    /// Names the dependency: every event the stack's retry layer and breaker emit carries it
-    /// as `dependency` (with the request's method and path, the attempt, and the status or
-    /// error). A stack left unnamed is allowed; its events carry `dependency = ""`.
+    /// Names the dependency: every event and metric of the stack's layers carries it as
+    /// `dependency` (with the request's method and path, the attempt, and the status or
+    /// error, for events). A stack left unnamed is allowed; its events carry
+    /// `dependency = ""`.
+    ///
+    /// Naming is configuration, so call it before the stack serves: every layer of the stack
+    /// that has no name of its own (the stack's defaults, the layers [`timeout`](Self::timeout)
+    /// and [`attempt_timeout`](Self::attempt_timeout) build, and a layer you passed in
+    /// unnamed) is built again under the name, with state of its own (each layer's `named`).
+    /// Two stacks named from clones of one template are two dependencies, sharing nothing. A
+    /// layer you passed in with a name of its own is used exactly as you passed it, name and
+    /// state: name a layer yourself to share it between stacks.
     ///
     /// ```
-    /// let inventory = backstop::client::http().name("inventory");
+    /// let template = backstop::client::http().max_attempts(2);
+    /// let inventory = template.clone().name("inventory");
+    /// let billing = template.name("billing");
     /// assert_eq!(inventory.dependency(), "inventory");
+    /// assert_eq!(inventory.retry_layer().name(), "inventory");
+    /// assert_eq!(billing.breaker_layer().name(), "billing");
     /// ```
-    ///
-    /// # Errors
-    ///
-    /// Kept for [`build`](Self::build): a layer of this stack already named otherwise (layers
-    /// shared between two stacks cannot tell two dependencies apart).
     #[must_use]
-    pub fn name(mut self, name: &str) -> Self {
+    pub fn name(mut self, name: &str) -> Self
+    where
+        C: Clone,
+    {
         self.name = Some(name.into());
-        self.renamed()
+        let passed = self.passed;
+        if !passed.deadline {
+            self.deadline = self.deadline.named(name);
+        }
+        if !passed.bulkhead {
+            self.bulkhead = self.bulkhead.named(name);
+        }
+        if !passed.throttle {
+            self.throttle = self.throttle.named(name);
+        }
+        if !passed.retry {
+            self.retry = self.retry.named(name);
+        }
+        if !passed.breaker {
+            self.breaker = self.breaker.named(name);
+        }
+        if !passed.attempt {
+            self.own_attempt = self.own_attempt.named(name);
+        }
+        // Hedging and the reserve read the new latency model.
+        self.rekeyed().rehedge()
     }
 
-    /// Applies the name to the current retry layer and breaker.
-    fn renamed(self) -> Self {
-        if let Some(name) = &self.name {
-            let named = self
-                .retry
-                .set_name(name)
-                .and_then(|()| self.breaker.set_name(name))
-                .and_then(|()| self.deadline.set_name(name))
-                .and_then(|()| self.attempt.set_name(name))
-                .and_then(|()| self.throttle.set_name(name))
-                .and_then(|()| self.bulkhead.set_name(name));
-            if let Err(e) = named {
-                return self.failed(e);
-            }
+    /// A layer passed in, as the stack uses it: as given when it has a name of its own
+    /// (`true`), else named as the stack when the stack has a name.
+    fn adopt<L>(
+        &self,
+        layer: L,
+        name_of: impl Fn(&L) -> &str,
+        named: impl FnOnce(&L, &str) -> L,
+    ) -> (L, bool) {
+        if !name_of(&layer).is_empty() {
+            return (layer, true);
         }
-        self
+        (self.own(layer, named), false)
+    }
+
+    /// `layer`, named as the stack is, for a layer the stack builds itself.
+    fn own<L>(&self, layer: L, named: impl FnOnce(&L, &str) -> L) -> L {
+        match &self.name {
+            Some(name) => named(&layer, name),
+            None => layer,
+        }
     }
 
     /// Gives every call at most `timeout` (or what is left of an inherited deadline, if less),
@@ -342,10 +399,13 @@ impl<C> ClientLayer<C> {
             .send_grpc_timeout(self.deadline.sends_grpc_timeout())
             .build()
         {
-            Ok(deadline) => self.deadline = deadline,
+            Ok(deadline) => {
+                self.deadline = self.own(deadline, PropagateDeadlineLayer::named);
+                self.passed.deadline = false;
+            }
             Err(e) => return self.failed(e),
         }
-        self.renamed()
+        self
     }
 
     /// Attempts per request, the first included (default 3): the short form of rebuilding the
@@ -368,7 +428,7 @@ impl<C> ClientLayer<C> {
             Ok(retry) => self.retry = retry,
             Err(e) => return self.failed(e),
         }
-        self.rehedge().renamed()
+        self.rehedge()
     }
 
     /// Replaces the deadline propagation (e.g. a per-call `timeout` or a `fraction`). A
@@ -381,8 +441,13 @@ impl<C> ClientLayer<C> {
     /// layers inside.
     #[must_use]
     pub fn deadline(mut self, layer: PropagateDeadlineLayer) -> Self {
-        self.deadline = layer;
-        self.renamed()
+        let (layer, passed) = self.adopt(
+            layer,
+            PropagateDeadlineLayer::name,
+            PropagateDeadlineLayer::named,
+        );
+        (self.deadline, self.passed.deadline) = (layer, passed);
+        self
     }
 
     /// Whether calls tell the dependency their deadline in `grpc-timeout` (default: they
@@ -439,8 +504,9 @@ impl<C> ClientLayer<C> {
     where
         C: Clone,
     {
-        self.retry = layer;
-        self.rehedge().renamed()
+        let (layer, passed) = self.adopt(layer, RetryLayer::name, RetryLayer::named);
+        (self.retry, self.passed.retry) = (layer, passed);
+        self.rehedge()
     }
 
     /// Replaces the breaker. A keyed breaker ([`BreakerConfig::per_key`]) keys the attempt
@@ -453,8 +519,9 @@ impl<C> ClientLayer<C> {
     where
         C: Clone,
     {
-        self.breaker = layer;
-        self.rekeyed().rehedge().renamed()
+        let (layer, passed) = self.adopt(layer, BreakerLayer::name, BreakerLayer::named);
+        (self.breaker, self.passed.breaker) = (layer, passed);
+        self.rekeyed().rehedge()
     }
 
     /// Replaces the adaptive throttle (on in the presets: [`ClientLayer`] says why), e.g. a
@@ -468,9 +535,13 @@ impl<C> ClientLayer<C> {
     /// assert!(!client.throttle_layer().is_on());
     /// ```
     #[must_use]
-    pub fn throttle(mut self, layer: ThrottleLayer<C>) -> Self {
-        self.throttle = layer;
-        self.renamed()
+    pub fn throttle(mut self, layer: ThrottleLayer<C>) -> Self
+    where
+        C: Clone,
+    {
+        let (layer, passed) = self.adopt(layer, ThrottleLayer::name, ThrottleLayer::named);
+        (self.throttle, self.passed.throttle) = (layer, passed);
+        self
     }
 
     /// Caps the calls in flight to the dependency with a [`BulkheadLayer`] (off in the
@@ -487,8 +558,9 @@ impl<C> ClientLayer<C> {
     /// ```
     #[must_use]
     pub fn bulkhead(mut self, layer: BulkheadLayer) -> Self {
-        self.bulkhead = layer;
-        self.renamed()
+        let (layer, passed) = self.adopt(layer, BulkheadLayer::name, BulkheadLayer::named);
+        (self.bulkhead, self.passed.bulkhead) = (layer, passed);
+        self
     }
 
     /// Bounds each attempt by a fixed `timeout` instead of measured latency, inside the
@@ -517,8 +589,10 @@ impl<C> ClientLayer<C> {
     where
         C: Clone,
     {
-        self.own_attempt = layer;
-        self.rekeyed().rehedge().renamed()
+        let (layer, passed) =
+            self.adopt(layer, AttemptTimeoutLayer::name, AttemptTimeoutLayer::named);
+        (self.own_attempt, self.passed.attempt) = (layer, passed);
+        self.rekeyed().rehedge()
     }
 
     /// Hedges slow requests: while an attempt is slower than the dependency's measured p95,
@@ -605,7 +679,7 @@ impl<C> ClientLayer<C> {
             }
         }
         self.reserve = quantile;
-        self.rehedge().renamed()
+        self.rehedge()
     }
 
     /// Applies the hedging and reserve settings to the current retry layer.
@@ -637,7 +711,7 @@ impl<C> ClientLayer<C> {
             Ok(retry) => self.retry = retry,
             Err(e) => return self.failed(e),
         }
-        self.renamed()
+        self
     }
 
     /// The reserve a retry must have left, as a handle to the attempt layer's model, when
@@ -673,9 +747,10 @@ impl<C> ClientLayer<C> {
         self.attempt.latency()
     }
 
-    /// The dependency's name (`""` when unnamed).
+    /// The dependency's name: the stack's ([`name`](Self::name)), else its retry layer's
+    /// (`""` when neither is named).
     pub fn dependency(&self) -> &str {
-        self.retry.name()
+        self.name.as_deref().unwrap_or_else(|| self.retry.name())
     }
 
     /// The key-stamping layer (off unless [`idempotency_keys`](Self::idempotency_keys) or

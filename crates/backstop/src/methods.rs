@@ -89,22 +89,16 @@ impl MethodsLayer {
                 Some(reserve) => policy.reserve(reserve),
                 None => policy,
             };
-            retries.push(policy.build()?);
+            // Every method's events and metrics carry the dependency's name and the entry's
+            // methods as their route.
+            let policy = policy.route(&methods_of(entry));
+            retries.push(policy.build()?.named(client.dependency()));
         }
-        retries.push(
-            RetryConfig::grpc()
-                .max_attempts(1)
-                .budget(budget.clone())
-                .build()?,
-        );
-        // Every method's events and metrics carry the dependency's name.
-        for (i, retry) in retries.iter().enumerate() {
-            retry.set_name(client.dependency())?;
-            retry.set_methods(&match config.methods.get(i) {
-                Some(entry) => methods_of(entry),
-                None => "(none)".to_owned(),
-            });
-        }
+        let unlisted = RetryConfig::grpc()
+            .max_attempts(1)
+            .budget(budget.clone())
+            .route("(none)");
+        retries.push(unlisted.build()?.named(client.dependency()));
         Ok(Self {
             config: Arc::new(config),
             client,

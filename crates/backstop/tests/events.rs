@@ -68,16 +68,18 @@ async fn client_events_name_the_dependency_the_request_and_the_failure() {
         let response = Response::builder().status(503).body(String::new());
         Ok::<_, std::convert::Infallible>(response.unwrap())
     });
+    // A layer passed in keeps its own name (the stack names only its own): named here.
     let backend = backstop::client::http()
+        .name("inventory")
         .max_attempts(2)
         .breaker(
             BreakerConfig::http()
                 .minimum_calls(2)
                 .jitter(false)
                 .build()
-                .unwrap(),
-        )
-        .name("inventory");
+                .unwrap()
+                .named("inventory"),
+        );
     let client = ServiceBuilder::new().layer(backend).service(down);
     let req = Request::get("http://inventory/item/1?token=secret")
         .body(String::new())
@@ -102,6 +104,41 @@ async fn client_events_name_the_dependency_the_request_and_the_failure() {
         !format!("{:?}", events.lock().unwrap()).contains("secret"),
         "the query string never reaches an event"
     );
+}
+
+/// Naming is configuration: a keyed breaker named before it serves names the breaker of
+/// every key it adds; a breaker passed to a named stack keeps the name it was built with,
+/// and the stack's own layers take the stack's.
+#[tokio::test(start_paused = true)]
+async fn a_named_keyed_breaker_names_every_key_and_a_passed_layer_keeps_its_name() {
+    let events: Events = Arc::default();
+    let _guard = tracing::subscriber::set_default(Recorder(events.clone()));
+    let down = service_fn(|_req: Request<ReplayBody<String>>| async {
+        let response = Response::builder().status(503).body(String::new());
+        Ok::<_, std::convert::Infallible>(response.unwrap())
+    });
+    let breaker = BreakerConfig::http()
+        .minimum_calls(2)
+        .jitter(false)
+        .per_key(backstop::breaker::BreakerKey::Path)
+        .build()
+        .unwrap()
+        .named("inventory-breaker");
+    let backend = backstop::client::http()
+        .max_attempts(2)
+        .breaker(breaker)
+        .name("inventory");
+    assert_eq!(backend.breaker_layer().name(), "inventory-breaker");
+    assert_eq!(backend.retry_layer().name(), "inventory");
+    let client = ServiceBuilder::new().layer(backend).service(down);
+    let req = Request::get("http://inventory/item/1")
+        .body(String::new())
+        .unwrap();
+    client.oneshot(req).await.unwrap();
+    let opened = find(&events, "circuit breaker opened");
+    assert_eq!(opened["dependency"], "inventory-breaker");
+    assert_eq!(opened["key"], "/item/1");
+    assert_eq!(find(&events, "not retrying")["dependency"], "inventory");
 }
 
 #[tokio::test(start_paused = true)]

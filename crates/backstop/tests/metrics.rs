@@ -951,11 +951,8 @@ fn an_admission_refusal_is_counted_without_labels() {
 fn every_layer_sharing_a_throttle_reports_its_probability() {
     let metrics = recorded(|| async {
         let shared = seeded_throttle();
-        let layer = |name: &str| {
-            let l = ThrottleLayer::with(shared.clone(), HttpClassifier::new());
-            l.set_name(name).unwrap();
-            l
-        };
+        let layer =
+            |name: &str| ThrottleLayer::with(shared.clone(), HttpClassifier::new()).named(name);
         let ok = service_fn(|_req: Request<String>| async {
             Ok::<_, Infallible>(Response::new(String::new()))
         });

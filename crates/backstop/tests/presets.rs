@@ -1186,3 +1186,48 @@ async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
     assert_eq!(three.retry_layer().stats().retries, 5);
     assert_eq!(two.retry_layer().stats().retries, 5);
 }
+
+/// Naming is configuration: two stacks named from clones of one template are two
+/// dependencies (one's open breaker does not refuse the other's calls, their stats are their
+/// own); a layer passed in with a name of its own is used as passed (the caller's handle sees
+/// the stack's calls), and one passed unnamed is named as the stack.
+#[tokio::test(start_paused = true)]
+async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept() {
+    let failing = || {
+        service_fn(|_req: Request<ReplayBody<String>>| async {
+            let response = Response::builder().status(503).body(String::new());
+            Ok::<_, std::convert::Infallible>(response.unwrap())
+        })
+    };
+    let template = backstop::client::http()
+        .max_attempts(1)
+        .throttle(backstop::retry::throttle::ThrottleLayer::off())
+        .breaker(opens_after_two());
+    let inventory = template.clone().name("inventory");
+    let billing = template.name("billing");
+    let client = tower::Layer::layer(&inventory, failing());
+    for _ in 0..2 {
+        client.clone().oneshot(get()).await.unwrap();
+    }
+    let err = client.clone().oneshot(get()).await.unwrap_err();
+    assert!(backstop::is_breaker_open(err.as_ref()), "{err}");
+    let other = tower::Layer::layer(&billing, failing());
+    let response = other.oneshot(get()).await.unwrap();
+    assert_eq!(
+        response.status(),
+        503,
+        "billing's breaker is its own, closed"
+    );
+    assert_eq!(billing.breaker_layer().name(), "billing");
+    assert_eq!(inventory.breaker_layer().name(), "inventory");
+
+    let mine = opens_after_two().named("shared-breaker");
+    let stack = backstop::client::http()
+        .name("search")
+        .breaker(mine.clone());
+    assert_eq!(stack.breaker_layer().name(), "shared-breaker");
+    let client = tower::Layer::layer(&stack, failing());
+    // Its two failures open it: the caller's handle sees them.
+    let _ = client.oneshot(get()).await;
+    assert_eq!(mine.snapshot().state, backstop::breaker::State::Open);
+}

@@ -91,7 +91,7 @@ pub(super) struct Keyed {
     table: Swap<Table>,
     grow: Mutex<()>,
     pub(super) max_keys: usize,
-    idle_ms: u64,
+    pub(super) idle_ms: u64,
     /// While the table is full: the earliest millisecond at which a key may be evicted.
     full_until: AtomicU64,
     /// The quantiles (as bits) given a delay slot, in order.

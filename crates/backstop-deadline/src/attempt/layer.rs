@@ -5,7 +5,11 @@ use super::{
     keyed::{KEY_IDLE, Keyed},
     shared::{REFRESH, Room, Shared},
 };
-use backstop_core::{__private::stripe, ConfigError, RouteKey, latency::LatencyModel};
+use backstop_core::{
+    __private::{DependencyName, stripe},
+    ConfigError, RouteKey,
+    latency::LatencyModel,
+};
 use http::{Method, Uri};
 use std::{
     sync::{
@@ -60,7 +64,7 @@ impl AttemptTimeoutLayer {
             bound,
             cached: AtomicU64::new(0),
             median: AtomicU64::new(0),
-            name: Arc::default(),
+            name: DependencyName::default(),
             #[cfg(feature = "metrics")]
             duration: std::sync::OnceLock::new(),
             #[cfg(feature = "metrics")]
@@ -153,14 +157,42 @@ impl AttemptTimeoutLayer {
         )
     }
 
-    /// Names the dependency: with the `metrics` feature, attempt durations are recorded as
-    /// `backstop.client.attempt.duration{dependency}` (unnamed: `""`).
+    /// This layer's configuration for the dependency `name`: with the `metrics` feature,
+    /// attempt durations are recorded as `backstop.client.attempt.duration{dependency}`.
+    /// Naming is configuration, done before the layer serves: the layer returned measures
+    /// with a latency model of its own (same bound, window and keys, empty), and the layers
+    /// cloned before keep theirs.
     ///
-    /// # Errors
+    /// ```
+    /// use backstop_deadline::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
     ///
-    /// When the layer already has another name.
-    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
-        self.shared.name.set(name)
+    /// let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))?.named("inventory");
+    /// assert_eq!(layer.name(), "inventory");
+    /// # Ok::<(), backstop_core::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn named(&self, name: &str) -> Self {
+        let shared = Arc::new(self.shared.renamed(DependencyName::new(name)));
+        let keyed = self.keyed.as_ref().map(|keyed| {
+            Arc::new(Keyed::new(
+                keyed.key.clone(),
+                shared.clone(),
+                keyed.max_keys,
+                Duration::from_millis(keyed.idle_ms),
+            ))
+        });
+        Self {
+            handles: stripe::Handles::new(&shared),
+            shared,
+            keyed,
+            writes: self.writes,
+            retry_wait: self.retry_wait,
+        }
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.shared.name.get()
     }
 
     /// How attempts are bounded.

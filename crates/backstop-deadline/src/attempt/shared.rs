@@ -55,7 +55,7 @@ pub(super) struct Shared {
     /// it) in µs plus one, refreshed with `cached`; zero: not trusted.
     pub(super) median: AtomicU64,
     /// The dependency's name, one for the layer and every key's model.
-    pub(super) name: std::sync::Arc<backstop_core::__private::DependencyName>,
+    pub(super) name: backstop_core::__private::DependencyName,
     /// `backstop.client.attempt.duration`, registered on the first attempt that waited.
     #[cfg(feature = "metrics")]
     pub(super) duration: std::sync::OnceLock<metrics::Histogram>,
@@ -66,6 +66,24 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// A model and cached bound like this one (same bound and window), empty, with its own
+    /// clock and the name `name`: what [`named`](super::AttemptTimeoutLayer::named) starts
+    /// from.
+    pub(super) fn renamed(&self, name: backstop_core::__private::DependencyName) -> Shared {
+        Shared {
+            model: self.model.fresh(),
+            origin: Instant::now(),
+            bound: self.bound,
+            cached: AtomicU64::new(0),
+            median: AtomicU64::new(0),
+            name,
+            #[cfg(feature = "metrics")]
+            duration: std::sync::OnceLock::new(),
+            #[cfg(feature = "metrics")]
+            key: None,
+        }
+    }
+
     /// A key's model and cached bound, built from the layer's (same bound, window, origin
     /// and name), empty; its series carry `key` under `label`.
     pub(super) fn for_key(&self, label: &'static str, key: &str) -> Shared {

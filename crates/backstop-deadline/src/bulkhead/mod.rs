@@ -215,13 +215,58 @@ impl BulkheadLayer {
         Duration::from_micros(self.shared.hold_us())
     }
 
-    /// Names the dependency (its events and metrics carry it as `dependency`).
+    /// This bulkhead's configuration for the dependency `name`: its events and metrics
+    /// carry the name as `dependency`. Naming is configuration, done before the layer
+    /// serves: the layer returned has permits of its own (same limits), and the layers cloned
+    /// before keep theirs.
     ///
-    /// # Errors
+    /// ```
+    /// use backstop_deadline::bulkhead::BulkheadLayer;
     ///
-    /// When the layer already has another name.
-    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
-        self.shared.name.set(name)
+    /// let layer = BulkheadLayer::new(64)?.named("inventory");
+    /// assert_eq!(layer.name(), "inventory");
+    /// assert_eq!(layer.max_concurrency(), 64);
+    /// # Ok::<(), backstop_core::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn named(&self, name: &str) -> Self {
+        let shared = &self.shared;
+        Self {
+            shared: Arc::new(Shared::new(
+                shared.on,
+                shared.max_concurrency,
+                shared.max_wait,
+                shared.max_queue,
+                DependencyName::new(name),
+            )),
+        }
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.shared.name.get()
+    }
+}
+
+impl Shared {
+    fn new(
+        on: bool,
+        max_concurrency: u32,
+        max_wait: Duration,
+        max_queue: u32,
+        name: DependencyName,
+    ) -> Self {
+        Self {
+            on,
+            permits: Semaphore::new(max_concurrency),
+            max_concurrency,
+            max_wait,
+            max_queue,
+            hold_us: AtomicU64::new(0),
+            name,
+            #[cfg(feature = "metrics")]
+            metrics: std::sync::OnceLock::new(),
+        }
     }
 }
 
@@ -270,17 +315,13 @@ impl BulkheadLayerBuilder {
             ));
         }
         Ok(BulkheadLayer {
-            shared: Arc::new(Shared {
-                on: true,
-                permits: Semaphore::new(self.max_concurrency),
-                max_concurrency: self.max_concurrency,
-                max_wait: self.max_wait,
+            shared: Arc::new(Shared::new(
+                true,
+                self.max_concurrency,
+                self.max_wait,
                 max_queue,
-                hold_us: AtomicU64::new(0),
-                name: DependencyName::default(),
-                #[cfg(feature = "metrics")]
-                metrics: std::sync::OnceLock::new(),
-            }),
+                DependencyName::default(),
+            )),
         })
     }
 }

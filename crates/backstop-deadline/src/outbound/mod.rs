@@ -86,14 +86,26 @@ impl PropagateDeadlineLayer {
         }
     }
 
-    /// Names the dependency: with the `metrics` feature, its expired deadlines are counted as
-    /// `backstop.deadline.expired{side="client", dependency}` (unnamed: `""`).
+    /// This layer's configuration for the dependency `name`: with the `metrics` feature, its
+    /// expired deadlines are counted as `backstop.deadline.expired{side="client", dependency}`.
+    /// Naming is configuration, done before the layer serves; the layers cloned before keep
+    /// their name.
     ///
-    /// # Errors
+    /// ```
+    /// use backstop_deadline::PropagateDeadlineLayer;
     ///
-    /// When the layer already has another name.
-    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
-        self.name.name.set(name)
+    /// let layer = PropagateDeadlineLayer::new().named("inventory");
+    /// assert_eq!(layer.name(), "inventory");
+    /// ```
+    #[must_use]
+    pub fn named(&self, name: &str) -> Self {
+        Self {
+            config: self.config,
+            name: Arc::new(Named {
+                name: backstop_core::__private::DependencyName::new(name),
+                ..Named::default()
+            }),
+        }
     }
 
     /// The dependency's name (`""` when unnamed).

@@ -1,5 +1,5 @@
 use super::{AdaptiveThrottle, Throttle, service::Shared};
-use backstop_core::{ConfigError, GrpcClassifier, HttpClassifier};
+use backstop_core::{__private::DependencyName, GrpcClassifier, HttpClassifier};
 use std::sync::Arc;
 use tower_layer::Layer;
 
@@ -52,7 +52,7 @@ impl ThrottleLayer<GrpcClassifier> {
 impl<C> ThrottleLayer<C> {
     /// A layer counting into `throttle`, classifying with `classifier`.
     pub fn with(throttle: Arc<AdaptiveThrottle>, classifier: C) -> Self {
-        Self::from_parts(throttle, Some(classifier))
+        Self::from_parts(throttle, Some(classifier), DependencyName::default())
     }
 
     /// A layer that refuses nothing and counts nothing: every call passes to the inner
@@ -68,15 +68,23 @@ impl<C> ThrottleLayer<C> {
     /// assert!(ThrottleLayer::http().is_on());
     /// ```
     pub fn off() -> Self {
-        Self::from_parts(Arc::new(AdaptiveThrottle::new()), None)
+        Self::from_parts(
+            Arc::new(AdaptiveThrottle::new()),
+            None,
+            DependencyName::default(),
+        )
     }
 
-    fn from_parts(throttle: Arc<AdaptiveThrottle>, classifier: Option<C>) -> Self {
+    fn from_parts(
+        throttle: Arc<AdaptiveThrottle>,
+        classifier: Option<C>,
+        name: DependencyName,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 throttle,
                 classifier,
-                name: Default::default(),
+                name,
                 #[cfg(feature = "metrics")]
                 metrics: Default::default(),
             }),
@@ -93,13 +101,33 @@ impl<C> ThrottleLayer<C> {
         &self.shared.throttle
     }
 
-    /// Names the dependency (its events and metrics carry it as `dependency`).
+    /// This layer's configuration for the dependency `name`: its events and metrics carry
+    /// the name as `dependency`. Naming is configuration, done before the layer serves: the
+    /// layer returned counts into the same [`AdaptiveThrottle`] (the state the throttle is
+    /// built around, shared as [`with`](Self::with) says), with a name and metric handles of
+    /// its own; the layers cloned before keep theirs.
     ///
-    /// # Errors
+    /// ```
+    /// use backstop_retry::throttle::ThrottleLayer;
     ///
-    /// When the layer already has another name.
-    pub fn set_name(&self, name: &str) -> Result<(), ConfigError> {
-        self.shared.name.set(name)
+    /// let throttle = ThrottleLayer::http().named("inventory");
+    /// assert_eq!(throttle.name(), "inventory");
+    /// ```
+    #[must_use]
+    pub fn named(&self, name: &str) -> Self
+    where
+        C: Clone,
+    {
+        Self::from_parts(
+            self.shared.throttle.clone(),
+            self.shared.classifier.clone(),
+            DependencyName::new(name),
+        )
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.shared.name.get()
     }
 }
 
