@@ -1,7 +1,6 @@
 //! [`Deadline`]: the instant by which a request must be answered (the value; where the
 //! current one lives is [`scope`](crate::scope)'s business).
 
-use crate::Scoped;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -92,12 +91,6 @@ impl Deadline {
         let now = Instant::now();
         let part = scale(self.remaining_at(now), fraction);
         Deadline::after_from(now, part.min(cap)).min(*self)
-    }
-
-    /// Runs `future` with this deadline as [`current`](crate::current) — or with the enclosing
-    /// one where that is earlier, because an inner scope may shorten a deadline, never extend it.
-    pub fn scope<F: Future>(self, future: F) -> Scoped<F> {
-        Scoped::new(Some(self), future)
     }
 }
 

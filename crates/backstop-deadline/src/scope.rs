@@ -71,6 +71,16 @@ pin_project! {
     }
 }
 
+// `Deadline`'s one method that makes a scope lives with the scope: the value (deadline.rs)
+// then knows nothing of scopes, and the two files import in one direction only.
+impl Deadline {
+    /// Runs `future` with this deadline as [`current`](crate::current) — or with the enclosing
+    /// one where that is earlier, because an inner scope may shorten a deadline, never extend it.
+    pub fn scope<F: Future>(self, future: F) -> Scoped<F> {
+        Scoped::new(Some(self), future)
+    }
+}
+
 impl<F> Scoped<F> {
     /// `future`, run with `deadline` as the current one (`None`: with none of its own).
     pub(crate) fn new(deadline: Option<Deadline>, future: F) -> Self {

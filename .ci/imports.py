@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""No import circle between the files of a crate.
+
+Within each crate under crates/, every file (module) is a node; a path to another module
+(`use crate::a::B`, `super::b::C`, `crate::X` resolved through the `pub use` re-exports that
+name it) is an edge. Paths to a module's own ancestors (the crate root and parent `mod.rs`,
+which re-export for users) are not edges. Comments, doc links and `#[cfg(test)] mod tests`
+are not read. Fails, listing the files, when the edges close a circle.
+
+    python3 .ci/imports.py
+"""
+
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATH = re.compile(r"\b(crate|super)((?:::\w+)+)(?:::\{([^;]*?)\})?")
+REEXPORT = re.compile(r"pub(?:\([\w:]+\))?\s+use\s+([\w:]+)::\{?([\w,\s:]+)\}?;")
+
+
+def module_of(src, path):
+    parts = os.path.relpath(path, src)[:-3].split(os.sep)
+    if parts[-1] in ("lib", "main", "mod"):
+        parts = parts[:-1]
+    return tuple(parts)
+
+
+def code_of(path):
+    text = open(path, encoding="utf-8").read()
+    text = re.sub(r"#\[cfg\(test\)\]\s*mod tests\s*\{.*", "", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def absolute(module, base):
+    head, rest = base[0], base[1:]
+    if head == "crate":
+        return tuple(rest)
+    if head == "self":
+        return module + tuple(rest)
+    if head == "super":
+        return module[:-1] + tuple(rest)
+    return module + tuple(base)
+
+
+def edges_of(src):
+    files = {}
+    for folder, _, names in os.walk(src):
+        for name in names:
+            if name.endswith(".rs"):
+                path = os.path.join(folder, name)
+                files[module_of(src, path)] = path
+    code = {m: code_of(p) for m, p in files.items()}
+    reexports = {}
+    for module, text in code.items():
+        for found in REEXPORT.finditer(text):
+            target = absolute(module, found.group(1).split("::"))
+            for item in re.split(r"[,\s]+", found.group(2)):
+                item = item.split("::")[-1].strip()
+                if item and item != "self":
+                    reexports[(module, item)] = target
+
+    def resolve(path, depth=0):
+        for cut in range(len(path), -1, -1):
+            module = tuple(path[:cut])
+            if module in files:
+                target = reexports.get((module, path[cut])) if cut < len(path) else None
+                if target is not None and target != module and depth < 8:
+                    return resolve(list(target) + list(path[cut + 1 :]), depth + 1)
+                return module
+        return ()
+
+    edges = {m: set() for m in files}
+    for module, text in code.items():
+        for found in PATH.finditer(text):
+            base = [] if found.group(1) == "crate" else list(module[:-1])
+            parts = found.group(2).strip(":").split("::")
+            items = [None]
+            if found.group(3):
+                items = [i.strip().split("::")[0].split(" ")[0] for i in found.group(3).split(",")]
+            for item in items:
+                target = resolve(base + parts + ([item] if item and item != "self" else []))
+                # Ancestors re-export for users: a path through them is not a dependency.
+                if target != module[: len(target)]:
+                    edges[module].add(target)
+    return edges
+
+
+def circles(edges):
+    """Strongly connected components of more than one file (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    sys.setrecursionlimit(10_000)
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def main():
+    failed = False
+    crates = os.path.join(ROOT, "crates")
+    for crate in sorted(os.listdir(crates)):
+        src = os.path.join(crates, crate, "src")
+        if not os.path.isdir(src):
+            continue
+        edges = edges_of(src)
+        for component in circles(edges):
+            failed = True
+            print(f"imports: a circle in {crate}:")
+            for module in sorted(component):
+                into = sorted("/".join(t) for t in edges[module] if t in component)
+                print(f"  {'/'.join(module) or 'lib'} -> {', '.join(into)}")
+    if failed:
+        sys.exit(1)
+    print("imports: no circle between the files of any crate")
+
+
+if __name__ == "__main__":
+    main()
