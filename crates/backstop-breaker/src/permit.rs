@@ -116,15 +116,13 @@ impl<C> Permit<C> {
     where
         C: Classify<Response<B>>,
     {
-        let watch = match self.classifier().classify_head(&response) {
+        match self.classifier().classify_head(&response) {
             Some(outcome) => {
                 self.finish(outcome);
-                None
+                response.map(BreakerBody::new)
             }
-            None => Some(self),
-        };
-        // One move of the response either way.
-        response.map(|body| BreakerBody::watching(body, watch))
+            None => response.map(|body| BreakerBody::watching(body, Some(self))),
+        }
     }
 }
 

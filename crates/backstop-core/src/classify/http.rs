@@ -106,7 +106,8 @@ impl HttpClassifier {
 impl<B> Classify<Response<B>> for HttpClassifier {
     fn classify(&self, result: Result<&Response<B>, &(dyn Error + 'static)>) -> Outcome {
         match result {
-            Ok(r) => self.classify_head(r).unwrap_or(Outcome::Success),
+            Ok(r) if r.extensions().get::<Rejection>().is_some() => Outcome::Rejected,
+            Ok(r) => self.classify_status(r.status(), r.headers()),
             Err(e) => classify_error(e),
         }
     }
@@ -114,9 +115,6 @@ impl<B> Classify<Response<B>> for HttpClassifier {
     // HTTP has no trailers that decide: the headers always do.
     #[inline]
     fn classify_head(&self, r: &Response<B>) -> Option<Outcome> {
-        if r.extensions().get::<Rejection>().is_some() {
-            return Some(Outcome::Rejected);
-        }
-        Some(self.classify_status(r.status(), r.headers()))
+        Some(self.classify(Ok(r)))
     }
 }
