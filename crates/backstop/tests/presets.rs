@@ -1231,3 +1231,147 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
     let _ = client.oneshot(get()).await;
     assert_eq!(mine.snapshot().state, backstop::breaker::State::Open);
 }
+
+// ---- attack24: names as configuration ------------------------------------------------------
+
+/// A dependency that answers every call with `status`.
+fn answering(status: u16) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
+    service_fn(move |_req: Request<ReplayBody<String>>| async move {
+        let response = Response::builder().status(status).body(String::new());
+        Ok::<_, std::convert::Infallible>(response.unwrap())
+    })
+}
+
+/// `ClientLayer::name` (and the CHANGELOG) promise that two stacks named from clones of one
+/// template "are two dependencies, sharing nothing". The preset's adaptive throttle is
+/// renamed with `ThrottleLayer::named`, which keeps the template's `AdaptiveThrottle`: one
+/// dependency's overload makes the other stack refuse calls to a healthy dependency.
+#[tokio::test(start_paused = true)]
+async fn attack24_named_stacks_from_one_template_do_not_share_the_throttle_window() {
+    let template = backstop::client::http().max_attempts(1);
+    let inventory = template.clone().name("inventory");
+    let billing = template.name("billing");
+    // Inventory is overloaded: 429 (throttled: not accepted by the throttle, not counted by
+    // the breaker, not retried with one attempt).
+    let overloaded = tower::Layer::layer(&inventory, answering(429));
+    for _ in 0..100 {
+        let _ = overloaded.clone().oneshot(get()).await;
+    }
+    // The throttle's cached probability is recomputed at most every 100 ms.
+    tokio::time::advance(Duration::from_millis(200)).await;
+    // Billing is healthy and was never called.
+    let healthy = tower::Layer::layer(&billing, answering(200));
+    let mut refused = 0;
+    for _ in 0..20 {
+        if let Err(err) = healthy.clone().oneshot(get()).await {
+            assert!(
+                backstop_core::find::<backstop_core::ClientThrottled>(err.as_ref()).is_some(),
+                "{err}"
+            );
+            refused += 1;
+        }
+    }
+    assert_eq!(
+        refused, 0,
+        "billing's calls were refused by inventory's throttle window"
+    );
+    assert!(
+        !Arc::ptr_eq(
+            inventory.throttle_layer().throttle(),
+            billing.throttle_layer().throttle()
+        ),
+        "two named stacks share one AdaptiveThrottle"
+    );
+}
+
+/// Same promise, the retry budget: `RetryLayer::named` keeps the policy's budget (an `Arc` in
+/// the `RetryConfig`), so two stacks named from one template draw retries from one budget:
+/// inventory's failures leave billing no retry.
+#[tokio::test(start_paused = true)]
+async fn attack24_named_stacks_from_one_template_do_not_share_the_retry_budget() {
+    let template = backstop::client::http()
+        .max_attempts(2)
+        .throttle(backstop::retry::throttle::ThrottleLayer::off());
+    let inventory = template.clone().name("inventory");
+    let billing = template.name("billing");
+    // Inventory answers 429 (always retryable, not a breaker failure): its retries drain
+    // the budget until one is refused for it.
+    let overloaded = tower::Layer::layer(&inventory, answering(429));
+    let mut drained = false;
+    for _ in 0..200 {
+        let response = overloaded.clone().oneshot(get()).await.unwrap();
+        if backstop::client::call_info(&response).gave_up() == Some(backstop::retry::GiveUp::Budget)
+        {
+            drained = true;
+            break;
+        }
+    }
+    assert!(drained, "inventory's budget never ran out");
+    // Billing's first call fails once: its retry should come from a budget of its own.
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let flaky = service_fn(move |_req: Request<ReplayBody<String>>| {
+        let status = if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+            503
+        } else {
+            200
+        };
+        async move {
+            let response = Response::builder().status(status).body(String::new());
+            Ok::<_, std::convert::Infallible>(response.unwrap())
+        }
+    });
+    let response = tower::Layer::layer(&billing, flaky)
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            response.status(),
+            backstop::client::call_info(&response).gave_up()
+        ),
+        (http::StatusCode::OK, None),
+        "billing's retry was refused by the budget inventory drained"
+    );
+}
+
+/// `hedging_with` (its docs: "a fixed delay, or another quantile of
+/// `AttemptTimeoutLayer::hedge_delay`") then `name`: `name` replaces the stack's attempt layer
+/// by a new one with an empty model, so the delay read off the stack's attempt layer reads a
+/// model nothing feeds any more, never trusted: the stack never hedges. Named first, the same
+/// stack hedges (the control below).
+#[tokio::test(start_paused = true)]
+async fn attack24_hedging_with_a_measured_delay_still_hedges_after_name() {
+    async fn hedges_of(name_first: bool) -> u64 {
+        let stack =
+            backstop::client::http().throttle(backstop::retry::throttle::ThrottleLayer::off());
+        let stack = if name_first {
+            stack.name("search")
+        } else {
+            stack
+        };
+        let delay = stack.attempt_layer().hedge_delay(0.95).unwrap();
+        let stack = stack.hedging_with(backstop::retry::hedge::Hedging::new(delay));
+        let stack = if name_first {
+            stack
+        } else {
+            stack.name("search")
+        };
+        let client = ServiceBuilder::new()
+            .layer(stack.clone())
+            .service(scripted(|n| match n {
+                200 => Duration::from_secs(1),
+                _ => Duration::from_millis(20),
+            }));
+        assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+        tokio::time::advance(Duration::from_millis(200)).await;
+        client.clone().oneshot(get()).await.unwrap();
+        stack.retry_layer().stats().hedges
+    }
+    assert_eq!(hedges_of(true).await, 1, "control: named first, hedged");
+    assert_eq!(
+        hedges_of(false).await,
+        1,
+        "named after hedging_with: the delay reads the replaced attempt layer's model"
+    );
+}
