@@ -331,3 +331,41 @@ fn retrying_every_10ms() -> backstop_retry::RetryLayer<backstop_core::GrpcClassi
         .build()
         .unwrap()
 }
+
+/// attack24: `RetryLayer::with_config` is "the same layer's counters, name, route and
+/// metrics, with another policy"; `named` keeps the layer's `send_grpc_timeout(false)`, but
+/// `with_config` rebuilds the header rule from the policy: a layer told to write no
+/// `grpc-timeout` (a third-party API) writes it again once a knob is changed through
+/// `with_config(layer.config().clone().max_attempts(2))`.
+#[tokio::test(start_paused = true)]
+async fn attack24_with_config_keeps_send_grpc_timeout_false() {
+    async fn header_seen(
+        layer: backstop_retry::RetryLayer<backstop_core::GrpcClassifier>,
+    ) -> Option<Duration> {
+        let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+        let mut req = grpc();
+        req.extensions_mut().insert(Deadline::after(100 * MS));
+        let call = tokio::spawn(layer.layer(mock).oneshot(req));
+        let (first, send) = handle.next_request().await.unwrap();
+        send.send_response(status(0, None));
+        call.await.unwrap().unwrap();
+        header(&first)
+    }
+    let silent = RetryConfig::grpc()
+        .build()
+        .unwrap()
+        .send_grpc_timeout(false);
+    assert_eq!(
+        header_seen(silent.named("partner")).await,
+        None,
+        "named keeps it"
+    );
+    let fewer = silent
+        .with_config(silent.config().clone().max_attempts(2))
+        .unwrap();
+    assert_eq!(
+        header_seen(fewer).await,
+        None,
+        "with_config writes grpc-timeout again"
+    );
+}
