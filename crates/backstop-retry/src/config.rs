@@ -134,6 +134,9 @@ pub struct RetryConfig<C> {
     pub(crate) reserve: Option<Arc<dyn RetryReserve>>,
     pub(crate) send_grpc_timeout: bool,
     pub(crate) route: Option<Box<str>>,
+    /// The budget is the default one this config made (not given with `budget` or turned off):
+    /// a layer [named](crate::RetryLayer::named) from it gets a new one.
+    pub(crate) own_budget: bool,
 }
 
 impl RetryConfig<HttpClassifier> {
@@ -171,6 +174,7 @@ impl<C> RetryConfig<C> {
             reserve: None,
             send_grpc_timeout: true,
             route: None,
+            own_budget: true,
         }
     }
 
@@ -196,11 +200,13 @@ impl<C> RetryConfig<C> {
         self.backoff.least_first_delay()
     }
 
-    /// The retry budget, shared with whoever else holds the `Arc` (default: a new
-    /// [`RatioBudget`], shared by all clones of this layer).
+    /// The retry budget, shared with whoever else holds the `Arc`, layers
+    /// [named](crate::RetryLayer::named) from this one included (default: a new
+    /// [`RatioBudget`], shared by all clones of this layer; a named layer gets a new one).
     #[must_use]
     pub fn budget(mut self, budget: Arc<dyn Budget>) -> Self {
         self.budget = Some(budget);
+        self.own_budget = false;
         self
     }
 
@@ -209,6 +215,7 @@ impl<C> RetryConfig<C> {
     #[must_use]
     pub fn no_budget(mut self) -> Self {
         self.budget = None;
+        self.own_budget = false;
         self
     }
 
@@ -229,6 +236,7 @@ impl<C> RetryConfig<C> {
             reserve: self.reserve,
             send_grpc_timeout: self.send_grpc_timeout,
             route: self.route,
+            own_budget: self.own_budget,
         }
     }
 

@@ -42,7 +42,8 @@ impl<C> RetryLayer<C> {
     /// This layer's policy for the dependency `name`: its events carry the name as
     /// `dependency`, its metrics as the `dependency` label. Naming is configuration, done
     /// before the layer serves: the layer returned counts in stats of its own, with metric
-    /// handles of its own (its budget is the policy's, shared as the policy says), and the
+    /// handles of its own and, unless the policy was given a budget
+    /// ([`RetryConfig::budget`], shared with whoever holds it), a budget of its own; the
     /// layers cloned before keep theirs.
     ///
     /// ```
@@ -58,9 +59,13 @@ impl<C> RetryLayer<C> {
         C: Clone,
     {
         let ledger = Ledger::new(DependencyName::new(name), self.shared.ledger.route.clone());
+        let mut policy = self.shared.policy.clone();
+        if policy.own_budget {
+            policy.budget = Some(Arc::new(crate::budget::RatioBudget::new()));
+        }
         Self {
             header: self.header,
-            ..Self::with_ledger(self.shared.policy.clone(), Arc::new(ledger))
+            ..Self::with_ledger(policy, Arc::new(ledger))
         }
     }
 
@@ -79,8 +84,9 @@ impl<C> RetryLayer<C> {
         &self.shared.policy
     }
 
-    /// The same layer's counters, name, route and metrics, with another policy (checked as
-    /// [`RetryConfig::build`] checks it; its route is not read, the layer keeps its own):
+    /// The same layer's counters, name, route, metrics and `grpc-timeout` writing, with
+    /// another policy (checked as [`RetryConfig::build`] checks it; its route is not read, the
+    /// layer keeps its own):
     /// what this layer and its clones count and report goes on across the change, and the
     /// layers cloned before it keep the old policy. Give it a config derived from
     /// [`config`](Self::config) to change one knob:
@@ -100,7 +106,11 @@ impl<C> RetryLayer<C> {
     /// As [`RetryConfig::build`].
     pub fn with_config(&self, policy: RetryConfig<C>) -> Result<Self, backstop_core::ConfigError> {
         policy.validate()?;
-        Ok(Self::with_ledger(policy, self.shared.ledger.clone()))
+        Ok(Self {
+            // Who writes `grpc-timeout` is the layer's, as its name is.
+            header: self.header,
+            ..Self::with_ledger(policy, self.shared.ledger.clone())
+        })
     }
 
     pub(crate) fn from_policy(policy: RetryConfig<C>) -> Self {

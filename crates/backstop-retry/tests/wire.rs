@@ -332,13 +332,11 @@ fn retrying_every_10ms() -> backstop_retry::RetryLayer<backstop_core::GrpcClassi
         .unwrap()
 }
 
-/// attack24: `RetryLayer::with_config` is "the same layer's counters, name, route and
-/// metrics, with another policy"; `named` keeps the layer's `send_grpc_timeout(false)`, but
-/// `with_config` rebuilds the header rule from the policy: a layer told to write no
-/// `grpc-timeout` (a third-party API) writes it again once a knob is changed through
-/// `with_config(layer.config().clone().max_attempts(2))`.
+/// A layer told to write no `grpc-timeout` (a third-party API) still writes none once a knob is
+/// changed through `with_config`, as it does once `named` (found by an outside review:
+/// `with_config` took the header rule from the new policy).
 #[tokio::test(start_paused = true)]
-async fn attack24_with_config_keeps_send_grpc_timeout_false() {
+async fn with_config_keeps_the_layers_grpc_timeout_rule() {
     async fn header_seen(
         layer: backstop_retry::RetryLayer<backstop_core::GrpcClassifier>,
     ) -> Option<Duration> {

@@ -164,8 +164,12 @@ pub fn error_info(err: &(dyn std::error::Error + 'static)) -> Option<backstop_re
 /// How the preset hedges, kept so replacing the retry or attempt layer keeps it.
 #[derive(Debug, Clone)]
 enum Hedge {
-    /// Up to this many attempts, each after the measured p95.
-    Measured(u32),
+    /// Up to `max_attempts` attempts, each after the measured `quantile`, read from the
+    /// stack's attempt layer whenever it changes.
+    Measured {
+        quantile: f64,
+        max_attempts: u32,
+    },
     Custom(Hedging),
 }
 
@@ -314,9 +318,12 @@ impl<C> ClientLayer<C> {
     /// that has no name of its own (the stack's defaults, the layers [`timeout`](Self::timeout)
     /// and [`attempt_timeout`](Self::attempt_timeout) build, and a layer you passed in
     /// unnamed) is built again under the name, with state of its own (each layer's `named`).
-    /// Two stacks named from clones of one template are two dependencies, sharing nothing. A
-    /// layer you passed in with a name of its own is used exactly as you passed it, name and
-    /// state: name a layer yourself to share it between stacks.
+    /// Two stacks named from clones of one template are two dependencies: they share nothing
+    /// the stack made itself (breaker, latency model, retry budget, throttle, permits), only
+    /// what you gave explicitly to be shared (a [`RetryConfig::budget`], a throttle built
+    /// [`with`](ThrottleLayer::with) an `AdaptiveThrottle` of yours). A layer you passed in
+    /// with a name of its own is used exactly as you passed it, name and state: name a layer
+    /// yourself to share it between stacks.
     ///
     /// ```
     /// let template = backstop::client::http().max_attempts(2);
@@ -615,16 +622,43 @@ impl<C> ClientLayer<C> {
     ///
     /// Kept for [`build`](Self::build): `max_attempts` is not in `2..=10`.
     #[must_use]
-    pub fn hedging(mut self, max_attempts: u32) -> Self
+    pub fn hedging(self, max_attempts: u32) -> Self
     where
         C: Clone,
     {
-        self.hedging = Some(Hedge::Measured(max_attempts));
+        self.hedging_at(0.95, max_attempts)
+    }
+
+    /// Hedges as [`hedging`](Self::hedging) does, after the measured `quantile` of the
+    /// dependency's latency instead of its p95 (0.99: fewer calls hedged, later). The delay
+    /// is read from the stack's attempt layer when the stack is configured, so it follows a
+    /// replaced attempt layer and [`name`](Self::name).
+    ///
+    /// ```
+    /// let client = backstop::client::http().hedging_at(0.99, 2).name("search");
+    /// # let _ = client;
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Kept for [`build`](Self::build): `max_attempts` is not in `2..=10`, or `quantile` is
+    /// not in (0, 1).
+    #[must_use]
+    pub fn hedging_at(mut self, quantile: f64, max_attempts: u32) -> Self
+    where
+        C: Clone,
+    {
+        self.hedging = Some(Hedge::Measured {
+            quantile,
+            max_attempts,
+        });
         self.rehedge()
     }
 
-    /// Hedges as `hedging` says (e.g. a fixed delay, or another quantile of
-    /// [`AttemptTimeoutLayer::hedge_delay`]).
+    /// Hedges as `hedging` says (e.g. a fixed delay). A delay read off
+    /// [`attempt_layer`](Self::attempt_layer) ([`AttemptTimeoutLayer::hedge_delay`]) reads
+    /// that layer's model, which [`name`](Self::name) and [`attempt`](Self::attempt) replace:
+    /// for a measured quantile, use [`hedging_at`](Self::hedging_at), which follows them.
     ///
     /// # Errors
     ///
@@ -694,12 +728,15 @@ impl<C> ClientLayer<C> {
         match &self.hedging {
             None => {}
             Some(Hedge::Custom(h)) => policy = policy.hedging(h.clone()),
-            Some(Hedge::Measured(n)) => {
-                policy = policy.hedging(
-                    Hedging::new(self.attempt.hedge_delay(0.95).expect("a valid quantile"))
-                        .max_attempts(*n),
-                );
-            }
+            Some(Hedge::Measured {
+                quantile,
+                max_attempts,
+            }) => match self.attempt.hedge_delay(*quantile) {
+                Ok(delay) => {
+                    policy = policy.hedging(Hedging::new(delay).max_attempts(*max_attempts))
+                }
+                Err(e) => return self.failed(e),
+            },
         }
         if let Some(q) = self.reserve {
             match self.attempt.retry_reserve(q) {

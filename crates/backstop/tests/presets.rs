@@ -528,6 +528,7 @@ fn max_attempts_out_of_range_names_the_knob() {
             .build(),
         backstop::client::http().hedging(11).build(),
         backstop::client::http().retry_reserve(Some(1.5)).build(),
+        backstop::client::http().hedging_at(1.0, 2).build(),
     ];
     let knobs: Vec<_> = every
         .iter()
@@ -539,7 +540,8 @@ fn max_attempts_out_of_range_names_the_knob() {
             "timeout",
             "attempt_timeout",
             "hedging.max_attempts",
-            "reserve_quantile"
+            "reserve_quantile",
+            "hedge_quantile"
         ]
     );
 }
@@ -1232,7 +1234,8 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
     assert_eq!(mine.snapshot().state, backstop::breaker::State::Open);
 }
 
-// ---- attack24: names as configuration ------------------------------------------------------
+// Names as configuration: what two stacks named from one template share (nothing the stack
+// made itself), and what follows a `name` given after other knobs.
 
 /// A dependency that answers every call with `status`.
 fn answering(status: u16) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
@@ -1242,12 +1245,11 @@ fn answering(status: u16) -> impl backstop_test_support::Dependency<Request<Repl
     })
 }
 
-/// `ClientLayer::name` (and the CHANGELOG) promise that two stacks named from clones of one
-/// template "are two dependencies, sharing nothing". The preset's adaptive throttle is
-/// renamed with `ThrottleLayer::named`, which keeps the template's `AdaptiveThrottle`: one
-/// dependency's overload makes the other stack refuse calls to a healthy dependency.
+/// Two stacks named from one template have throttles of their own: one dependency's overload
+/// never makes the other stack refuse calls to a healthy dependency (found by an outside
+/// review: `ThrottleLayer::named` kept the template's `AdaptiveThrottle`).
 #[tokio::test(start_paused = true)]
-async fn attack24_named_stacks_from_one_template_do_not_share_the_throttle_window() {
+async fn named_stacks_from_one_template_do_not_share_the_throttle_window() {
     let template = backstop::client::http().max_attempts(1);
     let inventory = template.clone().name("inventory");
     let billing = template.name("billing");
@@ -1284,11 +1286,11 @@ async fn attack24_named_stacks_from_one_template_do_not_share_the_throttle_windo
     );
 }
 
-/// Same promise, the retry budget: `RetryLayer::named` keeps the policy's budget (an `Arc` in
-/// the `RetryConfig`), so two stacks named from one template draw retries from one budget:
-/// inventory's failures leave billing no retry.
+/// Two stacks named from one template have retry budgets of their own: inventory's failures
+/// leave billing its retries (found by an outside review: `RetryLayer::named` kept the
+/// policy's default budget).
 #[tokio::test(start_paused = true)]
-async fn attack24_named_stacks_from_one_template_do_not_share_the_retry_budget() {
+async fn named_stacks_from_one_template_do_not_share_the_retry_budget() {
     let template = backstop::client::http()
         .max_attempts(2)
         .throttle(backstop::retry::throttle::ThrottleLayer::off());
@@ -1335,13 +1337,13 @@ async fn attack24_named_stacks_from_one_template_do_not_share_the_retry_budget()
     );
 }
 
-/// `hedging_with` (its docs: "a fixed delay, or another quantile of
-/// `AttemptTimeoutLayer::hedge_delay`") then `name`: `name` replaces the stack's attempt layer
-/// by a new one with an empty model, so the delay read off the stack's attempt layer reads a
-/// model nothing feeds any more, never trusted: the stack never hedges. Named first, the same
-/// stack hedges (the control below).
+/// A measured hedge delay follows `name`, given before or after it: `name` gives the stack's
+/// attempt layer a new model, and `hedging_at` reads its delay from the stack's attempt
+/// layer whenever that changes (found by an outside review: a delay read off
+/// `attempt_layer()` and given to `hedging_with` read the replaced model, never trusted, and
+/// the stack never hedged).
 #[tokio::test(start_paused = true)]
-async fn attack24_hedging_with_a_measured_delay_still_hedges_after_name() {
+async fn a_measured_hedge_delay_follows_name_given_before_or_after_it() {
     async fn hedges_of(name_first: bool) -> u64 {
         let stack =
             backstop::client::http().throttle(backstop::retry::throttle::ThrottleLayer::off());
@@ -1350,8 +1352,7 @@ async fn attack24_hedging_with_a_measured_delay_still_hedges_after_name() {
         } else {
             stack
         };
-        let delay = stack.attempt_layer().hedge_delay(0.95).unwrap();
-        let stack = stack.hedging_with(backstop::retry::hedge::Hedging::new(delay));
+        let stack = stack.hedging_at(0.95, 2);
         let stack = if name_first {
             stack
         } else {
@@ -1368,10 +1369,6 @@ async fn attack24_hedging_with_a_measured_delay_still_hedges_after_name() {
         client.clone().oneshot(get()).await.unwrap();
         stack.retry_layer().stats().hedges
     }
-    assert_eq!(hedges_of(true).await, 1, "control: named first, hedged");
-    assert_eq!(
-        hedges_of(false).await,
-        1,
-        "named after hedging_with: the delay reads the replaced attempt layer's model"
-    );
+    assert_eq!(hedges_of(true).await, 1, "named first");
+    assert_eq!(hedges_of(false).await, 1, "named after hedging_at");
 }

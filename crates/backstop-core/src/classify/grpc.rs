@@ -96,7 +96,7 @@ impl GrpcClassifier {
 
 impl GrpcClassifier {
     /// The outcome the headers decide, or `None` for a gRPC stream committed by its headers
-    /// (a success so far; the trailers decide): `classify` and `classify_head` in one pass.
+    /// (a success so far; the trailers decide): `classify` and `awaits_trailers` in one pass.
     fn head<B>(&self, response: &Response<B>) -> Option<Outcome> {
         if response.extensions().get::<Rejection>().is_some() {
             return Some(Outcome::Rejected);

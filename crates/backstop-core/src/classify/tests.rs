@@ -288,8 +288,8 @@ fn transport_errors_through_the_source_chain() {
 }
 
 /// `classify_head`'s contract: the same answer as `classify` and, of a success,
-/// `awaits_trailers`. The gRPC classifier reads its headers once for it; the HTTP classifier
-/// keeps the default.
+/// `awaits_trailers`. Both classifiers override it: the gRPC one reads its headers once for
+/// it, the HTTP one answers its `classify` (its headers always decide).
 #[test]
 fn classify_head_answers_as_classify_and_awaits_trailers_do() {
     fn asked_apart<C: Classify<Response<()>>>(c: &C, r: &Response<()>) -> Option<Outcome> {

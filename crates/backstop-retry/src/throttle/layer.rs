@@ -38,21 +38,27 @@ impl<C> Clone for ThrottleLayer<C> {
 impl ThrottleLayer<HttpClassifier> {
     /// The default throttle for HTTP dependencies.
     pub fn http() -> Self {
-        Self::with(Arc::new(AdaptiveThrottle::new()), HttpClassifier::new())
+        Self::own(Some(HttpClassifier::new()))
     }
 }
 
 impl ThrottleLayer<GrpcClassifier> {
     /// The default throttle for gRPC dependencies.
     pub fn grpc() -> Self {
-        Self::with(Arc::new(AdaptiveThrottle::new()), GrpcClassifier::new())
+        Self::own(Some(GrpcClassifier::new()))
     }
 }
 
 impl<C> ThrottleLayer<C> {
     /// A layer counting into `throttle`, classifying with `classifier`.
     pub fn with(throttle: Arc<AdaptiveThrottle>, classifier: C) -> Self {
-        Self::from_parts(throttle, Some(classifier), DependencyName::default())
+        Self::from_parts(throttle, false, Some(classifier), DependencyName::default())
+    }
+
+    /// A layer with a throttle of its own, of the defaults.
+    fn own(classifier: Option<C>) -> Self {
+        let throttle = Arc::new(AdaptiveThrottle::new());
+        Self::from_parts(throttle, true, classifier, DependencyName::default())
     }
 
     /// A layer that refuses nothing and counts nothing: every call passes to the inner
@@ -68,21 +74,19 @@ impl<C> ThrottleLayer<C> {
     /// assert!(ThrottleLayer::http().is_on());
     /// ```
     pub fn off() -> Self {
-        Self::from_parts(
-            Arc::new(AdaptiveThrottle::new()),
-            None,
-            DependencyName::default(),
-        )
+        Self::own(None)
     }
 
     fn from_parts(
         throttle: Arc<AdaptiveThrottle>,
+        own_throttle: bool,
         classifier: Option<C>,
         name: DependencyName,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 throttle,
+                own_throttle,
                 classifier,
                 name,
                 #[cfg(feature = "metrics")]
@@ -103,9 +107,10 @@ impl<C> ThrottleLayer<C> {
 
     /// This layer's configuration for the dependency `name`: its events and metrics carry
     /// the name as `dependency`. Naming is configuration, done before the layer serves: the
-    /// layer returned counts into the same [`AdaptiveThrottle`] (the state the throttle is
-    /// built around, shared as [`with`](Self::with) says), with a name and metric handles of
-    /// its own; the layers cloned before keep theirs.
+    /// layer returned has a name and metric handles of its own, and a throttle of its own
+    /// (of the defaults) when this layer made its own ([`http`](ThrottleLayer::http),
+    /// [`grpc`](ThrottleLayer::grpc)); a throttle given [`with`](Self::with) is shared, as
+    /// given. The layers cloned before keep theirs.
     ///
     /// ```
     /// use backstop_retry::throttle::ThrottleLayer;
@@ -118,9 +123,15 @@ impl<C> ThrottleLayer<C> {
     where
         C: Clone,
     {
+        let shared = &self.shared;
+        let throttle = match shared.own_throttle {
+            true => Arc::new(AdaptiveThrottle::new()),
+            false => shared.throttle.clone(),
+        };
         Self::from_parts(
-            self.shared.throttle.clone(),
-            self.shared.classifier.clone(),
+            throttle,
+            shared.own_throttle,
+            shared.classifier.clone(),
             DependencyName::new(name),
         )
     }

@@ -11,6 +11,9 @@ use tower_service::Service;
 #[derive(Debug)]
 pub(crate) struct Shared<C> {
     pub(crate) throttle: Arc<AdaptiveThrottle>,
+    /// The layer made `throttle` (of the defaults) rather than being given it: a layer named
+    /// from it gets a new one.
+    pub(crate) own_throttle: bool,
     /// `None`: the layer is off (every call passes, nothing is counted).
     pub(crate) classifier: Option<C>,
     pub(crate) name: backstop_core::__private::DependencyName,
