@@ -367,3 +367,34 @@ async fn with_config_keeps_the_layers_grpc_timeout_rule() {
         "with_config writes grpc-timeout again"
     );
 }
+
+/// attack24b: `with_config` now keeps the layer's header rule whatever the new policy says, so
+/// the one knob of the policy that sets that rule, `RetryConfig::send_grpc_timeout`, is dead
+/// through `with_config`: "give it a config derived from `config` to change one knob", the
+/// knob changed is `send_grpc_timeout(false)` (a third-party API), and every attempt still
+/// carries `grpc-timeout` while `config()` says it is not sent.
+#[tokio::test(start_paused = true)]
+async fn attack24b_with_config_honours_a_changed_send_grpc_timeout_knob() {
+    async fn header_seen(
+        layer: backstop_retry::RetryLayer<backstop_core::GrpcClassifier>,
+    ) -> Option<Duration> {
+        let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+        let mut req = grpc();
+        req.extensions_mut().insert(Deadline::after(100 * MS));
+        let call = tokio::spawn(layer.layer(mock).oneshot(req));
+        let (first, send) = handle.next_request().await.unwrap();
+        send.send_response(status(0, None));
+        call.await.unwrap().unwrap();
+        header(&first)
+    }
+    let writing = RetryConfig::grpc().build().unwrap();
+    assert!(header_seen(writing.clone()).await.is_some(), "control: the default writes it");
+    let silenced = writing
+        .with_config(writing.config().clone().send_grpc_timeout(false))
+        .unwrap();
+    assert_eq!(
+        header_seen(silenced).await,
+        None,
+        "the policy given to with_config says send_grpc_timeout(false)"
+    );
+}
