@@ -1372,3 +1372,34 @@ async fn a_measured_hedge_delay_follows_name_given_before_or_after_it() {
     assert_eq!(hedges_of(true).await, 1, "named first");
     assert_eq!(hedges_of(false).await, 1, "named after hedging_at");
 }
+
+/// attack24b: `ClientLayer::name` promises "a layer you passed in with a name of its own is
+/// used exactly as you passed it, name and state: name a layer yourself to share it between
+/// stacks". An attempt layer named by the user and passed to two stacks whose breakers are
+/// keyed is keyed again by each stack (`rekeyed` wraps it in a `Keyed` of its own on every
+/// `new`/`name`/`breaker`/`attempt`): the per-route latency models, the only ones a keyed
+/// stack's calls feed, are not shared, so the second stack bounds and hedges `/x` from an
+/// empty model although the first measured it.
+#[tokio::test(start_paused = true)]
+async fn attack24b_a_named_attempt_layer_passed_to_two_keyed_stacks_is_shared() {
+    let shared = backstop::AttemptTimeoutLayer::new(backstop::AttemptBound::Adaptive(
+        backstop::Adaptive::new(),
+    ))
+    .unwrap()
+    .named("search");
+    let template = backstop::client::http()
+        .throttle(backstop::retry::throttle::ThrottleLayer::off())
+        .breaker(path_keyed_breaker());
+    let first = template.clone().attempt(shared.clone()).name("search");
+    let second = template.attempt(shared.clone()).name("search");
+    let client = ServiceBuilder::new()
+        .layer(first.clone())
+        .service(scripted(|_| Duration::from_millis(20)));
+    assert_eq!(load!(client, 50, Duration::from_millis(10)), 50);
+    assert_eq!(first.attempt_layer().keys(), vec!["/x".to_owned()]);
+    assert_eq!(
+        second.attempt_layer().keys(),
+        first.attempt_layer().keys(),
+        "the attempt layer passed with a name to both stacks keeps per-route models apart"
+    );
+}
