@@ -1403,3 +1403,33 @@ async fn attack24b_a_named_attempt_layer_passed_to_two_keyed_stacks_is_shared() 
         "the attempt layer passed with a name to both stacks keeps per-route models apart"
     );
 }
+
+/// attack24b: `hedging_with`'s docs name what replaces the model a delay read off
+/// `attempt_layer()` reads: "name and attempt". A keyed `breaker` replaces it too (the stack
+/// keys its attempt layer, and a keyed layer's own model only takes calls without a key of
+/// their own): a stack told `hedging_with(attempt_layer().hedge_delay(0.95))` and then given
+/// a path-keyed breaker, named first so `name` is not the cause, never hedges.
+#[tokio::test(start_paused = true)]
+async fn attack24b_hedging_with_a_delay_read_off_attempt_layer_survives_a_keyed_breaker() {
+    let stack = backstop::client::http()
+        .throttle(backstop::retry::throttle::ThrottleLayer::off())
+        .name("search");
+    let delay = stack.attempt_layer().hedge_delay(0.95).unwrap();
+    let stack = stack
+        .hedging_with(backstop::retry::hedge::Hedging::new(delay))
+        .breaker(path_keyed_breaker());
+    let client = ServiceBuilder::new()
+        .layer(stack.clone())
+        .service(scripted(|n| match n {
+            200 => Duration::from_secs(1),
+            _ => Duration::from_millis(20),
+        }));
+    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(
+        stack.retry_layer().stats().hedges,
+        1,
+        "breaker(keyed) after hedging_with: the delay reads a model no keyed call feeds"
+    );
+}
