@@ -84,9 +84,9 @@ impl<C> RetryLayer<C> {
         &self.shared.policy
     }
 
-    /// The same layer's counters, name, route, metrics and `grpc-timeout` writing, with
-    /// another policy (checked as [`RetryConfig::build`] checks it; its route is not read, the
-    /// layer keeps its own):
+    /// The same layer's counters, name, route, metrics and `grpc-timeout` writing (unless the
+    /// policy changes [`RetryConfig::send_grpc_timeout`]), with another policy (checked as
+    /// [`RetryConfig::build`] checks it; its route is not read, the layer keeps its own):
     /// what this layer and its clones count and report goes on across the change, and the
     /// layers cloned before it keep the old policy. Give it a config derived from
     /// [`config`](Self::config) to change one knob:
@@ -106,10 +106,16 @@ impl<C> RetryLayer<C> {
     /// As [`RetryConfig::build`].
     pub fn with_config(&self, policy: RetryConfig<C>) -> Result<Self, backstop_core::ConfigError> {
         policy.validate()?;
-        Ok(Self {
-            // Who writes `grpc-timeout` is the layer's, as its name is.
-            header: self.header,
-            ..Self::with_ledger(policy, self.shared.ledger.clone())
+        // Who writes `grpc-timeout` stays the layer's (`send_grpc_timeout`,
+        // `grpc_timeout_written_inside`) unless the policy changes the knob.
+        let keeps = policy.send_grpc_timeout == self.shared.policy.send_grpc_timeout;
+        let derived = Self::with_ledger(policy, self.shared.ledger.clone());
+        Ok(match keeps {
+            true => Self {
+                header: self.header,
+                ..derived
+            },
+            false => derived,
         })
     }
 

@@ -259,12 +259,13 @@ impl<C> ClientLayer<C> {
 
     /// Keys the attempt layer's latency models as the breaker's breakers are keyed (same
     /// [`BreakerKey`](backstop_breaker::BreakerKey), same `max_keys`), unless the attempt
-    /// layer has a key of its own: decided here, when the stack is configured, never per
+    /// layer has a key of its own or was passed in with a name (used as passed): decided here, when the stack is configured, never per
     /// request. A route then gets its own bound, hedge delay and retry reserve, as it gets its
     /// own breaker.
     fn rekeyed(mut self) -> Self {
         self.attempt = match (self.own_attempt.key(), self.breaker.key()) {
-            (None, Some((key, max_keys))) => {
+            // A layer passed in with a name is used as passed (it may be another stack's).
+            (None, Some((key, max_keys))) if !self.passed.attempt => {
                 match self.own_attempt.per_key(key.clone(), max_keys) {
                     Ok(keyed) => keyed,
                     Err(e) => return self.failed(e),
@@ -518,7 +519,8 @@ impl<C> ClientLayer<C> {
 
     /// Replaces the breaker. A keyed breaker ([`BreakerConfig::per_key`]) keys the attempt
     /// layer's latency models the same way, unless that layer has a key of its own
-    /// ([`AttemptTimeoutLayer::per_key`]): each route is then bounded, hedged and given a
+    /// ([`AttemptTimeoutLayer::per_key`]) or was passed in with a name (used as passed, so it
+    /// can be shared: key it yourself): each route is then bounded, hedged and given a
     /// retry reserve from its own measured latency, so a rare slow route is not cut at the
     /// bound the fast ones set (see [`backstop::timeout`](crate::timeout)).
     #[must_use]
@@ -590,7 +592,9 @@ impl<C> ClientLayer<C> {
     }
 
     /// Replaces the attempt bound and its latency model (tuned [`Adaptive`] knobs, a fixed
-    /// bound, or none). Measured hedging, when set, then reads the new model.
+    /// bound, or none). Measured hedging, when set, then reads the new model. A layer with a
+    /// name of its own is used as passed, and so is not keyed after a keyed breaker: give it
+    /// its key with [`AttemptTimeoutLayer::per_key`] to share per-route models between stacks.
     #[must_use]
     pub fn attempt(mut self, layer: AttemptTimeoutLayer) -> Self
     where
@@ -632,7 +636,7 @@ impl<C> ClientLayer<C> {
     /// Hedges as [`hedging`](Self::hedging) does, after the measured `quantile` of the
     /// dependency's latency instead of its p95 (0.99: fewer calls hedged, later). The delay
     /// is read from the stack's attempt layer when the stack is configured, so it follows a
-    /// replaced attempt layer and [`name`](Self::name).
+    /// replaced attempt layer, [`name`](Self::name) and a keyed [`breaker`](Self::breaker).
     ///
     /// ```
     /// let client = backstop::client::http().hedging_at(0.99, 2).name("search");
@@ -657,8 +661,9 @@ impl<C> ClientLayer<C> {
 
     /// Hedges as `hedging` says (e.g. a fixed delay). A delay read off
     /// [`attempt_layer`](Self::attempt_layer) ([`AttemptTimeoutLayer::hedge_delay`]) reads
-    /// that layer's model, which [`name`](Self::name) and [`attempt`](Self::attempt) replace:
-    /// for a measured quantile, use [`hedging_at`](Self::hedging_at), which follows them.
+    /// that layer's model, which [`name`](Self::name), [`attempt`](Self::attempt) and a keyed
+    /// [`breaker`](Self::breaker) replace: for a measured quantile, use
+    /// [`hedging_at`](Self::hedging_at), which follows them.
     ///
     /// # Errors
     ///
