@@ -40,12 +40,11 @@ impl<B, C> BreakerBody<B, C> {
         }
     }
 
-    /// The inner body; `watch`: the permit that waits for the trailers, if the headers did
-    /// not decide.
-    pub(crate) fn watching(body: B, watch: Option<Permit<C>>) -> Self {
+    /// The inner body, with the permit that waits for its trailers.
+    pub(crate) fn watching(body: B, permit: Permit<C>) -> Self {
         Self {
             inner: ResponseBody::new(body),
-            watch,
+            watch: Some(permit),
         }
     }
 

@@ -121,7 +121,7 @@ impl<C> Permit<C> {
                 self.finish(outcome);
                 response.map(BreakerBody::new)
             }
-            None => response.map(|body| BreakerBody::watching(body, Some(self))),
+            None => response.map(|body| BreakerBody::watching(body, self)),
         }
     }
 }

@@ -109,14 +109,11 @@ impl<C> RetryLayer<C> {
         // Who writes `grpc-timeout` stays the layer's (`send_grpc_timeout`,
         // `grpc_timeout_written_inside`) unless the policy changes the knob.
         let keeps = policy.send_grpc_timeout == self.shared.policy.send_grpc_timeout;
-        let derived = Self::with_ledger(policy, self.shared.ledger.clone());
-        Ok(match keeps {
-            true => Self {
-                header: self.header,
-                ..derived
-            },
-            false => derived,
-        })
+        let mut derived = Self::with_ledger(policy, self.shared.ledger.clone());
+        if keeps {
+            derived.header = self.header;
+        }
+        Ok(derived)
     }
 
     pub(crate) fn from_policy(policy: RetryConfig<C>) -> Self {

@@ -232,7 +232,12 @@ impl<C> ClientLayer<C> {
     /// kind: [`http()`] and [`grpc()`] add theirs); add them with
     /// [`throttle`](Self::throttle) and [`bulkhead`](Self::bulkhead).
     pub fn new(retry: RetryLayer<C>, breaker: BreakerLayer<C>) -> Self {
-        let (retry_named, breaker_named) = (retry.name().to_owned(), breaker.name().to_owned());
+        // Layers passed in with a name are kept as passed (see `name`).
+        let passed = Passed {
+            retry: !retry.name().is_empty(),
+            breaker: !breaker.name().is_empty(),
+            ..Passed::default()
+        };
         let attempt = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
             .expect("the defaults are valid");
         Self {
@@ -247,11 +252,7 @@ impl<C> ClientLayer<C> {
             hedging: None,
             reserve: None,
             name: None,
-            passed: Passed {
-                retry: !retry_named.is_empty(),
-                breaker: !breaker_named.is_empty(),
-                ..Passed::default()
-            },
+            passed,
             error: None,
         }
         .rekeyed()

@@ -21,6 +21,14 @@ fn get() -> Request<String> {
     Request::get("http://dep/x").body(String::new()).unwrap()
 }
 
+/// A dependency that answers every call with `status`.
+fn answering(status: u16) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
+    service_fn(move |_req: Request<ReplayBody<String>>| async move {
+        let response = Response::builder().status(status).body(String::new());
+        Ok::<_, std::convert::Infallible>(response.unwrap())
+    })
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_outage_costs_the_dependency_probes_not_retries() {
     let hits = Arc::new(AtomicU32::new(0));
@@ -1151,17 +1159,11 @@ async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
 /// counting into it with its old policy, and the new clone counts into it too.
 #[tokio::test(start_paused = true)]
 async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
-    let failing = || {
-        service_fn(|_req: Request<ReplayBody<String>>| async {
-            let response = Response::builder().status(503).body(String::new());
-            Ok::<_, std::convert::Infallible>(response.unwrap())
-        })
-    };
     let three = backstop::client::http()
         .name("inventory")
         // Three failures in a row would trip the throttle, which is not under test.
         .throttle(backstop::retry::throttle::ThrottleLayer::off());
-    let client = tower::Layer::layer(&three, failing());
+    let client = tower::Layer::layer(&three, answering(503));
     client.oneshot(get()).await.unwrap();
     assert_eq!(
         three.retry_layer().stats().retries,
@@ -1176,11 +1178,11 @@ async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
         .retry_reserve(Some(0.9));
     assert_eq!(two.retry_layer().stats().retries, 2, "the stats go on");
     assert_eq!(two.retry_layer().name(), "inventory");
-    tower::Layer::layer(&two, failing())
+    tower::Layer::layer(&two, answering(503))
         .oneshot(get())
         .await
         .unwrap();
-    tower::Layer::layer(&three, failing())
+    tower::Layer::layer(&three, answering(503))
         .oneshot(get())
         .await
         .unwrap();
@@ -1195,25 +1197,19 @@ async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
 /// the stack's calls), and one passed unnamed is named as the stack.
 #[tokio::test(start_paused = true)]
 async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept() {
-    let failing = || {
-        service_fn(|_req: Request<ReplayBody<String>>| async {
-            let response = Response::builder().status(503).body(String::new());
-            Ok::<_, std::convert::Infallible>(response.unwrap())
-        })
-    };
     let template = backstop::client::http()
         .max_attempts(1)
         .throttle(backstop::retry::throttle::ThrottleLayer::off())
         .breaker(opens_after_two());
     let inventory = template.clone().name("inventory");
     let billing = template.name("billing");
-    let client = tower::Layer::layer(&inventory, failing());
+    let client = tower::Layer::layer(&inventory, answering(503));
     for _ in 0..2 {
         client.clone().oneshot(get()).await.unwrap();
     }
     let err = client.clone().oneshot(get()).await.unwrap_err();
     assert!(backstop::is_breaker_open(err.as_ref()), "{err}");
-    let other = tower::Layer::layer(&billing, failing());
+    let other = tower::Layer::layer(&billing, answering(503));
     let response = other.oneshot(get()).await.unwrap();
     assert_eq!(
         response.status(),
@@ -1228,7 +1224,7 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
         .name("search")
         .breaker(mine.clone());
     assert_eq!(stack.breaker_layer().name(), "shared-breaker");
-    let client = tower::Layer::layer(&stack, failing());
+    let client = tower::Layer::layer(&stack, answering(503));
     // Its two failures open it: the caller's handle sees them.
     let _ = client.oneshot(get()).await;
     assert_eq!(mine.snapshot().state, backstop::breaker::State::Open);
@@ -1236,14 +1232,6 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
 
 // Names as configuration: what two stacks named from one template share (nothing the stack
 // made itself), and what follows a `name` given after other knobs.
-
-/// A dependency that answers every call with `status`.
-fn answering(status: u16) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
-    service_fn(move |_req: Request<ReplayBody<String>>| async move {
-        let response = Response::builder().status(status).body(String::new());
-        Ok::<_, std::convert::Infallible>(response.unwrap())
-    })
-}
 
 /// Two stacks named from one template have throttles of their own: one dependency's overload
 /// never makes the other stack refuse calls to a healthy dependency (found by an outside

@@ -124,9 +124,10 @@ impl<C> ThrottleLayer<C> {
         C: Clone,
     {
         let shared = &self.shared;
-        let throttle = match shared.own_throttle {
-            true => Arc::new(AdaptiveThrottle::new()),
-            false => shared.throttle.clone(),
+        let throttle = if shared.own_throttle {
+            Arc::new(AdaptiveThrottle::new())
+        } else {
+            shared.throttle.clone()
         };
         Self::from_parts(
             throttle,
