@@ -186,7 +186,12 @@ pub fn backstop_full_pending() -> impl Stack {
 /// [`backstop_preset`] around a dependency answering after one pending poll.
 pub fn backstop_preset_pending() -> impl Stack {
     ServiceBuilder::new()
-        .layer(preset_1s().attempt_timeout(Duration::from_millis(500)))
+        .layer(
+            preset_1s()
+                .attempt_timeout(Duration::from_millis(500))
+                .build()
+                .unwrap(),
+        )
         .service(replay_target_pending())
 }
 
@@ -290,12 +295,17 @@ fn resilience_breaker_with(
 /// ratio budget → breaker → attempt timeout of 500 ms) around the ready service.
 pub fn backstop_preset() -> impl Stack {
     ServiceBuilder::new()
-        .layer(preset_1s().attempt_timeout(Duration::from_millis(500)))
+        .layer(
+            preset_1s()
+                .attempt_timeout(Duration::from_millis(500))
+                .build()
+                .unwrap(),
+        )
         .service(replay_target())
 }
 
 /// The HTTP client preset with `PropagateDeadline`'s 1 s timeout.
-fn preset_1s() -> backstop::ClientLayer<backstop_core::HttpClassifier> {
+fn preset_1s() -> backstop::ClientBuilder<backstop_core::HttpClassifier> {
     let deadline = PropagateDeadlineLayer::builder()
         .timeout(Duration::from_secs(1))
         .build()
@@ -307,7 +317,7 @@ fn preset_1s() -> backstop::ClientLayer<backstop_core::HttpClassifier> {
 /// by measured latency.
 pub fn backstop_preset_adaptive() -> impl Stack {
     ServiceBuilder::new()
-        .layer(preset_1s())
+        .layer(preset_1s().build().unwrap())
         .service(replay_target())
 }
 

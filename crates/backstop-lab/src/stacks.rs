@@ -318,6 +318,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             if let Some(limit) = config.bulkhead {
                 preset = preset.bulkhead(BulkheadLayer::new(limit).expect("a valid limit"));
             }
+            let preset = preset.build().expect("a valid client stack");
             let _ = config.latency.set(preset.attempt_layer().clone());
             BoxCloneService::new(
                 ServiceBuilder::new()

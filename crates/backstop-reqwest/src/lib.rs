@@ -11,7 +11,7 @@
 //! # #[allow(dead_code)]
 //! # async fn run() -> Result<(), backstop::BoxError> {
 //! let inventory = ServiceBuilder::new()
-//!     .layer(backstop::client::http().name("inventory").timeout(Duration::from_secs(2)))
+//!     .layer(backstop::client::http().name("inventory").timeout(Duration::from_secs(2)).build()?)
 //!     .service(Reqwest::new(reqwest::Client::new()));
 //! let request = http::Request::put("http://127.0.0.1:3000/item/1")
 //!     .body(Full::new(Bytes::from_static(b"{\"count\": 3}")))?;

@@ -30,6 +30,17 @@
 //!   A response says what the call did in its `CallInfo` extension (`backstop::client::call_info`
 //!   reads it through [`Response::extensions`](reqwest::Response::extensions)).
 //!
+//! Only a checked stack goes in: `BackstopMiddleware::new(backstop::client::http())` without
+//! `.build()?` does not compile, so a misconfigured preset is an error where the client is
+//! built, never a panic at its first request:
+//!
+//! ```compile_fail
+//! let _ = backstop_reqwest::BackstopMiddleware::new(backstop::client::http().max_attempts(20));
+//! let _client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(backstop_reqwest::BackstopMiddleware::new(backstop::client::http().max_attempts(20)))
+//!     .build();
+//! ```
+//!
 //! # Order
 //!
 //! Middlewares added before this one run once per call; those after it run once per attempt.
@@ -43,7 +54,7 @@
 //! # #[allow(dead_code)]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-//!     .with(BackstopMiddleware::new(backstop::client::http().name("inventory")))
+//!     .with(BackstopMiddleware::new(backstop::client::http().name("inventory").build()?))
 //!     .build();
 //! let response = client
 //!     .put("http://127.0.0.1:3000/item/1")
@@ -87,7 +98,10 @@ pub struct BackstopMiddleware<L> {
 }
 
 impl<L> BackstopMiddleware<L> {
-    /// Runs `layer` around the rest of the middleware chain, for every request.
+    /// Runs `layer` around the rest of the middleware chain, for every request. A backstop
+    /// preset goes in as `ClientBuilder::build` returns it (a checked `ClientLayer`): an
+    /// unchecked `ClientBuilder` is not a layer, so a misconfiguration is
+    /// an error where the client is built, never a panic at its first request.
     pub fn new(layer: L) -> Self {
         Self { layer }
     }
@@ -138,6 +152,10 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let next = self.next.clone();
         let mut extensions = self.extensions.clone();
+        // A middleware below reads the attempt's deadline, not the one the call was given.
+        if let Some(deadline) = request.extensions().get::<backstop_deadline::Deadline>() {
+            extensions.insert(*deadline);
+        }
         let request = request.map(|body| reqwest::Body::wrap(SyncBody::new(body)));
         Box::pin(async move {
             let request = reqwest::Request::try_from(request)?;
@@ -189,6 +207,10 @@ where
             Ok(request) => request,
             Err(e) => return Err(e.into()),
         };
+        // The chain's extensions first, then the deadline: the earliest of a `Deadline` the
+        // chain or the request carries and the request's timeout (extending after would let
+        // a later `Deadline` in the chain replace an earlier timeout).
+        request.extensions_mut().extend(extensions.clone());
         if let Some(timeout) = timeout {
             let deadline = backstop_deadline::Deadline::after(timeout);
             let earliest = match request.extensions().get::<backstop_deadline::Deadline>() {
@@ -197,7 +219,6 @@ where
             };
             request.extensions_mut().insert(earliest);
         }
-        request.extensions_mut().extend(extensions.clone());
         let mut service = self.layer.layer(NextService {
             next,
             extensions: extensions.clone(),

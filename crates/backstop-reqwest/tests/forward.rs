@@ -63,7 +63,7 @@ async fn an_axum_body_is_forwarded_through_reqwest_and_replayed_byte_for_byte() 
     .await;
 
     let client: Client = tower::ServiceBuilder::new()
-        .layer(backstop::client::http().name("upstream"))
+        .layer(backstop::client::http().name("upstream").build().unwrap())
         .service(Reqwest::new(reqwest::Client::new()));
     let front = Router::new()
         .route("/forward", put(forward))

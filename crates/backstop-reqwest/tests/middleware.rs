@@ -107,7 +107,7 @@ impl Middleware for Count {
 fn client() -> ClientWithMiddleware {
     ClientBuilder::new(reqwest::Client::new())
         .with(BackstopMiddleware::new(
-            backstop::client::http().name("upstream"),
+            backstop::client::http().name("upstream").build().unwrap(),
         ))
         .build()
 }
@@ -142,7 +142,7 @@ async fn a_put_is_retried_through_503s_with_the_same_bytes_and_reqwests_response
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(outer.clone())
         .with(BackstopMiddleware::new(
-            backstop::client::http().name("upstream"),
+            backstop::client::http().name("upstream").build().unwrap(),
         ))
         .with(inner.clone())
         .build();
@@ -297,7 +297,7 @@ async fn a_connection_refused_is_reqwests_own_error_after_the_retries() {
     let count = Count::default();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(BackstopMiddleware::new(
-            backstop::client::http().name("gone"),
+            backstop::client::http().name("gone").build().unwrap(),
         ))
         .with(count.clone())
         .build();
@@ -319,11 +319,48 @@ async fn a_connection_refused_is_reqwests_own_error_after_the_retries() {
 #[tokio::test]
 async fn the_layers_stats_are_reachable_from_the_middleware() {
     let (base, _server) = serve().await;
-    let middleware = BackstopMiddleware::new(backstop::client::http().name("upstream"));
+    let middleware =
+        BackstopMiddleware::new(backstop::client::http().name("upstream").build().unwrap());
     let stats = middleware.get_ref().clone();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build();
     client.get(format!("{base}/flaky")).send().await.unwrap();
     assert_eq!(stats.retry_layer().stats().retries, 2);
+}
+
+/// The earliest of reqwest's `.timeout()` and a `Deadline` in the chain's extensions bounds the
+/// call, whichever is set how: a longer extension never stretches a shorter timeout, nor a
+/// longer timeout a shorter extension, and the server is told the earlier one.
+#[tokio::test]
+async fn the_earliest_of_timeout_and_a_deadline_extension_wins() {
+    let (base, server) = serve().await;
+    let client = client();
+    for (timeout, extension) in [(200, 2_000), (2_000, 200)] {
+        let started = Instant::now();
+        let err = client
+            .get(format!("{base}/hang"))
+            .timeout(Duration::from_millis(timeout))
+            .with_extension(backstop_deadline::Deadline::after(Duration::from_millis(
+                extension,
+            )))
+            .send()
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(1_000),
+            "timeout {timeout} ms, extension {extension} ms: held {took:?}"
+        );
+        assert!(
+            matches!(err, reqwest_middleware::Error::Middleware(_)),
+            "{err:?}"
+        );
+    }
+    let seen = server.seen("/hang");
+    assert!(!seen.is_empty());
+    for s in &seen {
+        let sent = s.grpc_timeout.as_deref().expect("grpc-timeout sent");
+        assert!(grpc_timeout(sent) <= Duration::from_millis(200), "{sent}");
+    }
 }

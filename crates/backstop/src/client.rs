@@ -11,7 +11,8 @@ use backstop_retry::{Retry, RetryConfig, RetryLayer, hedge::Hedging};
 use std::time::Duration;
 use tower_layer::Layer;
 
-/// The client stack as one layer:
+/// The client stack's configuration, checked by [`build`](Self::build) into the
+/// [`ClientLayer`] that stacks it, as one layer:
 /// `PropagateDeadline → Bulkhead → Throttle → IdempotencyKey → Retry → Breaker → attempt
 /// timeout → your client` (the bulkhead limits nothing unless [`bulkhead`](Self::bulkhead)
 /// gives it a limit; the key layer stamps nothing unless
@@ -48,10 +49,11 @@ use tower_layer::Layer;
 /// with `grpc-retry-pushback-ms: -1`.
 ///
 /// Its setters never panic: a value out of range (a zero timeout, 11 attempts) is kept, with
-/// the knob it belongs to, for [`build`](ClientLayer::build), which returns it as a
-/// [`ConfigError`]; a stack layered without that check panics with it when it is built.
+/// the knob it belongs to, for [`build`](ClientBuilder::build), which returns it as a
+/// [`ConfigError`]. Only what `build` returns is a [`Layer`]: an unchecked stack cannot be
+/// layered, nor handed to `backstop_reqwest::BackstopMiddleware`.
 #[derive(Debug, Clone)]
-pub struct ClientLayer<C> {
+pub struct ClientBuilder<C> {
     deadline: PropagateDeadlineLayer,
     bulkhead: BulkheadLayer,
     throttle: ThrottleLayer<C>,
@@ -59,24 +61,24 @@ pub struct ClientLayer<C> {
     retry: RetryLayer<C>,
     breaker: BreakerLayer<C>,
     /// The attempt layer the stack uses: `own_attempt`, keyed as the breaker is when the
-    /// breaker is keyed and `own_attempt` has no key of its own ([`ClientLayer::breaker`]).
+    /// breaker is keyed and `own_attempt` has no key of its own ([`ClientBuilder::breaker`]).
     attempt: AttemptTimeoutLayer,
-    /// The attempt layer as given ([`ClientLayer::attempt`]) or the default.
+    /// The attempt layer as given ([`ClientBuilder::attempt`]) or the default.
     own_attempt: AttemptTimeoutLayer,
     hedging: Option<Hedge>,
     /// The quantile of the attempt layer's model a retry must have left
-    /// ([`ClientLayer::retry_reserve`]), kept so replacing the retry or attempt layer keeps it.
+    /// ([`ClientBuilder::retry_reserve`]), kept so replacing the retry or attempt layer keeps it.
     reserve: Option<f64>,
-    /// The dependency's name ([`ClientLayer::name`]).
+    /// The dependency's name ([`ClientBuilder::name`]).
     name: Option<std::sync::Arc<str>>,
     /// Which layers were passed in named: used as given, never renamed.
     passed: Passed,
-    /// The first misconfiguration a setter met, kept for [`ClientLayer::build`]: setters
+    /// The first misconfiguration a setter met, kept for [`ClientBuilder::build`]: setters
     /// never panic.
     error: Option<ConfigError>,
 }
 
-/// Which of a [`ClientLayer`]'s layers the user passed in with a name of their own: kept
+/// Which of a [`ClientBuilder`]'s layers the user passed in with a name of their own: kept
 /// exactly as given (the stack never renames or rebuilds a layer that may be shared with
 /// another stack). The others (the stack's own, and those passed in unnamed) take the
 /// stack's name.
@@ -175,13 +177,13 @@ enum Hedge {
 
 /// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], the bulkhead off,
 /// [`ThrottleLayer::http`] (adaptive throttling with its defaults; why on, and the bulkhead
-/// off: [`ClientLayer`]), [`RetryConfig::http`] (3 attempts, decorrelated jitter, the 10 %
+/// off: [`ClientBuilder`]), [`RetryConfig::http`] (3 attempts, decorrelated jitter, the 10 %
 /// ratio budget), the breaker of [`http_breaker`], and attempts bounded by measured latency
 /// ([`Adaptive`]: p99 × 3, from a floor of p99 × 20 held
 /// between 250 ms and 1 s to 10 s, 10 s until 100 calls are measured; see
 /// [`timeout`](crate::timeout)).
-pub fn http() -> ClientLayer<HttpClassifier> {
-    ClientLayer::new(
+pub fn http() -> ClientBuilder<HttpClassifier> {
+    ClientBuilder::new(
         RetryConfig::http().build().expect("the defaults are valid"),
         http_breaker().build().expect("the defaults are valid"),
     )
@@ -192,8 +194,8 @@ pub fn http() -> ClientLayer<HttpClassifier> {
 /// The preset for gRPC dependencies: as [`http()`] with [`ThrottleLayer::grpc`],
 /// [`RetryConfig::grpc`] and [`grpc_breaker`] (status codes from trailers-only responses and
 /// trailers).
-pub fn grpc() -> ClientLayer<GrpcClassifier> {
-    ClientLayer::new(
+pub fn grpc() -> ClientBuilder<GrpcClassifier> {
+    ClientBuilder::new(
         RetryConfig::grpc().build().expect("the defaults are valid"),
         grpc_breaker().build().expect("the defaults are valid"),
     )
@@ -201,7 +203,7 @@ pub fn grpc() -> ClientLayer<GrpcClassifier> {
     .throttle(ThrottleLayer::grpc())
 }
 
-/// The breaker of the [`http()`] preset, to tune and pass to [`ClientLayer::breaker`]:
+/// The breaker of the [`http()`] preset, to tune and pass to [`ClientBuilder::breaker`]:
 /// [`BreakerConfig::http`] opening at **80 %** failures over the 10 s window (20 calls
 /// minimum) or after **20 failures in a row**, 5 s open doubling to 300 s.
 ///
@@ -225,7 +227,7 @@ fn tuned<C>(config: BreakerConfig<C>) -> BreakerConfig<C> {
     config.failure_rate(0.8).consecutive_failures(20)
 }
 
-impl<C> ClientLayer<C> {
+impl<C> ClientBuilder<C> {
     /// A client stack from its retry and breaker layers (deadline propagation with its
     /// defaults, attempts bounded by measured latency with the [`Adaptive`] defaults). The
     /// throttle and the bulkhead are off (a throttle needs a classifier of the stack's
@@ -284,9 +286,10 @@ impl<C> ClientLayer<C> {
         self
     }
 
-    /// Checks the configuration: `Ok` with the stack, or the first knob a setter refused
-    /// (setters never panic; they keep the error for here). Call it where a misconfiguration
-    /// should be handled, not crash: with values read from a config file.
+    /// Checks the configuration: `Ok` with the stack as a [`ClientLayer`] (the only form of it
+    /// that is a [`Layer`]), or the first knob a setter refused (setters never panic; they keep
+    /// the error for here). A stack that was not checked cannot be layered, so a
+    /// misconfiguration is an error where the stack is built, never a panic at a request.
     ///
     /// ```
     /// use std::time::Duration;
@@ -300,14 +303,29 @@ impl<C> ClientLayer<C> {
     /// assert!(backstop::client::http().max_attempts(2).build().is_ok());
     /// ```
     ///
+    /// An unchecked stack is not a layer, so this does not compile (11 attempts would be
+    /// out of range; before `build` existed as the only way in, it panicked at the first
+    /// request):
+    ///
+    /// ```compile_fail
+    /// use http::{Request, Response};
+    /// use tower::{ServiceBuilder, service_fn};
+    ///
+    /// let transport = service_fn(|_: Request<backstop::ReplayBody<String>>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// });
+    /// let client = ServiceBuilder::new()
+    ///     .layer(backstop::client::http().max_attempts(11))
+    ///     .service(transport);
+    /// ```
+    ///
     /// # Errors
     ///
-    /// The first [`ConfigError`] a setter met, naming its knob. A stack layered without
-    /// checking (`ServiceBuilder::layer(client)`) panics with that error when it is built.
-    pub fn build(self) -> Result<Self, ConfigError> {
+    /// The first [`ConfigError`] a setter met, naming its knob.
+    pub fn build(self) -> Result<ClientLayer<C>, ConfigError> {
         match self.error {
             Some(error) => Err(error),
-            None => Ok(self),
+            None => Ok(ClientLayer { stack: self }),
         }
     }
 
@@ -329,11 +347,12 @@ impl<C> ClientLayer<C> {
     ///
     /// ```
     /// let template = backstop::client::http().max_attempts(2);
-    /// let inventory = template.clone().name("inventory");
-    /// let billing = template.name("billing");
+    /// let inventory = template.clone().name("inventory").build()?;
+    /// let billing = template.name("billing").build()?;
     /// assert_eq!(inventory.dependency(), "inventory");
     /// assert_eq!(inventory.retry_layer().name(), "inventory");
     /// assert_eq!(billing.breaker_layer().name(), "billing");
+    /// # Ok::<(), backstop::ConfigError>(())
     /// ```
     #[must_use]
     pub fn name(mut self, name: &str) -> Self
@@ -481,7 +500,8 @@ impl<C> ClientLayer<C> {
     /// let partner = backstop::client::http()
     ///     .name("partner")
     ///     .timeout(Duration::from_secs(2))
-    ///     .send_grpc_timeout(false);
+    ///     .send_grpc_timeout(false)
+    ///     .build()?;
     /// let client = ServiceBuilder::new()
     ///     .layer(partner)
     ///     .map_request(|mut req: Request<ReplayBody<String>>| {
@@ -534,15 +554,16 @@ impl<C> ClientLayer<C> {
         self.rekeyed().rehedge()
     }
 
-    /// Replaces the adaptive throttle (on in the presets: [`ClientLayer`] says why), e.g. a
+    /// Replaces the adaptive throttle (on in the presets: [`ClientBuilder`] says why), e.g. a
     /// tuned [`AdaptiveThrottle`](backstop_retry::throttle::AdaptiveThrottle) or one shared
     /// by two stacks, or [`ThrottleLayer::off`] to turn it off.
     ///
     /// ```
     /// use backstop::retry::throttle::ThrottleLayer;
     ///
-    /// let client = backstop::client::http().name("search").throttle(ThrottleLayer::off());
+    /// let client = backstop::client::http().name("search").throttle(ThrottleLayer::off()).build()?;
     /// assert!(!client.throttle_layer().is_on());
+    /// # Ok::<(), backstop::ConfigError>(())
     /// ```
     #[must_use]
     pub fn throttle(mut self, layer: ThrottleLayer<C>) -> Self
@@ -555,14 +576,14 @@ impl<C> ClientLayer<C> {
     }
 
     /// Caps the calls in flight to the dependency with a [`BulkheadLayer`] (off in the
-    /// presets: [`ClientLayer`] says why): a call that cannot get a permit before its
+    /// presets: [`ClientBuilder`] says why): a call that cannot get a permit before its
     /// deadline is refused at once, never sent. A user call holds one permit across its
     /// retries. [`BulkheadLayer::off`] turns it off again.
     ///
     /// ```
     /// use backstop::deadline::bulkhead::BulkheadLayer;
     ///
-    /// let client = backstop::client::http().name("search").bulkhead(BulkheadLayer::new(64)?);
+    /// let client = backstop::client::http().name("search").bulkhead(BulkheadLayer::new(64)?).build()?;
     /// assert_eq!(client.bulkhead_layer().max_concurrency(), 64);
     /// # Ok::<(), backstop::ConfigError>(())
     /// ```
@@ -777,62 +798,9 @@ impl<C> ClientLayer<C> {
             .least_retry_wait()
             .saturating_add(self.deadline.offset())
     }
-
-    /// The attempt bound's layer: [`latency`](AttemptTimeoutLayer::latency) is the
-    /// dependency's measured latency, [`current_bound`](AttemptTimeoutLayer::current_bound)
-    /// the bound an attempt gets now.
-    pub fn attempt_layer(&self) -> &AttemptTimeoutLayer {
-        &self.attempt
-    }
-
-    /// The dependency's measured latency: count and quantiles over the model's window.
-    pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
-        self.attempt.latency()
-    }
-
-    /// The dependency's name: the stack's ([`name`](Self::name)), else its retry layer's
-    /// (`""` when neither is named).
-    pub fn dependency(&self) -> &str {
-        self.name.as_deref().unwrap_or_else(|| self.retry.name())
-    }
-
-    /// The key-stamping layer (off unless [`idempotency_keys`](Self::idempotency_keys) or
-    /// [`idempotency_key_layer`](Self::idempotency_key_layer) turned it on).
-    pub fn key_layer(&self) -> &IdempotencyKeyLayer {
-        &self.keys
-    }
-
-    /// The deadline propagation layer.
-    pub fn deadline_layer(&self) -> &PropagateDeadlineLayer {
-        &self.deadline
-    }
-
-    /// The bulkhead (off unless [`bulkhead`](Self::bulkhead) gave it a limit), for its
-    /// [`in_flight`](BulkheadLayer::in_flight) and [`waiting`](BulkheadLayer::waiting) counts.
-    pub fn bulkhead_layer(&self) -> &BulkheadLayer {
-        &self.bulkhead
-    }
-
-    /// The adaptive throttle, for its [`throttle`](ThrottleLayer::throttle)'s probability and
-    /// refusals.
-    pub fn throttle_layer(&self) -> &ThrottleLayer<C> {
-        &self.throttle
-    }
-
-    /// The retry layer, for its [`stats`](RetryLayer::stats).
-    pub fn retry_layer(&self) -> &RetryLayer<C> {
-        &self.retry
-    }
-
-    /// The breaker, for its [`snapshot`](BreakerLayer::snapshot) and manual modes (a keyed
-    /// breaker's routes are in [`keys`](BreakerLayer::keys); its `snapshot` is the overflow
-    /// breaker's).
-    pub fn breaker_layer(&self) -> &BreakerLayer<C> {
-        &self.breaker
-    }
 }
 
-impl ClientLayer<HttpClassifier> {
+impl ClientBuilder<HttpClassifier> {
     /// Says the dependency de-duplicates `Idempotency-Key`s (it runs behind
     /// [`IdempotencyLayer`](backstop_idempotency::IdempotencyLayer) or keeps the same
     /// promise), and stamps a fresh key (128 random bits from the OS) on each POST and PATCH
@@ -860,8 +828,9 @@ impl ClientLayer<HttpClassifier> {
     /// [`IdempotencyLayer`]: backstop_idempotency::IdempotencyLayer
     ///
     /// ```
-    /// let payments = backstop::client::http().name("payments").idempotency_keys(true);
+    /// let payments = backstop::client::http().name("payments").idempotency_keys(true).build()?;
     /// assert!(payments.key_layer().is_on());
+    /// # Ok::<(), backstop::ConfigError>(())
     /// ```
     #[must_use]
     pub fn idempotency_keys(mut self, dedups: bool) -> Self {
@@ -882,41 +851,122 @@ impl ClientLayer<HttpClassifier> {
     }
 }
 
+/// A checked client stack: what [`ClientBuilder::build`] returns, and the only form of the
+/// stack that is a [`Layer`] (so a misconfiguration is an error where the stack is built,
+/// never a panic at the first request). Clones share the retry budget, the throttle's
+/// window, the bulkhead's permits, the breaker and the latency model: build one per
+/// dependency and clone it into every client that calls that dependency.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let billing = backstop::client::http().name("billing").timeout(Duration::from_secs(2)).build()?;
+/// assert_eq!(billing.dependency(), "billing");
+/// assert_eq!(billing.retry_layer().stats().retries, 0);
+/// # Ok::<(), backstop::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientLayer<C> {
+    stack: ClientBuilder<C>,
+}
+
+impl<C> ClientLayer<C> {
+    /// The attempt bound's layer: [`latency`](AttemptTimeoutLayer::latency) is the
+    /// dependency's measured latency, [`current_bound`](AttemptTimeoutLayer::current_bound)
+    /// the bound an attempt gets now.
+    pub fn attempt_layer(&self) -> &AttemptTimeoutLayer {
+        &self.stack.attempt
+    }
+
+    /// The dependency's measured latency: count and quantiles over the model's window.
+    pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
+        self.stack.attempt.latency()
+    }
+
+    /// The dependency's name: the stack's ([`name`](Self::name)), else its retry layer's
+    /// (`""` when neither is named).
+    pub fn dependency(&self) -> &str {
+        self.stack
+            .name
+            .as_deref()
+            .unwrap_or_else(|| self.stack.retry.name())
+    }
+
+    /// The key-stamping layer (off unless [`idempotency_keys`](Self::idempotency_keys) or
+    /// [`idempotency_key_layer`](Self::idempotency_key_layer) turned it on).
+    pub fn key_layer(&self) -> &IdempotencyKeyLayer {
+        &self.stack.keys
+    }
+
+    /// The deadline propagation layer.
+    pub fn deadline_layer(&self) -> &PropagateDeadlineLayer {
+        &self.stack.deadline
+    }
+
+    /// The bulkhead (off unless [`bulkhead`](Self::bulkhead) gave it a limit), for its
+    /// [`in_flight`](BulkheadLayer::in_flight) and [`waiting`](BulkheadLayer::waiting) counts.
+    pub fn bulkhead_layer(&self) -> &BulkheadLayer {
+        &self.stack.bulkhead
+    }
+
+    /// The adaptive throttle, for its [`throttle`](ThrottleLayer::throttle)'s probability and
+    /// refusals.
+    pub fn throttle_layer(&self) -> &ThrottleLayer<C> {
+        &self.stack.throttle
+    }
+
+    /// The retry layer, for its [`stats`](RetryLayer::stats).
+    pub fn retry_layer(&self) -> &RetryLayer<C> {
+        &self.stack.retry
+    }
+
+    /// The breaker, for its [`snapshot`](BreakerLayer::snapshot) and manual modes (a keyed
+    /// breaker's routes are in [`keys`](BreakerLayer::keys); its `snapshot` is the overflow
+    /// breaker's).
+    pub fn breaker_layer(&self) -> &BreakerLayer<C> {
+        &self.stack.breaker
+    }
+
+    /// The reserve a retry must have left (for the service config's retry layers).
+    #[cfg(feature = "service-config")]
+    pub(crate) fn measured_reserve(&self) -> Option<crate::timeout::MeasuredDelay> {
+        self.stack.measured_reserve()
+    }
+}
+
 impl<S, C> Layer<S> for ClientLayer<C> {
     type Service = PropagateDeadline<
         Bulkhead<Throttle<IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, C>, C>>, C>>,
     >;
 
     fn layer(&self, inner: S) -> Self::Service {
-        if let Some(error) = &self.error {
-            panic!("a misconfigured client stack: {error} (check it with `ClientLayer::build`)");
-        }
+        let stack = &self.stack;
         // One writer of each attempt's `grpc-timeout`, decided here: the attempt bound,
         // innermost, from the deadline each attempt carries on the request (less the deadline
         // layer's offset); the deadline and retry layers write none. No writer at all when
         // the deadline layer says the header is not to be sent.
         // The attempt bound keeps its share of the deadline for a retry only where one could
         // be sent: after the retry layer's least backoff, before the deadline less the offset.
-        let attempt = self.attempt.retry_wait(self.retry_wait());
-        let inner = if self.deadline.sends_grpc_timeout() {
+        let attempt = stack.attempt.retry_wait(stack.retry_wait());
+        let inner = if stack.deadline.sends_grpc_timeout() {
             attempt
-                .write_grpc_timeout(self.deadline.offset())
+                .write_grpc_timeout(stack.deadline.offset())
                 .layer(inner)
         } else {
             attempt.layer(inner)
         };
-        let inner = self.breaker.layer(inner);
-        let inner = self
+        let inner = stack.breaker.layer(inner);
+        let inner = stack
             .retry
-            .grpc_timeout_written_inside(self.deadline.offset())
+            .grpc_timeout_written_inside(stack.deadline.offset())
             .layer(inner);
         // Outside the retry layer: one key per logical call, the same on every attempt.
-        let inner = self.keys.layer(inner);
+        let inner = stack.keys.layer(inner);
         // Outside the retry layer, inside the deadline (which gives the bulkhead its wait's
         // end): a refused call costs no key, no body copy and no retry state, and a call holds
         // one permit across its retries.
-        let inner = self.throttle.layer(inner);
-        let inner = self.bulkhead.layer(inner);
-        self.deadline.send_grpc_timeout(false).layer(inner)
+        let inner = stack.throttle.layer(inner);
+        let inner = stack.bulkhead.layer(inner);
+        stack.deadline.send_grpc_timeout(false).layer(inner)
     }
 }

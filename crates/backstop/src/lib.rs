@@ -18,7 +18,7 @@
 //! });
 //!
 //! // One layer per dependency; clones share its retry budget and its breaker.
-//! let backend = backstop::client::http().attempt_timeout(Duration::from_secs(2));
+//! let backend = backstop::client::http().attempt_timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new().layer(backend.clone()).service(transport);
 //!
 //! let response = client.oneshot(Request::new(String::new())).await?;
@@ -135,7 +135,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let channel = Endpoint::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let channel = ServiceBuilder::new()
-//!     .layer(backstop::client::grpc())
+//!     .layer(backstop::client::grpc().build()?)
 //!     .map_request(|r: http::Request<ReplayBody<Body>>| r.map(Body::new))
 //!     .service(channel);
 //! // Generated clients take it as is: `GreeterClient::new(channel)`.
@@ -252,7 +252,7 @@ pub use backstop_deadline::attempt::{
 #[cfg(feature = "retry")]
 pub use backstop_retry::ReplayBody;
 #[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
-pub use client::{ClientLayer, ClientResponse, GrpcClient, HttpClient};
+pub use client::{ClientBuilder, ClientLayer, ClientResponse, GrpcClient, HttpClient};
 pub use ext::ServiceBuilderExt;
 #[cfg(all(feature = "deadline", feature = "retry"))]
 pub use server::{ServerLayer, server};

@@ -304,7 +304,7 @@ where
     }
 }
 
-impl ClientLayer<GrpcClassifier> {
+impl crate::ClientBuilder<GrpcClassifier> {
     /// The same client with its retry, hedging and timeout policies per method, from gRPC's
     /// service config (see [`MethodsLayer`]): the deadline
     /// propagation, breaker and attempt bound of this preset, one retry layer per

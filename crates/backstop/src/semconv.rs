@@ -43,7 +43,7 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), backstop::BoxError> {
 //! let client = ServiceBuilder::new()
-//!     .layer(backstop::client::http().name("billing"))
+//!     .layer(backstop::client::http().name("billing").build()?)
 //!     .layer(SemconvLayer::new())
 //!     .service(service_fn(|_req: Request<ReplayBody<String>>| async {
 //!         Ok::<_, Infallible>(Response::new(String::new()))

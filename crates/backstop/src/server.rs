@@ -81,7 +81,7 @@ use tower_layer::Layer;
 ///     Ok::<_, Infallible>(response)
 /// });
 /// let client = ServiceBuilder::new()
-///     .layer(backstop::client::http())
+///     .layer(backstop::client::http().build().expect("the defaults are valid"))
 ///     .service(dependency);
 /// let handler = service_fn(move |_req: Request<String>| {
 ///     let client = client.clone();

@@ -23,7 +23,7 @@
 //! let channel = Endpoint::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let stock = Stock {
 //!     channel: ServiceBuilder::new()
-//!         .layer(backstop::client::grpc().name("stock"))
+//!         .layer(backstop::client::grpc().name("stock").build().expect("a valid stack"))
 //!         .layer(TonicBodyLayer)
 //!         .service(channel),
 //! };

@@ -113,7 +113,10 @@ fn client(wiring: Wiring, steps: &[Step], attempt: u64, seen: &Arc<Mutex<Seen>>)
             req
         })
         .service(scripted::<Request<ReplayBody<String>>>(steps.to_vec()));
-    let preset = backstop::client::http().attempt_timeout(Duration::from_millis(attempt));
+    let preset = backstop::client::http()
+        .attempt_timeout(Duration::from_millis(attempt))
+        .build()
+        .unwrap();
     let status = |r: Response<_>| r.status();
     match wiring {
         Wiring::Plain => BoxCloneService::new(preset.layer(dependency).map_response(status)),

@@ -79,7 +79,9 @@ async fn client_events_name_the_dependency_the_request_and_the_failure() {
                 .build()
                 .unwrap()
                 .named("inventory"),
-        );
+        )
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new().layer(backend).service(down);
     let req = Request::get("http://inventory/item/1?token=secret")
         .body(String::new())
@@ -127,7 +129,9 @@ async fn a_named_keyed_breaker_names_every_key_and_a_passed_layer_keeps_its_name
     let backend = backstop::client::http()
         .max_attempts(2)
         .breaker(breaker)
-        .name("inventory");
+        .name("inventory")
+        .build()
+        .unwrap();
     assert_eq!(backend.breaker_layer().name(), "inventory-breaker");
     assert_eq!(backend.retry_layer().name(), "inventory");
     let client = ServiceBuilder::new().layer(backend).service(down);

@@ -33,7 +33,7 @@ async fn a_grpc_call_whose_timeout_cannot_be_retried_gets_the_whole_deadline() {
     )
     .unwrap();
     let service_config = backstop::client::grpc().service_config(config).unwrap();
-    let preset = backstop::client::grpc().timeout(300 * MS);
+    let preset = backstop::client::grpc().timeout(300 * MS).build().unwrap();
     let mut results = Vec::new();
     for which in ["service config", "grpc() preset"] {
         let start = Instant::now();
@@ -101,7 +101,7 @@ macro_rules! load {
 #[tokio::test(start_paused = true)]
 async fn no_share_is_kept_for_a_retry_the_backoff_leaves_no_room_for() {
     let latency: Latency = Arc::new(Mutex::new(Some(100 * MS)));
-    let backend = backstop::client::http().timeout(600 * MS);
+    let backend = backstop::client::http().timeout(600 * MS).build().unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(slow(latency.clone()));
@@ -147,7 +147,11 @@ async fn the_last_hedge_gets_the_whole_deadline() {
             Ok::<_, Infallible>(Response::new(String::new()))
         }
     });
-    let backend = backstop::client::http().timeout(1000 * MS).hedging(2);
+    let backend = backstop::client::http()
+        .timeout(1000 * MS)
+        .hedging(2)
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency);
@@ -178,7 +182,7 @@ async fn the_last_hedge_gets_the_whole_deadline() {
 /// timed out, so its first attempt gets the whole 1 s deadline.
 #[tokio::test(start_paused = true)]
 async fn an_http_post_without_a_key_gets_the_whole_deadline() {
-    let backend = backstop::client::http().timeout(1000 * MS);
+    let backend = backstop::client::http().timeout(1000 * MS).build().unwrap();
     let client = ServiceBuilder::new()
         .layer(backend)
         .service(slow(Arc::new(Mutex::new(None))));

@@ -79,7 +79,9 @@ async fn a_hedge_answered_409_does_not_beat_the_original() {
     let wire = charge_server(runs.clone());
     let preset = backstop::client::http()
         .idempotency_keys(true)
-        .hedging_with(Hedging::new(Duration::from_millis(50)).max_attempts(2));
+        .hedging_with(Hedging::new(Duration::from_millis(50)).max_attempts(2))
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new().layer(preset).service(wire);
     let resp = client.oneshot(charge()).await.unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
@@ -105,7 +107,9 @@ async fn a_retry_after_the_attempt_bound_comes_back_for_the_stored_answer() {
         .idempotency_keys(true)
         .timeout(Duration::from_secs(5))
         .max_attempts(5)
-        .attempt_timeout(Duration::from_millis(50));
+        .attempt_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new().layer(preset).service(wire);
     let started = tokio::time::Instant::now();
     let resp = client.oneshot(charge()).await.unwrap();

@@ -60,7 +60,9 @@ fn post() -> Request<String> {
 #[tokio::test(start_paused = true)]
 async fn a_keyed_post_is_retried_with_the_same_key() {
     let preset = backstop::client::http()
-        .idempotency_key_layer(IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(7)));
+        .idempotency_key_layer(IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(7)))
+        .build()
+        .unwrap();
     let (status, seen) = call(preset, post()).await;
     assert_eq!(status, 201, "retried after the 503");
     assert_eq!(seen.len(), 2);
@@ -79,16 +81,26 @@ async fn a_keyed_post_is_retried_with_the_same_key() {
 
 #[tokio::test(start_paused = true)]
 async fn without_the_knob_a_post_gets_no_key_and_no_retry() {
-    let (status, seen) = call(backstop::client::http(), post()).await;
+    let (status, seen) = call(backstop::client::http().build().unwrap(), post()).await;
     assert_eq!(status, 503);
     assert_eq!(seen, vec![None]);
-    let (status, seen) = call(backstop::client::http().idempotency_keys(false), post()).await;
+    let (status, seen) = call(
+        backstop::client::http()
+            .idempotency_keys(false)
+            .build()
+            .unwrap(),
+        post(),
+    )
+    .await;
     assert_eq!((status, seen.len()), (503, 1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn each_call_gets_its_own_key_and_the_callers_key_is_kept() {
-    let preset = backstop::client::http().idempotency_keys(true);
+    let preset = backstop::client::http()
+        .idempotency_keys(true)
+        .build()
+        .unwrap();
     let (_, a) = call(preset.clone(), post()).await;
     let (_, b) = call(preset.clone(), post()).await;
     assert_ne!(a[0], b[0]);
@@ -102,7 +114,10 @@ async fn each_call_gets_its_own_key_and_the_callers_key_is_kept() {
 
 #[tokio::test(start_paused = true)]
 async fn idempotent_methods_get_no_key() {
-    let preset = backstop::client::http().idempotency_keys(true);
+    let preset = backstop::client::http()
+        .idempotency_keys(true)
+        .build()
+        .unwrap();
     let put = Request::put("http://payments/x")
         .body(String::new())
         .unwrap();

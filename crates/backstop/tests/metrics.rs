@@ -93,7 +93,9 @@ async fn call_through(breaker: backstop::breaker::BreakerLayer<HttpClassifier>, 
             backstop::client::http()
                 .name("inventory")
                 .max_attempts(1)
-                .breaker(breaker),
+                .breaker(breaker)
+                .build()
+                .unwrap(),
         )
         .service(scripted(&[503, 503]));
     for path in paths {
@@ -151,7 +153,7 @@ fn scripted(
 fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
-            .layer(backstop::client::http().name("inventory"))
+            .layer(backstop::client::http().name("inventory").build().unwrap())
             .service(scripted(&[503]));
         let response = client.oneshot(get_item()).await.unwrap();
         assert_eq!(response.status(), 200);
@@ -184,7 +186,7 @@ fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
 fn a_failure_that_is_not_retried_counts_why() {
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
-            .layer(backstop::client::http().name("inventory"))
+            .layer(backstop::client::http().name("inventory").build().unwrap())
             .service(scripted(&[503]));
         let response = client
             .oneshot(Request::post("/orders").body("{}".to_owned()).unwrap())
@@ -212,7 +214,13 @@ fn a_failure_that_is_not_retried_counts_why() {
 fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
     let metrics = recorded(|| async {
         let mut client = ServiceBuilder::new()
-            .layer(backstop::client::http().name("inventory").max_attempts(1))
+            .layer(
+                backstop::client::http()
+                    .name("inventory")
+                    .max_attempts(1)
+                    .build()
+                    .unwrap(),
+            )
             .service(scripted(&[429, 404]));
         for _ in 0..2 {
             let req = get_item();
@@ -280,7 +288,9 @@ fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines()
                     .timeout(Duration::from_millis(100))
                     // No attempt bound of its own: the deadline ends the slow call (with the
                     // preset's, the attempt would time out first, at 80 % of the deadline).
-                    .attempt(AttemptTimeoutLayer::new(AttemptBound::None).unwrap()),
+                    .attempt(AttemptTimeoutLayer::new(AttemptBound::None).unwrap())
+                    .build()
+                    .unwrap(),
             )
             .service(slow);
         for path in ["/fast", "/slow"] {
@@ -325,7 +335,9 @@ fn a_grpc_attempt_timeout_is_not_an_expired_deadline() {
                     .attempt(
                         AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_millis(100)))
                             .unwrap(),
-                    ),
+                    )
+                    .build()
+                    .unwrap(),
             )
             .service(hang);
         let req = grpc_post("/inventory.Stock/Get", empty_message());
@@ -365,7 +377,7 @@ fn a_grpc_status_in_the_trailers_is_counted_at_the_end_of_the_body() {
             Ok::<_, Infallible>(response)
         });
         let client = ServiceBuilder::new()
-            .layer(backstop::client::grpc().name("inventory"))
+            .layer(backstop::client::grpc().name("inventory").build().unwrap())
             .service(grpc);
         let req = grpc_post("/inventory.Stock/Get", empty_message());
         let response = client.oneshot(req).await.unwrap();
@@ -489,7 +501,13 @@ fn a_keyed_presets_attempt_durations_carry_the_route() {
             .build()
             .unwrap();
         let mut client = ServiceBuilder::new()
-            .layer(backstop::client::http().name("inventory").breaker(breaker))
+            .layer(
+                backstop::client::http()
+                    .name("inventory")
+                    .breaker(breaker)
+                    .build()
+                    .unwrap(),
+            )
             .service(transport);
         for path in ["/item", "/report", "/item"] {
             let req = Request::get(path).body(String::new()).unwrap();
@@ -574,7 +592,7 @@ fn semconv_times_each_http_attempt_with_its_status() {
     use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, SemconvLayer};
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
-            .layer(backstop::client::http().name("inventory"))
+            .layer(backstop::client::http().name("inventory").build().unwrap())
             .layer(SemconvLayer::new())
             .service(service_fn({
                 let calls = Arc::new(AtomicUsize::new(0));
@@ -746,6 +764,8 @@ fn throttled_inventory(
             throttle,
             HttpClassifier::new(),
         ))
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -847,7 +867,9 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
                 backstop::client::http()
                     .name("inventory")
                     .max_attempts(1)
-                    .bulkhead(bulkhead),
+                    .bulkhead(bulkhead)
+                    .build()
+                    .unwrap(),
             )
             .service(service_fn(|_req: Request<ReplayBody<String>>| async {
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1042,7 +1064,9 @@ fn every_attempt_the_bound_ended_is_a_sample() {
                 backstop::client::http()
                     .name("partner")
                     .timeout(Duration::from_millis(300))
-                    .attempt_timeout(Duration::from_millis(30)),
+                    .attempt_timeout(Duration::from_millis(30))
+                    .build()
+                    .unwrap(),
             )
             .layer(SemconvLayer::new())
             .service(service_fn(move |_req: Request<ReplayBody<String>>| {
@@ -1087,7 +1111,9 @@ fn a_grpc_attempt_the_bound_ended_is_deadline_exceeded() {
                 backstop::client::grpc()
                     .name("stock")
                     .timeout(Duration::from_millis(300))
-                    .attempt_timeout(Duration::from_millis(30)),
+                    .attempt_timeout(Duration::from_millis(30))
+                    .build()
+                    .unwrap(),
             )
             .layer(SemconvLayer::new().server("stock", 50051))
             .service(service_fn(|_req: Request<ReplayBody<String>>| async {

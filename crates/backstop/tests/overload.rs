@@ -75,13 +75,17 @@ fn seeded_throttle<C: Default>() -> ThrottleLayer<C> {
 
 #[test]
 fn the_presets_throttle_by_default_and_limit_nothing_until_told() {
-    let http = backstop::client::http().name("search");
+    let http = backstop::client::http().name("search").build().unwrap();
     assert!(http.throttle_layer().is_on());
     assert!(!http.bulkhead_layer().is_on());
-    let grpc = backstop::client::grpc();
+    let grpc = backstop::client::grpc().build().unwrap();
     assert!(grpc.throttle_layer().is_on());
     assert!(!grpc.bulkhead_layer().is_on());
-    let off = http.throttle(ThrottleLayer::off());
+    let off = backstop::client::http()
+        .name("search")
+        .throttle(ThrottleLayer::off())
+        .build()
+        .unwrap();
     assert!(!off.throttle_layer().is_on());
     assert_eq!(off.dependency(), "search");
 }
@@ -91,7 +95,9 @@ async fn a_throttled_http_call_is_refused_not_sent_not_retried_not_a_breaker_fai
     let hits = Arc::new(AtomicU32::new(0));
     let backend = backstop::client::http()
         .breaker(patient(BreakerConfig::http()))
-        .throttle(seeded_throttle());
+        .throttle(seeded_throttle())
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency(&hits, Duration::from_millis(5), unavailable));
@@ -143,7 +149,9 @@ async fn a_throttled_grpc_call_is_a_trailers_only_unavailable_never_sent() {
     let hits = Arc::new(AtomicU32::new(0));
     let backend = backstop::client::grpc()
         .breaker(patient(BreakerConfig::grpc()))
-        .throttle(seeded_throttle());
+        .throttle(seeded_throttle())
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency(
@@ -182,7 +190,7 @@ async fn a_throttled_grpc_call_is_a_trailers_only_unavailable_never_sent() {
 #[tokio::test(start_paused = true)]
 async fn a_healthy_dependency_is_never_throttled() {
     let hits = Arc::new(AtomicU32::new(0));
-    let backend = backstop::client::http();
+    let backend = backstop::client::http().build().unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency(&hits, Duration::from_millis(5), ok));
@@ -212,7 +220,9 @@ async fn a_full_bulkhead_refuses_a_call_that_cannot_wait_at_once_and_never_sends
     let hits = Arc::new(AtomicU32::new(0));
     let backend = backstop::client::http()
         .breaker(patient(BreakerConfig::http()))
-        .bulkhead(BulkheadLayer::new(1).unwrap());
+        .bulkhead(BulkheadLayer::new(1).unwrap())
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency(&hits, Duration::from_millis(300), ok));
@@ -275,8 +285,10 @@ where
 #[tokio::test(start_paused = true)]
 async fn a_full_bulkhead_answers_grpc_with_a_trailers_only_unavailable() {
     let hits = Arc::new(AtomicU32::new(0));
-    let backend =
-        backstop::client::grpc().bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap());
+    let backend = backstop::client::grpc()
+        .bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap())
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(slow_grpc_ok(&hits));
@@ -455,7 +467,9 @@ async fn racing_calls_to_a_healthy_dependency_never_throttle_it() {
     });
     let throttle = Arc::new(AdaptiveThrottle::builder().seed(28).build().unwrap());
     let backend = backstop::client::http()
-        .throttle(ThrottleLayer::with(throttle.clone(), HttpClassifier::new()));
+        .throttle(ThrottleLayer::with(throttle.clone(), HttpClassifier::new()))
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new().layer(backend).service(dependency);
     let mut failed = 0;
     for _ in 0..200 {
@@ -504,7 +518,9 @@ async fn local_refusals_do_not_shrink_the_bulkheads_hold_time() {
     let backend = backstop::client::http()
         .breaker(patient(BreakerConfig::http()))
         .throttle(ThrottleLayer::with(throttle.clone(), HttpClassifier::new()))
-        .bulkhead(BulkheadLayer::new(1).unwrap());
+        .bulkhead(BulkheadLayer::new(1).unwrap())
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency);

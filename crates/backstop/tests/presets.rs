@@ -40,13 +40,16 @@ async fn an_outage_costs_the_dependency_probes_not_retries() {
             Ok::<_, std::convert::Infallible>(response.unwrap())
         }
     });
-    let backend = backstop::client::http().breaker(
-        BreakerConfig::http()
-            .minimum_calls(10)
-            .jitter(false)
-            .build()
-            .unwrap(),
-    );
+    let backend = backstop::client::http()
+        .breaker(
+            BreakerConfig::http()
+                .minimum_calls(10)
+                .jitter(false)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     let mut client = ServiceBuilder::new().layer(backend.clone()).service(down);
 
     let mut refused = 0;
@@ -121,11 +124,13 @@ fn deadline_of(ms: u64) -> PropagateDeadlineLayer {
 /// One attempt per request and a breaker that opens after two failures: each timed-out
 /// attempt shows in the breaker at once.
 fn one_attempt_two_to_open(
-    backend: backstop::ClientLayer<backstop_core::HttpClassifier>,
+    backend: backstop::ClientBuilder<backstop_core::HttpClassifier>,
 ) -> backstop::ClientLayer<backstop_core::HttpClassifier> {
     backend
         .retry(RetryConfig::http().max_attempts(1).build().unwrap())
         .breaker(opens_after_two())
+        .build()
+        .unwrap()
 }
 
 /// Sends `n` calls, one every `every`, each on its own task with a 3 s deadline; returns
@@ -163,8 +168,11 @@ fn low_floor() -> AttemptTimeoutLayer {
 #[tokio::test(start_paused = true)]
 async fn the_preset_measures_latency_and_bounds_attempts_by_it() {
     let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let preset = backstop::client::http();
-    let tuned = backstop::client::http().attempt(low_floor());
+    let preset = backstop::client::http().build().unwrap();
+    let tuned = backstop::client::http()
+        .attempt(low_floor())
+        .build()
+        .unwrap();
     for backend in [&preset, &tuned] {
         // Cold: the ceiling.
         assert_eq!(
@@ -203,7 +211,7 @@ async fn the_preset_measures_latency_and_bounds_attempts_by_it() {
 #[tokio::test(start_paused = true)]
 async fn a_fast_dependency_s_hang_is_cut_near_its_measured_floor() {
     let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let backend = backstop::client::http().max_attempts(1);
+    let backend = backstop::client::http().max_attempts(1).build().unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(slow(latency.clone()));
@@ -229,7 +237,7 @@ async fn a_fast_dependency_s_hang_is_cut_near_its_measured_floor() {
 #[tokio::test(start_paused = true)]
 async fn a_hung_dependency_opens_the_breaker_by_default() {
     let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let backend = backstop::client::http();
+    let backend = backstop::client::http().build().unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(slow(latency.clone()));
@@ -286,13 +294,17 @@ async fn a_hung_dependency_opens_the_breaker_by_default() {
 #[tokio::test(start_paused = true)]
 async fn the_bound_follows_a_slowing_dependency() {
     let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let backend = backstop::client::http().attempt(low_floor()).breaker(
-        BreakerConfig::http()
-            .minimum_calls(1_000_000)
-            .consecutive_failures(1_000_000)
-            .build()
-            .unwrap(),
-    );
+    let backend = backstop::client::http()
+        .attempt(low_floor())
+        .breaker(
+            BreakerConfig::http()
+                .minimum_calls(1_000_000)
+                .consecutive_failures(1_000_000)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(slow(latency.clone()));
@@ -330,7 +342,9 @@ async fn grpc_timeout_says_the_attempt_bound_when_it_is_shorter() {
     });
     let backend = backstop::client::http()
         .deadline(deadline_of(5_000))
-        .attempt(low_floor());
+        .attempt(low_floor())
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency);
@@ -348,7 +362,12 @@ async fn grpc_timeout_says_the_attempt_bound_when_it_is_shorter() {
     );
     // Without a deadline nothing is told, bound or not.
     let bare = ServiceBuilder::new()
-        .layer(backstop::client::http().attempt(low_floor()))
+        .layer(
+            backstop::client::http()
+                .attempt(low_floor())
+                .build()
+                .unwrap(),
+        )
         .service(service_fn(|req: Request<ReplayBody<String>>| async move {
             assert!(req.headers().get("grpc-timeout").is_none());
             Ok::<_, std::convert::Infallible>(Response::new(String::new()))
@@ -393,7 +412,12 @@ async fn a_grpc_attempt_out_of_time_answers_deadline_exceeded() {
     let sent = Arc::new(AtomicU32::new(0));
     let counted = sent.clone();
     let client = ServiceBuilder::new()
-        .layer(backstop::client::grpc().deadline(deadline_of(400)))
+        .layer(
+            backstop::client::grpc()
+                .deadline(deadline_of(400))
+                .build()
+                .unwrap(),
+        )
         .service(service_fn(move |_req: Request<ReplayBody<String>>| {
             counted.fetch_add(1, Ordering::SeqCst);
             std::future::pending::<Result<Response<String>, std::convert::Infallible>>()
@@ -447,7 +471,7 @@ fn scripted(
 /// failure, but a censored latency sample (it took at least as long as it ran).
 #[tokio::test(start_paused = true)]
 async fn measured_hedging_overtakes_a_slow_attempt_once_the_model_is_warm() {
-    let backend = backstop::client::http().hedging(2);
+    let backend = backstop::client::http().hedging(2).build().unwrap();
     // Call 0 (cold) and call 201 (warm) take 1 s; every other one 20 ms.
     let client = ServiceBuilder::new()
         .layer(backend.clone())
@@ -501,7 +525,9 @@ async fn the_short_paths_configure_the_same_stack() {
     let backend = backstop::client::http()
         .timeout(Duration::from_millis(250))
         .max_attempts(1)
-        .breaker(opens_after_two());
+        .breaker(opens_after_two())
+        .build()
+        .unwrap();
     let app = App {
         client: tower::Layer::layer(&backend, failing),
     };
@@ -527,7 +553,6 @@ fn max_attempts_out_of_range_names_the_knob() {
         .max_attempts(0)
         .timeout(Duration::ZERO)
         .name("inventory");
-    assert_eq!(client.dependency(), "inventory");
     assert_eq!(client.build().unwrap_err().knob(), "max_attempts");
     let every = [
         backstop::client::http().timeout(Duration::ZERO).build(),
@@ -559,7 +584,7 @@ fn max_attempts_out_of_range_names_the_knob() {
 #[test]
 #[should_panic(expected = "max_attempts")]
 fn a_misconfigured_stack_panics_when_it_is_layered() {
-    let client = backstop::client::http().max_attempts(0);
+    let client = backstop::client::http().max_attempts(0).build().unwrap();
     let _ = ServiceBuilder::new()
         .layer(client)
         .service(backstop_test_support::adjustable::<
@@ -595,6 +620,8 @@ async fn an_expired_grpc_attempt_gives_up_for_the_same_reason_either_way() {
         backstop::client::grpc()
             .timeout(Duration::from_secs(1))
             .attempt_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap()
     };
     let (server_side, client_side) = (preset(), preset());
     let by_server = ServiceBuilder::new()
@@ -640,7 +667,7 @@ async fn each_response_tells_its_attempts_and_why_it_gave_up() {
             Ok::<_, std::convert::Infallible>(response.unwrap())
         }
     });
-    let backend = backstop::client::http();
+    let backend = backstop::client::http().build().unwrap();
     let client = ServiceBuilder::new().layer(backend).service(flaky);
     let info = |r: &backstop::ClientResponse<String, backstop_core::HttpClassifier>| {
         let info = backstop::client::call_info(r);
@@ -706,13 +733,13 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
         })
     }
     async fn sent(
-        backend: backstop::ClientLayer<backstop_core::HttpClassifier>,
+        backend: backstop::ClientBuilder<backstop_core::HttpClassifier>,
         fail: u32,
         req: Request<String>,
     ) -> Vec<Vec<http::HeaderValue>> {
         let seen = Seen::default();
         let client = ServiceBuilder::new()
-            .layer(backend)
+            .layer(backend.build().unwrap())
             .service(recording(seen.clone(), fail));
         let response = client.oneshot(req).await.unwrap();
         assert_eq!(response.status(), 200);
@@ -790,7 +817,7 @@ fn log_normal(seed: u64, n: u32) -> Duration {
 /// the tail too short: its p99 fell to half the true one and 8 % of calls were hedged.)
 #[tokio::test(start_paused = true)]
 async fn measured_hedging_hedges_about_one_call_in_twenty() {
-    let backend = backstop::client::http().hedging(2);
+    let backend = backstop::client::http().hedging(2).build().unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(scripted(|n| log_normal(7, n)));
@@ -843,7 +870,9 @@ async fn a_hedged_request_tells_each_attempt_once() {
         .attempt(AttemptTimeoutLayer::new(AttemptBound::None).unwrap())
         .hedging_with(backstop::retry::hedge::Hedging::new(Duration::from_millis(
             50,
-        )));
+        )))
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency);
@@ -919,7 +948,8 @@ async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
             Ok::<_, std::convert::Infallible>(response.unwrap())
         }
     });
-    let backend = backstop::client::http().timeout(Duration::from_millis(1300));
+    let builder = backstop::client::http().timeout(Duration::from_millis(1300));
+    let backend = builder.clone().build().unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(second.clone());
@@ -946,7 +976,7 @@ async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
     // Without the reserve, the old behaviour: a retry with about 300 ms for a 1 s call (and,
     // as the jitter of the unseeded backoff falls, sometimes a third attempt in the last
     // tens of milliseconds).
-    let bare = backend.clone().retry_reserve(None);
+    let bare = builder.retry_reserve(None).build().unwrap();
     let before = calls.load(Ordering::SeqCst);
     let client = ServiceBuilder::new().layer(bare).service(second.clone());
     let _ = client.oneshot(get()).await;
@@ -961,8 +991,11 @@ async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
 #[tokio::test(start_paused = true)]
 async fn a_quiet_minute_widens_the_bound_instead_of_forgetting_it() {
     let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let preset = backstop::client::http();
-    let tuned = backstop::client::http().attempt(low_floor());
+    let preset = backstop::client::http().build().unwrap();
+    let tuned = backstop::client::http()
+        .attempt(low_floor())
+        .build()
+        .unwrap();
     for backend in [&preset, &tuned] {
         let client = ServiceBuilder::new()
             .layer(backend.clone())
@@ -1028,8 +1061,13 @@ async fn a_rare_slow_route_is_not_cut_at_the_fast_routes_bound_under_a_keyed_bre
     let keyed_breaker = path_keyed_breaker();
     let keyed = backstop::client::http()
         .timeout(Duration::from_secs(5))
-        .breaker(keyed_breaker);
-    let single = backstop::client::http().timeout(Duration::from_secs(5));
+        .breaker(keyed_breaker)
+        .build()
+        .unwrap();
+    let single = backstop::client::http()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     assert!(keyed.attempt_layer().key().is_some());
     assert!(single.attempt_layer().key().is_none());
     let mut report_ok = Vec::new();
@@ -1094,7 +1132,10 @@ async fn a_rare_slow_route_is_not_cut_at_the_fast_routes_bound_under_a_keyed_bre
 #[tokio::test(start_paused = true)]
 async fn an_attempt_no_retry_could_follow_takes_the_whole_deadline() {
     let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_secs(1))));
-    let backend = backstop::client::http().timeout(Duration::from_millis(1300));
+    let backend = backstop::client::http()
+        .timeout(Duration::from_millis(1300))
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(slow(latency.clone()));
@@ -1129,8 +1170,12 @@ async fn an_attempt_no_retry_could_follow_takes_the_whole_deadline() {
 async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
     let dependency = a_slow_report(Duration::from_millis(200));
     let keyed_breaker = path_keyed_breaker();
-    let keyed = backstop::client::http().hedging(2).breaker(keyed_breaker);
-    let single = backstop::client::http().hedging(2);
+    let keyed = backstop::client::http()
+        .hedging(2)
+        .breaker(keyed_breaker)
+        .build()
+        .unwrap();
+    let single = backstop::client::http().hedging(2).build().unwrap();
     let mut attempts = Vec::new();
     for backend in [&keyed, &single] {
         let client = ServiceBuilder::new()
@@ -1159,10 +1204,11 @@ async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
 /// counting into it with its old policy, and the new clone counts into it too.
 #[tokio::test(start_paused = true)]
 async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
-    let three = backstop::client::http()
+    let template = backstop::client::http()
         .name("inventory")
         // Three failures in a row would trip the throttle, which is not under test.
         .throttle(backstop::retry::throttle::ThrottleLayer::off());
+    let three = template.clone().build().unwrap();
     let client = tower::Layer::layer(&three, answering(503));
     client.oneshot(get()).await.unwrap();
     assert_eq!(
@@ -1171,11 +1217,12 @@ async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
         "3 attempts: 2 retries"
     );
 
-    let two = three
-        .clone()
+    let two = template
         .max_attempts(2)
         .hedging(2)
-        .retry_reserve(Some(0.9));
+        .retry_reserve(Some(0.9))
+        .build()
+        .unwrap();
     assert_eq!(two.retry_layer().stats().retries, 2, "the stats go on");
     assert_eq!(two.retry_layer().name(), "inventory");
     tower::Layer::layer(&two, answering(503))
@@ -1201,8 +1248,8 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
         .max_attempts(1)
         .throttle(backstop::retry::throttle::ThrottleLayer::off())
         .breaker(opens_after_two());
-    let inventory = template.clone().name("inventory");
-    let billing = template.name("billing");
+    let inventory = template.clone().name("inventory").build().unwrap();
+    let billing = template.name("billing").build().unwrap();
     let client = tower::Layer::layer(&inventory, answering(503));
     for _ in 0..2 {
         client.clone().oneshot(get()).await.unwrap();
@@ -1222,7 +1269,9 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
     let mine = opens_after_two().named("shared-breaker");
     let stack = backstop::client::http()
         .name("search")
-        .breaker(mine.clone());
+        .breaker(mine.clone())
+        .build()
+        .unwrap();
     assert_eq!(stack.breaker_layer().name(), "shared-breaker");
     let client = tower::Layer::layer(&stack, answering(503));
     // Its two failures open it: the caller's handle sees them.
@@ -1239,8 +1288,8 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
 #[tokio::test(start_paused = true)]
 async fn named_stacks_from_one_template_do_not_share_the_throttle_window() {
     let template = backstop::client::http().max_attempts(1);
-    let inventory = template.clone().name("inventory");
-    let billing = template.name("billing");
+    let inventory = template.clone().name("inventory").build().unwrap();
+    let billing = template.name("billing").build().unwrap();
     // Inventory is overloaded: 429 (throttled: not accepted by the throttle, not counted by
     // the breaker, not retried with one attempt).
     let overloaded = tower::Layer::layer(&inventory, answering(429));
@@ -1282,8 +1331,8 @@ async fn named_stacks_from_one_template_do_not_share_the_retry_budget() {
     let template = backstop::client::http()
         .max_attempts(2)
         .throttle(backstop::retry::throttle::ThrottleLayer::off());
-    let inventory = template.clone().name("inventory");
-    let billing = template.name("billing");
+    let inventory = template.clone().name("inventory").build().unwrap();
+    let billing = template.name("billing").build().unwrap();
     // Inventory answers 429 (always retryable, not a breaker failure): its retries drain
     // the budget until one is refused for it.
     let overloaded = tower::Layer::layer(&inventory, answering(429));
@@ -1346,6 +1395,7 @@ async fn a_measured_hedge_delay_follows_name_given_before_or_after_it() {
         } else {
             stack.name("search")
         };
+        let stack = stack.build().unwrap();
         let client = ServiceBuilder::new()
             .layer(stack.clone())
             .service(scripted(|n| match n {
@@ -1386,6 +1436,7 @@ async fn a_named_attempt_layer_passed_to_two_keyed_stacks_is_shared() {
         };
         let first = template.clone().attempt(shared.clone()).name("search");
         let second = template.clone().attempt(shared.clone()).name("search");
+        let (first, second) = (first.build().unwrap(), second.build().unwrap());
         let client = ServiceBuilder::new()
             .layer(first.clone())
             .service(scripted(|_| Duration::from_millis(20)));
@@ -1417,7 +1468,9 @@ async fn a_measured_hedge_delay_follows_a_keyed_breaker_given_after_it() {
         .throttle(backstop::retry::throttle::ThrottleLayer::off())
         .name("search")
         .hedging_at(0.95, 2)
-        .breaker(path_keyed_breaker());
+        .breaker(path_keyed_breaker())
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(stack.clone())
         .service(scripted(|n| match n {

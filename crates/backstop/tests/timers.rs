@@ -36,7 +36,7 @@ proptest::proptest! {
                     backstop::client::http()
                         .retry(retry)
                         .timeout(Duration::from_millis(deadline))
-                        .attempt_timeout(Duration::from_millis(attempt)),
+                        .attempt_timeout(Duration::from_millis(attempt)).build().unwrap(),
                 )
                 .service(scripted::<Request<ReplayBody<String>>>(steps.clone()));
             let start = Instant::now();
@@ -70,7 +70,7 @@ proptest::proptest! {
         let rt = backstop_test_support::paused_runtime();
         let (status, took) = rt.block_on(async {
             let client = ServiceBuilder::new()
-                .layer(backstop::client::http().attempt_timeout(Duration::from_millis(attempt)))
+                .layer(backstop::client::http().attempt_timeout(Duration::from_millis(attempt)).build().unwrap())
                 .service(scripted::<Request<ReplayBody<String>>>(steps.clone()));
             let handler = tower::service_fn(move |_req: Request<String>| {
                 let client = client.clone();

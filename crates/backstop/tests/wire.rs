@@ -41,6 +41,8 @@ fn preset_keeping_50ms_off_the_wire(
                 .unwrap(),
         )
         .attempt_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap()
 }
 
 /// An adaptive attempt bound takes at most its share (80 %) of what is left of the call's
@@ -177,7 +179,9 @@ async fn a_call_no_retry_can_follow_gets_the_whole_deadline() {
     let service_config = backstop::client::grpc().service_config(config).unwrap();
     let once = backstop::client::grpc()
         .timeout(300 * MS)
-        .retry(RetryConfig::grpc().max_attempts(1).build().unwrap());
+        .retry(RetryConfig::grpc().max_attempts(1).build().unwrap())
+        .build()
+        .unwrap();
     for which in ["service config", "max_attempts(1)"] {
         let (seen, dependency) = telling(never::<ReplayBody<String>>);
         let start = Instant::now();
@@ -216,7 +220,9 @@ async fn the_last_attempt_gets_what_is_left() {
                 .backoff(backoff::constant(MS))
                 .build()
                 .unwrap(),
-        );
+        )
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new().layer(client).service(dependency);
     let req = Request::get("http://svc/").body(String::new()).unwrap();
     let err = client.oneshot(req).await.unwrap_err();
@@ -270,7 +276,7 @@ async fn a_preset_told_not_to_send_the_header_sends_none_yet_keeps_every_bound()
             }
         });
         let client = ServiceBuilder::new()
-            .layer(preset.attempt_timeout(100 * MS))
+            .layer(preset.attempt_timeout(100 * MS).build().unwrap())
             .service(dependency);
         let req = Request::get("http://partner/v1")
             .header("grpc-timeout", "10S")
@@ -304,7 +310,9 @@ async fn the_grpc_preset_without_the_header_still_retries() {
     });
     let preset = backstop::client::grpc()
         .timeout(300 * MS)
-        .send_grpc_timeout(false);
+        .send_grpc_timeout(false)
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new().layer(preset).service(dependency);
     let response = client.oneshot(grpc_call("")).await.unwrap();
     assert_eq!(response.headers()["grpc-status"], "0");
@@ -321,7 +329,9 @@ async fn without_the_header_the_deadline_still_ends_the_call() {
             backstop::client::http()
                 .timeout(250 * MS)
                 .max_attempts(1)
-                .send_grpc_timeout(false),
+                .send_grpc_timeout(false)
+                .build()
+                .unwrap(),
         )
         .service(service_fn(|req: Request<ReplayBody<String>>| async move {
             assert!(req.headers().get("grpc-timeout").is_none());

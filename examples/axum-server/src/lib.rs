@@ -53,15 +53,19 @@ struct AppState {
 ///
 /// Never: the layer configurations are fixed and valid (and checked by the tests).
 pub fn app(upstream: Uri, metrics: PrometheusHandle) -> Router {
-    let outbound = backstop::client::http().name("upstream").deadline(
-        // Keep 10 % of what is left for ourselves, and tell the upstream 2 ms less than that
-        // to cover the network.
-        PropagateDeadlineLayer::builder()
-            .fraction(0.9)
-            .offset(Duration::from_millis(2))
-            .build()
-            .expect("valid outbound configuration"),
-    );
+    let outbound = backstop::client::http()
+        .name("upstream")
+        .deadline(
+            // Keep 10 % of what is left for ourselves, and tell the upstream 2 ms less than that
+            // to cover the network.
+            PropagateDeadlineLayer::builder()
+                .fraction(0.9)
+                .offset(Duration::from_millis(2))
+                .build()
+                .expect("valid outbound configuration"),
+        )
+        .build()
+        .unwrap();
     let client = ServiceBuilder::new()
         .layer(outbound)
         .service(Client::builder(TokioExecutor::new()).build_http());

@@ -1,7 +1,7 @@
 //! Run: `cargo run -p example-hyper-client -- --url http://127.0.0.1:3000/deadline --requests 5`
 //!
 //! (`cargo run -p example-axum-server -- --addr 127.0.0.1:3000` gives it something to call.)
-//! Sends GETs through hyper-util's client under `backstop::client::http()`: each with a
+//! Sends GETs through hyper-util's client under `backstop::client::http().build().unwrap()`: each with a
 //! deadline (`--timeout-ms`, sent as `grpc-timeout`), retried within it and a 10 % budget, and
 //! refused at once while the breaker is open. Prints each status, then the retry stats and
 //! the breaker's state.
@@ -37,7 +37,9 @@ async fn main() -> Result<(), backstop::BoxError> {
         .build()?;
     let backend = backstop::client::http()
         .deadline(deadline)
-        .attempt_timeout(Duration::from_millis(args.timeout_ms / 2));
+        .attempt_timeout(Duration::from_millis(args.timeout_ms / 2))
+        .build()
+        .unwrap();
     // hyper-util's client takes the retry layer's replayable body as it is.
     let transport = Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Empty<Bytes>>>();
     let mut client = ServiceBuilder::new()

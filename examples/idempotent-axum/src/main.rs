@@ -139,7 +139,9 @@ async fn charge(url: &str, calls: usize) -> Result<(), backstop::BoxError> {
         .layer(
             backstop::client::http()
                 .name("payments")
-                .idempotency_keys(true),
+                .idempotency_keys(true)
+                .build()
+                .unwrap(),
         )
         .service(transport);
     for i in 1..=calls {

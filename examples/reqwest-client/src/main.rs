@@ -2,7 +2,7 @@
 //!
 //! (`cargo run -p example-axum-server -- --addr 127.0.0.1:3000` gives it something to call.)
 //! reqwest's `Client` driven as a `tower::Service<http::Request<_>>` through
-//! `backstop_reqwest::Reqwest`, under `backstop::client::http()`: a deadline sent as
+//! `backstop_reqwest::Reqwest`, under `backstop::client::http().build().unwrap()`: a deadline sent as
 //! `grpc-timeout`, budgeted retries with the request body replayed, and a breaker.
 
 use backstop::BoxError;
@@ -33,7 +33,7 @@ async fn main() -> Result<(), BoxError> {
     let deadline = backstop::deadline::PropagateDeadlineLayer::builder()
         .timeout(Duration::from_millis(args.timeout_ms))
         .build()?;
-    let backend = backstop::client::http().deadline(deadline);
+    let backend = backstop::client::http().deadline(deadline).build().unwrap();
     let mut client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(Reqwest::new(reqwest::Client::new()));

@@ -27,7 +27,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let backend = backstop::client::http().name("example-server");
+    let backend = backstop::client::http()
+        .name("example-server")
+        .build()
+        .unwrap();
     let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(BackstopMiddleware::new(backend.clone()))
         .build();

@@ -1,7 +1,7 @@
 //! Run: `cargo run -p example-three-hops -- --requests 10`
 //!
 //! A → B → C over 127.0.0.1, C down (every answer a 503), twice: first with a naive retry loop
-//! at each hop (5 attempts, 10 ms apart), then with backstop (`client::http()` at each hop,
+//! at each hop (5 attempts, 10 ms apart), then with backstop (`client::http().build().unwrap()` at each hop,
 //! `server()` on B). Prints how many attempts each hop saw per user request: naive retries
 //! multiply per hop (up to 25 on C), backstop's pushback and breakers keep C near 1 and then
 //! down to probes.
@@ -59,7 +59,7 @@ impl Caller {
             .build()
             .expect("a valid deadline");
         Caller::Backstop(
-            Box::new(backstop::client::http().deadline(deadline)),
+            Box::new(backstop::client::http().deadline(deadline).build().unwrap()),
             Client::builder(TokioExecutor::new()).build_http(),
         )
     }

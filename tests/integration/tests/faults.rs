@@ -3,7 +3,11 @@
 //! hangs), the outcome is classified as docs/ARCHITECTURE.md says, a non-idempotent request is never
 //! executed twice, replayed bodies are byte-identical, and no breaker permit leaks.
 
-use backstop::{ReplayBody, client::ClientLayer, deadline::PropagateDeadlineLayer};
+use backstop::{
+    ReplayBody,
+    client::{ClientBuilder, ClientLayer},
+    deadline::PropagateDeadlineLayer,
+};
 use backstop_breaker::State;
 use backstop_core::{GrpcClassifier, HttpClassifier};
 use backstop_integration::listener;
@@ -42,7 +46,7 @@ fn transport(http2: bool) -> Transport {
 }
 
 /// A client preset with a 400 ms deadline and a fast deterministic backoff.
-fn tuned<C: Clone>(preset: ClientLayer<C>, retry: RetryConfig<C>) -> ClientLayer<C> {
+fn tuned<C: Clone>(preset: ClientBuilder<C>, retry: RetryConfig<C>) -> ClientBuilder<C> {
     preset
         .deadline(
             PropagateDeadlineLayer::builder()
@@ -61,6 +65,11 @@ fn tuned<C: Clone>(preset: ClientLayer<C>, retry: RetryConfig<C>) -> ClientLayer
 
 /// The HTTP client preset, tuned.
 fn http_preset() -> ClientLayer<HttpClassifier> {
+    http_builder().build().unwrap()
+}
+
+/// [`http_preset`] before it is built, to tune further.
+fn http_builder() -> ClientBuilder<HttpClassifier> {
     tuned(backstop::client::http(), RetryConfig::http())
 }
 
@@ -546,6 +555,8 @@ async fn grpc_unavailable(hits: Arc<AtomicU64>, in_trailers: bool) -> String {
 /// The gRPC client preset, tuned.
 fn grpc_preset() -> ClientLayer<GrpcClassifier> {
     tuned(backstop::client::grpc(), RetryConfig::grpc())
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -609,7 +620,7 @@ async fn no_permit_leaks_after_an_outage_and_a_recovery() {
     tokio::spawn(async move { axum::serve(listener, app).await });
     let url = format!("http://{addr}/");
     let budget = Arc::new(backstop_retry::RatioBudget::new());
-    let layer = http_preset()
+    let layer = http_builder()
         .breaker(
             backstop::client::http_breaker()
                 .open_duration(Duration::from_millis(50), Duration::from_millis(50))
@@ -623,7 +634,9 @@ async fn no_permit_leaks_after_an_outage_and_a_recovery() {
                 .budget(budget.clone())
                 .build()
                 .unwrap(),
-        );
+        )
+        .build()
+        .unwrap();
     let (mut refused, mut succeeded) = (0, 0);
     for _ in 0..40 {
         let outcome = call(&layer, false, request(Method::GET, &url, vec![])).await;

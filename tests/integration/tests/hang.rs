@@ -52,7 +52,7 @@ async fn a_server_that_stops_answering_opens_the_default_breaker() {
             });
         }
     });
-    let backend = backstop::client::http();
+    let backend = backstop::client::http().build().unwrap();
     let transport = Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Full<Bytes>>>();
     let client = ServiceBuilder::new()
         .layer(backend.clone())

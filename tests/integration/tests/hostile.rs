@@ -145,7 +145,9 @@ async fn hostile_pushbacks_never_make_a_client_retry_or_sleep() {
                     .backoff(backoff::constant(Duration::from_millis(5)))
                     .build()
                     .unwrap(),
-            );
+            )
+            .build()
+            .unwrap();
         let client = tower::ServiceBuilder::new().layer(layer.clone()).service(
             Client::builder(TokioExecutor::new()).build_http::<backstop::ReplayBody<Full<Bytes>>>(),
         );

@@ -80,7 +80,9 @@ async fn the_presets_throttle_refuses_and_the_refused_calls_never_reach_the_serv
     let backend = backstop::client::http()
         .name("overloaded")
         .max_attempts(1)
-        .throttle(ThrottleLayer::with(throttle.clone(), HttpClassifier::new()));
+        .throttle(ThrottleLayer::with(throttle.clone(), HttpClassifier::new()))
+        .build()
+        .unwrap();
     let client = tower::ServiceBuilder::new()
         .layer(backend.clone())
         .service(transport());
@@ -121,7 +123,9 @@ async fn a_full_bulkhead_fails_fast_while_the_server_holds_its_permits() {
     let url = counting_server(StatusCode::OK, Duration::from_millis(400), &hits, &busy).await;
     let backend = backstop::client::http()
         .name("slow")
-        .bulkhead(BulkheadLayer::new(2).unwrap());
+        .bulkhead(BulkheadLayer::new(2).unwrap())
+        .build()
+        .unwrap();
     let client = tower::ServiceBuilder::new()
         .layer(backend.clone())
         .service(transport());

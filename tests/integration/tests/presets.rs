@@ -1,5 +1,5 @@
 //! The facade's presets end to end with tonic over 127.0.0.1: a generated client over a
-//! `Channel` under `backstop::client::grpc()`, a server under `backstop::server()`, the
+//! `Channel` under `backstop::client::grpc().build().unwrap()`, a server under `backstop::server()`, the
 //! deadline crossing the wire, and the breaker answering UNAVAILABLE while the server is gone.
 
 use backstop::{ReplayBody, client::ClientLayer, deadline::PropagateDeadlineLayer};
@@ -18,12 +18,15 @@ use tonic::{
 use tower::{Layer, util::MapRequest};
 
 fn preset() -> ClientLayer<GrpcClassifier> {
-    backstop::client::grpc().deadline(
-        PropagateDeadlineLayer::builder()
-            .timeout(Duration::from_millis(800))
-            .build()
-            .unwrap(),
-    )
+    backstop::client::grpc()
+        .deadline(
+            PropagateDeadlineLayer::builder()
+                .timeout(Duration::from_millis(800))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
 }
 
 type ToBody = fn(http::Request<ReplayBody<Body>>) -> http::Request<Body>;

@@ -322,7 +322,12 @@ async fn the_tonic_clients_have_names() {
     let mut clients = Clients {
         preset: GreeterClient::new(
             ServiceBuilder::new()
-                .layer(backstop::client::grpc().name("greeter-preset"))
+                .layer(
+                    backstop::client::grpc()
+                        .name("greeter-preset")
+                        .build()
+                        .unwrap(),
+                )
                 .layer(TonicBodyLayer)
                 .service(channel.clone()),
         ),
@@ -371,7 +376,7 @@ async fn a_failed_calls_status_says_how_many_attempts_and_why_it_stopped() {
         .unwrap();
     let mut client = GreeterClient::new(
         ServiceBuilder::new()
-            .layer(backstop::client::grpc().retry(retry))
+            .layer(backstop::client::grpc().retry(retry).build().unwrap())
             .layer(TonicBodyLayer)
             .service(channel),
     );

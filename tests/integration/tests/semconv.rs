@@ -28,7 +28,7 @@ fn a_prometheus_exporter_shows_the_conventions_names_and_labels() {
                 let transport =
                     Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Empty<Bytes>>>();
                 let client = ServiceBuilder::new()
-                    .layer(backstop::client::http().name("local"))
+                    .layer(backstop::client::http().name("local").build().unwrap())
                     .layer(SemconvLayer::new())
                     .service(transport);
                 for path in ["/ok", "/ok", "/teapot"] {
@@ -89,7 +89,7 @@ fn a_prometheus_exporter_shows_grpc_calls_under_the_rpc_conventions() {
                 let channel = Endpoint::from_shared(url).unwrap().connect_lazy();
                 let mut client = GreeterClient::new(
                     ServiceBuilder::new()
-                        .layer(backstop::client::grpc().name("greeter"))
+                        .layer(backstop::client::grpc().name("greeter").build().unwrap())
                         // The channel adds the origin: its requests carry only a path.
                         .layer(SemconvLayer::new().server("127.0.0.1", port))
                         .layer(TonicBodyLayer)
