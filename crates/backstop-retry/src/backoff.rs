@@ -183,7 +183,9 @@ pub enum Jitter {
     Full,
     /// `e/2` plus uniform in `[0, e/2]`.
     Equal,
-    /// Within `±f·e` of `e`, `f` in (0, 1].
+    /// Uniform within `±f·e` of `e`, `f` in (0, 1]: `e × random(1 − f, 1 + f)`. The jitter
+    /// applies after the cap, so a wait at the cap may go `f·cap` past it (at most
+    /// [`MAX_DELAY`]): gRFC A6 as updated in 2024 (`f` = 0.2), which grpc-js and grpcio follow.
     Proportional(f64),
 }
 
@@ -199,8 +201,9 @@ pub struct Exponential {
 /// Exponential backoff: the envelope `e = min(cap, base·2ⁿ⁻¹)`, with [`Jitter::Full`]; change it
 /// with [`Exponential::jitter`] and the growth with [`Exponential::multiplier`].
 ///
-/// With full jitter and a multiplier this is gRFC A6's own formula: retry `n` waits
-/// `random(0, min(initialBackoff × backoffMultiplier^(n−1), maxBackoff))`.
+/// With a multiplier and [`Jitter::Proportional`]`(0.2)` this is gRFC A6's formula as updated
+/// in 2024: retry `n` waits `min(initialBackoff × backoffMultiplier^(n−1), maxBackoff) ×
+/// random(0.8, 1.2)` (A6's 2017 text had full jitter, `random(0, …)`).
 ///
 /// `base` must be more than zero and `cap` between `base` and 1 h (checked by
 /// [`Backoff::validate`]).
@@ -286,7 +289,7 @@ impl Backoff for Exponential {
             Jitter::Equal => uniform(rng, e / 2, e),
             Jitter::Proportional(f) => {
                 let lo = e.mul_f64(1.0 - f);
-                uniform(rng, lo, e.saturating_add(e.mul_f64(f)).min(self.cap))
+                uniform(rng, lo, e.saturating_add(e.mul_f64(f)).min(MAX_DELAY))
             }
         };
         state.prev = d;
@@ -391,9 +394,10 @@ mod tests {
         assert_ne!(run(&b, 7, 6), run(&b, 8, 6));
     }
 
-    /// gRFC A6's formula: retry n waits random(0, min(initial × multiplier^(n−1), max)).
+    /// gRFC A6's formula (2024): retry n waits min(initial × multiplier^(n−1), max) ×
+    /// random(0.8, 1.2), past the cap by at most a fifth of it.
     #[test]
-    fn a6_backoff_is_exponential_with_a_multiplier_and_full_jitter() {
+    fn a6_backoff_is_exponential_with_a_multiplier_and_a_fifth_either_side() {
         let envelope = exponential(100 * MS, 1000 * MS)
             .multiplier(1.5)
             .jitter(Jitter::None);
@@ -405,13 +409,31 @@ mod tests {
             .map(Duration::from_micros)
             .to_vec()
         );
-        let a6 = exponential(100 * MS, 1000 * MS).multiplier(1.5);
+        let a6 = exponential(100 * MS, 1000 * MS)
+            .multiplier(1.5)
+            .jitter(Jitter::Proportional(0.2));
+        let (mut below, mut above) = (0, 0);
         for seed in 0..50 {
             for (n, d) in run(&a6, seed, 7).into_iter().enumerate() {
                 let e = envelope.envelope(n as u32 + 1);
-                assert!(d <= e, "retry {}: {d:?} above {e:?}", n + 1);
+                assert!(
+                    d >= e.mul_f64(0.8),
+                    "retry {}: {d:?} below 0.8 × {e:?}",
+                    n + 1
+                );
+                assert!(
+                    d <= e.mul_f64(1.2),
+                    "retry {}: {d:?} above 1.2 × {e:?}",
+                    n + 1
+                );
+                below += usize::from(d < e);
+                above += usize::from(d > e);
             }
         }
+        // Both sides of the envelope, the cap's included (A6 jitters after the cap).
+        assert!(below > 100 && above > 100, "{below} below, {above} above");
+        assert!(run(&a6, 3, 7).len() == 7);
+        assert_eq!(a6.least_first_delay(), 80 * MS);
         // A multiplier below 1 shrinks, far retries do not overflow, and bad ones are named.
         let shrink = exponential(100 * MS, 1000 * MS).multiplier(0.5);
         assert_eq!(shrink.envelope(2), 50 * MS);
@@ -567,7 +589,8 @@ mod tests {
     }
 
     /// Defect: proportional jitter clamped after sampling, putting ~27 % of delays exactly on
-    /// the cap. The envelope is now capped before sampling.
+    /// the cap. The envelope is capped before sampling, and the jitter spreads around it
+    /// (gRFC A6, 2024): nothing piles up on the cap, nothing goes past `f` of it.
     #[test]
     fn proportional_jitter_does_not_pile_up_at_the_cap() {
         let b = exponential(10 * MS, 200 * MS).jitter(Jitter::Proportional(0.5));
@@ -578,7 +601,8 @@ mod tests {
             "{at_cap} of {} on the cap",
             delays.len()
         );
-        assert!(delays.iter().all(|&d| d <= 200 * MS));
+        assert!(delays.iter().all(|&d| d <= 300 * MS));
+        assert!(delays.iter().any(|&d| d > 200 * MS));
     }
 
     proptest! {
@@ -598,12 +622,15 @@ mod tests {
                 let b = exponential(base, cap).jitter(jitter);
                 for (i, d) in run(&b, seed, 12).into_iter().enumerate() {
                     let e = base.saturating_mul(1 << i).min(cap);
-                    prop_assert!(d <= cap);
                     match jitter {
                         Jitter::None => prop_assert_eq!(d, e),
                         Jitter::Equal => prop_assert!(d >= e / 2 && d <= e),
                         Jitter::Full => prop_assert!(d <= e),
-                        Jitter::Proportional(f) => prop_assert!(d >= e.mul_f64(1.0 - f) - MS / 1000),
+                        // After the cap: within ±f·e of the capped envelope.
+                        Jitter::Proportional(f) => prop_assert!(
+                            d >= e.mul_f64(1.0 - f) - MS / 1000
+                                && d <= e.mul_f64(1.0 + f) + MS / 1000
+                        ),
                     }
                 }
             }

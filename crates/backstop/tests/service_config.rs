@@ -366,7 +366,9 @@ fn policies_become_retry_policies_hedging_and_a_throttle() {
     assert!(r.retry_policy().build().is_ok());
     assert_eq!(
         r.backoff(),
-        backstop::retry::backoff::exponential(200 * MS, 2000 * MS).multiplier(3.0)
+        backstop::retry::backoff::exponential(200 * MS, 2000 * MS)
+            .multiplier(3.0)
+            .jitter(backstop::retry::backoff::Jitter::Proportional(0.2))
     );
     let Some(MethodPolicy::Hedging(h)) = &config.methods[1].policy else {
         panic!("a hedging policy")
@@ -471,6 +473,7 @@ fn every_value_a6_allows_builds_a_client() {
     assert_eq!(
         policy.backoff(),
         backstop::retry::backoff::exponential(100 * MS, backstop::retry::backoff::MAX_DELAY)
+            .jitter(backstop::retry::backoff::Jitter::Proportional(0.2))
     );
 }
 
@@ -758,12 +761,19 @@ mod dispatch {
         // GetBalance: its 5 s timeout, all of it, as grpcio tells it: an attempt that ran out
         // of time would not be retried (a gRPC call is not idempotent by default), so the
         // attempt bound keeps no share for a retry; retries of its UNAVAILABLE answers within
-        // A6's envelopes (0.1, 0.2, 0.4 s).
+        // A6's envelopes (0.1, 0.2, 0.4 s), a fifth either side (A6 as updated in 2024).
         assert_eq!(seen[0].1.as_deref(), Some("5S"));
         let mut envelope = Duration::from_millis(100);
         for pair in seen[..4].windows(2) {
             let gap = pair[1].2 - pair[0].2;
-            assert!(gap <= envelope, "{gap:?} above {envelope:?}");
+            assert!(
+                gap <= envelope.mul_f64(1.2),
+                "{gap:?} above 1.2 × {envelope:?}"
+            );
+            assert!(
+                gap >= envelope.mul_f64(0.8),
+                "{gap:?} below 0.8 × {envelope:?}"
+            );
             envelope *= 2;
         }
         // Charge has an entry of its own, without a timeout: no deadline at all (the default
@@ -856,5 +866,36 @@ mod dispatch {
             1,
             "no retry with the throttle at 4 of 10"
         );
+    }
+}
+
+/// gRFC A6 as updated in 2024 (grpc/proposal#452), as grpc-js and grpcio wait: the n-th retry
+/// waits `min(initialBackoff × multiplier^(n−1), maxBackoff) × random(0.8, 1.2)`. For 0.1 s × 2
+/// the referees measured 94, 205, 412, 704 ms and 115, 193, 453, 672 ms; the 2017 formula
+/// (`random(0, …)`) gave 96, 56, 330, 647 ms: a second retry sooner than the first.
+#[test]
+fn the_backoff_is_a6_2024s_envelope_a_fifth_either_side() {
+    use backstop::retry::backoff::{Backoff, BackoffState, Rng};
+    let config = ServiceConfig::from_json(&retry(
+        r#""maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
+    ))
+    .unwrap();
+    let Some(MethodPolicy::Retry(policy)) = &config.methods[0].policy else {
+        panic!("a retry policy")
+    };
+    let backoff = policy.backoff();
+    let envelopes = [100 * MS, 200 * MS, 400 * MS, 800 * MS, 1000 * MS];
+    for seed in 0..200 {
+        let mut rng = Rng::with_seed(seed);
+        let mut state = BackoffState::default();
+        for (n, envelope) in envelopes.iter().enumerate() {
+            state.retry = n as u32 + 1;
+            let wait = backoff.next_delay(&mut state, &mut rng);
+            assert!(
+                wait >= envelope.mul_f64(0.8) && wait <= envelope.mul_f64(1.2),
+                "seed {seed}, retry {}: {wait:?} outside 0.8..1.2 × {envelope:?}",
+                n + 1
+            );
+        }
     }
 }

@@ -4,16 +4,21 @@
 use super::{HedgingPolicyConfig, RetryPolicyConfig, RetryThrottling};
 
 impl RetryPolicyConfig {
-    /// The policy's backoff: gRFC A6's formula, `random(0, min(initialBackoff ×
-    /// backoffMultiplier^(n−1), maxBackoff))` ([`exponential`](backstop_retry::backoff::exponential)
-    /// with this multiplier and full jitter). A `maxBackoff` below `initialBackoff` caps every
-    /// wait at `maxBackoff`; one above the retry layer's longest backoff
+    /// The policy's backoff: gRFC A6's formula as updated in 2024, retry `n` waits
+    /// `min(initialBackoff × backoffMultiplier^(n−1), maxBackoff) × random(0.8, 1.2)`
+    /// ([`exponential`](backstop_retry::backoff::exponential) with this multiplier and
+    /// [`Jitter::Proportional`](backstop_retry::backoff::Jitter::Proportional)`(0.2)`), as
+    /// grpc-js and grpcio wait (A6's 2017 text drew `random(0, …)`, which retried at once
+    /// about as often as late). A `maxBackoff` below `initialBackoff` caps every envelope
+    /// at `maxBackoff`; one above the retry layer's longest backoff
     /// ([`MAX_DELAY`](backstop_retry::backoff::MAX_DELAY), 1 h) is clamped to it, a deliberate
     /// difference from A6, which sets no bound.
     pub fn backoff(&self) -> backstop_retry::backoff::Exponential {
         let cap = self.max_backoff.min(backstop_retry::backoff::MAX_DELAY);
         let base = self.initial_backoff.min(cap);
-        backstop_retry::backoff::exponential(base, cap).multiplier(self.backoff_multiplier)
+        backstop_retry::backoff::exponential(base, cap)
+            .multiplier(self.backoff_multiplier)
+            .jitter(backstop_retry::backoff::Jitter::Proportional(0.2))
     }
 
     /// The policy as a [`RetryConfig`](backstop_retry::RetryConfig) for gRPC: its attempts, its
