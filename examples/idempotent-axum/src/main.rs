@@ -20,7 +20,7 @@ use axum::{
     routing::{get, post},
 };
 use backstop::ReplayBody;
-use backstop_idempotency::{IdempotencyLayer, MemoryStore, RedisStore, Store};
+use backstop::idempotency::{IdempotencyLayer, MemoryStore, RedisStore, Store};
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use http_body_util::{BodyExt, Full};
