@@ -266,14 +266,13 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
         Variant::Backstop => {
             let opens = config.opens.clone();
             let (first_open, start) = (config.first_open.clone(), config.start);
-            // The preset's breaker, seeded and counted; open 1 s doubling to 5 s, because the
-            // lab's outages last seconds where production's last minutes.
+            // The preset's breaker (its open time too: 1 s doubling to 3 s), seeded and
+            // counted.
             let mut breaker = backstop::client::http_breaker();
             if config.per_route {
                 breaker = breaker.per_key(backstop::breaker::BreakerKey::Path);
             }
             let breaker = breaker
-                .open_duration(Duration::from_secs(1), Duration::from_secs(5))
                 .seed(config.seed)
                 .on_state_change(move |t| {
                     if t.to == State::Open {
