@@ -35,7 +35,7 @@ pub(crate) struct Settings<St> {
 /// | `methods` | POST, PATCH |
 /// | `require_key` | `false` (a request without a key runs as if the layer were not there) |
 /// | `ttl` (how long an answer is replayed) | 24 h |
-/// | `lock_timeout` (how long a claim holds when its handler never answers) | 60 s |
+/// | `lock_timeout` (how long a claim holds while its handler runs, or when no one completes it) | 60 s |
 /// | `wait_in_flight` (how long a duplicate waits for the original's answer) | none: 409 at once |
 /// | `max_key_len` | 255 bytes |
 /// | `max_body_bytes` (request body buffered to fingerprint it; 413 above) | 1 MiB |
@@ -116,10 +116,10 @@ impl<St: Store> IdempotencyConfig<St> {
         self
     }
 
-    /// How long a claim holds when its handler never answers (the request was dropped:
-    /// the work may have happened, so the claim is not released). Make it longer than the
-    /// handler can run (a server deadline bounds that); a handler still running after it
-    /// may run again beside a duplicate.
+    /// How long a claim holds while its handler runs, and when no one completes it (the
+    /// process died, the store failed when the answer came). Make it longer than the handler
+    /// can run (a server deadline bounds that); a handler still running after it may run
+    /// again beside a duplicate.
     #[must_use]
     pub fn lock_timeout(mut self, lock: Duration) -> Self {
         self.settings.lock_timeout = lock;

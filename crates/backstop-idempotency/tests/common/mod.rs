@@ -83,6 +83,12 @@ pub fn handler(runs: Arc<AtomicUsize>) -> impl Handler {
                 "/err" => return Err::<Response<Full<Bytes>>, BoxError>("handler failed".into()),
                 "/panic" if !panicked.swap(true, Ordering::SeqCst) => panic!("handler panicked"),
                 "/big" => body = "x".repeat(4096),
+                "/nothing" => {
+                    let mut r = Response::new(Full::new(Bytes::from_static(b"nothing done")));
+                    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    r.extensions_mut().insert(backstop_core::NotExecuted);
+                    return Ok(r);
+                }
                 "/reject" => {
                     let mut r = Response::new(Full::new(Bytes::from_static(b"open")));
                     *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -238,27 +244,39 @@ macro_rules! behaviour {
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn a_5xx_an_error_and_a_panic_release_the_claim() {
+        async fn a_5xx_is_the_keys_answer_replayed_and_another_body_is_422() {
             let h = Harness::new($store);
-            let key = fresh_key("release");
+            let key = fresh_key("fail");
             assert_eq!(h.post("/fail", Some(&key), "").await.status(), 500);
-            assert_eq!(h.post("/fail", Some(&key), "").await.status(), 500);
-            assert_eq!(h.runs(), 2);
-            let key = fresh_key("err");
-            assert!(h.send(post("/err", Some(&key), "")).await.is_err());
-            assert!(h.send(post("/err", Some(&key), "")).await.is_err());
-            assert_eq!(h.runs(), 4);
-            let key = fresh_key("panic");
-            let panicked = tokio::spawn(h.send(post("/panic", Some(&key), ""))).await;
-            assert!(panicked.unwrap_err().is_panic());
-            // The panic released the claim: the retry runs (and this time succeeds).
-            let retry = h.post("/panic", Some(&key), "").await;
-            assert_eq!(retry.status(), 201);
-            assert_eq!(h.runs(), 6);
+            let again = h.post("/fail", Some(&key), "").await;
+            assert_eq!(again.status(), 500);
+            assert!(replayed(&again), "{again:?}");
+            assert_eq!(again.body(), "run 1");
+            assert_problem(&h.post("/fail", Some(&key), "{\"other\":1}").await, 422);
+            assert_eq!(h.runs(), 1);
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn a_dropped_request_keeps_its_claim_until_the_lock_expires() {
+        async fn an_error_and_a_panic_leave_a_record_that_the_request_ran() {
+            let h = Harness::new($store);
+            let key = fresh_key("err");
+            assert!(h.send(post("/err", Some(&key), "")).await.is_err());
+            let dup = h.post("/err", Some(&key), "").await;
+            assert_problem(&dup, 409);
+            assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+            assert_eq!(h.runs(), 1);
+            let key = fresh_key("panic");
+            let panicked = tokio::spawn(h.send(post("/panic", Some(&key), ""))).await;
+            assert!(panicked.unwrap_err().is_panic());
+            // The handler started: the retry does not run it again.
+            let dup = h.post("/panic", Some(&key), "").await;
+            assert_problem(&dup, 409);
+            assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+            assert_eq!(h.runs(), 2);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn a_dropped_request_is_never_run_again_even_after_the_lock_expires() {
             let h = Harness::with(
                 backstop_idempotency::IdempotencyLayer::builder($store),
                 |c| c.lock_timeout(Duration::from_millis(500)),
@@ -269,30 +287,39 @@ macro_rules! behaviour {
                 h.send(post("/slow", Some(&key), "")),
             );
             assert!(cut.await.is_err(), "the caller went away");
-            assert_problem(&h.post("/slow", Some(&key), "").await, 409);
-            tokio::time::sleep(Duration::from_millis(600)).await;
-            assert_eq!(h.post("/slow", Some(&key), "").await.status(), 201);
-            assert_eq!(h.runs(), 2);
+            for wait in [50, 600] {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                let dup = h.post("/slow", Some(&key), "").await;
+                assert_problem(&dup, 409);
+                assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+            }
+            assert_eq!(h.runs(), 1);
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn refusals_made_before_the_handler_are_not_stored_but_4xx_are() {
+        async fn only_an_answer_marked_not_executed_releases_the_key() {
             let h = Harness::new($store);
+            let key = fresh_key("nothing");
+            assert_eq!(h.post("/nothing", Some(&key), "").await.status(), 503);
+            let again = h.post("/nothing", Some(&key), "").await;
+            assert!(!replayed(&again), "{again:?}");
+            assert_eq!(h.runs(), 2);
+            // A `Rejection` alone says who answered, not that nothing happened: stored.
             let key = fresh_key("reject");
             assert_eq!(h.post("/reject", Some(&key), "").await.status(), 503);
-            assert_eq!(h.post("/reject", Some(&key), "").await.status(), 503);
-            assert_eq!(h.runs(), 2);
+            let again = h.post("/reject", Some(&key), "").await;
+            assert_eq!(again.status(), 503);
+            assert!(replayed(&again), "{again:?}");
             let key = fresh_key("bad");
             assert_eq!(h.post("/bad", Some(&key), "").await.status(), 400);
-            let again = h.post("/bad", Some(&key), "").await;
-            assert!(replayed(&again));
-            assert_eq!(h.runs(), 3);
+            assert!(replayed(&h.post("/bad", Some(&key), "").await));
+            assert_eq!(h.runs(), 4);
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn the_handlers_own_429_and_408_are_not_stored_a_duplicate_runs_again() {
-            // 4xx answers are stored, but 429 and 408 say "not now", not "never": the claim
-            // is released, and a duplicate runs the handler again (and may succeed).
+        async fn the_handlers_own_429_and_408_are_stored_and_replayed() {
+            // "Not now" from a handler that ran is still its answer: it may have done part
+            // of the work; a handler that did nothing says so with `NotExecuted`.
             let h = Harness::new($store);
             for (path, status) in [("/busy", 429), ("/timeout", 408)] {
                 let key = fresh_key(path.trim_start_matches('/'));
@@ -302,12 +329,8 @@ macro_rules! behaviour {
                 assert!(!replayed(&first));
                 let again = h.post(path, Some(&key), "").await;
                 assert_eq!(again.status(), status, "{again:?}");
-                assert!(!replayed(&again), "a {status} was stored: {again:?}");
-                assert_eq!(
-                    h.runs(),
-                    before + 2,
-                    "a duplicate after a {status} runs again"
-                );
+                assert!(replayed(&again), "a {status} was not stored: {again:?}");
+                assert_eq!(h.runs(), before + 1);
             }
         }
 
