@@ -148,8 +148,8 @@ impl<St: Store> IdempotencyConfig<St> {
         self
     }
 
-    /// The longest answer stored: a longer one is sent through but not stored (a warning
-    /// is logged), and the key keeps a record that its request ran: a duplicate is answered
+    /// The longest answer stored (the store's own bound, [`Store::max_record_bytes`], may
+    /// be lower): a longer one is sent through but not stored (a warning is logged), and the key keeps a record that its request ran: a duplicate is answered
     /// 409 (no `Retry-After`) for `ttl`, and the handler does not run again.
     #[must_use]
     pub fn max_response_bytes(mut self, n: usize) -> Self {

@@ -96,7 +96,8 @@
 //!    a record that the request ran, and a duplicate is answered **409** without
 //!    `Retry-After` (coming back later will not help; the handler never runs twice for the
 //!    key): a handler error (`Err`), a **panic** (in `call` or in its future), an answer
-//!    larger than `max_response_bytes` (1 MiB), one with
+//!    larger than `max_response_bytes` (1 MiB) or than the store can hold
+//!    ([`Store::max_record_bytes`]: a memory-store shard's share of its bytes), one with
 //!    trailers, or one whose body fails (each sent whole to its caller, with a warning
 //!    logged), and a keyed future **dropped** while the handler runs (the caller left, a
 //!    timeout outside fired). A dropped request's record is written on the tokio runtime as
@@ -108,7 +109,8 @@
 //! 6. When the store fails or takes longer than `store_timeout` (1 s), the request is
 //!    answered **503** with `Retry-After` and the handler does not run (fail closed), unless
 //!    `fail_open` is set. A failure to store the answer after the handler ran is logged and
-//!    the answer sent; the key gets the record that the request ran instead.
+//!    the answer sent; the key gets the record that the request ran instead (whatever cannot
+//!    be stored still leaves that record).
 //!
 //! Every refusal carries a problem-details body (`application/problem+json`, RFC 9457).
 //! Other methods and gRPC requests pass through untouched. The layer's service takes

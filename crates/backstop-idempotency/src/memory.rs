@@ -225,6 +225,8 @@ struct Inner {
     hasher: RandomState,
     start: tokio::time::Instant,
     salt: u64,
+    /// Each shard's byte bound: no record larger fits.
+    shard_bytes: usize,
 }
 
 /// Bounds of a [`MemoryStore`]: defaults 100 000 records, 64 MiB of answers, 16 shards.
@@ -304,7 +306,9 @@ impl MemoryStoreBuilder {
     }
 
     /// Most bytes of stored answers (bodies, headers and a fixed overhead per record,
-    /// [`StoredResponse::size`]), 64 MiB by default.
+    /// [`StoredResponse::size`]), 64 MiB by default. Split evenly over the shards: no record
+    /// larger than one shard's share is kept (an answer above it is sent, not stored; its key
+    /// records that the request ran).
     #[must_use]
     pub fn max_bytes(mut self, n: usize) -> Self {
         self.max_bytes = n;
@@ -363,6 +367,7 @@ impl MemoryStoreBuilder {
                 hasher,
                 start: tokio::time::Instant::now(),
                 salt,
+                shard_bytes: bytes,
             }),
         })
     }
@@ -402,6 +407,11 @@ impl Store for MemoryStore {
         let now = self.now();
         let result = lock(self.shard(key)).get(key, now);
         Box::pin(std::future::ready(Ok(result)))
+    }
+
+    /// A shard's share of `max_bytes`: a record lives in one shard.
+    fn max_record_bytes(&self) -> Option<usize> {
+        Some(self.inner.shard_bytes)
     }
 }
 

@@ -26,6 +26,9 @@ use crate::{
 use redis::{Script, Value, aio::ConnectionManager};
 use std::{fmt, sync::Arc, time::Duration};
 
+/// The largest value Redis takes by default (`proto-max-bulk-len`: 512 MiB).
+const MAX_VALUE_BYTES: usize = 512 << 20;
+
 /// Claims a free key, or returns what it holds.
 const CLAIM: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
@@ -199,6 +202,12 @@ impl Store for RedisStore {
                 .map_err(unavailable)?;
             Ok(done == 1)
         })
+    }
+
+    /// Redis's largest string (`proto-max-bulk-len`, 512 MiB by default); a record's
+    /// encoding is never longer than its [`StoredResponse::size`].
+    fn max_record_bytes(&self) -> Option<usize> {
+        Some(MAX_VALUE_BYTES)
     }
 
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {

@@ -5,7 +5,7 @@ use crate::{
     config::Settings,
     key::{IDEMPOTENCY_KEY, parse_key},
     problem::Problem,
-    record::{Fingerprint, StoredResponse},
+    record::{self, Fingerprint, StoredResponse},
     store::{Claim, Record, Store, StoreError, StoreErrorKind, Token},
 };
 use backstop_core::{NotExecuted, Rejection};
@@ -210,21 +210,35 @@ impl<St: Store> Settings<St> {
         self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0)
     }
 
-    /// Replaces the claim of `token` with `record`.
+    /// Replaces the claim of `token` with `record`; when the store cannot keep it (full, too
+    /// large, down), with the small record that the request ran, so no duplicate runs it
+    /// again: whatever cannot be stored still leaves that record.
     async fn finish(&self, key: &str, token: Token, record: Arc<StoredResponse>) {
-        match self
-            .timed(self.store.complete(key, token, record, self.ttl))
+        let unreplayable = Problem::Unreplayable.into_record(record.fingerprint);
+        let e = match self
+            .timed(self.store.complete(key, token, record.clone(), self.ttl))
             .await
         {
-            Ok(true) => {}
+            Ok(true) => return,
             Ok(false) => {
                 tracing::warn!(
                     "idempotency claim expired before its answer; a duplicate may have run"
-                )
+                );
+                return;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "idempotent answer not stored; its key stays claimed until the lock timeout")
-            }
+            Err(e) => e,
+        };
+        if *record == unreplayable {
+            tracing::warn!(error = %e, "idempotent request's record not stored; its key stays claimed until the lock timeout");
+            return;
+        }
+        tracing::warn!(error = %e, "idempotent answer not stored; duplicates are answered 409");
+        let unreplayable = Arc::new(unreplayable);
+        if let Err(e) = self
+            .timed(self.store.complete(key, token, unreplayable, self.ttl))
+            .await
+        {
+            tracing::warn!(error = %e, "idempotent request's record not stored; its key stays claimed until the lock timeout");
         }
     }
 
@@ -493,6 +507,15 @@ where
     }
 
     let (parts, mut body) = response.into_parts();
+    // The largest body to store: `max_response_bytes`, and what the store can hold of a
+    // record with these headers (a larger one is not offered to it).
+    let limit = s
+        .store
+        .max_record_bytes()
+        .map_or(s.max_response_bytes, |most| {
+            s.max_response_bytes
+                .min(most.saturating_sub(record::head_size(&parts.headers)))
+        });
     let mut buf = BytesMut::new();
     // Read the answer whole to store it; when it cannot be kept, the caller still gets all of
     // it (what was read, then the rest of the body, its error or its trailers) and the key
@@ -503,11 +526,11 @@ where
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(mut data) => {
                     use bytes::Buf;
-                    let over = buf.len() + data.remaining() > s.max_response_bytes;
+                    let over = buf.len() + data.remaining() > limit;
                     buf.extend_from_slice(&data.copy_to_bytes(data.remaining()));
                     if over {
                         tracing::warn!(
-                            limit = s.max_response_bytes,
+                            limit,
                             "idempotent answer too large to store; duplicates are answered 409"
                         );
                         break Some(IdempotencyBody::parts(

@@ -158,6 +158,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// What the key holds now.
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>>;
+
+    /// The largest record (in [`StoredResponse::size`] bytes) the store can keep, if it has
+    /// such a bound; `None` (the default) when any record fits. An answer whose record would
+    /// be larger is not offered to the store: the layer keeps, in its place, the small record
+    /// that the request ran (duplicates get 409), as it does when `complete` fails.
+    fn max_record_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl<T: Store + ?Sized> Store for Arc<T> {
@@ -186,5 +194,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         (**self).get(key)
+    }
+
+    fn max_record_bytes(&self) -> Option<usize> {
+        (**self).max_record_bytes()
     }
 }

@@ -174,3 +174,74 @@ async fn grpc_requests_pass_through_with_a_key() {
     assert_eq!(h.runs(), 2, "not de-duplicated (the crate docs say why)");
     assert!(store.is_empty());
 }
+
+/// The memory store, but refusing (`Full`) any answer above 100 bytes of body without saying
+/// so up front (`max_record_bytes` left at its default): a store whose limit the layer learns
+/// only when `complete` fails.
+#[derive(Debug, Clone)]
+struct Picky(MemoryStore);
+
+impl Store for Picky {
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        fp: Fingerprint,
+        lock: Duration,
+    ) -> StoreFuture<'a, Claim> {
+        self.0.claim(key, fp, lock)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        response: Arc<StoredResponse>,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        if response.body.len() > 100 && response.status != 409 {
+            return Box::pin(async { Err(StoreError::kind_only(StoreErrorKind::Full)) });
+        }
+        self.0.complete(key, token, response, ttl)
+    }
+    fn release<'a>(&'a self, key: &'a str, token: Token) -> StoreFuture<'a, bool> {
+        self.0.release(key, token)
+    }
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+        self.0.get(key)
+    }
+}
+
+/// After the answer, whatever the lock timeout: a duplicate is 409 without `Retry-After`, and
+/// the handler ran once.
+async fn never_run_again(h: &Harness, path: &str) {
+    for wait in [0, 600, 5_000] {
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let dup = h.post(path, Some("k"), "").await;
+        assert_problem(&dup, 409);
+        assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+    }
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_larger_than_a_memory_store_shard_is_sent_whole_and_never_run_again() {
+    // 16 shards of 4 KiB; the answer is 8 KiB, below `max_response_bytes` (1 MiB).
+    let store = MemoryStore::builder().max_bytes(64 << 10).build().unwrap();
+    let h = Harness::with(IdempotencyLayer::builder(store), |c| {
+        c.lock_timeout(Duration::from_millis(500))
+    });
+    let first = h.post("/huge", Some("k"), "").await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.body().len(), 8 << 10);
+    never_run_again(&h, "/huge").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_the_store_refuses_to_keep_leaves_a_record_that_the_request_ran() {
+    let h = Harness::with(IdempotencyLayer::builder(Picky(MemoryStore::new())), |c| {
+        c.lock_timeout(Duration::from_millis(500))
+    });
+    let first = h.post("/big", Some("k"), "").await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.body().len(), 4096);
+    never_run_again(&h, "/big").await;
+}

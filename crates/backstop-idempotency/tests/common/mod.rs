@@ -83,6 +83,7 @@ pub fn handler(runs: Arc<AtomicUsize>) -> impl Handler {
                 "/err" => return Err::<Response<Full<Bytes>>, BoxError>("handler failed".into()),
                 "/panic" if !panicked.swap(true, Ordering::SeqCst) => panic!("handler panicked"),
                 "/big" => body = "x".repeat(4096),
+                "/huge" => body = "x".repeat(8 << 10),
                 "/nothing" => {
                     let mut r = Response::new(Full::new(Bytes::from_static(b"nothing done")));
                     *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
