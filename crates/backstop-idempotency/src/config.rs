@@ -198,6 +198,9 @@ impl<St: Store> IdempotencyConfig<St> {
     ///
     /// - `methods` empty;
     /// - `ttl`, `lock_timeout` or `store_timeout` zero;
+    /// - `ttl` or `lock_timeout` longer than the store can honour ([`Store::max_expiry`]:
+    ///   about 146 million years for Redis; the memory store takes any, `Duration::MAX`
+    ///   meaning "never expires");
     /// - `wait_in_flight` not below `lock_timeout`;
     /// - `max_key_len` outside `1..=8192`;
     /// - `max_body_bytes` or `max_response_bytes` zero;
@@ -214,6 +217,20 @@ impl<St: Store> IdempotencyConfig<St> {
         ] {
             if value.is_zero() {
                 return Err(ConfigError::new(knob, "must be above zero"));
+            }
+        }
+        // What the store can honour: a longer lock or ttl would make every claim or
+        // complete fail (Redis's `PX` is a signed count of milliseconds).
+        if let Some(most) = s.store.max_expiry() {
+            for (knob, value) in [("ttl", s.ttl), ("lock_timeout", s.lock_timeout)] {
+                if value > most {
+                    return Err(ConfigError::new(
+                        knob,
+                        format!(
+                            "must be at most {most:?} (the store's longest expiry), got {value:?}"
+                        ),
+                    ));
+                }
             }
         }
         if let Some(wait) = s.wait_in_flight

@@ -282,6 +282,14 @@ fn millis(d: Duration) -> Millis {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A lock or ttl in whole milliseconds, rounded up: a record lives at least as long as asked
+/// (1 ns is 1 ms, not an instant expiry); a duration too long for the clock saturates to
+/// "never expires".
+fn millis_up(d: Duration) -> Millis {
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
 /// A shard's lock. A panic while it was held cannot leave a half-updated entry (each update
 /// is one map insert or remove), so a poisoned lock is used as is.
 #[cfg(not(loom))]
@@ -381,8 +389,13 @@ impl Store for MemoryStore {
         lock_for: Duration,
     ) -> StoreFuture<'a, Claim> {
         let now = self.now();
-        let result =
-            lock(self.shard(key)).claim(key, fingerprint, now, millis(lock_for), self.inner.salt);
+        let result = lock(self.shard(key)).claim(
+            key,
+            fingerprint,
+            now,
+            millis_up(lock_for),
+            self.inner.salt,
+        );
         Box::pin(std::future::ready(result))
     }
 
@@ -394,7 +407,7 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> StoreFuture<'a, bool> {
         let now = self.now();
-        let result = lock(self.shard(key)).complete(key, token, response, now, millis(ttl));
+        let result = lock(self.shard(key)).complete(key, token, response, now, millis_up(ttl));
         Box::pin(std::future::ready(result))
     }
 

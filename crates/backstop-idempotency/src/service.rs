@@ -254,7 +254,10 @@ impl<St: Store> Settings<St> {
         record: Record,
     ) -> Response<IdempotencyBody<B>> {
         let mut record = record;
-        let waited_until = self.wait_in_flight.map(|w| tokio::time::Instant::now() + w);
+        // A wait too long for the clock is a wait without end (until the lock expires).
+        let waited_until = self
+            .wait_in_flight
+            .map(|w| tokio::time::Instant::now().checked_add(w));
         let mut pause = Duration::from_millis(5);
         loop {
             match record {
@@ -268,7 +271,7 @@ impl<St: Store> Settings<St> {
             let Some(until) = waited_until else {
                 return Problem::InFlight(self.retry_after_secs()).into_response();
             };
-            if tokio::time::Instant::now() + pause > until {
+            if until.is_some_and(|until| tokio::time::Instant::now() + pause > until) {
                 return Problem::InFlight(self.retry_after_secs()).into_response();
             }
             tokio::time::sleep(pause).await;

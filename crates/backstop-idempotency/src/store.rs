@@ -166,6 +166,14 @@ pub trait Store: Send + Sync + 'static {
     fn max_record_bytes(&self) -> Option<usize> {
         None
     }
+
+    /// The longest lock or `ttl` the store can honour, if it has such a bound; `None` (the
+    /// default) when any `Duration` works (saturating at "forever"). The layer's `build`
+    /// refuses a longer `lock_timeout` or `ttl`, naming the knob, so no `claim` or `complete`
+    /// fails on it later. Sub-millisecond durations are rounded up by the stores here.
+    fn max_expiry(&self) -> Option<Duration> {
+        None
+    }
 }
 
 impl<T: Store + ?Sized> Store for Arc<T> {
@@ -198,5 +206,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 
     fn max_record_bytes(&self) -> Option<usize> {
         (**self).max_record_bytes()
+    }
+
+    fn max_expiry(&self) -> Option<Duration> {
+        (**self).max_expiry()
     }
 }

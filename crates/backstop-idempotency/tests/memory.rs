@@ -245,3 +245,8 @@ async fn an_answer_the_store_refuses_to_keep_leaves_a_record_that_the_request_ra
     assert_eq!(first.body().len(), 4096);
     never_run_again(&h, "/big").await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn every_duration_knob_is_refused_by_build_or_honoured_by_the_memory_store() {
+    every_duration_knob_is_refused_or_honoured(MemoryStore::new).await;
+}

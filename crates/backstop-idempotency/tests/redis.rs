@@ -241,3 +241,12 @@ async fn fail_open_runs_the_handler_while_redis_is_down() {
         "fail open: no de-duplication while the store is down"
     );
 }
+
+#[tokio::test]
+async fn every_duration_knob_is_refused_by_build_or_honoured_by_redis() {
+    if !redis_server::available() {
+        return;
+    }
+    let store = shared_store().await;
+    every_duration_knob_is_refused_or_honoured(|| store.clone()).await;
+}

@@ -127,7 +127,15 @@ impl Harness {
         runs: Arc<AtomicUsize>,
         handler: impl Handler,
     ) -> Self {
-        let layer = config.build().unwrap();
+        Self::layered(config.build().unwrap(), runs, handler)
+    }
+
+    /// `layer` around `handler`, which counts its runs in `runs`.
+    pub fn layered<St: Store>(
+        layer: IdempotencyLayer<St>,
+        runs: Arc<AtomicUsize>,
+        handler: impl Handler,
+    ) -> Self {
         let svc = tower::ServiceBuilder::new()
             .layer(layer)
             .service(handler)
@@ -472,4 +480,75 @@ macro_rules! behaviour {
             assert_eq!(h.runs(), 3);
         }
     };
+}
+
+/// Every Duration knob of the layer at zero, 1 ns and `Duration::MAX` (and the longest wait
+/// below the longest lock), over stores made by `store`: each is refused by `build`, naming
+/// one of the knobs its row set, or works: the first request is answered by the handler (or
+/// 503, when every store operation times out), a duplicate by a replay, a 409, a rerun after
+/// its answer expired, or that 503; nothing panics.
+pub async fn every_duration_knob_is_refused_or_honoured<St: Store>(store: impl Fn() -> St) {
+    type Tune<St> = Box<dyn Fn(IdempotencyConfig<St>) -> IdempotencyConfig<St>>;
+    let mut rows: Vec<(&[&str], Duration, Tune<St>)> = Vec::new();
+    for value in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+        rows.push((&["ttl"], value, Box::new(move |c| c.ttl(value))));
+        rows.push((
+            &["lock_timeout"],
+            value,
+            Box::new(move |c| c.lock_timeout(value)),
+        ));
+        rows.push((
+            &["store_timeout"],
+            value,
+            Box::new(move |c| c.store_timeout(value)),
+        ));
+        rows.push((
+            &["retry_after"],
+            value,
+            Box::new(move |c| c.retry_after(value)),
+        ));
+        rows.push((
+            &["wait_in_flight"],
+            value,
+            Box::new(move |c| c.wait_in_flight(value)),
+        ));
+    }
+    let longest_wait = Duration::MAX - Duration::from_nanos(1);
+    rows.push((
+        &["lock_timeout", "wait_in_flight"],
+        longest_wait,
+        Box::new(move |c| c.lock_timeout(Duration::MAX).wait_in_flight(longest_wait)),
+    ));
+    for (knobs, value, tune) in rows {
+        let row = format!("{knobs:?} = {value:?}");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let config = tune(IdempotencyLayer::builder(store()));
+        let layer = match config.build() {
+            Err(e) => {
+                assert!(knobs.contains(&e.knob()), "{row}: refused naming {e}");
+                continue;
+            }
+            Ok(layer) => layer,
+        };
+        let h = Harness::layered(layer, runs.clone(), handler(runs));
+        let key = fresh_key("knob");
+        let first = h.post("/ok", Some(&key), "").await;
+        let timed_out = knobs.contains(&"store_timeout") && first.status() == 503;
+        assert!(first.status() == 201 || timed_out, "{row}: {first:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let dup = h.post("/ok", Some(&key), "").await;
+        let tiny = value < Duration::from_millis(5);
+        match dup.status().as_u16() {
+            201 if replayed(&dup) => {}
+            // A rerun only once the answer expired (a ttl below the wait above), or its claim
+            // did before the answer came (a lock shorter than a store's round trip).
+            201 => assert!(
+                tiny && (knobs.contains(&"ttl") || knobs.contains(&"lock_timeout")),
+                "{row}: ran again"
+            ),
+            503 => assert!(timed_out, "{row}: {dup:?}"),
+            // A 409 here is a key its answer never reached: a knob the store cannot honour.
+            _ => panic!("{row}: {dup:?}"),
+        }
+    }
 }
