@@ -25,6 +25,8 @@ pub(crate) struct Settings<St> {
     pub(crate) fail_open: bool,
     pub(crate) retry_after: Duration,
     pub(crate) identity: Option<Identity>,
+    /// Draws each claim's token.
+    pub(crate) ids: crate::KeyGenerator,
 }
 
 /// How an [`IdempotencyLayer`] answers keyed requests. Made by
@@ -91,6 +93,7 @@ impl<St: Store> IdempotencyConfig<St> {
                 fail_open: false,
                 retry_after: Duration::from_secs(1),
                 identity: None,
+                ids: crate::KeyGenerator::os(),
             },
         }
     }

@@ -108,7 +108,8 @@
 //!    `lock_timeout` (60 s).
 //! 6. When the store fails or takes longer than `store_timeout` (1 s), the request is
 //!    answered **503** with `Retry-After` and the handler does not run (fail closed), unless
-//!    `fail_open` is set. A failure to store the answer after the handler ran is logged and
+//!    `fail_open` is set. A claim whose answer never came may still land in the store: the
+//!    layer releases it (its token is the layer's) once it has, so the retry runs. A failure to store the answer after the handler ran is logged and
 //!    the answer sent; the key gets the record that the request ran instead (whatever cannot
 //!    be stored still leaves that record).
 //!

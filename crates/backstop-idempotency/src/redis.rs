@@ -19,7 +19,6 @@
 //! Redis with `appendonly yes` where that matters.
 
 use crate::{
-    client::KeyGenerator,
     record::{Fingerprint, StoredResponse},
     store::{Claim, Record, Store, StoreError, StoreErrorKind, StoreFuture, Token},
 };
@@ -61,7 +60,6 @@ pub struct RedisStore {
     conn: ConnectionManager,
     prefix: Arc<str>,
     scripts: Arc<[Script; 3]>,
-    ids: KeyGenerator,
 }
 
 impl fmt::Debug for RedisStore {
@@ -106,7 +104,6 @@ impl RedisStore {
                 Script::new(COMPLETE),
                 Script::new(RELEASE),
             ]),
-            ids: KeyGenerator::os(),
         }
     }
 
@@ -155,14 +152,8 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl Store for RedisStore {
-    fn claim<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lock: Duration,
-    ) -> StoreFuture<'a, Claim> {
+    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
-            let token = Token::new(self.ids.next_bits(), fingerprint);
             let mut conn = self.conn.clone();
             let value: Value = self.scripts[0]
                 .key(self.key(key))

@@ -458,10 +458,8 @@ where
     let key = scoped(&key, s.identity.is_some(), identity.as_deref());
     let request = Request::from_parts(parts, B::from(bytes));
 
-    let token = match s
-        .timed(s.store.claim(&key, fingerprint, s.lock_timeout))
-        .await
-    {
+    let token = Token::new(s.ids.next_bits(), fingerprint);
+    let token = match claim(&s, &key, token).await {
         Ok(Claim::Acquired(token)) => token,
         Ok(Claim::Held(record)) => return Ok(s.held(&key, fingerprint, record).await),
         Err(e) if s.fail_open => {
@@ -586,6 +584,35 @@ where
     };
     guard.complete(record).await;
     Ok(Response::from_parts(parts, body))
+}
+
+/// Claims `key` with `token`, bounded by `store_timeout`. A claim whose answer never came (it
+/// timed out, the store failed) may still land, and would block every retry until the lock
+/// timeout although the handler never ran: a task of its own waits for it (at most the lock
+/// timeout) and releases the token's claim, best effort. The token is the layer's, so the
+/// release needs nothing the store did not answer.
+async fn claim<St: Store>(
+    s: &Arc<Settings<St>>,
+    key: &str,
+    token: Token,
+) -> Result<Claim, StoreError> {
+    let mut sent = {
+        let (s, key) = (s.clone(), key.to_owned());
+        Box::pin(async move { s.store.claim(&key, token, s.lock_timeout).await })
+    };
+    let error = match tokio::time::timeout(s.store_timeout, sent.as_mut()).await {
+        Ok(Ok(claim)) => return Ok(claim),
+        Ok(Err(e)) => e,
+        Err(elapsed) => StoreError::new(StoreErrorKind::Timeout, elapsed),
+    };
+    let (s, key) = (s.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(s.lock_timeout, sent).await;
+        if let Err(e) = s.timed(s.store.release(&key, token)).await {
+            tracing::warn!(error = %e, "idempotency claim that timed out not released; it expires after the lock timeout");
+        }
+    });
+    Err(error)
 }
 
 /// The key under which the store keeps a request's record. With an `identity` configured,

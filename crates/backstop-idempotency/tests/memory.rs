@@ -9,8 +9,8 @@ mod suite {
 }
 
 use backstop_idempotency::{
-    Claim, Fingerprint, IdempotencyLayer, MemoryStore, Record, Store, StoreError, StoreErrorKind,
-    StoreFuture, StoredResponse, Token,
+    Claim, IdempotencyLayer, MemoryStore, Record, Store, StoreError, StoreErrorKind, StoreFuture,
+    StoredResponse, Token,
 };
 use common::*;
 use std::{sync::Arc, time::Duration};
@@ -38,7 +38,7 @@ impl Broken {
 }
 
 impl Store for Broken {
-    fn claim<'a>(&'a self, _: &'a str, _: Fingerprint, _: Duration) -> StoreFuture<'a, Claim> {
+    fn claim<'a>(&'a self, _: &'a str, _: Token, _: Duration) -> StoreFuture<'a, Claim> {
         self.fail()
     }
     fn complete<'a>(
@@ -182,13 +182,8 @@ async fn grpc_requests_pass_through_with_a_key() {
 struct Picky(MemoryStore);
 
 impl Store for Picky {
-    fn claim<'a>(
-        &'a self,
-        key: &'a str,
-        fp: Fingerprint,
-        lock: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        self.0.claim(key, fp, lock)
+    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
+        self.0.claim(key, token, lock)
     }
     fn complete<'a>(
         &'a self,
@@ -249,4 +244,66 @@ async fn an_answer_the_store_refuses_to_keep_leaves_a_record_that_the_request_ra
 #[tokio::test(start_paused = true)]
 async fn every_duration_knob_is_refused_by_build_or_honoured_by_the_memory_store() {
     every_duration_knob_is_refused_or_honoured(MemoryStore::new).await;
+}
+
+/// The memory store behind a slow link: the first claim is sent at once but lands `delay`
+/// later, whether or not its caller still waits (as a command already written to Redis's
+/// socket does).
+#[derive(Debug, Clone)]
+struct LateClaim {
+    inner: MemoryStore,
+    delay: Duration,
+    first: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Store for LateClaim {
+    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
+        if !self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return self.inner.claim(key, token, lock);
+        }
+        let (inner, key, delay) = (self.inner.clone(), key.to_owned(), self.delay);
+        let landed = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            inner.claim(&key, token, lock).await
+        });
+        Box::pin(async move { landed.await.unwrap() })
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        response: Arc<StoredResponse>,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        self.inner.complete(key, token, response, ttl)
+    }
+    fn release<'a>(&'a self, key: &'a str, token: Token) -> StoreFuture<'a, bool> {
+        self.inner.release(key, token)
+    }
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+        self.inner.get(key)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_lands_after_its_store_timeout_does_not_block_the_retry() {
+    let store = LateClaim {
+        inner: MemoryStore::new(),
+        delay: Duration::from_secs(2),
+        first: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+    };
+    let h = Harness::with(IdempotencyLayer::builder(store), |c| {
+        c.store_timeout(Duration::from_secs(1))
+    });
+    // Not processed: 503, come back later. Its claim lands in the store a second after.
+    let first = h.post("/ok", Some("k"), "").await;
+    assert_problem(&first, 503);
+    assert_eq!(h.runs(), 0);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // The retry runs (the handler never did), not 409 until the lock timeout.
+    let retry = h.post("/ok", Some("k"), "").await;
+    assert_eq!(retry.status(), 201, "{retry:?}");
+    assert!(!replayed(&retry));
+    assert!(replayed(&h.post("/ok", Some("k"), "").await));
+    assert_eq!(h.runs(), 1);
 }
