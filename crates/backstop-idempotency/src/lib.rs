@@ -109,8 +109,8 @@
 //! 6. When the store fails or takes longer than `store_timeout` (1 s), the request is
 //!    answered **503** with `Retry-After` and the handler does not run (fail closed), unless
 //!    `fail_open` is set. A claim whose answer never came may still land in the store: the
-//!    layer releases it (its token is the layer's) once it has, so the retry runs. A failure to store the answer after the handler ran is logged and
-//!    the answer sent; the key gets the record that the request ran instead (whatever cannot
+//!    layer releases it (its token is the layer's) once it has, so the retry runs. A failure
+//!    to store the answer after the handler ran is logged and the answer sent; the key gets the record that the request ran instead (whatever cannot
 //!    be stored still leaves that record).
 //!
 //! Every refusal carries a problem-details body (`application/problem+json`, RFC 9457).
