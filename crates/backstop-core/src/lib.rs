@@ -64,7 +64,9 @@
 //! | [`Rejection::BulkheadFull`] | `grpc-status: 14` UNAVAILABLE "bulkhead full" + `grpc-retry-pushback-ms: -1` | 503 |
 //!
 //! Every local response carries its [`Rejection`] in its extensions, so a layer further out can
-//! tell our own answer from one the dependency gave.
+//! tell our own answer from one the dependency gave. A refusal a server layer makes before its
+//! handler runs carries [`NotExecuted`] too (nothing happened: an idempotency layer releases
+//! the key); a `Rejection` alone says who answered, not whether the work was done.
 //!
 //! # Feature flags
 //!
@@ -106,6 +108,6 @@ pub use error::{
 pub use grpc::{Code, is_grpc};
 pub use hedge::HedgeDelay;
 pub use hint::ServerHint;
-pub use reject::Rejection;
+pub use reject::{NotExecuted, Rejection};
 pub use reserve::RetryReserve;
 pub use route::{KeyFn, RouteKey};

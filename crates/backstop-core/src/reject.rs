@@ -18,6 +18,29 @@ use http::{
 };
 use std::{fmt, time::Duration};
 
+/// Marks a response given **without running the handler**: nothing happened, so an
+/// idempotency layer (`backstop_idempotency::IdempotencyLayer`) releases the request's key
+/// and a retry with it runs, instead of replaying this answer.
+///
+/// A response carries it in its extensions. backstop's server layers that refuse a request
+/// before calling their inner service put it there (the deadline layer's refusal on arrival,
+/// a malformed `grpc-timeout` or no time left; the admission layer's refusal), whatever the
+/// order of the layers; an answer given after the handler started never carries it (the
+/// deadline layer's 504 when the deadline passes while the handler runs: the handler may
+/// have done its work). A handler may insert it on its own answer to say it did nothing:
+///
+/// ```
+/// use backstop_core::NotExecuted;
+/// use http::{Response, StatusCode};
+///
+/// let mut busy = Response::new("try again later");
+/// *busy.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+/// busy.extensions_mut().insert(NotExecuted);
+/// assert!(busy.extensions().get::<NotExecuted>().is_some());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NotExecuted;
+
 /// A failure decided by backstop itself rather than by the dependency.
 ///
 /// Every response built by [`Rejection::into_response`] carries the `Rejection` in its

@@ -91,6 +91,11 @@
 //!    short text body. A streamed response body is bounded too: past the deadline a gRPC body
 //!    ends with trailers `grpc-status: 4`, any other body with an error.
 //!
+//! The answers of 1 and 3, given before the service is called, carry
+//! [`NotExecuted`](backstop_core::NotExecuted) in their extensions (nothing happened: an
+//! idempotency layer outside releases the request's key); the answer of 5 does not (the
+//! handler may have done its work before it was cut: its key keeps that answer).
+//!
 //! Local answers are responses, not errors: the service's error type passes through unchanged,
 //! so the layer fits `axum::Router::layer` and `tonic::transport::Server::builder().layer`
 //! without `HandleErrorLayer`.

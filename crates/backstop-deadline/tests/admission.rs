@@ -2,7 +2,7 @@
 //! route's measured need is answered DEADLINE_EXCEEDED / 504 without running the handler;
 //! requests without a deadline, and every request of a cold route, pass.
 
-use backstop_core::Rejection;
+use backstop_core::{NotExecuted, Rejection};
 use backstop_deadline::{DeadlineLayer, admission::AdmissionLayer};
 use backstop_test_support::{Dependency, grpc_request, http_request};
 use http::{Request, Response};
@@ -44,6 +44,8 @@ async fn a_request_that_cannot_finish_in_time_is_refused_without_running_the_han
         .unwrap();
     assert_eq!(response.headers()["grpc-status"], "4");
     assert_eq!(calls.load(Ordering::Relaxed), 1);
+    // The handler ran and was cut by its deadline: it may have done its work.
+    assert!(response.extensions().get::<NotExecuted>().is_none());
     // Twenty measured answers of 200 ms, without deadlines.
     for _ in 0..20 {
         server.clone().oneshot(http_request(None)).await.unwrap();
@@ -70,6 +72,8 @@ async fn a_request_that_cannot_finish_in_time_is_refused_without_running_the_han
         .await
         .unwrap();
     assert_eq!(http.status(), 504);
+    assert!(grpc.extensions().get::<NotExecuted>().is_some());
+    assert!(http.extensions().get::<NotExecuted>().is_some());
     assert_eq!(
         calls.load(Ordering::Relaxed),
         before,

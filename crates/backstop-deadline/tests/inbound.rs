@@ -1,6 +1,6 @@
 //! `DeadlineLayer` driven with mock services under paused time.
 
-use backstop_core::Rejection;
+use backstop_core::{NotExecuted, Rejection};
 use backstop_deadline::{Deadline, DeadlineBody, DeadlineLayer, current};
 use backstop_test_support::*;
 use bytes::Bytes;
@@ -149,6 +149,9 @@ async fn malformed_header_is_rejected_without_calling_the_service() {
             .await
             .unwrap();
         assert_eq!(plain.status(), 400);
+        // Refused before the service was called: nothing happened.
+        assert!(grpc.extensions().get::<NotExecuted>().is_some());
+        assert!(plain.extensions().get::<NotExecuted>().is_some());
         assert_eq!(text(plain).await, "malformed grpc-timeout");
         assert_pending!(handle.poll_request());
     }
@@ -188,6 +191,7 @@ async fn zero_or_too_little_left_is_rejected_at_once() {
                 response.extensions().get::<Rejection>(),
                 Some(&Rejection::DeadlineExceeded)
             );
+            assert!(response.extensions().get::<NotExecuted>().is_some());
             assert_pending!(handle.poll_request());
         } else {
             assert_pending!(call.poll());

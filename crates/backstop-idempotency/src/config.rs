@@ -25,6 +25,8 @@ pub(crate) struct Settings<St> {
     pub(crate) fail_open: bool,
     pub(crate) retry_after: Duration,
     pub(crate) identity: Option<Identity>,
+    /// Draws each claim's token.
+    pub(crate) ids: crate::KeyGenerator,
 }
 
 /// How an [`IdempotencyLayer`] answers keyed requests. Made by
@@ -35,7 +37,7 @@ pub(crate) struct Settings<St> {
 /// | `methods` | POST, PATCH |
 /// | `require_key` | `false` (a request without a key runs as if the layer were not there) |
 /// | `ttl` (how long an answer is replayed) | 24 h |
-/// | `lock_timeout` (how long a claim holds when its handler never answers) | 60 s |
+/// | `lock_timeout` (how long a claim holds while its handler runs, or when no one completes it) | 60 s |
 /// | `wait_in_flight` (how long a duplicate waits for the original's answer) | none: 409 at once |
 /// | `max_key_len` | 255 bytes |
 /// | `max_body_bytes` (request body buffered to fingerprint it; 413 above) | 1 MiB |
@@ -91,6 +93,7 @@ impl<St: Store> IdempotencyConfig<St> {
                 fail_open: false,
                 retry_after: Duration::from_secs(1),
                 identity: None,
+                ids: crate::KeyGenerator::os(),
             },
         }
     }
@@ -116,10 +119,10 @@ impl<St: Store> IdempotencyConfig<St> {
         self
     }
 
-    /// How long a claim holds when its handler never answers (the request was dropped:
-    /// the work may have happened, so the claim is not released). Make it longer than the
-    /// handler can run (a server deadline bounds that); a handler still running after it
-    /// may run again beside a duplicate.
+    /// How long a claim holds while its handler runs, and when no one completes it (the
+    /// process died, the store failed when the answer came). Make it longer than the handler
+    /// can run (a server deadline bounds that); a handler still running after it may run
+    /// again beside a duplicate.
     #[must_use]
     pub fn lock_timeout(mut self, lock: Duration) -> Self {
         self.settings.lock_timeout = lock;
@@ -148,8 +151,8 @@ impl<St: Store> IdempotencyConfig<St> {
         self
     }
 
-    /// The longest answer stored: a longer one is sent through but not stored (a warning
-    /// is logged), and the key keeps a record that its request ran: a duplicate is answered
+    /// The longest answer stored (the store's own bound, [`Store::max_record_bytes`], may
+    /// be lower): a longer one is sent through but not stored (a warning is logged), and the key keeps a record that its request ran: a duplicate is answered
     /// 409 (no `Retry-After`) for `ttl`, and the handler does not run again.
     #[must_use]
     pub fn max_response_bytes(mut self, n: usize) -> Self {
@@ -198,6 +201,9 @@ impl<St: Store> IdempotencyConfig<St> {
     ///
     /// - `methods` empty;
     /// - `ttl`, `lock_timeout` or `store_timeout` zero;
+    /// - `ttl` or `lock_timeout` longer than the store can honour ([`Store::max_expiry`]:
+    ///   about 146 million years for Redis; the memory store takes any, `Duration::MAX`
+    ///   meaning "never expires");
     /// - `wait_in_flight` not below `lock_timeout`;
     /// - `max_key_len` outside `1..=8192`;
     /// - `max_body_bytes` or `max_response_bytes` zero;
@@ -214,6 +220,20 @@ impl<St: Store> IdempotencyConfig<St> {
         ] {
             if value.is_zero() {
                 return Err(ConfigError::new(knob, "must be above zero"));
+            }
+        }
+        // What the store can honour: a longer lock or ttl would make every claim or
+        // complete fail (Redis's `PX` is a signed count of milliseconds).
+        if let Some(most) = s.store.max_expiry() {
+            for (knob, value) in [("ttl", s.ttl), ("lock_timeout", s.lock_timeout)] {
+                if value > most {
+                    return Err(ConfigError::new(
+                        knob,
+                        format!(
+                            "must be at most {most:?} (the store's longest expiry), got {value:?}"
+                        ),
+                    ));
+                }
             }
         }
         if let Some(wait) = s.wait_in_flight

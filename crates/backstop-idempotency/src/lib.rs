@@ -67,22 +67,51 @@
 //!      it comes within that bound;
 //!    - a completed answer → that answer **replayed**: its status, headers and body, with
 //!      `Idempotent-Replayed: true`. The handler does not run.
-//! 4. The handler runs. Its answer is **stored** (kept `ttl`, 24 h) when it is the
-//!    handler's own and deterministic: 2xx, 3xx and 4xx, but not 408, 429, 5xx, nor a
-//!    refusal made by a layer inside this one before the handler ran (a response carrying
-//!    [`backstop_core::Rejection`]: a breaker open, a deadline spent). Those, a handler error
-//!    (`Err`) and a **panic** release the claim, so a retry runs the handler again.
-//! 5. A keyed future **dropped** while the handler runs does **not** release the claim (the
-//!    work may have happened: releasing on cancel is how double charges happen); the claim
-//!    expires after `lock_timeout`. An answer larger than `max_response_bytes` (1 MiB), one
-//!    with trailers, or one whose body fails is sent whole to its caller but cannot be
-//!    replayed (a warning is logged): the key keeps, for `ttl`, a record that the request
-//!    ran, and a duplicate is answered **409** without `Retry-After` (coming back later will
-//!    not help; the handler never runs twice for the key).
+//! 4. The handler runs. **Once it has started, its answer is the key's answer**, 5xx, 408
+//!    and 429 included: stored (kept `ttl`, 24 h) and replayed to every retry with the key.
+//!    The reason: a handler that charged and then answered 500 or 504 (a downstream call
+//!    failed after the charge, its deadline cut it) has done the work; running it again for
+//!    a retry charges twice, and a retry with another body would run instead of getting 422
+//!    (Stripe's keys work the same way). Only an answer carrying
+//!    [`backstop_core::NotExecuted`] **releases** the key, so a retry runs: backstop's server
+//!    layers put it on the refusals they make before calling the handler (the deadline
+//!    layer's refusal on arrival, the admission layer's), whatever the order of the layers,
+//!    and a handler that did nothing may put it on its own answer:
+//!
+//!    ```
+//!    use backstop_core::NotExecuted;
+//!    use http::{Response, StatusCode};
+//!
+//!    // The handler checked a precondition and touched nothing: a retry may run it.
+//!    let mut answer = Response::new(String::from("inventory service down, nothing charged"));
+//!    *answer.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+//!    answer.extensions_mut().insert(NotExecuted);
+//!    # let _ = answer;
+//!    ```
+//!
+//!    A [`Rejection`](backstop_core::Rejection) alone (a response `backstop::axum::CallError`
+//!    made from a downstream failure, an open breaker's included) does not release: it says
+//!    who answered, not that nothing happened.
+//! 5. When the handler started but left **no answer to replay**, the key keeps, for `ttl`,
+//!    a record that the request ran, and a duplicate is answered **409** without
+//!    `Retry-After` (coming back later will not help; the handler never runs twice for the
+//!    key): a handler error (`Err`), a **panic** (in `call` or in its future), an answer
+//!    larger than `max_response_bytes` (1 MiB) or than the store can hold
+//!    ([`Store::max_record_bytes`]: a memory-store shard's share of its bytes), one with
+//!    trailers, or one whose body fails (each sent whole to its caller, with a warning
+//!    logged), and a keyed future **dropped** while the handler runs (the caller left, a
+//!    timeout outside fired). A dropped request's record is written on the tokio runtime as
+//!    the future is dropped; when its deadline (the deadline layer's [`Deadline`](backstop_deadline::Deadline) extension)
+//!    had passed, it is the deadline layer's 504, so `Deadline → Idempotency` replays what
+//!    `Idempotency → Deadline` stores.
+//!    A claim no one completes (the process died, the store failed at the end) expires after
+//!    `lock_timeout` (60 s).
 //! 6. When the store fails or takes longer than `store_timeout` (1 s), the request is
 //!    answered **503** with `Retry-After` and the handler does not run (fail closed), unless
-//!    `fail_open` is set. A failure to store the answer after the handler ran is logged and
-//!    the answer sent.
+//!    `fail_open` is set. A claim whose answer never came may still land in the store: the
+//!    layer releases it (its token is the layer's) once it has, so the retry runs. A failure
+//!    to store the answer after the handler ran is logged and the answer sent; the key gets the record that the request ran instead (whatever cannot
+//!    be stored still leaves that record).
 //!
 //! Every refusal carries a problem-details body (`application/problem+json`, RFC 9457).
 //! Other methods and gRPC requests pass through untouched. The layer's service takes
@@ -111,9 +140,13 @@
 //!
 //! # Ordering
 //!
-//! On the server, inside the deadline layer (so a request whose deadline is spent is
-//! refused before a claim is made) and outside the handler's own layers:
-//! `Deadline → IdempotencyLayer → your routes`. On the client:
+//! On the server, either order with `backstop::server()` (Deadline → Admission → Pushback)
+//! keeps the rule above: a request refused before its handler ran releases its key (inside
+//! the deadline layer it is refused before a claim is made; outside, the refusal carries
+//! [`NotExecuted`](backstop_core::NotExecuted)), and a handler cut by its deadline leaves the
+//! same 504 under its key. `Deadline → IdempotencyLayer → your routes` makes no claim for a
+//! request refused on arrival; keep the layer outside the handler's own layers. On the
+//! client:
 //! `IdempotencyKeyLayer → Retry → …` (the `backstop::client` presets do this with
 //! `.idempotency_keys(true)`).
 //!

@@ -5,7 +5,7 @@
 use crate::{
     memory::Shard,
     record::{Fingerprint, StoredResponse},
-    store::{Claim, Record},
+    store::{Claim, Record, Token},
     sync::Mutex,
 };
 use loom::{sync::Arc, thread};
@@ -32,9 +32,14 @@ fn loom_two_claims_of_one_key_acquire_once() {
     loom::model(|| {
         let s = shard();
         let claims: Vec<_> = (0..2)
-            .map(|_| {
+            .map(|i| {
                 let s = s.clone();
-                thread::spawn(move || s.lock().unwrap().claim("k", fp(), 0, 100, 0).unwrap())
+                thread::spawn(move || {
+                    s.lock()
+                        .unwrap()
+                        .claim("k", Token::new(i, fp()), 0, 100)
+                        .unwrap()
+                })
             })
             .collect();
         let won = claims
@@ -50,7 +55,12 @@ fn loom_two_claims_of_one_key_acquire_once() {
 fn loom_a_late_complete_and_a_takeover_of_the_expired_claim_never_both_win() {
     loom::model(|| {
         let s = shard();
-        let Claim::Acquired(first) = s.lock().unwrap().claim("k", fp(), 0, 10, 0).unwrap() else {
+        let Claim::Acquired(first) = s
+            .lock()
+            .unwrap()
+            .claim("k", Token::new(0, fp()), 0, 10)
+            .unwrap()
+        else {
             panic!("the key is free");
         };
         let a = {
@@ -67,7 +77,11 @@ fn loom_a_late_complete_and_a_takeover_of_the_expired_claim_never_both_win() {
             let s = s.clone();
             // ...while a duplicate arrives after the lock expired, too.
             thread::spawn(move || {
-                let claim = s.lock().unwrap().claim("k", fp(), 20, 10, 1).unwrap();
+                let claim = s
+                    .lock()
+                    .unwrap()
+                    .claim("k", Token::new(1, fp()), 20, 10)
+                    .unwrap();
                 match claim {
                     Claim::Acquired(t) => {
                         assert!(
@@ -98,7 +112,12 @@ fn loom_a_late_complete_and_a_takeover_of_the_expired_claim_never_both_win() {
 fn loom_a_release_racing_a_duplicate_leaves_at_most_one_claim() {
     loom::model(|| {
         let s = shard();
-        let Claim::Acquired(first) = s.lock().unwrap().claim("k", fp(), 0, 100, 0).unwrap() else {
+        let Claim::Acquired(first) = s
+            .lock()
+            .unwrap()
+            .claim("k", Token::new(0, fp()), 0, 100)
+            .unwrap()
+        else {
             panic!("the key is free");
         };
         let a = {
@@ -107,7 +126,12 @@ fn loom_a_release_racing_a_duplicate_leaves_at_most_one_claim() {
         };
         let b = {
             let s = s.clone();
-            thread::spawn(move || s.lock().unwrap().claim("k", fp(), 1, 100, 1).unwrap())
+            thread::spawn(move || {
+                s.lock()
+                    .unwrap()
+                    .claim("k", Token::new(1, fp()), 1, 100)
+                    .unwrap()
+            })
         };
         assert!(a.join().unwrap(), "the holder's release always works");
         let claim = b.join().unwrap();

@@ -71,7 +71,6 @@ impl Entry {
 pub(crate) struct Shard {
     map: HashMap<Box<str>, Entry>,
     bytes: usize,
-    next_token: u64,
     max_entries: usize,
     max_bytes: usize,
 }
@@ -81,7 +80,6 @@ impl Shard {
         Self {
             map: HashMap::new(),
             bytes: 0,
-            next_token: 0,
             max_entries,
             max_bytes,
         }
@@ -100,10 +98,9 @@ impl Shard {
     pub(crate) fn claim(
         &mut self,
         key: &str,
-        fingerprint: Fingerprint,
+        token: Token,
         now: Millis,
         lock: Millis,
-        salt: u64,
     ) -> Result<Claim, StoreError> {
         match self.live(key, now) {
             Some(Entry::InFlight { fingerprint, .. }) => {
@@ -117,17 +114,15 @@ impl Shard {
         if self.map.len() >= self.max_entries {
             self.make_room(now, 1, 0)?;
         }
-        self.next_token += 1;
-        let id = (u128::from(salt) << 64) | u128::from(self.next_token);
         self.map.insert(
             key.into(),
             Entry::InFlight {
-                token: id,
-                fingerprint,
+                token: token.id(),
+                fingerprint: token.fingerprint(),
                 until: now.saturating_add(lock),
             },
         );
-        Ok(Claim::Acquired(Token::new(id, fingerprint)))
+        Ok(Claim::Acquired(token))
     }
 
     pub(crate) fn complete(
@@ -224,7 +219,8 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     start: tokio::time::Instant,
-    salt: u64,
+    /// Each shard's byte bound: no record larger fits.
+    shard_bytes: usize,
 }
 
 /// Bounds of a [`MemoryStore`]: defaults 100 000 records, 64 MiB of answers, 16 shards.
@@ -280,6 +276,14 @@ fn millis(d: Duration) -> Millis {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A lock or ttl in whole milliseconds, rounded up: a record lives at least as long as asked
+/// (1 ns is 1 ms, not an instant expiry); a duration too long for the clock saturates to
+/// "never expires".
+fn millis_up(d: Duration) -> Millis {
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
 /// A shard's lock. A panic while it was held cannot leave a half-updated entry (each update
 /// is one map insert or remove), so a poisoned lock is used as is.
 #[cfg(not(loom))]
@@ -304,7 +308,9 @@ impl MemoryStoreBuilder {
     }
 
     /// Most bytes of stored answers (bodies, headers and a fixed overhead per record,
-    /// [`StoredResponse::size`]), 64 MiB by default.
+    /// [`StoredResponse::size`]), 64 MiB by default. Split evenly over the shards: no record
+    /// larger than one shard's share is kept (an answer above it is sent, not stored; its key
+    /// records that the request ran).
     #[must_use]
     pub fn max_bytes(mut self, n: usize) -> Self {
         self.max_bytes = n;
@@ -354,7 +360,6 @@ impl MemoryStoreBuilder {
         let entries = self.max_entries.div_ceil(self.shards);
         let bytes = self.max_bytes.div_ceil(self.shards);
         let hasher = RandomState::new();
-        let salt = hasher.hash_one(0u8);
         Ok(MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..self.shards)
@@ -362,7 +367,7 @@ impl MemoryStoreBuilder {
                     .collect(),
                 hasher,
                 start: tokio::time::Instant::now(),
-                salt,
+                shard_bytes: bytes,
             }),
         })
     }
@@ -372,12 +377,11 @@ impl Store for MemoryStore {
     fn claim<'a>(
         &'a self,
         key: &'a str,
-        fingerprint: Fingerprint,
+        token: Token,
         lock_for: Duration,
     ) -> StoreFuture<'a, Claim> {
         let now = self.now();
-        let result =
-            lock(self.shard(key)).claim(key, fingerprint, now, millis(lock_for), self.inner.salt);
+        let result = lock(self.shard(key)).claim(key, token, now, millis_up(lock_for));
         Box::pin(std::future::ready(result))
     }
 
@@ -389,7 +393,7 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> StoreFuture<'a, bool> {
         let now = self.now();
-        let result = lock(self.shard(key)).complete(key, token, response, now, millis(ttl));
+        let result = lock(self.shard(key)).complete(key, token, response, now, millis_up(ttl));
         Box::pin(std::future::ready(result))
     }
 
@@ -402,6 +406,11 @@ impl Store for MemoryStore {
         let now = self.now();
         let result = lock(self.shard(key)).get(key, now);
         Box::pin(std::future::ready(Ok(result)))
+    }
+
+    /// A shard's share of `max_bytes`: a record lives in one shard.
+    fn max_record_bytes(&self) -> Option<usize> {
+        Some(self.inner.shard_bytes)
     }
 }
 
@@ -424,6 +433,13 @@ mod tests {
         })
     }
 
+    /// A fresh token, as the layer draws one per claim.
+    fn tok(fp: Fingerprint) -> Token {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        Token::new(u128::from(N.fetch_add(1, Ordering::Relaxed)), fp)
+    }
+
     fn acquired(c: Result<Claim, StoreError>) -> Token {
         match c.unwrap() {
             Claim::Acquired(t) => t,
@@ -434,12 +450,12 @@ mod tests {
     #[test]
     fn a_claim_holds_until_its_lock_expires() {
         let mut s = Shard::new(10, 10_000);
-        let t = acquired(s.claim("k", fp(b""), 0, 100, 0));
+        let t = acquired(s.claim("k", tok(fp(b"")), 0, 100));
         assert_eq!(
-            s.claim("k", fp(b""), 99, 100, 0).unwrap(),
+            s.claim("k", tok(fp(b"")), 99, 100).unwrap(),
             Claim::Held(Record::InFlight(fp(b"")))
         );
-        let t2 = acquired(s.claim("k", fp(b""), 100, 100, 0));
+        let t2 = acquired(s.claim("k", tok(fp(b"")), 100, 100));
         assert_ne!(t, t2);
         // The expired claim's holder can no longer complete or release.
         assert!(!s.complete("k", t, answer(b"x"), 101, 1000).unwrap());
@@ -452,7 +468,7 @@ mod tests {
     #[test]
     fn an_expired_claim_nobody_took_over_can_still_complete() {
         let mut s = Shard::new(10, 10_000);
-        let t = acquired(s.claim("k", fp(b""), 0, 100, 0));
+        let t = acquired(s.claim("k", tok(fp(b"")), 0, 100));
         assert!(s.complete("k", t, answer(b"x"), 500, 1000).unwrap());
         assert!(matches!(s.get("k", 600), Some(Record::Completed(_))));
     }
@@ -460,25 +476,25 @@ mod tests {
     #[test]
     fn a_release_lets_the_next_request_claim() {
         let mut s = Shard::new(10, 10_000);
-        let t = acquired(s.claim("k", fp(b""), 0, 100, 0));
+        let t = acquired(s.claim("k", tok(fp(b"")), 0, 100));
         assert!(s.release("k", t));
-        acquired(s.claim("k", fp(b""), 1, 100, 0));
+        acquired(s.claim("k", tok(fp(b"")), 1, 100));
     }
 
     #[test]
     fn a_full_shard_evicts_answers_then_refuses_claims() {
         let mut s = Shard::new(2, 10_000);
-        let a = acquired(s.claim("a", fp(b""), 0, 100, 0));
+        let a = acquired(s.claim("a", tok(fp(b"")), 0, 100));
         assert!(s.complete("a", a, answer(b"x"), 0, 1000).unwrap());
-        acquired(s.claim("b", fp(b""), 0, 100, 0));
+        acquired(s.claim("b", tok(fp(b"")), 0, 100));
         // Full: the answer of `a` makes room, the claim of `b` stays.
-        acquired(s.claim("c", fp(b""), 1, 100, 0));
+        acquired(s.claim("c", tok(fp(b"")), 1, 100));
         assert_eq!(s.get("a", 1), None);
         assert_eq!(s.len(), 2);
-        let err = s.claim("d", fp(b""), 1, 100, 0).unwrap_err();
+        let err = s.claim("d", tok(fp(b"")), 1, 100).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Full);
         // Once the claims expire there is room again.
-        acquired(s.claim("d", fp(b""), 101, 100, 0));
+        acquired(s.claim("d", tok(fp(b"")), 101, 100));
     }
 
     #[test]
@@ -486,13 +502,13 @@ mod tests {
         let big = StoredResponse::size(&answer(&[0; 400]));
         let mut s = Shard::new(100, big * 2);
         for (i, k) in ["a", "b", "c"].into_iter().enumerate() {
-            let t = acquired(s.claim(k, fp(b""), i as u64, 100, 0));
+            let t = acquired(s.claim(k, tok(fp(b"")), i as u64, 100));
             assert!(s.complete(k, t, answer(&[0; 400]), i as u64, 1000).unwrap());
         }
         assert_eq!(s.get("a", 3), None);
         assert!(s.get("b", 3).is_some() && s.get("c", 3).is_some());
         assert!(s.bytes <= big * 2);
-        let t = acquired(s.claim("huge", fp(b""), 3, 100, 0));
+        let t = acquired(s.claim("huge", tok(fp(b"")), 3, 100));
         let huge = Arc::new(StoredResponse {
             body: Bytes::from(vec![0; big * 3]),
             ..(*answer(b"")).clone()

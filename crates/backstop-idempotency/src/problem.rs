@@ -19,9 +19,10 @@ pub(crate) enum Problem {
     InFlight(u64),
     Mismatch,
     StoreDown(u64),
-    /// The key's request ran, but its answer could not be kept (too large, trailers, a body
-    /// that failed): stored in place of the answer, so the handler never runs again for the
-    /// key. No `Retry-After`: coming back later does not help.
+    /// The key's request ran, but left no answer to keep (too large, trailers, a body that
+    /// failed, a handler error or panic, a request dropped while its handler ran): stored in
+    /// place of the answer, so the handler never runs again for the key. No `Retry-After`:
+    /// coming back later does not help.
     Unreplayable,
 }
 
@@ -69,7 +70,7 @@ impl Problem {
                 "The request was not processed: its key could not be recorded. Retry later.".into()
             }
             Problem::Unreplayable => {
-                "Its answer was not kept (too large, trailers or a failed body) and cannot be replayed; the request is not run again.".into()
+                "It ran, but left no answer to replay (too large to keep, trailers, a failed body, a handler error, or cancelled while it ran); the request is not run again.".into()
             }
         }
     }
@@ -79,6 +80,11 @@ impl Problem {
         let mut response = Response::new(IdempotencyBody::full(body));
         *response.status_mut() = status;
         *response.headers_mut() = headers;
+        if self != Problem::Unreplayable {
+            // Answered without running the handler: an idempotency layer further out (over
+            // another store) releases its claim too.
+            response.extensions_mut().insert(backstop_core::NotExecuted);
+        }
         response
     }
 

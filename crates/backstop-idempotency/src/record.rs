@@ -75,12 +75,7 @@ impl StoredResponse {
     /// Bytes this record takes in a store (body, headers and a fixed overhead), the measure
     /// of the memory store's byte bound.
     pub fn size(&self) -> usize {
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| n.as_str().len() + v.len() + 8)
-            .sum();
-        64 + self.body.len() + headers
+        head_size(&self.headers) + self.body.len()
     }
 
     /// Encodes the record for a store that keeps bytes (the Redis store): `C`, the
@@ -125,6 +120,15 @@ impl StoredResponse {
             body: Bytes::copy_from_slice(r.0),
         })
     }
+}
+
+/// What a record takes besides its body: its headers and a fixed overhead.
+pub(crate) fn head_size(headers: &HeaderMap) -> usize {
+    let headers: usize = headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 8)
+        .sum();
+    64 + headers
 }
 
 struct Reader<'a>(&'a [u8]);

@@ -19,12 +19,18 @@
 //! Redis with `appendonly yes` where that matters.
 
 use crate::{
-    client::KeyGenerator,
     record::{Fingerprint, StoredResponse},
     store::{Claim, Record, Store, StoreError, StoreErrorKind, StoreFuture, Token},
 };
 use redis::{Script, Value, aio::ConnectionManager};
 use std::{fmt, sync::Arc, time::Duration};
+
+/// The largest value Redis takes by default (`proto-max-bulk-len`: 512 MiB).
+const MAX_VALUE_BYTES: usize = 512 << 20;
+
+/// The longest `PX` sent: Redis refuses one whose sum with its clock overflows an `i64` of
+/// milliseconds; half of `i64::MAX` leaves its clock room for 146 million years.
+const MAX_EXPIRY: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 
 /// Claims a free key, or returns what it holds.
 const CLAIM: &str = r"
@@ -54,7 +60,6 @@ pub struct RedisStore {
     conn: ConnectionManager,
     prefix: Arc<str>,
     scripts: Arc<[Script; 3]>,
-    ids: KeyGenerator,
 }
 
 impl fmt::Debug for RedisStore {
@@ -99,7 +104,6 @@ impl RedisStore {
                 Script::new(COMPLETE),
                 Script::new(RELEASE),
             ]),
-            ids: KeyGenerator::os(),
         }
     }
 
@@ -138,19 +142,18 @@ fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
     }
 }
 
+/// `d` in whole milliseconds, rounded up (a lock or ttl is at least what was asked), at most
+/// [`MAX_EXPIRY`] (the layer's `build` refuses longer ones).
 fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms.max(1))
+        .unwrap_or(u64::MAX)
+        .min(MAX_EXPIRY.as_millis() as u64)
 }
 
 impl Store for RedisStore {
-    fn claim<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lock: Duration,
-    ) -> StoreFuture<'a, Claim> {
+    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
-            let token = Token::new(self.ids.next_bits(), fingerprint);
             let mut conn = self.conn.clone();
             let value: Value = self.scripts[0]
                 .key(self.key(key))
@@ -199,6 +202,18 @@ impl Store for RedisStore {
                 .map_err(unavailable)?;
             Ok(done == 1)
         })
+    }
+
+    /// Redis's largest string (`proto-max-bulk-len`, 512 MiB by default); a record's
+    /// encoding is never longer than its [`StoredResponse::size`].
+    fn max_record_bytes(&self) -> Option<usize> {
+        Some(MAX_VALUE_BYTES)
+    }
+
+    /// Half of what `PX` holds (a signed 64-bit count of milliseconds, to which Redis adds
+    /// its clock): about 146 million years.
+    fn max_expiry(&self) -> Option<Duration> {
+        Some(MAX_EXPIRY)
     }
 
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {

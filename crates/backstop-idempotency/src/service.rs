@@ -5,12 +5,13 @@ use crate::{
     config::Settings,
     key::{IDEMPOTENCY_KEY, parse_key},
     problem::Problem,
-    record::{Fingerprint, StoredResponse},
+    record::{self, Fingerprint, StoredResponse},
     store::{Claim, Record, Store, StoreError, StoreErrorKind, Token},
 };
-use backstop_core::Rejection;
+use backstop_core::{NotExecuted, Rejection};
+use backstop_deadline::Deadline;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use std::{
@@ -209,6 +210,38 @@ impl<St: Store> Settings<St> {
         self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0)
     }
 
+    /// Replaces the claim of `token` with `record`; when the store cannot keep it (full, too
+    /// large, down), with the small record that the request ran, so no duplicate runs it
+    /// again: whatever cannot be stored still leaves that record.
+    async fn finish(&self, key: &str, token: Token, record: Arc<StoredResponse>) {
+        let unreplayable = Problem::Unreplayable.into_record(record.fingerprint);
+        let e = match self
+            .timed(self.store.complete(key, token, record.clone(), self.ttl))
+            .await
+        {
+            Ok(true) => return,
+            Ok(false) => {
+                tracing::warn!(
+                    "idempotency claim expired before its answer; a duplicate may have run"
+                );
+                return;
+            }
+            Err(e) => e,
+        };
+        if *record == unreplayable {
+            tracing::warn!(error = %e, "idempotent request's record not stored; its key stays claimed until the lock timeout");
+            return;
+        }
+        tracing::warn!(error = %e, "idempotent answer not stored; duplicates are answered 409");
+        let unreplayable = Arc::new(unreplayable);
+        if let Err(e) = self
+            .timed(self.store.complete(key, token, unreplayable, self.ttl))
+            .await
+        {
+            tracing::warn!(error = %e, "idempotent request's record not stored; its key stays claimed until the lock timeout");
+        }
+    }
+
     fn store_down<B: Body>(&self) -> Response<IdempotencyBody<B>> {
         Problem::StoreDown(self.retry_after_secs()).into_response()
     }
@@ -221,7 +254,10 @@ impl<St: Store> Settings<St> {
         record: Record,
     ) -> Response<IdempotencyBody<B>> {
         let mut record = record;
-        let waited_until = self.wait_in_flight.map(|w| tokio::time::Instant::now() + w);
+        // A wait too long for the clock is a wait without end (until the lock expires).
+        let waited_until = self
+            .wait_in_flight
+            .map(|w| tokio::time::Instant::now().checked_add(w));
         let mut pause = Duration::from_millis(5);
         loop {
             match record {
@@ -235,7 +271,7 @@ impl<St: Store> Settings<St> {
             let Some(until) = waited_until else {
                 return Problem::InFlight(self.retry_after_secs()).into_response();
             };
-            if tokio::time::Instant::now() + pause > until {
+            if until.is_some_and(|until| tokio::time::Instant::now() + pause > until) {
                 return Problem::InFlight(self.retry_after_secs()).into_response();
             }
             tokio::time::sleep(pause).await;
@@ -264,47 +300,117 @@ fn replay<B: Body>(record: &StoredResponse) -> Response<IdempotencyBody<B>> {
     response
 }
 
-/// Whether an answer is the handler's own, deterministic, to replay: 2xx, 3xx and 4xx but
-/// not 408 and 429, and not a refusal made by a layer before the handler ran (a response
-/// carrying a [`Rejection`]). 5xx answers release the claim.
-fn storable<B>(response: &Response<B>) -> bool {
-    let status = response.status();
-    response.extensions().get::<Rejection>().is_none()
-        && !status.is_server_error()
-        && status != StatusCode::REQUEST_TIMEOUT
-        && status != StatusCode::TOO_MANY_REQUESTS
+/// Whether the answer says the handler never ran (it carries [`NotExecuted`]: a refusal made
+/// before the handler, by a layer inside this one or by the handler itself). Only such an
+/// answer releases the key; every other answer, 5xx included, is the key's answer.
+fn not_executed<B>(response: &Response<B>) -> bool {
+    response.extensions().get::<NotExecuted>().is_some()
 }
 
-/// The claim of a request whose handler is running: released when the handler fails or
-/// panics, kept when the future is dropped (the work may have happened; the lock expires).
+/// The answer the deadline layer gives when a request's deadline passes while its handler
+/// runs (HTTP 504, `deadline exceeded`), as a record: what a request cut by its deadline
+/// leaves under its key, whichever of the two layers is outside.
+fn deadline_record(fingerprint: Fingerprint) -> StoredResponse {
+    let rejection = Rejection::DeadlineExceeded;
+    let response = rejection.into_response::<http_body_util::Empty<Bytes>>(false);
+    StoredResponse {
+        fingerprint,
+        status: response.status(),
+        headers: response.headers().clone(),
+        body: Bytes::from_static(rejection.message().as_bytes()),
+    }
+}
+
+/// The claim of a request whose handler has started. From then on the key ends holding a
+/// record that the request ran, whatever happens: its answer, or (a handler error, a panic,
+/// an answer that cannot be kept) the unreplayable record. Only an answer carrying
+/// [`NotExecuted`] releases it. Dropped armed (the request's future was dropped while the
+/// handler ran: the caller left, a timeout outside fired), it completes the key on its own,
+/// on the tokio runtime: the work may have happened, so a retry must not run it again.
 struct ClaimGuard<St: Store> {
     settings: Arc<Settings<St>>,
-    key: Option<String>,
+    key: String,
     token: Token,
+    fingerprint: Fingerprint,
+    /// The request's deadline (the deadline layer's extension), when it came through one.
+    deadline: Option<Deadline>,
+    /// What a drop leaves: the answer being stored, once there is one.
+    pending: Option<Arc<StoredResponse>>,
+    armed: bool,
 }
 
 impl<St: Store> ClaimGuard<St> {
-    /// Releases the claim now.
+    /// Releases the claim: the handler said it did nothing.
     async fn release(mut self) {
-        if let Some(key) = self.key.take()
-            && let Err(e) = self
-                .settings
-                .timed(self.settings.store.release(&key, self.token))
-                .await
+        self.armed = false;
+        if let Err(e) = self
+            .settings
+            .timed(self.settings.store.release(&self.key, self.token))
+            .await
         {
             tracing::warn!(error = %e, "idempotency claim not released; it expires after the lock timeout");
         }
     }
 
-    /// Keeps the claim: it will be completed, or expire.
-    fn keep(mut self) -> String {
-        self.key.take().expect("armed")
+    /// Completes the claim with `record`. Armed until the store has answered: dropped before,
+    /// the guard still completes the key.
+    async fn complete(mut self, record: Arc<StoredResponse>) {
+        self.pending = Some(record.clone());
+        self.settings.finish(&self.key, self.token, record).await;
+        self.armed = false;
+    }
+
+    /// Completes the claim with the record that the request ran without an answer to replay.
+    async fn ran(self) {
+        let record = Arc::new(Problem::Unreplayable.into_record(self.fingerprint));
+        self.complete(record).await;
+    }
+
+    /// What a dropped request leaves: the answer it was storing; else, when its deadline had
+    /// passed, the deadline layer's 504 (so `Deadline → Idempotency` replays what
+    /// `Idempotency → Deadline` stores); else the unreplayable record.
+    fn dropped_record(&mut self) -> Arc<StoredResponse> {
+        if let Some(record) = self.pending.take() {
+            return record;
+        }
+        if self.deadline.is_some_and(|d| d.is_expired()) {
+            return Arc::new(deadline_record(self.fingerprint));
+        }
+        Arc::new(Problem::Unreplayable.into_record(self.fingerprint))
     }
 }
 
-// No `Drop` for `ClaimGuard`: a keyed future dropped while its handler runs (the caller went
-// away, a timeout above fired) keeps the claim on purpose. The handler may have done its work;
-// releasing would let a retry do it again. The claim expires after the lock timeout.
+impl<St: Store> Drop for ClaimGuard<St> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "idempotent request dropped outside a tokio runtime; its key stays claimed until the lock timeout"
+            );
+            return;
+        };
+        let record = self.dropped_record();
+        let (settings, key, token) = (
+            self.settings.clone(),
+            std::mem::take(&mut self.key),
+            self.token,
+        );
+        let mut finish = Box::pin(async move { settings.finish(&key, token, record).await });
+        // A store that answers at once (the memory store) completes the key before the drop
+        // returns, so a retry right after finds it; any other finishes on a task of its own.
+        if !std::thread::panicking()
+            && finish
+                .as_mut()
+                .poll(&mut Context::from_waker(std::task::Waker::noop()))
+                .is_ready()
+        {
+            return;
+        }
+        runtime.spawn(finish);
+    }
+}
 
 pin_project_lite::pin_project! {
     /// The handler's future, with a panic caught so the claim can be released before the
@@ -348,13 +454,12 @@ where
     let identity = s.identity.as_ref().and_then(|f| f(&parts));
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fingerprint = Fingerprint::of(&parts.method, path, identity.as_deref(), &bytes);
+    let deadline = parts.extensions.get::<Deadline>().copied();
     let key = scoped(&key, s.identity.is_some(), identity.as_deref());
     let request = Request::from_parts(parts, B::from(bytes));
 
-    let token = match s
-        .timed(s.store.claim(&key, fingerprint, s.lock_timeout))
-        .await
-    {
+    let token = Token::new(s.ids.next_bits(), fingerprint);
+    let token = match claim(&s, &key, token).await {
         Ok(Claim::Acquired(token)) => token,
         Ok(Claim::Held(record)) => return Ok(s.held(&key, fingerprint, record).await),
         Err(e) if s.fail_open => {
@@ -368,37 +473,50 @@ where
     };
     let guard = ClaimGuard {
         settings: s.clone(),
-        key: Some(key),
+        key,
         token,
+        fingerprint,
+        deadline,
+        pending: None,
+        armed: true,
     };
-    // A panic in the inner `call` itself (before any future exists) releases the claim too.
+    // The handler has started: from here on the key keeps a record that it ran. A panic in
+    // the inner `call` itself counts: it may have done anything before it panicked.
     let future =
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.call(request))) {
             Ok(future) => CatchUnwind { future },
             Err(panic) => {
-                guard.release().await;
+                guard.ran().await;
                 std::panic::resume_unwind(panic);
             }
         };
     let response = match future.await {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
-            guard.release().await;
+            // No answer to replay; the work may have happened.
+            guard.ran().await;
             return Err(e);
         }
         Err(panic) => {
-            // No answer came: release, so a retry runs, then let the panic go on.
-            guard.release().await;
+            guard.ran().await;
             std::panic::resume_unwind(panic);
         }
     };
-    if !storable(&response) {
+    if not_executed(&response) {
         guard.release().await;
         return Ok(response.map(IdempotencyBody::inner));
     }
-    let key = guard.keep();
 
     let (parts, mut body) = response.into_parts();
+    // The largest body to store: `max_response_bytes`, and what the store can hold of a
+    // record with these headers (a larger one is not offered to it).
+    let limit = s
+        .store
+        .max_record_bytes()
+        .map_or(s.max_response_bytes, |most| {
+            s.max_response_bytes
+                .min(most.saturating_sub(record::head_size(&parts.headers)))
+        });
     let mut buf = BytesMut::new();
     // Read the answer whole to store it; when it cannot be kept, the caller still gets all of
     // it (what was read, then the rest of the body, its error or its trailers) and the key
@@ -409,11 +527,11 @@ where
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(mut data) => {
                     use bytes::Buf;
-                    let over = buf.len() + data.remaining() > s.max_response_bytes;
+                    let over = buf.len() + data.remaining() > limit;
                     buf.extend_from_slice(&data.copy_to_bytes(data.remaining()));
                     if over {
                         tracing::warn!(
-                            limit = s.max_response_bytes,
+                            limit,
                             "idempotent answer too large to store; duplicates are answered 409"
                         );
                         break Some(IdempotencyBody::parts(
@@ -464,16 +582,37 @@ where
             body,
         ),
     };
-    match s.timed(s.store.complete(&key, token, record, s.ttl)).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!("idempotency claim expired before its answer; a duplicate may have run")
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "idempotent answer not stored; its key stays claimed until the lock timeout")
-        }
-    }
+    guard.complete(record).await;
     Ok(Response::from_parts(parts, body))
+}
+
+/// Claims `key` with `token`, bounded by `store_timeout`. A claim whose answer never came (it
+/// timed out, the store failed) may still land, and would block every retry until the lock
+/// timeout although the handler never ran: a task of its own waits for it (at most the lock
+/// timeout) and releases the token's claim, best effort. The token is the layer's, so the
+/// release needs nothing the store did not answer.
+async fn claim<St: Store>(
+    s: &Arc<Settings<St>>,
+    key: &str,
+    token: Token,
+) -> Result<Claim, StoreError> {
+    let mut sent = {
+        let (s, key) = (s.clone(), key.to_owned());
+        Box::pin(async move { s.store.claim(&key, token, s.lock_timeout).await })
+    };
+    let error = match tokio::time::timeout(s.store_timeout, sent.as_mut()).await {
+        Ok(Ok(claim)) => return Ok(claim),
+        Ok(Err(e)) => e,
+        Err(elapsed) => StoreError::new(StoreErrorKind::Timeout, elapsed),
+    };
+    let (s, key) = (s.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(s.lock_timeout, sent).await;
+        if let Err(e) = s.timed(s.store.release(&key, token)).await {
+            tracing::warn!(error = %e, "idempotency claim that timed out not released; it expires after the lock timeout");
+        }
+    });
+    Err(error)
 }
 
 /// The key under which the store keeps a request's record. With an `identity` configured,

@@ -24,7 +24,8 @@ pub struct Token {
 }
 
 impl Token {
-    /// A token (for a store's implementation: `id` must be unique among the key's claims).
+    /// A token: `id` must be unique among the key's claims (the layer draws 128 random bits
+    /// for each claim).
     pub fn new(id: u128, fingerprint: Fingerprint) -> Self {
         Self { id, fingerprint }
     }
@@ -55,7 +56,8 @@ pub enum Record {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Claim {
-    /// The key is now this request's: run the handler, then complete or release with the token.
+    /// The key is now this request's (the token it was claimed with): run the handler, then
+    /// complete or release with the token.
     Acquired(Token),
     /// The key already has a record.
     Held(Record),
@@ -133,14 +135,11 @@ impl std::error::Error for StoreError {
 /// promises (the module docs): a conditional claim, and complete and release that check the
 /// token, each atomic.
 pub trait Store: Send + Sync + 'static {
-    /// Claims `key` for a request with `fingerprint` for `lock` (after which the claim is
-    /// gone and another request may claim the key), or says what the key already holds.
-    fn claim<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lock: Duration,
-    ) -> StoreFuture<'a, Claim>;
+    /// Claims `key` for `token` (the layer's: a random id and the request's fingerprint) for
+    /// `lock` (after which the claim is gone and another request may claim the key), or says
+    /// what the key already holds. The caller chooses the token, so it can release a claim
+    /// whose answer it never saw (a claim that timed out may still land).
+    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim>;
 
     /// Replaces the claim of `token` with `response`, kept for `ttl`. `Ok(false)` when the key
     /// no longer holds that claim (it expired and another request claimed the key).
@@ -158,16 +157,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// What the key holds now.
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>>;
+
+    /// The largest record (in [`StoredResponse::size`] bytes) the store can keep, if it has
+    /// such a bound; `None` (the default) when any record fits. An answer whose record would
+    /// be larger is not offered to the store: the layer keeps, in its place, the small record
+    /// that the request ran (duplicates get 409), as it does when `complete` fails.
+    fn max_record_bytes(&self) -> Option<usize> {
+        None
+    }
+
+    /// The longest lock or `ttl` the store can honour, if it has such a bound; `None` (the
+    /// default) when any `Duration` works (saturating at "forever"). The layer's `build`
+    /// refuses a longer `lock_timeout` or `ttl`, naming the knob, so no `claim` or `complete`
+    /// fails on it later. Sub-millisecond durations are rounded up by the stores here.
+    fn max_expiry(&self) -> Option<Duration> {
+        None
+    }
 }
 
 impl<T: Store + ?Sized> Store for Arc<T> {
-    fn claim<'a>(
-        &'a self,
-        key: &'a str,
-        fingerprint: Fingerprint,
-        lock: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        (**self).claim(key, fingerprint, lock)
+    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
+        (**self).claim(key, token, lock)
     }
 
     fn complete<'a>(
@@ -186,5 +196,13 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 
     fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
         (**self).get(key)
+    }
+
+    fn max_record_bytes(&self) -> Option<usize> {
+        (**self).max_record_bytes()
+    }
+
+    fn max_expiry(&self) -> Option<Duration> {
+        (**self).max_expiry()
     }
 }

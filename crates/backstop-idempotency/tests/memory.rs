@@ -9,8 +9,8 @@ mod suite {
 }
 
 use backstop_idempotency::{
-    Claim, Fingerprint, IdempotencyLayer, MemoryStore, Record, Store, StoreError, StoreErrorKind,
-    StoreFuture, StoredResponse, Token,
+    Claim, IdempotencyLayer, MemoryStore, Record, Store, StoreError, StoreErrorKind, StoreFuture,
+    StoredResponse, Token,
 };
 use common::*;
 use std::{sync::Arc, time::Duration};
@@ -38,7 +38,7 @@ impl Broken {
 }
 
 impl Store for Broken {
-    fn claim<'a>(&'a self, _: &'a str, _: Fingerprint, _: Duration) -> StoreFuture<'a, Claim> {
+    fn claim<'a>(&'a self, _: &'a str, _: Token, _: Duration) -> StoreFuture<'a, Claim> {
         self.fail()
     }
     fn complete<'a>(
@@ -173,4 +173,137 @@ async fn grpc_requests_pass_through_with_a_key() {
     }
     assert_eq!(h.runs(), 2, "not de-duplicated (the crate docs say why)");
     assert!(store.is_empty());
+}
+
+/// The memory store, but refusing (`Full`) any answer above 100 bytes of body without saying
+/// so up front (`max_record_bytes` left at its default): a store whose limit the layer learns
+/// only when `complete` fails.
+#[derive(Debug, Clone)]
+struct Picky(MemoryStore);
+
+impl Store for Picky {
+    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
+        self.0.claim(key, token, lock)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        response: Arc<StoredResponse>,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        if response.body.len() > 100 && response.status != 409 {
+            return Box::pin(async { Err(StoreError::kind_only(StoreErrorKind::Full)) });
+        }
+        self.0.complete(key, token, response, ttl)
+    }
+    fn release<'a>(&'a self, key: &'a str, token: Token) -> StoreFuture<'a, bool> {
+        self.0.release(key, token)
+    }
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+        self.0.get(key)
+    }
+}
+
+/// After the answer, whatever the lock timeout: a duplicate is 409 without `Retry-After`, and
+/// the handler ran once.
+async fn never_run_again(h: &Harness, path: &str) {
+    for wait in [0, 600, 5_000] {
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let dup = h.post(path, Some("k"), "").await;
+        assert_problem(&dup, 409);
+        assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+    }
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_larger_than_a_memory_store_shard_is_sent_whole_and_never_run_again() {
+    // 16 shards of 4 KiB; the answer is 8 KiB, below `max_response_bytes` (1 MiB).
+    let store = MemoryStore::builder().max_bytes(64 << 10).build().unwrap();
+    let h = Harness::with(IdempotencyLayer::builder(store), |c| {
+        c.lock_timeout(Duration::from_millis(500))
+    });
+    let first = h.post("/huge", Some("k"), "").await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.body().len(), 8 << 10);
+    never_run_again(&h, "/huge").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_the_store_refuses_to_keep_leaves_a_record_that_the_request_ran() {
+    let h = Harness::with(IdempotencyLayer::builder(Picky(MemoryStore::new())), |c| {
+        c.lock_timeout(Duration::from_millis(500))
+    });
+    let first = h.post("/big", Some("k"), "").await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.body().len(), 4096);
+    never_run_again(&h, "/big").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_duration_knob_is_refused_by_build_or_honoured_by_the_memory_store() {
+    every_duration_knob_is_refused_or_honoured(MemoryStore::new).await;
+}
+
+/// The memory store behind a slow link: the first claim is sent at once but lands `delay`
+/// later, whether or not its caller still waits (as a command already written to Redis's
+/// socket does).
+#[derive(Debug, Clone)]
+struct LateClaim {
+    inner: MemoryStore,
+    delay: Duration,
+    first: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Store for LateClaim {
+    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
+        if !self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return self.inner.claim(key, token, lock);
+        }
+        let (inner, key, delay) = (self.inner.clone(), key.to_owned(), self.delay);
+        let landed = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            inner.claim(&key, token, lock).await
+        });
+        Box::pin(async move { landed.await.unwrap() })
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: Token,
+        response: Arc<StoredResponse>,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        self.inner.complete(key, token, response, ttl)
+    }
+    fn release<'a>(&'a self, key: &'a str, token: Token) -> StoreFuture<'a, bool> {
+        self.inner.release(key, token)
+    }
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
+        self.inner.get(key)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_lands_after_its_store_timeout_does_not_block_the_retry() {
+    let store = LateClaim {
+        inner: MemoryStore::new(),
+        delay: Duration::from_secs(2),
+        first: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+    };
+    let h = Harness::with(IdempotencyLayer::builder(store), |c| {
+        c.store_timeout(Duration::from_secs(1))
+    });
+    // Not processed: 503, come back later. Its claim lands in the store a second after.
+    let first = h.post("/ok", Some("k"), "").await;
+    assert_problem(&first, 503);
+    assert_eq!(h.runs(), 0);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // The retry runs (the handler never did), not 409 until the lock timeout.
+    let retry = h.post("/ok", Some("k"), "").await;
+    assert_eq!(retry.status(), 201, "{retry:?}");
+    assert!(!replayed(&retry));
+    assert!(replayed(&h.post("/ok", Some("k"), "").await));
+    assert_eq!(h.runs(), 1);
 }

@@ -5,8 +5,8 @@
 //! own connection and layer), against both stores.
 //!
 //! Then a seeded property over interleavings of duplicates, cancels (the caller drops the
-//! future after the handler started: the claim is kept), handler errors (the claim is
-//! released) and expiry of claims and answers, on paused time against the memory store: a
+//! future after the handler started) and handler errors (both leave a record that the
+//! request ran: duplicates get 409 until it expires) and expiry of claims and answers, on paused time against the memory store: a
 //! checker replays the observed runs through the store's rules and says what each request
 //! had to get. (Redis cannot run on paused time: its clock is its own; the suite and the
 //! concurrent tests cover it.)
@@ -180,7 +180,7 @@ mod redis {
 //
 // Times are chosen so that no two kinds of event meet at one millisecond (arrivals at
 // multiples of 10 ms; handler ends at 3 mod 10; cancels at 6 mod 10; lock expiry at 5 mod 10;
-// answer expiry at 4 mod 10), so the checker needs no rule for ties, except duplicates that
+// answer expiry at 4 mod 10, a cancelled request's record expiry at 7 mod 10), so the checker needs no rule for ties, except duplicates that
 // arrive together, of which exactly one may run.
 
 /// What a request asks its handler to do (header `x-do`; not part of the fingerprint).
@@ -344,6 +344,8 @@ enum Held {
     Free,
     InFlight,
     Done(String),
+    /// The request ran and left no answer to replay (a handler error, a cancel): 409.
+    Ran,
 }
 
 fn held(case: &Case, last: Option<(&Run, Kind)>, t: u64) -> Held {
@@ -355,8 +357,10 @@ fn held(case: &Case, last: Option<(&Run, Kind)>, t: u64) -> Held {
         Kind::Ok(d) if t < s + d => Held::InFlight,
         Kind::Ok(d) if t < s + d + case.ttl => Held::Done(run.body.clone()),
         Kind::Err(d) if t < s + d => Held::InFlight,
-        // Dropped after the handler started: the claim holds until the lock expires.
-        Kind::Cut { .. } if t < s + case.lock => Held::InFlight,
+        Kind::Err(d) if t < s + d + case.ttl => Held::Ran,
+        // Dropped after the handler started: the key records that it ran, for `ttl`.
+        Kind::Cut { cut, .. } if t < s + cut => Held::InFlight,
+        Kind::Cut { cut, .. } if t < s + cut + case.ttl => Held::Ran,
         _ => Held::Free,
     }
 }
@@ -390,7 +394,7 @@ fn check(seed: u64, case: &Case, got: &[Got], runs: &[Run]) {
             }
             (Held::Free, _, None) => panic!("a free key must run: {}", ctx()),
             (_, _, Some(_)) => panic!("a duplicate side effect: {}", ctx()),
-            (Held::InFlight, Got::Conflict, None) => {}
+            (Held::InFlight | Held::Ran, Got::Conflict, None) => {}
             (Held::Done(body), Got::Replayed(replay), None) => {
                 assert_eq!(body, replay, "{}", ctx());
             }

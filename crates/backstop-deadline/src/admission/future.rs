@@ -1,5 +1,5 @@
 use super::Shared;
-use backstop_core::{Rejection, ResponseBody};
+use backstop_core::{NotExecuted, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
 use std::{
@@ -103,7 +103,10 @@ where
                 Poll::Ready(result.map(|r| r.map(ResponseBody::new)))
             }
             KindProj::Refused { grpc } => {
-                Poll::Ready(Ok(Rejection::DeadlineExceeded.into_response(*grpc)))
+                let mut response = Rejection::DeadlineExceeded.into_response(*grpc);
+                // The handler never ran: an idempotency layer releases the key.
+                response.extensions_mut().insert(NotExecuted);
+                Poll::Ready(Ok(response))
             }
         }
     }

@@ -28,7 +28,9 @@
 //!    at most every 100 ms and cached.
 //! 3. **The rule**: remaining deadline < need → refused with DEADLINE_EXCEEDED
 //!    (gRPC trailers-only, `grpc-status: 4`) or HTTP 504, carrying
-//!    [`Rejection::DeadlineExceeded`](backstop_core::Rejection); the handler is not called.
+//!    [`Rejection::DeadlineExceeded`](backstop_core::Rejection) and
+//!    [`NotExecuted`](backstop_core::NotExecuted) (an idempotency layer outside releases the
+//!    request's key); the handler is not called.
 //!    Otherwise the handler runs.
 //! 4. **Measured**: the time from the handler's `call` to its response (or error), for every
 //!    request it answers. A handler dropped before it answers (its deadline cancelled it, the

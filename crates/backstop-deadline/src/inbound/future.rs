@@ -1,6 +1,6 @@
 use crate::{Deadline, DeadlineBody, body::local, scope::enter};
 use backstop_core::__private::timer::LazySleep;
-use backstop_core::{Rejection, ResponseBody};
+use backstop_core::{NotExecuted, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
 use std::{
@@ -76,7 +76,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
-        let (rejection, grpc) = match state.as_mut().project() {
+        let (rejection, grpc, executed) = match state.as_mut().project() {
             InboundProj::Running {
                 future,
                 sleep,
@@ -101,13 +101,19 @@ where
                 tracing::debug!(grpc = *grpc, "deadline expired: the handler is cancelled");
                 #[cfg(feature = "metrics")]
                 meter_server(Rejection::DeadlineExceeded);
-                (Rejection::DeadlineExceeded, *grpc)
+                // The handler started: it may have done its work, so no `NotExecuted`.
+                (Rejection::DeadlineExceeded, *grpc, true)
             }
-            InboundProj::Rejected { rejection, grpc } => (*rejection, *grpc),
+            InboundProj::Rejected { rejection, grpc } => (*rejection, *grpc, false),
             InboundProj::Done => panic!("ResponseFuture polled after completion"),
         };
         // Dropping the handler's future here is what cancels its work.
         state.project_replace(Inbound::Done);
-        Poll::Ready(Ok(local(rejection, grpc)))
+        let mut response = local(rejection, grpc);
+        if !executed {
+            // Refused on arrival: the handler never ran (an idempotency layer releases the key).
+            response.extensions_mut().insert(NotExecuted);
+        }
+        Poll::Ready(Ok(response))
     }
 }

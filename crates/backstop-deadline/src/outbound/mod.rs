@@ -44,6 +44,15 @@ pub(crate) struct Named {
 }
 
 impl Named {
+    /// The state of a layer named `name` (its counter registered on first use).
+    fn new(name: &str) -> Self {
+        Self {
+            name: backstop_core::__private::DependencyName::new(name),
+            #[cfg(feature = "metrics")]
+            expired: std::sync::OnceLock::new(),
+        }
+    }
+
     /// The client side's expiry counter.
     #[cfg(feature = "metrics")]
     pub(crate) fn expired(&self) -> &metrics::Counter {
@@ -101,10 +110,7 @@ impl PropagateDeadlineLayer {
     pub fn named(&self, name: &str) -> Self {
         Self {
             config: self.config,
-            name: Arc::new(Named {
-                name: backstop_core::__private::DependencyName::new(name),
-                ..Named::default()
-            }),
+            name: Arc::new(Named::new(name)),
         }
     }
 

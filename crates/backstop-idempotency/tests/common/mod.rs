@@ -83,6 +83,13 @@ pub fn handler(runs: Arc<AtomicUsize>) -> impl Handler {
                 "/err" => return Err::<Response<Full<Bytes>>, BoxError>("handler failed".into()),
                 "/panic" if !panicked.swap(true, Ordering::SeqCst) => panic!("handler panicked"),
                 "/big" => body = "x".repeat(4096),
+                "/huge" => body = "x".repeat(8 << 10),
+                "/nothing" => {
+                    let mut r = Response::new(Full::new(Bytes::from_static(b"nothing done")));
+                    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    r.extensions_mut().insert(backstop_core::NotExecuted);
+                    return Ok(r);
+                }
                 "/reject" => {
                     let mut r = Response::new(Full::new(Bytes::from_static(b"open")));
                     *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -120,7 +127,15 @@ impl Harness {
         runs: Arc<AtomicUsize>,
         handler: impl Handler,
     ) -> Self {
-        let layer = config.build().unwrap();
+        Self::layered(config.build().unwrap(), runs, handler)
+    }
+
+    /// `layer` around `handler`, which counts its runs in `runs`.
+    pub fn layered<St: Store>(
+        layer: IdempotencyLayer<St>,
+        runs: Arc<AtomicUsize>,
+        handler: impl Handler,
+    ) -> Self {
         let svc = tower::ServiceBuilder::new()
             .layer(layer)
             .service(handler)
@@ -238,27 +253,39 @@ macro_rules! behaviour {
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn a_5xx_an_error_and_a_panic_release_the_claim() {
+        async fn a_5xx_is_the_keys_answer_replayed_and_another_body_is_422() {
             let h = Harness::new($store);
-            let key = fresh_key("release");
+            let key = fresh_key("fail");
             assert_eq!(h.post("/fail", Some(&key), "").await.status(), 500);
-            assert_eq!(h.post("/fail", Some(&key), "").await.status(), 500);
-            assert_eq!(h.runs(), 2);
-            let key = fresh_key("err");
-            assert!(h.send(post("/err", Some(&key), "")).await.is_err());
-            assert!(h.send(post("/err", Some(&key), "")).await.is_err());
-            assert_eq!(h.runs(), 4);
-            let key = fresh_key("panic");
-            let panicked = tokio::spawn(h.send(post("/panic", Some(&key), ""))).await;
-            assert!(panicked.unwrap_err().is_panic());
-            // The panic released the claim: the retry runs (and this time succeeds).
-            let retry = h.post("/panic", Some(&key), "").await;
-            assert_eq!(retry.status(), 201);
-            assert_eq!(h.runs(), 6);
+            let again = h.post("/fail", Some(&key), "").await;
+            assert_eq!(again.status(), 500);
+            assert!(replayed(&again), "{again:?}");
+            assert_eq!(again.body(), "run 1");
+            assert_problem(&h.post("/fail", Some(&key), "{\"other\":1}").await, 422);
+            assert_eq!(h.runs(), 1);
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn a_dropped_request_keeps_its_claim_until_the_lock_expires() {
+        async fn an_error_and_a_panic_leave_a_record_that_the_request_ran() {
+            let h = Harness::new($store);
+            let key = fresh_key("err");
+            assert!(h.send(post("/err", Some(&key), "")).await.is_err());
+            let dup = h.post("/err", Some(&key), "").await;
+            assert_problem(&dup, 409);
+            assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+            assert_eq!(h.runs(), 1);
+            let key = fresh_key("panic");
+            let panicked = tokio::spawn(h.send(post("/panic", Some(&key), ""))).await;
+            assert!(panicked.unwrap_err().is_panic());
+            // The handler started: the retry does not run it again.
+            let dup = h.post("/panic", Some(&key), "").await;
+            assert_problem(&dup, 409);
+            assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+            assert_eq!(h.runs(), 2);
+        }
+
+        #[tokio::test(start_paused = $paused)]
+        async fn a_dropped_request_is_never_run_again_even_after_the_lock_expires() {
             let h = Harness::with(
                 backstop_idempotency::IdempotencyLayer::builder($store),
                 |c| c.lock_timeout(Duration::from_millis(500)),
@@ -269,30 +296,39 @@ macro_rules! behaviour {
                 h.send(post("/slow", Some(&key), "")),
             );
             assert!(cut.await.is_err(), "the caller went away");
-            assert_problem(&h.post("/slow", Some(&key), "").await, 409);
-            tokio::time::sleep(Duration::from_millis(600)).await;
-            assert_eq!(h.post("/slow", Some(&key), "").await.status(), 201);
-            assert_eq!(h.runs(), 2);
+            for wait in [50, 600] {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                let dup = h.post("/slow", Some(&key), "").await;
+                assert_problem(&dup, 409);
+                assert!(dup.headers().get("retry-after").is_none(), "{dup:?}");
+            }
+            assert_eq!(h.runs(), 1);
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn refusals_made_before_the_handler_are_not_stored_but_4xx_are() {
+        async fn only_an_answer_marked_not_executed_releases_the_key() {
             let h = Harness::new($store);
+            let key = fresh_key("nothing");
+            assert_eq!(h.post("/nothing", Some(&key), "").await.status(), 503);
+            let again = h.post("/nothing", Some(&key), "").await;
+            assert!(!replayed(&again), "{again:?}");
+            assert_eq!(h.runs(), 2);
+            // A `Rejection` alone says who answered, not that nothing happened: stored.
             let key = fresh_key("reject");
             assert_eq!(h.post("/reject", Some(&key), "").await.status(), 503);
-            assert_eq!(h.post("/reject", Some(&key), "").await.status(), 503);
-            assert_eq!(h.runs(), 2);
+            let again = h.post("/reject", Some(&key), "").await;
+            assert_eq!(again.status(), 503);
+            assert!(replayed(&again), "{again:?}");
             let key = fresh_key("bad");
             assert_eq!(h.post("/bad", Some(&key), "").await.status(), 400);
-            let again = h.post("/bad", Some(&key), "").await;
-            assert!(replayed(&again));
-            assert_eq!(h.runs(), 3);
+            assert!(replayed(&h.post("/bad", Some(&key), "").await));
+            assert_eq!(h.runs(), 4);
         }
 
         #[tokio::test(start_paused = $paused)]
-        async fn the_handlers_own_429_and_408_are_not_stored_a_duplicate_runs_again() {
-            // 4xx answers are stored, but 429 and 408 say "not now", not "never": the claim
-            // is released, and a duplicate runs the handler again (and may succeed).
+        async fn the_handlers_own_429_and_408_are_stored_and_replayed() {
+            // "Not now" from a handler that ran is still its answer: it may have done part
+            // of the work; a handler that did nothing says so with `NotExecuted`.
             let h = Harness::new($store);
             for (path, status) in [("/busy", 429), ("/timeout", 408)] {
                 let key = fresh_key(path.trim_start_matches('/'));
@@ -302,12 +338,8 @@ macro_rules! behaviour {
                 assert!(!replayed(&first));
                 let again = h.post(path, Some(&key), "").await;
                 assert_eq!(again.status(), status, "{again:?}");
-                assert!(!replayed(&again), "a {status} was stored: {again:?}");
-                assert_eq!(
-                    h.runs(),
-                    before + 2,
-                    "a duplicate after a {status} runs again"
-                );
+                assert!(replayed(&again), "a {status} was not stored: {again:?}");
+                assert_eq!(h.runs(), before + 1);
             }
         }
 
@@ -448,4 +480,75 @@ macro_rules! behaviour {
             assert_eq!(h.runs(), 3);
         }
     };
+}
+
+/// Every Duration knob of the layer at zero, 1 ns and `Duration::MAX` (and the longest wait
+/// below the longest lock), over stores made by `store`: each is refused by `build`, naming
+/// one of the knobs its row set, or works: the first request is answered by the handler (or
+/// 503, when every store operation times out), a duplicate by a replay, a 409, a rerun after
+/// its answer expired, or that 503; nothing panics.
+pub async fn every_duration_knob_is_refused_or_honoured<St: Store>(store: impl Fn() -> St) {
+    type Tune<St> = Box<dyn Fn(IdempotencyConfig<St>) -> IdempotencyConfig<St>>;
+    let mut rows: Vec<(&[&str], Duration, Tune<St>)> = Vec::new();
+    for value in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+        rows.push((&["ttl"], value, Box::new(move |c| c.ttl(value))));
+        rows.push((
+            &["lock_timeout"],
+            value,
+            Box::new(move |c| c.lock_timeout(value)),
+        ));
+        rows.push((
+            &["store_timeout"],
+            value,
+            Box::new(move |c| c.store_timeout(value)),
+        ));
+        rows.push((
+            &["retry_after"],
+            value,
+            Box::new(move |c| c.retry_after(value)),
+        ));
+        rows.push((
+            &["wait_in_flight"],
+            value,
+            Box::new(move |c| c.wait_in_flight(value)),
+        ));
+    }
+    let longest_wait = Duration::MAX - Duration::from_nanos(1);
+    rows.push((
+        &["lock_timeout", "wait_in_flight"],
+        longest_wait,
+        Box::new(move |c| c.lock_timeout(Duration::MAX).wait_in_flight(longest_wait)),
+    ));
+    for (knobs, value, tune) in rows {
+        let row = format!("{knobs:?} = {value:?}");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let config = tune(IdempotencyLayer::builder(store()));
+        let layer = match config.build() {
+            Err(e) => {
+                assert!(knobs.contains(&e.knob()), "{row}: refused naming {e}");
+                continue;
+            }
+            Ok(layer) => layer,
+        };
+        let h = Harness::layered(layer, runs.clone(), handler(runs));
+        let key = fresh_key("knob");
+        let first = h.post("/ok", Some(&key), "").await;
+        let timed_out = knobs.contains(&"store_timeout") && first.status() == 503;
+        assert!(first.status() == 201 || timed_out, "{row}: {first:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let dup = h.post("/ok", Some(&key), "").await;
+        let tiny = value < Duration::from_millis(5);
+        match dup.status().as_u16() {
+            201 if replayed(&dup) => {}
+            // A rerun only once the answer expired (a ttl below the wait above), or its claim
+            // did before the answer came (a lock shorter than a store's round trip).
+            201 => assert!(
+                tiny && (knobs.contains(&"ttl") || knobs.contains(&"lock_timeout")),
+                "{row}: ran again"
+            ),
+            503 => assert!(timed_out, "{row}: {dup:?}"),
+            // A 409 here is a key its answer never reached: a knob the store cannot honour.
+            _ => panic!("{row}: {dup:?}"),
+        }
+    }
 }

@@ -1,0 +1,240 @@
+//! `server()` (Deadline → Admission → Pushback) and `IdempotencyLayer`, in either order: once
+//! a handler has started, its answer is its key's answer (a 504 from its deadline, a 500
+//! included), replayed to every retry with the key; only a refusal made before the handler
+//! ran releases the key. (Defects found by an outside audit: a 5xx or a deadline's cut
+//! released the key, or kept it claimed until the lock timeout, and a retry charged again.)
+
+use backstop::{
+    core::NotExecuted,
+    deadline::admission::AdmissionLayer,
+    idempotency::{IdempotencyLayer, MemoryStore},
+};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn, util::BoxCloneService};
+
+type Svc = BoxCloneService<Request<Full<Bytes>>, Answer, BoxError>;
+
+/// What a caller sees: status, `content-type`, whether it was replayed, the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    status: StatusCode,
+    content_type: Option<String>,
+    replayed: bool,
+    body: Bytes,
+}
+
+/// A charge handler: it charges first (counts in `charges`), then, by path, takes 2 s
+/// (`/slow`: its 1 s deadline cuts it) or answers 500 (`/fail`); `/nothing` charges nothing
+/// and says so (503 with `NotExecuted`).
+fn charging(
+    charges: Arc<AtomicUsize>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
++ Send
++ Sync
++ 'static {
+    service_fn(move |req: Request<Full<Bytes>>| {
+        let charges = charges.clone();
+        async move {
+            let mut response = Response::new(Full::new(Bytes::from_static(b"charged")));
+            if req.uri().path() == "/nothing" {
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                response.extensions_mut().insert(NotExecuted);
+                return Ok(response);
+            }
+            charges.fetch_add(1, Ordering::SeqCst);
+            match req.uri().path() {
+                "/slow" => tokio::time::sleep(Duration::from_secs(2)).await,
+                "/fail" => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+                _ => *response.status_mut() = StatusCode::CREATED,
+            }
+            Ok(response)
+        }
+    })
+}
+
+fn answered<S, B>(svc: S) -> Svc
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    BoxCloneService::new(
+        svc.map_err(Into::into)
+            .and_then(|r: Response<B>| async move {
+                let (parts, body) = r.into_parts();
+                let body = body.collect().await.map_err(Into::into)?.to_bytes();
+                Ok::<_, BoxError>(Answer {
+                    status: parts.status,
+                    content_type: parts
+                        .headers
+                        .get("content-type")
+                        .map(|v| v.to_str().unwrap().to_owned()),
+                    replayed: parts.headers.contains_key("idempotent-replayed"),
+                    body,
+                })
+            }),
+    )
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Order {
+    /// `server() → IdempotencyLayer → handler`.
+    DeadlineOutside,
+    /// `IdempotencyLayer → server() → handler`.
+    IdempotencyOutside,
+}
+
+fn stack(
+    order: Order,
+    server: backstop::ServerLayer,
+    store: MemoryStore,
+    charges: Arc<AtomicUsize>,
+) -> Svc {
+    let idempotency = IdempotencyLayer::new(store);
+    match order {
+        Order::DeadlineOutside => answered(
+            ServiceBuilder::new()
+                .layer(server)
+                .layer(idempotency)
+                .service(charging(charges)),
+        ),
+        Order::IdempotencyOutside => answered(
+            ServiceBuilder::new()
+                .layer(idempotency)
+                .layer(server)
+                .service(charging(charges)),
+        ),
+    }
+}
+
+fn charge(path: &str, key: &str, timeout: &str, body: &'static str) -> Request<Full<Bytes>> {
+    Request::post(path)
+        .header("idempotency-key", format!("\"{key}\""))
+        .header("grpc-timeout", timeout)
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap()
+}
+
+async fn send(svc: &Svc, req: Request<Full<Bytes>>) -> Answer {
+    svc.clone().oneshot(req).await.unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_cut_by_its_deadline_is_replayed_never_run_again_in_either_order() {
+    let mut replays = Vec::new();
+    for order in [Order::DeadlineOutside, Order::IdempotencyOutside] {
+        let charges = Arc::new(AtomicUsize::new(0));
+        let svc = stack(
+            order,
+            backstop::server(),
+            MemoryStore::new(),
+            charges.clone(),
+        );
+        let first = send(&svc, charge("/slow", "k", "1S", "{\"amount\":1}")).await;
+        assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT, "{order:?}");
+        assert!(!first.replayed, "{order:?}");
+        // A retry at once, and one long after the lock timeout (60 s): the 504 again,
+        // replayed; the handler, which charged before its deadline cut it, does not run.
+        for wait in [Duration::ZERO, Duration::from_secs(61)] {
+            tokio::time::sleep(wait).await;
+            let retry = send(&svc, charge("/slow", "k", "1S", "{\"amount\":1}")).await;
+            assert_eq!(
+                retry.status,
+                StatusCode::GATEWAY_TIMEOUT,
+                "{order:?}: {retry:?}"
+            );
+            assert!(retry.replayed, "{order:?}: {retry:?}");
+            replays.push(retry);
+        }
+        let reuse = send(&svc, charge("/slow", "k", "1S", "{\"amount\":2}")).await;
+        assert_eq!(reuse.status, StatusCode::UNPROCESSABLE_ENTITY, "{order:?}");
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "{order:?}");
+    }
+    // Both orders replay the same answer: the deadline layer's 504.
+    assert!(replays.windows(2).all(|w| w[0] == w[1]), "{replays:#?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_500_after_the_charge_is_replayed_in_either_order() {
+    for order in [Order::DeadlineOutside, Order::IdempotencyOutside] {
+        let charges = Arc::new(AtomicUsize::new(0));
+        let svc = stack(
+            order,
+            backstop::server(),
+            MemoryStore::new(),
+            charges.clone(),
+        );
+        let first = send(&svc, charge("/fail", "k", "1S", "{}")).await;
+        assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let retry = send(&svc, charge("/fail", "k", "1S", "{}")).await;
+        assert_eq!(retry.status, StatusCode::INTERNAL_SERVER_ERROR, "{order:?}");
+        assert!(retry.replayed, "{order:?}: {retry:?}");
+        assert_eq!(retry.body, "charged");
+        let reuse = send(&svc, charge("/fail", "k", "1S", "{\"other\":1}")).await;
+        assert_eq!(reuse.status, StatusCode::UNPROCESSABLE_ENTITY, "{order:?}");
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "{order:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_before_the_handler_releases_the_key_with_the_idempotency_layer_outside() {
+    let store = MemoryStore::new();
+    let charges = Arc::new(AtomicUsize::new(0));
+    let svc = stack(
+        Order::IdempotencyOutside,
+        backstop::server(),
+        store.clone(),
+        charges.clone(),
+    );
+    // Admission: this route needs 5 s, the request has 1 s.
+    let refusing = stack(
+        Order::IdempotencyOutside,
+        backstop::server().admission(
+            AdmissionLayer::builder()
+                .fixed(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        ),
+        store,
+        charges.clone(),
+    );
+    let refused = send(&refusing, charge("/ok", "a", "1S", "{}")).await;
+    assert_eq!(refused.status, StatusCode::GATEWAY_TIMEOUT);
+    // The deadline layer on arrival: a malformed grpc-timeout, and no time left.
+    let malformed = send(&svc, charge("/ok", "b", "bogus", "{}")).await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    let spent = send(&svc, charge("/ok", "c", "0m", "{}")).await;
+    assert_eq!(spent.status, StatusCode::GATEWAY_TIMEOUT);
+    // The handler saying it did nothing.
+    let nothing = send(&svc, charge("/nothing", "d", "1S", "{}")).await;
+    assert_eq!(nothing.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(charges.load(Ordering::SeqCst), 0);
+    // Each key was released: its retry runs.
+    for key in ["a", "b", "c"] {
+        let retry = send(&svc, charge("/ok", key, "1S", "{}")).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{key}: {retry:?}");
+        assert!(!retry.replayed, "{key}");
+    }
+    let retry = send(&svc, charge("/nothing", "d", "1S", "{}")).await;
+    assert!(!retry.replayed, "{retry:?}");
+    assert_eq!(charges.load(Ordering::SeqCst), 3);
+}
