@@ -221,7 +221,11 @@ impl<St: Store> Settings<St> {
         record: Record,
     ) -> Response<IdempotencyBody<B>> {
         let mut record = record;
-        let waited_until = self.wait_in_flight.map(|w| tokio::time::Instant::now() + w);
+        // Saturated: a wait as long as the clock holds (any value below `lock_timeout`) waits
+        // without overflowing the instant.
+        let waited_until = self
+            .wait_in_flight
+            .map(|w| backstop_core::__private::timer::after(tokio::time::Instant::now(), w));
         let mut pause = Duration::from_millis(5);
         loop {
             match record {
@@ -235,7 +239,7 @@ impl<St: Store> Settings<St> {
             let Some(until) = waited_until else {
                 return Problem::InFlight(self.retry_after_secs()).into_response();
             };
-            if tokio::time::Instant::now() + pause > until {
+            if backstop_core::__private::timer::after(tokio::time::Instant::now(), pause) > until {
                 return Problem::InFlight(self.retry_after_secs()).into_response();
             }
             tokio::time::sleep(pause).await;

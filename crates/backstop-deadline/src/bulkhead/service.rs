@@ -1,6 +1,6 @@
 use super::{BulkheadFuture, Refusal, Shared, future::Permit, semaphore::Enqueued};
 use crate::{Deadline, current};
-use backstop_core::{BoxError, is_grpc};
+use backstop_core::{__private::timer, BoxError, is_grpc};
 use http::{Request, Response};
 use std::{
     sync::Arc,
@@ -73,7 +73,7 @@ where
             .copied()
             .or_else(current)
             .map(|d| d.instant());
-        let capped = now + shared.max_wait;
+        let capped = timer::after(now, shared.max_wait);
         let (until, why) = match deadline {
             Some(d) => {
                 let latest = d
@@ -88,7 +88,7 @@ where
             None => (capped, Refusal::MaxWait),
         };
         // 3. Fails fast: no time to wait, or the calls already queued take longer.
-        if until <= now || now + shared.expected_wait() > until {
+        if until <= now || timer::after(now, shared.expected_wait()) > until {
             shared.refused(why);
             return BulkheadFuture::refused(why, grpc);
         }
