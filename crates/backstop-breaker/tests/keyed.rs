@@ -389,3 +389,57 @@ fn each_key_costs_one_breaker() {
         snapshot.shared_bytes
     );
 }
+
+/// A probe whose inner `call` panics gives its slot back (the permit owns it before
+/// `inner.call` runs): the next call is probed and closes the breaker, keyed or not. Found
+/// checking the class of the bulkhead's leaked permit (outside audit).
+#[tokio::test(start_paused = true)]
+async fn a_probe_whose_call_panics_gives_its_slot_back() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU8, Ordering},
+    };
+    const FAIL: u8 = 0;
+    const PANIC: u8 = 1;
+    const ANSWER: u8 = 2;
+    for keyed in [false, true] {
+        let mode = Arc::new(AtomicU8::new(FAIL));
+        let seen = mode.clone();
+        let dependency = service_fn(move |_req: Request<String>| {
+            let status = match seen.load(Ordering::SeqCst) {
+                FAIL => 503,
+                PANIC => panic!("the inner call panicked"),
+                _ => 200,
+            };
+            let response = Response::builder().status(status).body(String::new());
+            std::future::ready(Ok::<_, Infallible>(response.unwrap()))
+        });
+        let config = config().probes(1);
+        let config = if keyed {
+            config.per_key(BreakerKey::Path)
+        } else {
+            config
+        };
+        let layer = config.build().unwrap();
+        let mut service = layer.layer(dependency);
+        open(&mut service, "http://a/down").await;
+        assert_eq!(send(&mut service, "http://a/down").await, None, "open");
+        tokio::time::advance(Duration::from_secs(600)).await;
+        mode.store(PANIC, Ordering::SeqCst);
+        let req = Request::get("http://a/down").body(String::new()).unwrap();
+        let panicked = backstop_test_support::call_catching(&mut service, req);
+        assert!(panicked.is_err(), "keyed {keyed}");
+        mode.store(ANSWER, Ordering::SeqCst);
+        assert_eq!(
+            send(&mut service, "http://a/down").await,
+            Some(200),
+            "keyed {keyed}: the probe slot came back"
+        );
+        let state = if keyed {
+            layer.keys()[0].1.state
+        } else {
+            layer.snapshot().state
+        };
+        assert_eq!(state, State::Closed, "keyed {keyed}");
+    }
+}

@@ -7,21 +7,39 @@ use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::{
+    collections::VecDeque,
     pin::Pin,
     task::{Context, Poll, ready},
 };
 use tokio::time::Instant;
 
+/// How many frames past its deadline a body without an exact size may have ready to its end
+/// and still be delivered whole: a unary answer (a message, then trailers) fits; a stream
+/// whose frames are always ready does not, and is cut.
+const LATE_FRAMES: usize = 4;
+
+type Polled = Result<Frame<Bytes>, BoxError>;
+
 pin_project! {
     /// A response body bounded by the request's deadline.
     ///
-    /// While the deadline holds, frames pass through untouched (the clock is read at each
-    /// frame, so a body that is always ready is cut too). When it passes in the middle of
-    /// a streamed body, a gRPC body ends with trailers `grpc-status: 4` (DEADLINE_EXCEEDED), so a
-    /// gRPC client sees the right status; any other body ends with a [`DeadlineExceeded`] error,
-    /// which makes hyper reset the stream. The timer is only created the first time the body
-    /// is not ready, so a body that is complete at once (a unary response) costs no timer and
-    /// no allocation; the body is `Unpin` whenever the inner body is.
+    /// **The rule: a caller gets one whole answer, the handler's or the deadline's, never a
+    /// torn one.** Once the head is out, an HTTP body cut short is a torn message (hyper's
+    /// `IncompleteMessage`), so the deadline cuts only a body that would have to *wait* for
+    /// it: while the deadline holds, frames pass through untouched; past it (a handler
+    /// answering at its deadline is read a few µs later), a body that is complete is still
+    /// delivered whole, and only one still streaming is cut. Complete means: it has ended; or
+    /// it declares its exact size (axum's `String`, `Json`, `Bytes`, `Full`, a
+    /// `Content-Length` body) and its frames are ready when read; or, without a size, its
+    /// frames up to its end (at most four: a gRPC unary answer's message and trailers) are
+    /// ready at once. A body that is not ready past its deadline, or that is unsized and
+    /// still yielding frames (a stream always ready, held back only by its reader), is cut
+    /// there: the clock is read at each frame. A cut gRPC body ends with trailers
+    /// `grpc-status: 4` (DEADLINE_EXCEEDED), a whole gRPC answer; any other body ends with a
+    /// [`DeadlineExceeded`] error, which makes hyper reset the stream (the only way HTTP can
+    /// say that a streamed body is incomplete). The timer is only created the first time the
+    /// body is not ready, so a body that is complete at once (a unary response) costs no
+    /// timer and no allocation; the body is `Unpin` whenever the inner body is.
     #[derive(Debug)]
     pub struct DeadlineBody<B> {
         #[pin]
@@ -31,6 +49,8 @@ pin_project! {
         // is, as hyper and tonic bodies are used. Allocated only the first time the body is
         // not ready.
         sleep: Option<Pin<Box<LazySleep>>>,
+        // The rest of an unsized body found complete past its deadline, delivered from here.
+        rest: Option<VecDeque<Polled>>,
         grpc: bool,
         expired: bool,
     }
@@ -42,6 +62,7 @@ impl<B> DeadlineBody<B> {
             body,
             deadline,
             sleep: None,
+            rest: None,
             grpc,
             expired: false,
         }
@@ -71,6 +92,52 @@ fn deadline_trailers() -> HeaderMap {
     trailers
 }
 
+/// Reads `body` past its deadline: `Some` with what to deliver when it is complete, `None`
+/// when it is still streaming and must be cut.
+fn read_late<B>(
+    mut body: Pin<&mut ResponseBody<B>>,
+    cx: &mut Context<'_>,
+    rest: &mut Option<VecDeque<Polled>>,
+) -> Option<Option<Polled>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let frame = |f: Result<Frame<Bytes>, B::Error>| f.map_err(Into::into);
+    // Sized: bounded, so its ready frames cannot run on forever.
+    if body.size_hint().exact().is_some() {
+        return match body.poll_frame(cx) {
+            Poll::Ready(polled) => Some(polled.map(frame)),
+            Poll::Pending => None,
+        };
+    }
+    // Unsized: whole only if its end is ready within a few frames.
+    let mut frames = VecDeque::new();
+    while frames.len() < LATE_FRAMES {
+        match body.as_mut().poll_frame(cx) {
+            Poll::Pending => return None,
+            Poll::Ready(None) => break,
+            Poll::Ready(Some(Err(e))) => {
+                // Its own failure ends it: passed on as it came.
+                frames.push_back(Err(e.into()));
+                break;
+            }
+            Poll::Ready(Some(Ok(f))) => {
+                frames.push_back(Ok(f));
+                if body.is_end_stream() {
+                    break;
+                }
+            }
+        }
+    }
+    if frames.len() == LATE_FRAMES && !body.is_end_stream() {
+        return None;
+    }
+    let first = frames.pop_front();
+    *rest = Some(frames);
+    Some(first)
+}
+
 impl<B> Body for DeadlineBody<B>
 where
     B: Body<Data = Bytes>,
@@ -87,14 +154,21 @@ where
         if *this.expired {
             return Poll::Ready(None);
         }
+        if let Some(rest) = this.rest {
+            return Poll::Ready(rest.pop_front());
+        }
         // The clock first: a body whose frames are always ready (a stream held back only by
         // its reader) would otherwise never reach its timer, and run past the deadline. Past
         // it, not at it: a response answered at its deadline's instant (the handler is polled
         // before the timer) is read at that instant too.
-        let due = this
+        let late = this
             .deadline
             .is_some_and(|deadline| deadline.instant() < Instant::now());
-        if !due {
+        if late {
+            if let Some(frame) = read_late(this.body, cx, this.rest) {
+                return Poll::Ready(frame);
+            }
+        } else {
             if let Poll::Ready(frame) = this.body.poll_frame(cx) {
                 return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
             }
@@ -102,6 +176,7 @@ where
                 return Poll::Pending;
             };
             let sleep = this.sleep.get_or_insert_with(|| Box::pin(LazySleep::new()));
+            // Fired: the body was still waiting at its deadline.
             ready!(sleep.as_mut().poll_until(cx, deadline.instant()));
         }
         *this.expired = true;
@@ -113,14 +188,20 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.expired || self.body.is_end_stream()
+        match &self.rest {
+            Some(rest) => rest.is_empty(),
+            None => self.expired || self.body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.expired {
-            SizeHint::with_exact(0)
-        } else {
-            self.body.size_hint()
+        match &self.rest {
+            Some(rest) => {
+                let data = rest.iter().filter_map(|f| f.as_ref().ok()?.data_ref());
+                SizeHint::with_exact(data.map(|d| d.len() as u64).sum())
+            }
+            None if self.expired => SizeHint::with_exact(0),
+            None => self.body.size_hint(),
         }
     }
 }

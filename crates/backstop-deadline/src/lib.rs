@@ -88,8 +88,11 @@
 //!    handler and in everything it awaits on its task.
 //! 5. If the deadline passes first, the handler's future is **dropped** (its work is cancelled)
 //!    and the answer is DEADLINE_EXCEEDED (4) as a trailers-only gRPC response, or 504 with a
-//!    short text body. A streamed response body is bounded too: past the deadline a gRPC body
-//!    ends with trailers `grpc-status: 4`, any other body with an error.
+//!    short text body. A response body is bounded too, by the rule of [`DeadlineBody`]: the
+//!    caller gets one whole answer, never a torn one, so a body complete when the handler
+//!    answered is delivered whole even if read just after the deadline, and only a body
+//!    still streaming past it is cut (a gRPC body with trailers `grpc-status: 4`, any other
+//!    with an error).
 //!
 //! The answers of 1 and 3, given before the service is called, carry
 //! [`NotExecuted`](backstop_core::NotExecuted) in their extensions (nothing happened: an

@@ -141,3 +141,24 @@ async fn a_request_dropped_before_its_deadline_is_not_measured() {
     assert_eq!(calls.load(Ordering::Relaxed), 20);
     assert_eq!(admission.need("/"), None, "nothing was measured");
 }
+
+/// A `call` that panics leaves admission as it was (it holds nothing across `inner.call`):
+/// the next request is admitted and measured. Checked with the bulkhead's leaked permit
+/// (outside audit).
+#[tokio::test(start_paused = true)]
+async fn a_call_that_panics_leaves_admission_as_it_was() {
+    use backstop_test_support::{call_catching, panicking};
+    use std::sync::atomic::AtomicBool;
+    let panics = Arc::new(AtomicBool::new(true));
+    let mut service = AdmissionLayer::builder()
+        .min_samples(1)
+        .build()
+        .unwrap()
+        .layer(panicking::<Request<String>>(panics.clone()));
+    assert!(call_catching(&mut service, http_request(Some("1S"))).is_err());
+    panics.store(false, Ordering::SeqCst);
+    for _ in 0..3 {
+        let response = service.clone().oneshot(http_request(Some("1S"))).await;
+        assert_eq!(response.unwrap().status(), 200);
+    }
+}

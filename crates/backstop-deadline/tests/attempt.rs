@@ -220,3 +220,28 @@ async fn a_keyed_layer_holds_at_most_max_keys_models() {
     assert!(layer.keys().contains(&"/late".to_owned()));
     assert_eq!(layer.keys().len(), 8);
 }
+
+/// A `call` that panics leaves the attempt layer's keyed table usable (nothing is held
+/// across `inner.call`; the table's lock is not held there): the key's next calls are
+/// bounded and answered. Checked with the bulkhead's leaked permit (outside audit).
+#[tokio::test(start_paused = true)]
+async fn a_call_that_panics_leaves_the_keyed_table_usable() {
+    use backstop_core::RouteKey;
+    use backstop_test_support::{call_catching, panicking};
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    let panics = Arc::new(AtomicBool::new(true));
+    let layer = AttemptTimeoutLayer::new(AttemptBound::Fixed(100 * MS))
+        .unwrap()
+        .per_key(RouteKey::Path, 1)
+        .unwrap();
+    let mut service = layer.layer(panicking::<Request<String>>(panics.clone()));
+    let req = || Request::get("http://a/item").body(String::new()).unwrap();
+    assert!(call_catching(&mut service, req()).is_err());
+    panics.store(false, Ordering::SeqCst);
+    for _ in 0..3 {
+        assert_eq!(service.clone().oneshot(req()).await.unwrap().status(), 200);
+    }
+}

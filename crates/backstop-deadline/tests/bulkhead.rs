@@ -244,3 +244,42 @@ async fn an_off_bulkhead_lets_every_call_through_at_once() {
     assert_eq!((layer.in_flight(), layer.waiting()), (0, 0));
     assert_eq!(layer.hold_time(), Duration::ZERO);
 }
+
+/// Defect (outside audit): the permit was taken before `inner.call` and its guard built
+/// after, so a `call` that panicked kept it for good: with one permit, every later call was
+/// refused "bulkhead full". The guard now owns the permit before `inner.call` runs, on the
+/// free-permit path and on the queue's (a permit granted at once, and one granted to a call
+/// that waited).
+#[tokio::test(start_paused = true)]
+async fn a_call_that_panics_gives_its_permit_back() {
+    use backstop_test_support::{call_catching, panicking};
+    use std::sync::{Arc, atomic::AtomicBool, atomic::Ordering};
+    let panics = Arc::new(AtomicBool::new(true));
+    let layer = BulkheadLayer::new(1).unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(panicking::<Request<()>>(panics.clone()));
+    // Free permit: taken, then the call panics.
+    assert!(call_catching(&mut svc, Request::new(())).is_err());
+    assert_eq!(layer.in_flight(), 0, "the permit came back");
+    // A call that waited for its permit, then panics in its `call` when it is granted.
+    let holder = svc.clone();
+    let holding = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(dependency());
+    let held = tokio::spawn(holding.oneshot(Request::new(())));
+    tokio::task::yield_now().await;
+    assert_eq!(layer.in_flight(), 1);
+    let waiting = tokio::spawn(holder.oneshot(request_with_deadline(Duration::from_secs(5))));
+    tokio::task::yield_now().await;
+    advance(WORK).await;
+    held.await.unwrap().unwrap();
+    assert!(waiting.await.unwrap_err().is_panic());
+    assert_eq!(layer.in_flight(), 0, "the permit came back");
+    // Later calls get the permit.
+    panics.store(false, Ordering::SeqCst);
+    for _ in 0..3 {
+        svc.ready().await.unwrap();
+        svc.call(Request::new(())).await.unwrap();
+    }
+}

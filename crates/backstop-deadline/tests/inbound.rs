@@ -386,3 +386,132 @@ fn configuration_is_validated_and_names_the_knob() {
             .is_ok()
     );
 }
+
+/// A body whose frames are all ready at once, then ends: a response complete in memory whose
+/// size it does not declare (tonic's unary answer: its message, then its trailers).
+struct Ready(std::collections::VecDeque<http_body::Frame<Bytes>>);
+
+impl Body for Ready {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(Ok))
+    }
+}
+
+/// Defect (outside audit): a handler that answered at its deadline (hyper polls the body a
+/// few µs later) had its body, complete in memory, cut with an error after the head went out:
+/// a torn message. A body answered in time and complete is delivered whole, however late it
+/// is read: with an exact size (axum's String, Json, Bytes) or unsized but all ready to its
+/// end (a gRPC unary answer, its message and trailers).
+#[tokio::test(start_paused = true)]
+async fn a_complete_body_answered_at_the_deadline_is_delivered_whole_when_read_after_it() {
+    for grpc in [false, true] {
+        // An exact size: a String.
+        let handler = service_fn(|_req: Request<String>| async {
+            tokio::time::sleep(current().unwrap().remaining()).await;
+            Ok::<_, Infallible>(Response::new("whole".to_owned()))
+        });
+        let response = DeadlineLayer::new()
+            .layer(handler)
+            .oneshot(request(grpc, Some("100m")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{grpc}");
+        advance(Duration::from_micros(50)).await;
+        assert_eq!(text(response).await, "whole", "{grpc}");
+
+        // No size, every frame ready: a message, then the handler's trailers.
+        let handler = service_fn(|_req: Request<String>| async {
+            tokio::time::sleep(current().unwrap().remaining()).await;
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            let frames = [
+                http_body::Frame::data(Bytes::from_static(b"message")),
+                http_body::Frame::trailers(trailers),
+            ];
+            Ok::<_, Infallible>(Response::new(Ready(frames.into())))
+        });
+        let response = DeadlineLayer::new()
+            .layer(handler)
+            .oneshot(request(grpc, Some("100m")))
+            .await
+            .unwrap();
+        advance(Duration::from_micros(50)).await;
+        let mut body = response.into_body();
+        let collected = (&mut body).collect().await.unwrap();
+        assert!(!body.is_expired(), "{grpc}");
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0", "{grpc}");
+        assert_eq!(collected.to_bytes(), "message", "{grpc}");
+    }
+}
+
+/// A streamed body, declaring its size or not (a `Content-Length` body still arriving).
+struct Streamed(http_body_util::channel::Channel<Bytes>, Option<u64>);
+
+impl Body for Streamed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        let frame = std::task::ready!(std::pin::Pin::new(&mut self.0).poll_frame(cx));
+        let frame = frame.map(|f| f.unwrap());
+        if let (Some(left), Some(data)) = (self.1, frame.as_ref().and_then(|f| f.data_ref())) {
+            self.1 = Some(left - data.len() as u64);
+        }
+        std::task::Poll::Ready(frame.map(Ok))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.1
+            .map_or_else(Default::default, http_body::SizeHint::with_exact)
+    }
+}
+
+/// The other side of the rule: a body that would still have to wait once the deadline has
+/// passed is cut there, sized or not, whatever frame it had ready.
+#[tokio::test(start_paused = true)]
+async fn a_body_still_streaming_past_the_deadline_is_cut() {
+    for (grpc, size) in [
+        (false, None),
+        (false, Some(10)),
+        (true, None),
+        (true, Some(10)),
+    ] {
+        let (mut tx, channel) = streamed();
+        let mut channel = Some(channel);
+        let handler = service_fn(move |_req: Request<String>| {
+            let mut response = Response::new(Streamed(channel.take().unwrap(), size));
+            if grpc {
+                response
+                    .headers_mut()
+                    .insert("content-type", "application/grpc".parse().unwrap());
+            }
+            std::future::ready(Ok::<_, Infallible>(response))
+        });
+        let service = DeadlineLayer::new().layer(handler);
+        let response = service.oneshot(request(grpc, Some("100m"))).await.unwrap();
+        let mut body = response.into_body();
+        tx.send_data(Bytes::from_static(b"first")).await.unwrap();
+        advance(Duration::from_millis(200)).await;
+        // Past the deadline: its first frame is ready, the rest would have to wait.
+        let delivered = body.frame().await.unwrap();
+        let cut = match (size, delivered) {
+            // A sized body's ready frames are delivered; it is cut where it would wait.
+            (Some(_), Ok(frame)) if frame.is_data() => body.frame().await.unwrap(),
+            (_, other) => other,
+        };
+        match cut {
+            Ok(frame) => assert_eq!(frame.into_trailers().unwrap()["grpc-status"], "4"),
+            Err(e) => assert!(!grpc && backstop_deadline::is_deadline_exceeded(e.as_ref())),
+        }
+        assert!(body.is_expired(), "{grpc} {size:?}");
+    }
+}

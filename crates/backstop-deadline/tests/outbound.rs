@@ -410,3 +410,23 @@ fn configuration_is_validated_and_names_the_knob() {
             .is_ok()
     );
 }
+
+/// The client's side of the server's rule (outside audit): a response that arrived whole
+/// before the call's deadline is read whole after it; the deadline cuts only a body still
+/// streaming (`streamed_response_bodies_are_bounded_too`).
+#[tokio::test(start_paused = true)]
+async fn a_response_arrived_whole_before_the_deadline_is_read_whole_after_it() {
+    let dependency = service_fn(|_req: Request<String>| async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok::<_, Infallible>(Response::new("arrived".to_owned()))
+    });
+    let client = PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap()
+        .layer(dependency);
+    let response = client.oneshot(http_request(None)).await.unwrap();
+    advance(Duration::from_millis(5)).await;
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"arrived");
+}

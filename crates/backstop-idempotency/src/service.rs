@@ -254,10 +254,11 @@ impl<St: Store> Settings<St> {
         record: Record,
     ) -> Response<IdempotencyBody<B>> {
         let mut record = record;
-        // A wait too long for the clock is a wait without end (until the lock expires).
+        // Saturated: a wait as long as the clock holds (any value below `lock_timeout`) waits
+        // without overflowing the instant.
         let waited_until = self
             .wait_in_flight
-            .map(|w| tokio::time::Instant::now().checked_add(w));
+            .map(|w| backstop_core::__private::timer::after(tokio::time::Instant::now(), w));
         let mut pause = Duration::from_millis(5);
         loop {
             match record {
@@ -271,7 +272,7 @@ impl<St: Store> Settings<St> {
             let Some(until) = waited_until else {
                 return Problem::InFlight(self.retry_after_secs()).into_response();
             };
-            if until.is_some_and(|until| tokio::time::Instant::now() + pause > until) {
+            if backstop_core::__private::timer::after(tokio::time::Instant::now(), pause) > until {
                 return Problem::InFlight(self.retry_after_secs()).into_response();
             }
             tokio::time::sleep(pause).await;

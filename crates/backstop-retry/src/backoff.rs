@@ -110,8 +110,11 @@ pub trait Backoff: fmt::Debug + Send + Sync {
 pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 
 fn check(knob: &'static str, base: Duration, cap: Duration) -> Result<(), ConfigError> {
-    if base.is_zero() {
-        return Err(ConfigError::new(knob, "must be greater than zero"));
+    if base.is_zero() || base > MAX_DELAY {
+        return Err(ConfigError::new(
+            knob,
+            format!("must be greater than zero and at most 1h, got {base:?}"),
+        ));
     }
     if cap > MAX_DELAY {
         return Err(ConfigError::new(

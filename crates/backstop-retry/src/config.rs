@@ -437,13 +437,16 @@ mod tests {
             b(RetryConfig::http()).build().unwrap_err()
         };
         for err in [
-            build(&|p| p.backoff(decorrelated(max, max))),
+            build(&|p| p.backoff(decorrelated(ms, max))),
             build(&|p| p.backoff(exponential(ms, max))),
             build(&|p| p.backoff(decorrelated_v2(ms, Duration::from_secs(3601)))),
         ] {
             assert_eq!(err.knob(), "cap", "{err}");
         }
         let err = build(&|p| p.backoff(decorrelated(Duration::ZERO, ms)));
+        assert_eq!(err.knob(), "base");
+        // A base past an hour is the base's fault, not the cap's.
+        let err = build(&|p| p.backoff(decorrelated(max, max)));
         assert_eq!(err.knob(), "base");
         let err = build(&|p| p.backoff(exponential(ms, ms).multiplier(0.0)));
         assert_eq!(err.knob(), "multiplier");

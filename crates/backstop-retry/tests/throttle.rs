@@ -283,3 +283,39 @@ async fn calls_in_flight_to_a_slow_dependency_are_not_throttled() {
     assert_eq!(throttle.rejections(), 0);
     assert_eq!(throttle.window_counts(), (300, 300));
 }
+
+/// A `call` that panics takes nothing for good from the throttle, the retry budget or a
+/// hedged call (none holds a permit across `inner.call`; a call never answered counts as
+/// nothing): the next calls go through. Checked with the bulkhead's leaked permit (outside
+/// audit).
+#[tokio::test(start_paused = true)]
+async fn a_call_that_panics_leaves_the_throttle_and_the_budget_as_they_were() {
+    use backstop_retry::{RetryConfig, hedge::Hedging};
+    use backstop_test_support::{call_catching, panicking};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let panics = Arc::new(AtomicBool::new(true));
+    let throttle = seeded();
+    let mut throttled = ThrottleLayer::with(throttle.clone(), backstop_core::HttpClassifier::new())
+        .layer(panicking::<Request<String>>(panics.clone()));
+    let retries = RetryConfig::http().seed(1).build().unwrap();
+    let mut retried = retries.layer(panicking(panics.clone()));
+    let hedged = RetryConfig::http()
+        .hedging(Hedging::new(Duration::from_millis(10)))
+        .seed(1)
+        .build()
+        .unwrap();
+    let mut hedging = hedged.layer(panicking(panics.clone()));
+    assert!(call_catching(&mut throttled, get()).is_err());
+    assert!(call_catching(&mut retried, get()).is_err());
+    assert!(call_catching(&mut hedging, get()).is_err());
+    panics.store(false, Ordering::SeqCst);
+    for _ in 0..3 {
+        assert_eq!(
+            throttled.clone().oneshot(get()).await.unwrap().status(),
+            200
+        );
+        assert_eq!(retried.clone().oneshot(get()).await.unwrap().status(), 200);
+        assert_eq!(hedging.clone().oneshot(get()).await.unwrap().status(), 200);
+    }
+    assert_eq!(throttle.probability(), 0.0);
+}

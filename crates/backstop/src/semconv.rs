@@ -23,7 +23,8 @@
 //! cancelled`: a hedge that lost, a caller that let go). An error becomes the status gRPC's clients give it: 4
 //! (DEADLINE_EXCEEDED) for an expired deadline or attempt bound, 14 (UNAVAILABLE) otherwise.
 //! Any other request is timed until its response headers. `http.request.method` is one of
-//! RFC 9110's methods or PATCH, else `_OTHER`; `server.address` is the URI's host and
+//! RFC 9110's methods or PATCH, else `_OTHER`; `server.address` is the URI's host (an
+//! IPv6 address without its brackets, as the conventions say) and
 //! `server.port` its port, else the scheme's default (80, 443). A request whose URI names no
 //! host (a tonic client's: its `Channel` adds the origin) takes them from
 //! [`SemconvLayer::server`], or goes without them.
@@ -115,7 +116,7 @@ impl SemconvLayer {
     #[must_use]
     pub fn server(mut self, address: &str, port: u16) -> Self {
         self.server = Some(Server {
-            address: address.into(),
+            address: unbracketed(address).into(),
             port,
         });
         self
@@ -151,6 +152,14 @@ struct Call {
     expires: Option<Instant>,
 }
 
+/// An IPv6 address without the brackets a URI puts around it (`[::1]` → `::1`): OpenTelemetry's
+/// `server.address` is the address alone.
+fn unbracketed(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
 impl Call {
     fn of<B>(req: &Request<B>, server: Option<&Server>) -> Self {
         let uri = req.uri();
@@ -159,7 +168,7 @@ impl Call {
         // attribute that is not available.
         let server = match uri.host() {
             Some(host) => Some((
-                host.to_owned(),
+                unbracketed(host).to_owned(),
                 uri.port_u16().or_else(|| match uri.scheme_str() {
                     Some("https") => Some(443),
                     Some("http") => Some(80),

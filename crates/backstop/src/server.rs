@@ -16,6 +16,14 @@ use tower_layer::Layer;
 /// when this service's own retries gave up. Keeps `Error = S::Error`, so it fits
 /// `tonic::transport::Server::layer` and `axum::Router::layer` as is.
 ///
+/// A caller always gets one whole answer: the handler's, or the 504 (gRPC:
+/// DEADLINE_EXCEEDED), never a torn one. A handler that answers in time, even at its
+/// deadline's instant, has its body delivered whole if it is complete (axum's `String`,
+/// `Json`, `Bytes`; a tonic unary answer), though hyper reads it after the deadline; only a
+/// body still streaming past the deadline is cut, with DEADLINE_EXCEEDED trailers (gRPC) or by
+/// resetting the stream (HTTP: the only way to say a streamed body is incomplete). The rule,
+/// and why: [`DeadlineBody`](backstop_deadline::DeadlineBody).
+///
 /// # Admission, on by default
 ///
 /// With its defaults ([`AdmissionLayer::new`]: the p50 of each route's handler latency over

@@ -1159,3 +1159,41 @@ fn a_grpc_call_a_proxy_answered_503_is_unavailable() {
         "{got:#?}"
     );
 }
+
+/// Defect (outside audit): an IPv6 URI's host is `[::1]`, and `server.address` was recorded
+/// with its brackets; OpenTelemetry's `server.address` is the address alone (`::1`). The same
+/// for an address given to `SemconvLayer::server`.
+#[test]
+fn semconv_records_an_ipv6_server_address_without_brackets() {
+    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, SemconvLayer};
+    use tower::Layer;
+    let metrics = recorded(|| async {
+        let answering = || {
+            service_fn(|_req: Request<String>| async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok::<_, Infallible>(status(200))
+            })
+        };
+        let req = Request::get("http://[::1]:8080/item")
+            .body(String::new())
+            .unwrap();
+        let client = SemconvLayer::new().layer(answering());
+        assert_eq!(client.oneshot(req).await.unwrap().status(), 200);
+        // No host in the URI: the configured server's, brackets or not.
+        let client = SemconvLayer::new()
+            .server("[2001:db8::7]", 443)
+            .layer(answering());
+        let req = Request::get("/item").body(String::new()).unwrap();
+        assert_eq!(client.oneshot(req).await.unwrap().status(), 200);
+    });
+    for (address, port) in [("::1", "8080"), ("2001:db8::7", "443")] {
+        let labels = [
+            ("http.request.method", "GET"),
+            ("server.address", address),
+            ("server.port", port),
+            ("http.response.status_code", "200"),
+        ];
+        let seconds = histogram(&metrics, HTTP_CLIENT_REQUEST_DURATION, &labels);
+        assert_eq!(seconds, vec![0.02], "{address}");
+    }
+}

@@ -380,3 +380,31 @@ pub fn paused_runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("a runtime")
 }
+
+/// A dependency whose `call` itself panics (before any future exists) while `panics` is set,
+/// and answers 200 at once otherwise: what a layer holding a shared resource across
+/// `inner.call` must survive.
+pub fn panicking<Req: Send + 'static>(panics: Arc<AtomicBool>) -> impl Dependency<Req> {
+    service_fn(move |_req: Req| {
+        assert!(!panics.load(Ordering::SeqCst), "the inner call panicked");
+        std::future::ready(Ok::<_, Infallible>(Response::new(String::new())))
+    })
+}
+
+/// Calls `service` with `req`, catching a panic in its `call` (the `poll_ready` before it
+/// must not panic): `Err` when it panicked.
+pub fn call_catching<S, Req>(service: &mut S, req: Req) -> std::thread::Result<S::Future>
+where
+    S: Service<Req>,
+{
+    futures_ready(service);
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| service.call(req)))
+}
+
+fn futures_ready<S: Service<Req>, Req>(service: &mut S) {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(
+        matches!(service.poll_ready(&mut cx), Poll::Ready(Ok(()))),
+        "the service is ready"
+    );
+}

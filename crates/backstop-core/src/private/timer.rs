@@ -22,8 +22,23 @@ use pin_project_lite::pin_project;
 use std::{
     pin::Pin,
     task::{Context, Poll},
+    time::Duration,
 };
 use tokio::time::{Instant, Sleep, sleep_until};
+
+/// How far on [`after`] puts an instant the clock cannot hold: about 30 years, as tokio's own
+/// `sleep(Duration::MAX)` does.
+const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// `at + duration`, saturated: an instant past the clock's range is a far future (about 30
+/// years on), never a panic. Every instant computed from a user's duration (a knob, a
+/// header) goes through it; `Instant + Duration` panics on overflow.
+#[inline]
+pub fn after(at: Instant, duration: Duration) -> Instant {
+    at.checked_add(duration)
+        .or_else(|| at.checked_add(FAR))
+        .unwrap_or(at)
+}
 
 pin_project! {
     /// A timer armed on first use: [`poll_until`](Self::poll_until) creates the tokio
@@ -85,7 +100,16 @@ impl LazySleep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_instant_past_the_clocks_range_saturates_to_a_far_future() {
+        let now = Instant::now();
+        assert_eq!(
+            after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+        assert_eq!(after(now, Duration::MAX), now + FAR);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn it_is_armed_on_the_first_poll_and_keeps_its_instant() {

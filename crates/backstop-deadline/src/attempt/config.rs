@@ -83,7 +83,7 @@ impl Adaptive {
         self
     }
 
-    /// The highest the floor goes (default 1 s; more than zero): the shortest bound of a
+    /// The highest the floor goes (default 1 s; more than zero, at most 1 h): the shortest bound of a
     /// dependency whose quantile × `step` is above it. A floor of 10 ms makes the bound
     /// p99 × 3 for any dependency slower than 3.3 ms.
     #[must_use]
@@ -160,8 +160,14 @@ impl Adaptive {
                 format!("must be at least 1, got {}", self.step),
             ));
         }
-        if self.floor.is_zero() {
-            return Err(ConfigError::new("floor", "must be greater than zero"));
+        if self.floor.is_zero() || self.floor > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "floor",
+                format!(
+                    "must be greater than zero and at most 1h, got {:?}",
+                    self.floor
+                ),
+            ));
         }
         if self.min_floor.is_zero() {
             return Err(ConfigError::new("min_floor", "must be greater than zero"));
@@ -192,11 +198,17 @@ impl Adaptive {
         if doublings >= 20.0 {
             return self.ceiling;
         }
-        let q = q.mul_f64(doublings.exp2());
+        let q = scaled(q, doublings.exp2());
         // The floor follows the model, within `min_floor` and `floor` (the lower wins).
-        let floor = q.mul_f64(self.step).max(self.min_floor).min(self.floor);
-        q.mul_f64(self.multiplier).clamp(floor, self.ceiling)
+        let floor = scaled(q, self.step).max(self.min_floor).min(self.floor);
+        scaled(q, self.multiplier).clamp(floor, self.ceiling)
     }
+}
+
+/// `d × factor`, saturated at `Duration::MAX` (`mul_f64` panics past it: a `multiplier` or
+/// `step` of 1e300 is a valid knob).
+fn scaled(d: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(Duration::MAX)
 }
 
 impl AttemptBound {

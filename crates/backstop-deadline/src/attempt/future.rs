@@ -2,7 +2,10 @@
 
 use super::shared::{Room, Shared};
 use backstop_core::{
-    __private::{stripe, timer::LazySleep},
+    __private::{
+        stripe,
+        timer::{self, LazySleep},
+    },
     AttemptTimedOut, BoxError,
 };
 use pin_project_lite::pin_project;
@@ -111,7 +114,7 @@ where
                     Some((bound, end)) => (Some(bound), Some(end)),
                     None => {
                         let bound = shared.bound_at(now, *this.deadline, *this.room);
-                        (bound, bound.map(|b| now + b))
+                        (bound, bound.map(|b| timer::after(now, b)))
                     }
                 };
                 *this.start = Some((now, bound, end));
@@ -126,7 +129,9 @@ where
         *this.start = None;
         let bound = bound.expect("a timer only with a bound");
         // Censored: it took at least its bound.
-        shared.model.record(bound, shared.now_us(start + bound));
+        shared
+            .model
+            .record(bound, shared.now_us(timer::after(start, bound)));
         shared.meter_duration(bound);
         Poll::Ready(Err(Box::new(AttemptTimedOut::new())))
     }

@@ -6,7 +6,10 @@ use super::{
     shared::{Room, Shared},
 };
 use backstop_core::{
-    __private::{stripe, timer::LazySleep},
+    __private::{
+        stripe,
+        timer::{self, LazySleep},
+    },
     BoxError,
 };
 use http::Request;
@@ -153,7 +156,7 @@ fn write_attempt_grpc_timeout<B>(
     // with the last calls that sent the same one. It says the bound rounded down to three
     // significant digits (at most 1 % less): the server gives up no later than this attempt.
     let (told, result) = match (shorter, owed) {
-        (Some(bound), _) => (bound, Some((bound, now + bound))),
+        (Some(bound), _) => (bound, Some((bound, timer::after(now, bound)))),
         // What is left until the deadline less the offset.
         (None, Some(at)) => (at.saturating_duration_since(now), None),
         // What is told is already no longer than the bound.

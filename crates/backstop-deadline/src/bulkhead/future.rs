@@ -67,7 +67,9 @@ pub(crate) struct Permit {
 }
 
 impl Permit {
-    fn new(shared: Arc<Shared>) -> Self {
+    /// The guard of a permit just taken: built before the call it covers, so nothing between
+    /// taking the permit and the call's end (a `call` that panics included) can keep it.
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             since: Instant::now(),
@@ -125,11 +127,11 @@ impl Drop for WaitGuard {
 }
 
 impl<S: Service<R>, R> BulkheadFuture<S, R> {
-    pub(crate) fn called(future: S::Future, shared: Arc<Shared>) -> Self {
+    pub(crate) fn called(future: S::Future, permit: Permit) -> Self {
         Self {
             kind: Kind::Called {
                 future,
-                permit: Some(Permit::new(shared)),
+                permit: Some(permit),
             },
         }
     }

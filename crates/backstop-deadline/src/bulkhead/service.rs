@@ -1,6 +1,6 @@
-use super::{BulkheadFuture, Refusal, Shared, semaphore::Enqueued};
+use super::{BulkheadFuture, Refusal, Shared, future::Permit, semaphore::Enqueued};
 use crate::{Deadline, current};
-use backstop_core::{BoxError, is_grpc};
+use backstop_core::{__private::timer, BoxError, is_grpc};
 use http::{Request, Response};
 use std::{
     sync::Arc,
@@ -58,9 +58,11 @@ where
         if !shared.on {
             return BulkheadFuture::passed(self.inner.call(req));
         }
-        // 1. A free permit.
+        // 1. A free permit. Owned by its guard before `inner.call` runs: a `call` that
+        // panics gives it back as it unwinds.
         if shared.permits.try_acquire() {
-            return BulkheadFuture::called(self.inner.call(req), shared.clone());
+            let permit = Permit::new(shared.clone());
+            return BulkheadFuture::called(self.inner.call(req), permit);
         }
         // 2. The wait's end: the deadline less the hold time, at most `max_wait` from now.
         let now = Instant::now();
@@ -71,7 +73,7 @@ where
             .copied()
             .or_else(current)
             .map(|d| d.instant());
-        let capped = now + shared.max_wait;
+        let capped = timer::after(now, shared.max_wait);
         let (until, why) = match deadline {
             Some(d) => {
                 let latest = d
@@ -86,13 +88,16 @@ where
             None => (capped, Refusal::MaxWait),
         };
         // 3. Fails fast: no time to wait, or the calls already queued take longer.
-        if until <= now || now + shared.expected_wait() > until {
+        if until <= now || timer::after(now, shared.expected_wait()) > until {
             shared.refused(why);
             return BulkheadFuture::refused(why, grpc);
         }
         // 4. Queued, unless the queue is full.
         match shared.permits.enqueue(shared.max_queue) {
-            Enqueued::Acquired => BulkheadFuture::called(self.inner.call(req), shared.clone()),
+            Enqueued::Acquired => {
+                let permit = Permit::new(shared.clone());
+                BulkheadFuture::called(self.inner.call(req), permit)
+            }
             Enqueued::Full => {
                 shared.refused(Refusal::MaxQueue);
                 BulkheadFuture::refused(Refusal::MaxQueue, grpc)
