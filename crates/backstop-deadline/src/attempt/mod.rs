@@ -21,8 +21,11 @@
 //! and deadline offset) and then the model's median call (the upper edge of its p50 bucket,
 //! what the presets' retry reserve asks for). No retry could finish in that room, and the
 //! reserve would refuse to send one: with p50 ≈ 1 s and a 1.3 s deadline the first attempt
-//! gets all 1.3 s. Until the model first holds
-//! 100 samples (the first seconds of traffic), the `ceiling` applies.
+//! gets all 1.3 s. A model not trusted (cold, or emptied by an idle spell) has no median, and
+//! the reserve then asks for none: the least wait alone decides, as it decides whether the
+//! retry layer sends a retry (a cold preset with a 100 ms deadline: the share would leave
+//! 20 ms, less than its 25 ms backoff, so the first attempt gets all 100 ms). Until the model
+//! first holds 100 samples (the first seconds of traffic), the `ceiling` applies.
 //!
 //! # Trust decays, it is not discarded
 //!
