@@ -136,7 +136,12 @@
 //! trailers-only DEADLINE_EXCEEDED response (so a tonic client gets
 //! `Status::deadline_exceeded`, as grpc-go and grpc-java clients do locally) carrying
 //! [`Rejection::DeadlineExceeded`](backstop_core::Rejection) in its extensions; for any other
-//! request, as the error [`DeadlineExceeded`] (find it with [`is_deadline_exceeded`]).
+//! request, as the error [`DeadlineExceeded`] (find it with [`is_deadline_exceeded`]). The
+//! same holds for the local failures of the layers inside, with a deadline or without one: a
+//! gRPC call whose error carries one of backstop's own
+//! ([`Rejection::of`](backstop_core::Rejection::of): an attempt out of its bound, an open
+//! breaker, a refusal) gets the trailers-only response of that rejection, never the `Err`
+//! tonic would report as UNKNOWN.
 //!
 //! ## Tasks
 //!

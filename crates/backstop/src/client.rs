@@ -505,7 +505,8 @@ impl<C> ClientBuilder<C> {
     /// header, and one the caller put on the request is removed. Nothing else changes: each
     /// call is still bounded by its deadline, each attempt by its bound, retries still fit
     /// before the deadline, and each attempt carries its deadline on the request as a
-    /// [`Deadline`](crate::deadline::Deadline) extension.
+    /// [`Deadline`](crate::deadline::Deadline) extension (the attempt's own end when its bound
+    /// ends first, with a deadline or without one).
     ///
     /// To tell such an API the deadline in a header of its own, read that extension in a
     /// layer between the preset and the transport, where it is the attempt's deadline:

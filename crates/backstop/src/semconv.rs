@@ -8,7 +8,7 @@
 //!
 //! | name | kind | labels |
 //! |------|------|--------|
-//! | `http.client.request.duration` | histogram (s) | `http.request.method`, `server.address`, `server.port`, `http.response.status_code` (when there is a response), `error.type` (the status code for 4xx and 5xx; `timeout` or `_OTHER` for an error) |
+//! | `http.client.request.duration` | histogram (s) | `http.request.method`, `server.address`, `server.port`, `http.response.status_code` (when there is a response), `error.type` (the status code for 4xx and 5xx; for an error, `timeout`, `cancelled`, the stack's refusals `breaker_open`, `throttled`, `bulkhead_full`, else `_OTHER`) |
 //! | `rpc.client.duration` | histogram (ms) | `rpc.system` (`grpc`), `rpc.service`, `rpc.method`, `rpc.grpc.status_code`, `server.address`, `server.port` |
 //!
 //! A gRPC call (`content-type: application/grpc…`) is timed until its status: the response
@@ -19,9 +19,15 @@
 //! (`Code::of_http_status`: 503 → 14). An attempt dropped before its response headers is
 //! recorded too: as timed out (`rpc.grpc.status_code = 4`, `error.type = timeout`) when its
 //! time had run out (the attempt bound outside, or the deadline, dropped it: its
-//! `grpc-timeout` or `Deadline` says when), else as cancelled (`1`, `error.type =
-//! cancelled`: a hedge that lost, a caller that let go). An error becomes the status gRPC's clients give it: 4
-//! (DEADLINE_EXCEEDED) for an expired deadline or attempt bound, 14 (UNAVAILABLE) otherwise.
+//! `grpc-timeout` or `Deadline` says when, and the attempt bound puts its end in the
+//! `Deadline` of every attempt, with a deadline or without one), else as cancelled (`1`,
+//! `error.type = cancelled`: a hedge that lost, a caller that let go). An error becomes the
+//! status gRPC's clients give it: 4 (DEADLINE_EXCEEDED) for an expired deadline or attempt
+//! bound, 14 (UNAVAILABLE) for the stack's refusals (an open breaker, the throttle, the
+//! bulkhead) and transport errors; for HTTP, its class (`timeout`, `breaker_open`,
+//! `throttled`, `bulkhead_full`, else `_OTHER`). Around a whole client stack, the layer sees
+//! the stack's own answers: a gRPC call's local failures are trailers-only responses with
+//! their status, a plain HTTP call's are those errors.
 //! Any other request is timed until its response headers. `http.request.method` is one of
 //! RFC 9110's methods or PATCH, else `_OTHER`; `server.address` is the URI's host (an
 //! IPv6 address without its brackets, as the conventions say) and
@@ -308,16 +314,23 @@ fn grpc_code(headers: &HeaderMap) -> Option<u32> {
     )
 }
 
-/// The status gRPC's clients give a call that failed with `err`.
+/// How a call that failed with `err` ended: for gRPC, the status gRPC's clients give it (a
+/// local failure's own, [`Rejection::grpc_code`](backstop_core::Rejection::grpc_code): 4 for
+/// either timeout, 14 for a refusal; 14 for a transport error); for HTTP, its low-cardinality
+/// class (`timeout`, `breaker_open`, `throttled`, `bulkhead_full`, else `_OTHER`).
 fn error_end(grpc: bool, err: &(dyn std::error::Error + 'static)) -> End {
-    let timed_out = backstop_core::find::<backstop_core::DeadlineExceeded>(err).is_some()
-        || backstop_core::find::<backstop_core::AttemptTimedOut>(err).is_some();
-    match (grpc, timed_out) {
-        (true, true) => End::Grpc(4),
-        (true, false) => End::Grpc(14),
-        (false, true) => End::HttpError("timeout"),
-        (false, false) => End::HttpError("_OTHER"),
+    use backstop_core::Rejection;
+    let rejection = Rejection::of(err);
+    if grpc {
+        return End::Grpc(rejection.map_or(14, |r| r.grpc_code().as_i32() as u32));
     }
+    End::HttpError(match rejection {
+        Some(Rejection::DeadlineExceeded | Rejection::AttemptTimedOut) => "timeout",
+        Some(Rejection::BreakerOpen { .. }) => "breaker_open",
+        Some(Rejection::ClientThrottled) => "throttled",
+        Some(Rejection::BulkheadFull) => "bulkhead_full",
+        _ => "_OTHER",
+    })
 }
 
 impl<S, B, RB> Service<Request<B>> for Semconv<S>

@@ -10,7 +10,7 @@ use backstop::idempotency::{IdempotencyConfig, IdempotencyLayer, MemoryStore};
 use backstop::{
     ConfigError, ReplayBody, ServerLayer,
     breaker::{BreakerConfig, BreakerKey},
-    client::ClientLayer,
+    client::{ClientBuilder, ClientLayer},
     core::{HttpClassifier, latency::LatencyModel},
     deadline::{
         DeadlineLayer, PropagateDeadlineLayer, admission::AdmissionLayer, bulkhead::BulkheadLayer,
@@ -51,7 +51,7 @@ type ServerRow = (
     fn(Duration) -> Result<ServerLayer, ConfigError>,
 );
 
-fn http() -> Client {
+fn http() -> ClientBuilder<HttpClassifier> {
     backstop::client::http()
 }
 

@@ -199,3 +199,55 @@ async fn an_http_post_without_a_key_gets_the_whole_deadline() {
     );
     assert_eq!(start.elapsed(), 1000 * MS, "the call's end");
 }
+
+/// A cold client (its latency model not trusted yet: no median measured) decides from what it
+/// knows: the share's 20 ms of a 100 ms deadline is less than the retry's least backoff
+/// (25 ms), so no retry could follow the first attempt and it gets the whole deadline. The
+/// dependency answers in 90 ms: 200, and the server was told 100m (it was cut at 80 ms and
+/// told 80m while the rule waited for a median).
+#[tokio::test(start_paused = true)]
+async fn a_cold_client_gives_its_only_possible_attempt_the_whole_deadline() {
+    let (seen, dependency) = telling(|_, _: &Request<ReplayBody<String>>| async {
+        tokio::time::sleep(90 * MS).await;
+        Ok::<_, Infallible>(Response::new(String::new()))
+    });
+    let backend = backstop::client::http().timeout(100 * MS).build().unwrap();
+    let client = ServiceBuilder::new()
+        .layer(backend.clone())
+        .service(dependency);
+    let start = Instant::now();
+    let result = client.oneshot(get("/x")).await;
+    let took = start.elapsed();
+    let seen = seen.lock().unwrap().clone();
+    println!(
+        "after {took:?}: {:?}; attempts told {seen:?}",
+        result
+            .as_ref()
+            .map(|r| r.status())
+            .map_err(|e| e.to_string())
+    );
+    assert_eq!(backend.latency().p50, None, "the model is cold");
+    assert!(
+        matches!(&result, Ok(r) if r.status() == 200),
+        "a 90 ms answer under a cold 100 ms deadline was cut after {took:?}"
+    );
+    assert_eq!(seen.len(), 1, "one attempt");
+    assert_eq!(seen[0].1.as_deref(), Some("100m"), "told the server");
+    assert_eq!(took, 90 * MS);
+}
+
+/// The same cold client with room for a retry (a 1 s deadline: the share leaves 200 ms, more
+/// than the 25 ms backoff) keeps the share: the first attempt is told 800m.
+#[tokio::test(start_paused = true)]
+async fn a_cold_client_keeps_the_share_where_a_retry_fits() {
+    let (seen, dependency) = telling(|_, _: &Request<ReplayBody<String>>| async {
+        Ok::<_, Infallible>(Response::new(String::new()))
+    });
+    let client = ServiceBuilder::new()
+        .layer(backstop::client::http().timeout(1000 * MS).build().unwrap())
+        .service(dependency);
+    let result = client.oneshot(get("/x")).await;
+    assert!(matches!(&result, Ok(r) if r.status() == 200));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].1.as_deref(), Some("800m"), "told the server");
+}

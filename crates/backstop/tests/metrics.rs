@@ -1197,3 +1197,217 @@ fn semconv_records_an_ipv6_server_address_without_brackets() {
         assert_eq!(seconds, vec![0.02], "{address}");
     }
 }
+
+/// Each sample's last label under `name`: `error.type` (HTTP; `-` for none) or
+/// `rpc.grpc.status_code` (gRPC), with how many samples carry it, sorted.
+fn ends(recorded: &Recorded, name: &str) -> Vec<(String, usize)> {
+    let mut ends: Vec<(String, usize)> = series(recorded, name)
+        .into_iter()
+        .filter(|(_, v)| samples(v) > 0)
+        .map(|(labels, v)| {
+            let end = labels
+                .iter()
+                .find(|(k, _)| k == "error.type" || k == "rpc.grpc.status_code")
+                .map_or("-".to_owned(), |(_, v)| v.clone());
+            (end, samples(v))
+        })
+        .collect();
+    ends.sort();
+    ends
+}
+
+/// The `SemconvLayer` table: every local outcome, with the layer where its docs put it
+/// (between the preset and the transport) or, for the stack's refusals, around the whole
+/// client (there it sees the stack's own answers), gets OpenTelemetry's `error.type` (HTTP) or
+/// `rpc.grpc.status_code` (gRPC). An attempt cut by its bound is a timeout (4) with a
+/// deadline or without one, and whether or not `grpc-timeout` is sent; a hedge that lost is
+/// cancelled (1); a refusal is its own low-cardinality class (gRPC: UNAVAILABLE, 14).
+#[test]
+fn semconv_gives_every_local_outcome_its_error_type_and_status() {
+    use backstop::{
+        breaker::Mode,
+        deadline::bulkhead::BulkheadLayer,
+        retry::{
+            RetryOverrides,
+            hedge::Hedging,
+            throttle::{AdaptiveThrottle, ThrottleLayer},
+        },
+        semconv::{HTTP_CLIENT_REQUEST_DURATION, RPC_CLIENT_DURATION, SemconvLayer},
+    };
+    const MS: Duration = Duration::from_millis(1);
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Case {
+        AttemptTimedOut,
+        AttemptTimedOutNoHeader,
+        ShareCutNoHeader,
+        DeadlineExceeded,
+        HedgeLost,
+        BreakerOpen,
+        Throttled,
+        BulkheadFull,
+    }
+    use Case::*;
+    fn throttled() -> Arc<AdaptiveThrottle> {
+        let throttle = AdaptiveThrottle::builder()
+            .max_probability(1.0)
+            .seed(7)
+            .build()
+            .unwrap();
+        for _ in 0..1000 {
+            throttle.record_request();
+        }
+        Arc::new(throttle)
+    }
+    // Attempt 1 hangs; later ones (a hedge) answer after 5 ms, except under `hang`.
+    fn dependency(
+        grpc: bool,
+        hang: bool,
+    ) -> impl Service<
+        Request<ReplayBody<String>>,
+        Response = Response<String>,
+        Error = Infallible,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static {
+        let calls = Arc::new(AtomicUsize::new(0));
+        service_fn(move |_req: Request<ReplayBody<String>>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 || hang {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok(if grpc { grpc_status(0) } else { status(200) })
+            }
+        })
+    }
+    macro_rules! run {
+        ($preset:expr, $classifier:expr, $grpc:expr, $case:expr, $deadline:expr) => {{
+            let case = $case;
+            let mut layer = $preset;
+            if let Some(ms) = $deadline {
+                layer = layer.timeout(Duration::from_millis(ms));
+            }
+            match case {
+                AttemptTimedOut => layer = layer.attempt_timeout(30 * MS),
+                AttemptTimedOutNoHeader => {
+                    layer = layer.attempt_timeout(30 * MS).send_grpc_timeout(false)
+                }
+                ShareCutNoHeader => layer = layer.send_grpc_timeout(false),
+                DeadlineExceeded => {}
+                HedgeLost => layer = layer.hedging_with(Hedging::new(20 * MS).max_attempts(2)),
+                BreakerOpen => {}
+                Throttled => layer = layer.throttle(ThrottleLayer::with(throttled(), $classifier)),
+                BulkheadFull => {
+                    let bulkhead = BulkheadLayer::builder(1).max_wait(50 * MS).build().unwrap();
+                    layer = layer.bulkhead(bulkhead)
+                }
+            }
+            let layer = layer.build().unwrap();
+            if matches!(case, BreakerOpen) {
+                layer.breaker_layer().set_mode(Mode::ForcedOpen);
+            }
+            let request = || {
+                let mut req = if $grpc {
+                    grpc_post("http://stock:50051/stock.Stock/Get", String::new())
+                } else {
+                    Request::get("http://partner/v1")
+                        .body(String::new())
+                        .unwrap()
+                };
+                // Retried after a timeout, hedged: an idempotent call (gRPC opts in).
+                req.extensions_mut()
+                    .insert(RetryOverrides::new().idempotent(true));
+                req
+            };
+            let hang = case != HedgeLost;
+            let metrics = recorded(|| async move {
+                if matches!(case, BreakerOpen | Throttled | BulkheadFull) {
+                    // A clone of the stack, unrecorded, holds the bulkhead's only permit.
+                    let holder = ServiceBuilder::new()
+                        .layer(layer.clone())
+                        .service(dependency($grpc, true));
+                    tokio::spawn(holder.oneshot(request()));
+                    tokio::task::yield_now().await;
+                    let client = ServiceBuilder::new()
+                        .layer(SemconvLayer::new())
+                        .layer(layer)
+                        .service(dependency($grpc, hang));
+                    let _ = client.oneshot(request()).await;
+                } else {
+                    let client = ServiceBuilder::new()
+                        .layer(layer)
+                        .layer(SemconvLayer::new())
+                        .service(dependency($grpc, hang));
+                    let _ = client.oneshot(request()).await;
+                }
+            });
+            let name = if $grpc {
+                RPC_CLIENT_DURATION
+            } else {
+                HTTP_CLIENT_REQUEST_DURATION
+            };
+            ends(&metrics, name)
+                .into_iter()
+                .map(|(end, _)| end)
+                .collect::<Vec<String>>()
+        }};
+    }
+    let mut wrong = Vec::new();
+    for case in [
+        AttemptTimedOut,
+        AttemptTimedOutNoHeader,
+        ShareCutNoHeader,
+        DeadlineExceeded,
+        HedgeLost,
+        BreakerOpen,
+        Throttled,
+        BulkheadFull,
+    ] {
+        for deadline in [Some(300u32), None] {
+            if deadline.is_none() && matches!(case, ShareCutNoHeader | DeadlineExceeded) {
+                continue;
+            }
+            let deadline = deadline.map(u64::from);
+            for grpc in [false, true] {
+                let got = if grpc {
+                    run!(
+                        backstop::client::grpc(),
+                        GrpcClassifier::new(),
+                        true,
+                        case,
+                        deadline
+                    )
+                } else {
+                    run!(
+                        backstop::client::http(),
+                        HttpClassifier::new(),
+                        false,
+                        case,
+                        deadline
+                    )
+                };
+                let want: &[&str] = match (case, grpc) {
+                    (HedgeLost, false) => &["-", "cancelled"],
+                    (HedgeLost, true) => &["0", "1"],
+                    (BreakerOpen, false) => &["breaker_open"],
+                    (Throttled, false) => &["throttled"],
+                    (BulkheadFull, false) => &["bulkhead_full"],
+                    (BreakerOpen | Throttled | BulkheadFull, true) => &["14"],
+                    (_, false) => &["timeout"],
+                    (_, true) => &["4"],
+                };
+                let ok = got == want;
+                println!(
+                    "{:<5} {case:?}, deadline {deadline:?}, grpc {grpc}: {got:?}",
+                    if ok { "ok" } else { "WRONG" }
+                );
+                if !ok {
+                    wrong.push((case, deadline, grpc, got));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

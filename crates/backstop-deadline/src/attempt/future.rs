@@ -1,6 +1,6 @@
 //! The attempt future: its own timer, and the attempt's time recorded in the model.
 
-use super::shared::{Room, Shared};
+use super::shared::Shared;
 use backstop_core::{
     __private::{
         stripe,
@@ -20,23 +20,21 @@ use tokio::time::Instant;
 pin_project! {
     /// The response future of [`AttemptTimeout`](super::AttemptTimeout).
     ///
-    /// The attempt's time starts when it first waits (a future does nothing before), and the
-    /// clock and the timer are only touched then: an attempt that is ready on its first poll
-    /// never reads the clock or the timer wheel.
+    /// The attempt's bound is picked at the call and ends from there (the layers inside were
+    /// told when); its time, as a sample, starts when it first waits (a future does nothing
+    /// before), and the timer is only touched then: an attempt that is ready on its first
+    /// poll records nothing and never touches the timer wheel.
     #[must_use = "futures do nothing unless polled"]
     pub struct AttemptTimeoutFuture<F> {
         #[pin]
         pub(super) future: F,
         pub(super) handle: Arc<stripe::Handle<Shared>>,
-        // The bound and its end, when picked at the call (it was written on the wire).
+        // The bound and its end, picked at the call and told to the layers inside (in
+        // `grpc-timeout`, or the request's `Deadline`); `None`: no bound.
         pub(super) told: Option<(Duration, Instant)>,
         // When the attempt first waited, its bound, and when that ends; taken when it ends, so
         // one still here when the future is dropped was cancelled.
         pub(super) start: Option<(Instant, Option<Duration>, Option<Instant>)>,
-        // The request's deadline, which caps an adaptive bound picked at the first wait.
-        pub(super) deadline: Option<Instant>,
-        // What a retry after it would need (`Final`: none follows, the cap is all that is left).
-        pub(super) room: Room,
         #[pin]
         pub(super) sleep: LazySleep,
     }
@@ -84,9 +82,10 @@ where
             };
             let now = Instant::now();
             shared.meter_duration(now.saturating_duration_since(start));
-            // A failure once the bound the server (and the transport: tonic arms a timer from
-            // the header) was told has run out is this attempt's timeout, whichever side's
-            // timer fired first: a transport error, or the server's own DEADLINE_EXCEEDED.
+            // A failure once the bound the server and the layers inside were told (in the
+            // header, from which tonic arms a timer, or the request's `Deadline`) has run out
+            // is this attempt's timeout, whichever side's timer fired first: a transport
+            // error, or the server's own DEADLINE_EXCEEDED.
             // So the same situation is always the same failure, retried (or not) and counted
             // for the same reason.
             let expired = match &result {
@@ -112,10 +111,7 @@ where
                 let now = Instant::now();
                 let (bound, end) = match *this.told {
                     Some((bound, end)) => (Some(bound), Some(end)),
-                    None => {
-                        let bound = shared.bound_at(now, *this.deadline, *this.room);
-                        (bound, bound.map(|b| timer::after(now, b)))
-                    }
+                    None => (None, None),
                 };
                 *this.start = Some((now, bound, end));
                 (now, bound, end)

@@ -427,8 +427,9 @@ impl AttemptTimeoutLayer {
     /// deadline and what a retry may use). An adaptive bound keeps its share of the deadline
     /// for a retry only where what the share leaves holds that wait and the model's median
     /// call: with less, no retry could finish (the presets' retry reserve would refuse it), and
-    /// the attempt gets all that is left. The presets set it from their retry layer when the
-    /// stack is built; the default, zero, counts the median call alone.
+    /// the attempt gets all that is left. Before the model is trusted there is no median (and
+    /// the reserve asks for none), so the wait alone decides. The presets set it from their
+    /// retry layer when the stack is built; the default, zero, counts the median call alone.
     ///
     /// ```
     /// use backstop_deadline::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};

@@ -21,8 +21,11 @@
 //! and deadline offset) and then the model's median call (the upper edge of its p50 bucket,
 //! what the presets' retry reserve asks for). No retry could finish in that room, and the
 //! reserve would refuse to send one: with p50 ≈ 1 s and a 1.3 s deadline the first attempt
-//! gets all 1.3 s. Until the model first holds
-//! 100 samples (the first seconds of traffic), the `ceiling` applies.
+//! gets all 1.3 s. A model not trusted (cold, or emptied by an idle spell) has no median, and
+//! the reserve then asks for none: the least wait alone decides, as it decides whether the
+//! retry layer sends a retry (a cold preset with a 100 ms deadline: the share would leave
+//! 20 ms, less than its 25 ms backoff, so the first attempt gets all 100 ms). Until the model
+//! first holds 100 samples (the first seconds of traffic), the `ceiling` applies.
 //!
 //! # Trust decays, it is not discarded
 //!
@@ -98,9 +101,21 @@
 //! clones share its table of per-key models, read without a lock (`arc-swap`) and grown under
 //! a mutex (a loom model checks an add and an eviction racing a lookup). Each attempt
 //! holds its core's handle to them (`backstop_core::__private::stripe`), so no reference count is
-//! shared across cores. An attempt answered on its first poll reads no clock and records
-//! nothing (it took no measurable time); every other attempt reads the clock when it first
-//! waits and when it ends (or is dropped).
+//! shared across cores. An attempt's bound is picked at the call (one clock read), so its
+//! end is known to the layers inside; an attempt answered on its first poll records nothing
+//! (it took no measurable time) and arms no timer; every other attempt reads the clock when
+//! it first waits and when it ends (or is dropped).
+//!
+//! # The attempt's end, told to the layers inside
+//!
+//! Each bounded attempt tells the layers between it and the transport when it ends: in
+//! `grpc-timeout` where this layer writes the header, and always as the request's
+//! [`Deadline`](crate::Deadline) extension, moved up to the attempt's end when that comes
+//! first (added when the call has no deadline). For those layers the attempt's end is the
+//! deadline: a layer of yours that writes a third-party API's own deadline header says the
+//! attempt's bound, and the facade's `SemconvLayer` records an attempt the bound dropped as
+//! timed out, with a deadline or without one, whether or not `grpc-timeout` is sent. A call
+//! without a deadline pays for the extension (an allocation).
 
 mod config;
 mod future;

@@ -56,22 +56,43 @@ where
             },
         };
         let told = write_attempt_grpc_timeout(&handle, self.writes, self.retry_wait, &mut req);
-        let deadline = match told {
-            Some(_) => None,
-            // Only an adaptive bound is capped by the deadline, and only where a retry may
-            // follow (the cap leaves it room).
-            None if handle.capped_by_deadline() => request_deadline(&req),
-            None => None,
-        };
-        let room = Room::of(&req, self.retry_wait);
+        // The attempt's bound and end, picked here when no header carries them (a bound
+        // capped by the deadline's share only where a retry may follow: the cap leaves it
+        // room).
+        let told = told.or_else(|| {
+            let deadline = match handle.capped_by_deadline() {
+                true => request_deadline(&req),
+                false => None,
+            };
+            let now = Instant::now();
+            let bound = handle.bound_at(now, deadline, Room::of(&req, self.retry_wait))?;
+            Some((bound, timer::after(now, bound)))
+        });
+        // The layers inside (the transport, a layer of yours that writes a header of its
+        // own, `SemconvLayer`) read when the attempt ends off its `Deadline`.
+        if let Some((_, end)) = told {
+            carry_end(&mut req, end);
+        }
         AttemptTimeoutFuture {
             future: self.inner.call(req),
             handle,
             told,
             start: None,
-            deadline,
-            room,
             sleep: LazySleep::new(),
+        }
+    }
+}
+
+/// Puts the attempt's `end` on the request as its [`Deadline`](crate::Deadline) extension
+/// when it comes before the deadline the request carries (or it carries none): for the
+/// layers inside, the attempt's end is the deadline.
+#[inline]
+fn carry_end<B>(req: &mut Request<B>, end: Instant) {
+    match req.extensions_mut().get_mut::<crate::Deadline>() {
+        Some(carried) if carried.instant() <= end => {}
+        Some(carried) => *carried = crate::Deadline::at(end),
+        None => {
+            req.extensions_mut().insert(crate::Deadline::at(end));
         }
     }
 }

@@ -160,12 +160,13 @@ impl Shared {
                 // The share is room for a retry. When what it leaves is less than a retry
                 // needs (its least wait, then the measured median call), no retry could
                 // finish there (the presets' reserve refuses it): this attempt is the last
-                // that can succeed, and takes it all.
+                // that can succeed, and takes it all. A model not trusted (cold, or emptied
+                // by an idle spell) has no median, and the retry layer's reserve then asks
+                // for none: the least wait alone decides, as it decides the retry.
                 let rest = left.saturating_sub(share);
-                let median = self.median.load(Ordering::Relaxed);
+                let median = self.median.load(Ordering::Relaxed).saturating_sub(1);
                 if let Room::Retry(wait) = room
-                    && median != 0
-                    && rest < Duration::from_micros(median - 1).saturating_add(wait)
+                    && rest < Duration::from_micros(median).saturating_add(wait)
                 {
                     return if left < bound {
                         three_digits(left)

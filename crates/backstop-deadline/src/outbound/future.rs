@@ -33,7 +33,8 @@ pin_project! {
     #[project_replace = OutboundReplace]
     #[derive(Debug)]
     enum Outbound<F> {
-        Unbounded { #[pin] future: F },
+        // `grpc`: a local failure is answered as a trailers-only response.
+        Unbounded { #[pin] future: F, grpc: bool },
         Bounded {
             #[pin]
             future: F,
@@ -52,9 +53,9 @@ pin_project! {
 }
 
 impl<F> PropagateFuture<F> {
-    pub(crate) fn unbounded(future: F) -> Self {
+    pub(crate) fn unbounded(future: F, grpc: bool) -> Self {
         Self {
-            state: Outbound::Unbounded { future },
+            state: Outbound::Unbounded { future, grpc },
         }
     }
 
@@ -84,6 +85,18 @@ impl<F> PropagateFuture<F> {
     }
 }
 
+/// An error of the call, as its caller gets it: for a gRPC call, a local failure (backstop's
+/// own error anywhere in its chain: an attempt out of its bound, an open breaker, a refusal)
+/// is the trailers-only response that reports it, whether the call has a deadline or not
+/// (tonic turns an `Err` into UNKNOWN); anything else, and every error of a plain HTTP call,
+/// passes through.
+fn local_failure<B>(e: BoxError, grpc: bool) -> Result<Response<DeadlineBody<B>>, BoxError> {
+    match Rejection::of(&*e) {
+        Some(rejection) if grpc => Ok(local(rejection, true)),
+        _ => Err(e),
+    }
+}
+
 impl<F, B, E> Future for PropagateFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
@@ -94,14 +107,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         let (grpc, meter) = match state.as_mut().project() {
-            OutboundProj::Unbounded { future } => {
+            OutboundProj::Unbounded { future, grpc } => {
                 let result = ready!(future.poll(cx));
+                let grpc = *grpc;
                 state.set(Outbound::Done);
                 return Poll::Ready(match result {
                     Ok(response) => {
                         Ok(response.map(|b| DeadlineBody::new(ResponseBody::new(b), None, false)))
                     }
-                    Err(e) => Err(e.into()),
+                    Err(e) => local_failure(e.into(), grpc),
                 });
             }
             OutboundProj::Bounded {
@@ -125,22 +139,16 @@ where
                         })));
                     }
                     Poll::Ready(Err(e)) => {
-                        let e: BoxError = e.into();
-                        // A failure after the time the server was given is the deadline's; so
-                        // is, for a gRPC caller, an attempt that ran out of its share of the
-                        // deadline (tonic would report the error as UNKNOWN).
-                        let attempt_out = *grpc
-                            && backstop_core::find::<backstop_core::AttemptTimedOut>(&*e).is_some();
+                        // A failure after the time the server was given is the deadline's.
                         if Instant::now() >= wire_deadline.instant() {
                             (*grpc, meter)
-                        } else if attempt_out {
-                            // The attempt's own bound, with the deadline still ahead: said
-                            // as such, and not counted as an expired deadline.
-                            state.set(Outbound::Done);
-                            return Poll::Ready(Ok(local(Rejection::AttemptTimedOut, true)));
                         } else {
+                            // With the deadline still ahead (an attempt that ran out of its
+                            // own bound, say): said as such, and not counted as an expired
+                            // deadline.
+                            let grpc = *grpc;
                             state.set(Outbound::Done);
-                            return Poll::Ready(Err(e));
+                            return Poll::Ready(local_failure(e.into(), grpc));
                         }
                     }
                     Poll::Pending => {

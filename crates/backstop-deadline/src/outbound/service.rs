@@ -74,7 +74,7 @@ where
         let head = Head::read(req.headers());
         let grpc = head.grpc;
         let Some((deadline, remaining)) = self.config.deadline(now, &head, &req) else {
-            return PropagateFuture::unbounded(self.inner.call(req));
+            return PropagateFuture::unbounded(self.inner.call(req), grpc);
         };
         // Three significant digits, rounded down (at most 1 % short): consecutive calls send
         // the same value, so its header value is shared rather than encoded and allocated
