@@ -546,7 +546,8 @@ pub async fn every_duration_knob_is_refused_or_honoured<St: Store>(store: impl F
                 tiny && (knobs.contains(&"ttl") || knobs.contains(&"lock_timeout")),
                 "{row}: ran again"
             ),
-            503 => assert!(timed_out, "{row}: {dup:?}"),
+            // A store timeout shorter than a round trip may fail any call, the first or not.
+            503 => assert!(knobs.contains(&"store_timeout") && tiny, "{row}: {dup:?}"),
             // A 409 here is a key its answer never reached: a knob the store cannot honour.
             _ => panic!("{row}: {dup:?}"),
         }
