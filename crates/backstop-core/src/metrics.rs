@@ -19,12 +19,12 @@
 //! | `backstop.breaker.state` | gauge | `dependency`, `route`, `authority` | the breaker changes state: 0 closed, 1 open, 2 half-open |
 //! | `backstop.breaker.transitions` | counter | `dependency`, `route`, `authority`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` |
 //! | `backstop.breaker.rejections` | counter | `dependency`, `route`, `authority` | the breaker refuses a call |
-//! | `backstop.deadline.expired` | counter | `side`, `dependency` | a deadline expires (`dependency` on the client side only): `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
+//! | `backstop.deadline.expired` | counter | `side`, `dependency`, `route` | a deadline expires (`dependency` on the client side only, `route` on the server side only): `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request refused at arrival, its handler cancelled or its response body cut short by the server's deadline layer |
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
 //! | `backstop.throttle.rejections` | counter | `dependency` | the client's adaptive throttle refuses a first attempt |
 //! | `backstop.throttle.probability` | gauge | `dependency` | from the throttle's first refusal on, its rejection probability at each recompute (at most once per tenth of a window bucket), so it falls back to 0 when the throttle lets go |
 //! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited) |
-//! | `backstop.admission.rejections` | counter | — | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
+//! | `backstop.admission.rejections` | counter | `route` | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
 //!
 //! `route` and `authority` are there only where a stack has routes: the client series of a
 //! gRPC stack built from a service config carry `route` (the `methodConfig` entry's names that
@@ -42,7 +42,19 @@
 //! layer, which bounds the whole call and keeps no route (keeping one would cost every call
 //! for a rare event; a retry the deadline left no room for is the route's
 //! `retry.give_ups{reason="deadline"}`). Throttle and bulkhead series are per
-//! dependency too: one throttle and one bulkhead guard the whole dependency. A stack left
+//! dependency too: one throttle and one bulkhead guard the whole dependency.
+//!
+//! A server's series (`deadline.expired{side="server"}`, `admission.rejections`) carry the
+//! request's `route`: its path (for gRPC, `/pkg.Service/Method`), bounded as the admission
+//! layer keys its latency models, because an HTTP path is whatever clients send. Each layer
+//! hashes the path into one of its `routes` slots (default 16, at most 1024: the knob of
+//! `AdmissionLayerBuilder` and of `DeadlineLayerBuilder`); the first path to arrive holds the
+//! slot and is its `route` for good, and a path whose slot another holds is counted without
+//! `route`. So a layer makes at most `routes` + 1 series per name; raise `routes` for a
+//! service with many routes (a path counted without `route` is the sign). The admission
+//! layer's `route` is the path its refusing model measures; the deadline layer claims its
+//! slots when a deadline expires, so they go to the routes whose deadlines do. A malformed
+//! `grpc-timeout` is the caller's bug, counted without a route. A stack left
 //! unnamed records `dependency = ""`. A call its caller drops before it ends is
 //! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
 //!
@@ -159,12 +171,12 @@ pub const CATALOG: [Metric; 14] = {
             Counter,
             &["dependency", "route", "authority"],
         ),
-        m(DEADLINE_EXPIRED, Counter, &["side", "dependency"]),
+        m(DEADLINE_EXPIRED, Counter, &["side", "dependency", "route"]),
         m(DEADLINE_MALFORMED, Counter, &[]),
         m(THROTTLE_REJECTIONS, Counter, &["dependency"]),
         m(THROTTLE_PROBABILITY, Gauge, &["dependency"]),
         m(BULKHEAD_REJECTIONS, Counter, &["dependency", "reason"]),
-        m(ADMISSION_REJECTIONS, Counter, &[]),
+        m(ADMISSION_REJECTIONS, Counter, &["route"]),
     ]
 };
 

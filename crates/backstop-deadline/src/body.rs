@@ -33,6 +33,8 @@ pin_project! {
         sleep: Option<Pin<Box<LazySleep>>>,
         grpc: bool,
         expired: bool,
+        // The server side's expiry counter (nothing on the client side).
+        meter: crate::inbound::Meter,
     }
 }
 
@@ -44,7 +46,14 @@ impl<B> DeadlineBody<B> {
             sleep: None,
             grpc,
             expired: false,
+            meter: Default::default(),
         }
+    }
+
+    /// Counts in `meter` a deadline that cuts this body short (the server side).
+    pub(crate) fn metered(mut self, meter: crate::inbound::Meter) -> Self {
+        self.meter = meter;
+        self
     }
 
     /// Whether the deadline cut this body short.
@@ -105,6 +114,7 @@ where
             ready!(sleep.as_mut().poll_until(cx, deadline.instant()));
         }
         *this.expired = true;
+        crate::inbound::count_expired(this.meter);
         if *this.grpc {
             Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))
         } else {

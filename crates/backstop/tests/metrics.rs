@@ -388,6 +388,8 @@ fn a_grpc_status_in_the_trailers_is_counted_at_the_end_of_the_body() {
     assert_eq!(outcome(&metrics, "success"), 0);
 }
 
+/// A server's expired deadlines carry the request's route (its path, for gRPC
+/// `/pkg.Service/Method`); a malformed `grpc-timeout` is the caller's bug, counted without one.
 #[test]
 fn the_server_counts_malformed_headers_and_expired_deadlines() {
     let metrics = recorded(|| async {
@@ -399,7 +401,7 @@ fn the_server_counts_malformed_headers_and_expired_deadlines() {
             .layer(backstop::server())
             .service(handler);
         for timeout in ["1x", "50m"] {
-            let req = Request::post("/svc/Method")
+            let req = Request::post("/svc.Orders/Place")
                 .header("content-type", "application/grpc")
                 .header("grpc-timeout", timeout)
                 .body(String::new())
@@ -407,13 +409,107 @@ fn the_server_counts_malformed_headers_and_expired_deadlines() {
             let response = server.ready().await.unwrap().call(req).await.unwrap();
             assert_ne!(response.headers()["grpc-status"], "0");
         }
+        // Refused at arrival (nothing left), over HTTP.
+        let req = Request::get("/orders/7")
+            .header("grpc-timeout", "0m")
+            .body(String::new())
+            .unwrap();
+        let response = server.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(response.status(), 504);
     });
     assert_eq!(
         counter(&metrics, backstop::metrics::DEADLINE_MALFORMED, &[]),
         1
     );
     let expired = backstop::metrics::DEADLINE_EXPIRED;
-    assert_eq!(counter(&metrics, expired, &[("side", "server")]), 1);
+    let server = ("side", "server");
+    assert_eq!(
+        counter(&metrics, expired, &[server, ("route", "/svc.Orders/Place")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, expired, &[server, ("route", "/orders/7")]),
+        1
+    );
+}
+
+/// A streamed response the server's deadline cuts short is an expired deadline too, under
+/// its route (it was not counted at all).
+#[test]
+fn a_response_body_cut_by_the_server_deadline_is_counted_under_its_route() {
+    let metrics = recorded(|| async {
+        let handler = service_fn(|_req: Request<String>| async {
+            let (mut tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(1);
+            tokio::spawn(async move {
+                let _ = tx.send_data(Bytes::from_static(b"\0\0\0\0\0")).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                drop(tx);
+            });
+            let response = Response::builder()
+                .header("content-type", "application/grpc")
+                .body(body)
+                .unwrap();
+            Ok::<_, Infallible>(response)
+        });
+        let server = ServiceBuilder::new()
+            .layer(backstop::server())
+            .service(handler);
+        let req = Request::post("/feed.Feed/Watch")
+            .header("content-type", "application/grpc")
+            .header("grpc-timeout", "100m")
+            .body(String::new())
+            .unwrap();
+        let response = server.oneshot(req).await.unwrap();
+        let collected = response.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "4");
+    });
+    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    assert_eq!(
+        counter(
+            &metrics,
+            expired,
+            &[("side", "server"), ("route", "/feed.Feed/Watch")]
+        ),
+        1
+    );
+}
+
+/// The server's `route` values are bounded, as the admission layer keys its models: a path
+/// hashed into a slot another path holds is counted without `route`, so clients sending a
+/// thousand paths make at most `routes` series.
+#[test]
+fn the_servers_routes_are_bounded_by_its_slots() {
+    let metrics = recorded(|| async {
+        let deadline = backstop::deadline::DeadlineLayer::builder()
+            .routes(4)
+            .build()
+            .unwrap();
+        let server = ServiceBuilder::new().layer(deadline).service(service_fn(
+            |_req: Request<String>| async { Ok::<_, Infallible>(status(200)) },
+        ));
+        for n in 0..1_000 {
+            let req = Request::get(format!("/item/{n}"))
+                .header("grpc-timeout", "0m")
+                .body(String::new())
+                .unwrap();
+            assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 504);
+        }
+    });
+    let got = series(&metrics, backstop::metrics::DEADLINE_EXPIRED);
+    let routes = got
+        .iter()
+        .filter(|(labels, _)| labels.iter().any(|(k, _)| k == "route"))
+        .count();
+    assert!((1..=4).contains(&routes), "{got:#?}");
+    assert_eq!(got.len(), routes + 1, "and one series without a route");
+    let total: u64 = got
+        .iter()
+        .map(|(_, v)| match v {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(total, 1_000);
 }
 
 #[test]
@@ -924,8 +1020,10 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
     assert_eq!(outcome(&metrics, "success"), 2);
 }
 
+/// An admission refusal carries its route: the path that holds the latency model that
+/// refused it (for gRPC, `/pkg.Service/Method`).
 #[test]
-fn an_admission_refusal_is_counted_without_labels() {
+fn an_admission_refusal_is_counted_under_its_route() {
     let calls = Arc::new(AtomicUsize::new(0));
     let metrics = recorded(|| {
         let calls = calls.clone();
@@ -940,28 +1038,49 @@ fn an_admission_refusal_is_counted_without_labels() {
             let server = ServiceBuilder::new()
                 .layer(backstop::server())
                 .service(handler);
-            // The route's model learns that the handler takes 100 ms (100 answers).
+            let http = |timeout: &str| {
+                Request::get("/report")
+                    .header("grpc-timeout", timeout)
+                    .body(String::new())
+                    .unwrap()
+            };
+            let grpc = |timeout: &str| {
+                let mut req = grpc_post("/pkg.Reports/Get", String::new());
+                let value = http::HeaderValue::from_str(timeout).unwrap();
+                req.headers_mut().insert("grpc-timeout", value);
+                req
+            };
+            // Each route's model learns that the handler takes 100 ms (100 answers).
             for _ in 0..100 {
-                let req = backstop_test_support::http_request(Some("1S"));
-                assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 200);
+                assert_eq!(
+                    server.clone().oneshot(http("1S")).await.unwrap().status(),
+                    200
+                );
+                assert_eq!(
+                    server.clone().oneshot(grpc("1S")).await.unwrap().status(),
+                    200
+                );
             }
             tokio::time::advance(Duration::from_millis(100)).await;
             // 50 ms left: refused on arrival, over HTTP and over gRPC.
-            let req = backstop_test_support::http_request(Some("50m"));
-            assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 504);
-            let req = backstop_test_support::grpc_request(Some("50m"));
-            let response = server.clone().oneshot(req).await.unwrap();
+            assert_eq!(
+                server.clone().oneshot(http("50m")).await.unwrap().status(),
+                504
+            );
+            let response = server.clone().oneshot(grpc("50m")).await.unwrap();
             assert_eq!(response.headers()["grpc-status"], "4");
         }
     });
     assert_eq!(
         calls.load(Ordering::SeqCst),
-        100,
+        200,
         "the handler was not called"
     );
+    let rejections = backstop::metrics::ADMISSION_REJECTIONS;
+    assert_eq!(counter(&metrics, rejections, &[("route", "/report")]), 1);
     assert_eq!(
-        counter(&metrics, backstop::metrics::ADMISSION_REJECTIONS, &[]),
-        2
+        counter(&metrics, rejections, &[("route", "/pkg.Reports/Get")]),
+        1
     );
 }
 
