@@ -28,7 +28,9 @@
 //!
 //! `route` and `authority` are there only where a stack has routes: the client series of a
 //! gRPC stack built from a service config carry `route` (the `methodConfig` entry's names that
-//! served the call, as paths: `/pkg.Service/Method`, `/pkg.Service/*`); the breaker's series
+//! served the call, as paths: `/pkg.Service/Method`, `/pkg.Service/*`), its attempt durations
+//! too (the entry's retry layer hands its handle to the attempt layer, which records there
+//! unless it is keyed, when its key is the route); the breaker's series
 //! of a layer built [`per_key`](https://docs.rs/backstop-breaker), and the attempt durations of
 //! an attempt layer keyed with it (the presets key both together), carry the key, as `route`
 //! (a path or custom key) or `authority` (a host key). An entry naming one method carries

@@ -24,6 +24,8 @@ pub(crate) struct RetryMetrics {
     attempts: [Counter; 3],
     give_ups: [Counter; GiveUp::COUNT],
     balance: Gauge,
+    /// The attempts' durations under the layer's `route`, for the attempt layer inside.
+    duration: Option<backstop_core::__private::metrics::AttemptDuration>,
 }
 
 impl RetryMetrics {
@@ -53,6 +55,13 @@ impl RetryMetrics {
                 names::RETRY_BUDGET_BALANCE,
                 "dependency" => dependency.to_owned()
             ),
+            duration: method.map(|route| {
+                backstop_core::__private::metrics::AttemptDuration(metrics::histogram!(
+                    names::CLIENT_ATTEMPT_DURATION,
+                    "dependency" => dependency.to_owned(),
+                    "route" => route.to_owned()
+                ))
+            }),
         }
     }
 }
@@ -75,5 +84,13 @@ impl RetryMetrics {
 
     pub(crate) fn balance(&self, balance: f64) {
         self.balance.set(balance);
+    }
+
+    /// Puts the layer's attempt-duration handle, if it has a route, on `req`: an attempt
+    /// layer inside records the attempts under it.
+    pub(crate) fn route_attempts<B>(&self, req: &mut http::Request<B>) {
+        if let Some(duration) = &self.duration {
+            req.extensions_mut().insert(duration.clone());
+        }
     }
 }

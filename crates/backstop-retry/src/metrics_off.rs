@@ -31,4 +31,6 @@ impl RetryMetrics {
     pub(crate) fn give_up(&self, _: GiveUp) {}
 
     pub(crate) fn balance(&self, _: f64) {}
+
+    pub(crate) fn route_attempts<B>(&self, _: &mut http::Request<B>) {}
 }

@@ -86,6 +86,15 @@ impl<C> Shared<C> {
         }
     }
 
+    /// A request arrived: its attempts carry the layer's attempt-duration handle, when the
+    /// layer has a route.
+    #[inline(always)]
+    pub(crate) fn meter_route<B>(&self, req: &mut http::Request<B>) {
+        if RetryMetrics::ON && self.ledger.route.is_some() {
+            self.metrics().route_attempts(req);
+        }
+    }
+
     /// A failure was returned without a retry.
     #[inline(always)]
     pub(crate) fn meter_give_up(&self, why: GiveUp) {

@@ -578,6 +578,51 @@ fn a_service_config_labels_each_entry_by_its_methods() {
     );
 }
 
+/// A service-config client's attempt durations carry the `route` its request and attempt
+/// series carry (the methodConfig entry's names), so a route's latency joins its outcomes.
+#[cfg(feature = "service-config")]
+#[test]
+fn a_service_config_labels_its_attempt_durations_by_entry() {
+    let metrics = recorded(|| async {
+        let layer = backstop::client::grpc()
+            .name("billing")
+            .service_config(billing_config(3))
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Ok::<_, Infallible>(grpc_status(if n == 0 { 14 } else { 0 }))
+            }
+        });
+        let mut client = ServiceBuilder::new().layer(layer).service(transport);
+        for path in ["/pkg.Billing/GetBalance", "/pkg.Billing/Charge"] {
+            let req = grpc_post(path, String::new());
+            client.ready().await.unwrap().call(req).await.unwrap();
+        }
+    });
+    let billing = ("dependency", "billing");
+    let duration = backstop::metrics::CLIENT_ATTEMPT_DURATION;
+    assert_eq!(
+        histogram(
+            &metrics,
+            duration,
+            &[billing, ("route", "/pkg.Billing/GetBalance")]
+        ),
+        [0.01, 0.01],
+        "the failed attempt and its retry"
+    );
+    assert_eq!(
+        histogram(&metrics, duration, &[billing, ("route", "(none)")]),
+        [0.01]
+    );
+    assert!(
+        value(&metrics, duration, &[billing]).is_none_or(|v| samples(v) == 0),
+        "nothing left unrouted"
+    );
+}
+
 /// A preset whose breaker is keyed by path keys its attempt bound with it: each route's
 /// attempt durations carry the route, as its breaker's series do.
 #[test]

@@ -34,6 +34,9 @@ pin_project! {
         pub(super) deadline: Option<Instant>,
         // What a retry after it would need (`Final`: none follows, the cap is all that is left).
         pub(super) room: Room,
+        // Where its duration is recorded, when not the layer's own series (a routed retry
+        // layer's, for a layer without a key).
+        pub(super) routed: Routed,
         #[pin]
         pub(super) sleep: LazySleep,
     }
@@ -54,6 +57,14 @@ pin_project! {
         }
     }
 }
+
+/// A routed retry layer's attempt-duration handle, taken off the request (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub(super) type Routed = Option<backstop_core::__private::metrics::AttemptDuration>;
+/// Without the feature, nothing.
+#[cfg(not(feature = "metrics"))]
+#[derive(Debug, Default)]
+pub(super) struct Routed(());
 
 impl<F> std::fmt::Debug for AttemptTimeoutFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -80,7 +91,7 @@ where
                 return Poll::Ready(result.map_err(Into::into));
             };
             let now = Instant::now();
-            shared.meter_duration(now.saturating_duration_since(start));
+            shared.meter_duration(now.saturating_duration_since(start), this.routed);
             // A failure once the bound the server (and the transport: tonic arms a timer from
             // the header) was told has run out is this attempt's timeout, whichever side's
             // timer fired first: a transport error, or the server's own DEADLINE_EXCEEDED.
@@ -127,7 +138,7 @@ where
         let bound = bound.expect("a timer only with a bound");
         // Censored: it took at least its bound.
         shared.model.record(bound, shared.now_us(start + bound));
-        shared.meter_duration(bound);
+        shared.meter_duration(bound, this.routed);
         Poll::Ready(Err(Box::new(AttemptTimedOut::new())))
     }
 }

@@ -61,6 +61,13 @@ where
             None => None,
         };
         let room = Room::of(&req, self.retry_wait);
+        #[cfg(feature = "metrics")]
+        let routed = req
+            .extensions()
+            .get::<backstop_core::__private::metrics::AttemptDuration>()
+            .cloned();
+        #[cfg(not(feature = "metrics"))]
+        let routed = super::future::Routed::default();
         AttemptTimeoutFuture {
             future: self.inner.call(req),
             handle,
@@ -68,6 +75,7 @@ where
             start: None,
             deadline,
             room,
+            routed,
             sleep: LazySleep::new(),
         }
     }
