@@ -16,8 +16,8 @@
 //! | `backstop.client.attempt.duration` | histogram (s) | `dependency`, `route`, `authority` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
 //! | `backstop.retry.give_ups` | counter | `dependency`, `route`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
 //! | `backstop.retry.budget.balance` | gauge | `dependency` | the retry budget changes (its tokens: retries it would allow now) |
-//! | `backstop.breaker.state` | gauge | `dependency`, `route`, `authority` | the breaker changes state: 0 closed, 1 open, 2 half-open |
-//! | `backstop.breaker.transitions` | counter | `dependency`, `route`, `authority`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` |
+//! | `backstop.breaker.state` | gauge | `dependency`, `route`, `authority` | the breaker changes state: 0 closed, 1 open, 2 half-open (the state at the transition's report, so reports racing on two threads leave the newest) |
+//! | `backstop.breaker.transitions` | counter | `dependency`, `route`, `authority`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` (every transition, once: a half-open shorter than a scrape shows here, not in the gauge) |
 //! | `backstop.breaker.rejections` | counter | `dependency`, `route`, `authority` | the breaker refuses a call |
 //! | `backstop.deadline.expired` | counter | `side`, `dependency`, `route` | a deadline expires (`dependency` on the client side only, `route` on the server side only): `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request refused at arrival, its handler cancelled or its response body cut short by the server's deadline layer |
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
@@ -45,6 +45,11 @@
 //! for a rare event; a retry the deadline left no room for is the route's
 //! `retry.give_ups{reason="deadline"}`). Throttle and bulkhead series are per
 //! dependency too: one throttle and one bulkhead guard the whole dependency.
+//!
+//! A breaker moves from open to half-open at the first call after its open time (its probe),
+//! not when the time ends: an idle breaker reads open until a call comes. Half-open lasts
+//! as long as its probes (often milliseconds), so a gauge scraped every few seconds rarely
+//! reads 2: count it with `increase(backstop_breaker_transitions{to="half_open"}[5m])`.
 //!
 //! A server's series (`deadline.expired{side="server"}`, `admission.rejections`) carry the
 //! request's `route`: its path (for gRPC, `/pkg.Service/Method`), bounded as the admission

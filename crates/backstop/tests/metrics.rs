@@ -269,6 +269,96 @@ fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
     assert_eq!(outcome(&metrics, "rejected"), 1);
 }
 
+/// What the recorder holds at each step of a test: `test` gets a closure that snapshots it
+/// (a snapshot reads counters as the change since the last one, and a gauge as the value
+/// last set since then, 0 when none was).
+fn recorded_in_steps<F: std::future::Future<Output = ()>>(
+    test: impl FnOnce(Box<dyn Fn() -> Recorded>) -> F,
+) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let step: Box<dyn Fn() -> Recorded> = Box::new(move || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| (key, value))
+            .collect()
+    });
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(test(step));
+    });
+}
+
+/// A breaker that opens, lets a probe through after its open time (half-open) and closes or
+/// opens again on the probe's outcome: each transition is counted under its `to`, and the
+/// state gauge reads each state while the breaker is in it (2 while the probe is out).
+#[test]
+fn the_breaker_reports_half_open_between_open_and_its_probes_outcome() {
+    for (probe, after) in [(200, "closed"), (503, "open")] {
+        recorded_in_steps(|step| async move {
+            let breaker = BreakerConfig::http()
+                .consecutive_failures(2)
+                .probes(1)
+                .open_duration(Duration::from_secs(5), Duration::from_secs(60))
+                .jitter(false)
+                .build()
+                .unwrap();
+            let calls = Arc::new(AtomicUsize::new(0));
+            let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    // The probe (the third call) takes 100 ms.
+                    let code = match n {
+                        0 | 1 => 503,
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            probe
+                        }
+                    };
+                    Ok::<_, Infallible>(status(code))
+                }
+            });
+            let client = ServiceBuilder::new()
+                .layer(
+                    backstop::client::http()
+                        .name("inventory")
+                        .max_attempts(1)
+                        .breaker(breaker)
+                        .build()
+                        .unwrap(),
+                )
+                .service(transport);
+            let state = backstop::metrics::BREAKER_STATE;
+            let transitions = backstop::metrics::BREAKER_TRANSITIONS;
+            let to = |m: &Recorded, to: &str| counter(m, transitions, &[INVENTORY, ("to", to)]);
+            for _ in 0..2 {
+                let _ = client.clone().oneshot(get_item()).await;
+            }
+            let opened = step();
+            assert_eq!(gauge(&opened, state, &[INVENTORY]), 1.0, "open");
+            assert_eq!(to(&opened, "open"), 1);
+            tokio::time::advance(Duration::from_secs(5)).await;
+            let probe = tokio::spawn(client.clone().oneshot(get_item()));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let probing = step();
+            assert_eq!(gauge(&probing, state, &[INVENTORY]), 2.0, "half-open");
+            assert_eq!(to(&probing, "half_open"), 1);
+            let _ = probe.await.unwrap();
+            let ended = step();
+            let code = if after == "open" { 1.0 } else { 0.0 };
+            assert_eq!(gauge(&ended, state, &[INVENTORY]), code, "{after}");
+            assert_eq!(to(&ended, after), 1, "then {after}");
+            assert_eq!(to(&ended, "half_open"), 0);
+        });
+    }
+}
+
 #[test]
 fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines() {
     let metrics = recorded(|| async {
