@@ -11,7 +11,7 @@
 //!
 //! | name | kind | labels | moves when |
 //! |------|------|--------|------------|
-//! | `backstop.client.requests` | counter | `dependency`, `route`, `outcome` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx) |
+//! | `backstop.client.requests` | counter | `dependency`, `route`, `outcome`, `error_type` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx); a `failure` only carries `error_type` (OpenTelemetry's `error.type` idea, three values: `status` a failing status in the head or trailers, `timeout` an attempt's bound or the deadline, `transport` no status at all), the other outcomes none |
 //! | `backstop.client.attempts` | counter | `dependency`, `route`, `kind` | an attempt is sent: `first`, `retry`, `hedge` |
 //! | `backstop.client.attempt.duration` | histogram (s) | `dependency`, `route`, `authority` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
 //! | `backstop.retry.give_ups` | counter | `dependency`, `route`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
@@ -157,7 +157,7 @@ pub const CATALOG: [Metric; 14] = {
         m(
             CLIENT_REQUESTS,
             Counter,
-            &["dependency", "route", "outcome"],
+            &["dependency", "route", "outcome", "error_type"],
         ),
         m(CLIENT_ATTEMPTS, Counter, &["dependency", "route", "kind"]),
         m(
@@ -190,6 +190,11 @@ pub const CATALOG: [Metric; 14] = {
 /// The `outcome` labels of `backstop.client.requests`, in the order of [`Outcome`](crate::Outcome)'s
 /// variants: `Success`, `Failure`, `Throttled`, `Rejected`, `Ignored`.
 pub const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", "ignored"];
+
+/// The `error_type` labels of `backstop.client.requests{outcome="failure"}`: `status` (the
+/// dependency answered a failing status), `timeout` (an attempt's bound or the deadline ended
+/// it), `transport` (no status: a connection or protocol error, a body that broke off).
+pub const ERROR_TYPES: [&str; 3] = ["status", "timeout", "transport"];
 
 /// The check of a docs table against [`CATALOG`], for this module's test and the facade's
 /// README test (hidden: no semver promise).

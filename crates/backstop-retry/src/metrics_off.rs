@@ -12,6 +12,8 @@ pub(crate) enum AttemptKind {
     Hedge,
 }
 
+pub(crate) use crate::error_type::ErrorType;
+
 /// No handles.
 #[derive(Debug)]
 pub(crate) struct RetryMetrics;
@@ -24,7 +26,7 @@ impl RetryMetrics {
         Self
     }
 
-    pub(crate) fn outcome(&self, _: Outcome) {}
+    pub(crate) fn outcome(&self, _: Outcome, _: impl FnOnce() -> ErrorType) {}
 
     pub(crate) fn attempt(&self, _: AttemptKind) {}
 

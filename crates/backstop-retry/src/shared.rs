@@ -72,9 +72,13 @@ impl<C> Shared<C> {
 
     /// A call ended with this outcome.
     #[inline(always)]
-    pub(crate) fn meter_outcome(&self, outcome: Outcome) {
+    pub(crate) fn meter_outcome(
+        &self,
+        outcome: Outcome,
+        error: impl FnOnce() -> crate::metrics::ErrorType,
+    ) {
         if RetryMetrics::ON {
-            self.metrics().outcome(outcome);
+            self.metrics().outcome(outcome, error);
         }
     }
 

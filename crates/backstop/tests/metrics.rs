@@ -79,10 +79,32 @@ fn gauge(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 const INVENTORY: (&str, &str) = ("dependency", "inventory");
 
-/// `backstop.client.requests` of the `inventory` stack with this outcome.
+/// `backstop.client.requests` of the `inventory` stack with this outcome (a failure's, summed
+/// over its `error_type`s).
 fn outcome(recorded: &Recorded, outcome: &str) -> u64 {
     let requests = backstop::metrics::CLIENT_REQUESTS;
-    counter(recorded, requests, &[INVENTORY, ("outcome", outcome)])
+    if outcome != "failure" {
+        return counter(recorded, requests, &[INVENTORY, ("outcome", outcome)]);
+    }
+    backstop::metrics::ERROR_TYPES
+        .iter()
+        .map(|e| failures(recorded, e))
+        .sum()
+}
+
+/// `backstop.client.requests{outcome="failure"}` of the `inventory` stack with this
+/// `error_type` (0 when the series was never registered).
+fn failures(recorded: &Recorded, error_type: &str) -> u64 {
+    let labels = [
+        INVENTORY,
+        ("outcome", "failure"),
+        ("error_type", error_type),
+    ];
+    match value(recorded, backstop::metrics::CLIENT_REQUESTS, &labels) {
+        Some(DebugValue::Counter(n)) => *n,
+        None => 0,
+        other => panic!("{labels:?}: {other:?}"),
+    }
 }
 
 /// GETs `paths` through the HTTP preset named `inventory`, one attempt each, with `breaker`,
@@ -208,6 +230,58 @@ fn a_failure_that_is_not_retried_counts_why() {
         0
     );
     assert_eq!(outcome(&metrics, "failure"), 1);
+}
+
+/// A failure says what kind it was: a failing status (in the head or the trailers), an
+/// attempt or deadline that ran out, or a transport error with no status at all.
+#[test]
+fn a_failure_is_counted_under_its_error_type() {
+    let metrics = recorded(|| async {
+        let grpc_client = |transport| {
+            ServiceBuilder::new()
+                .layer(
+                    backstop::client::grpc()
+                        .name("inventory")
+                        .max_attempts(1)
+                        .attempt_timeout(Duration::from_millis(100))
+                        .build()
+                        .unwrap(),
+                )
+                .service(transport)
+        };
+        let calls = Arc::new(AtomicUsize::new(0));
+        let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match n {
+                    // UNAVAILABLE, trailers-only.
+                    0 => Ok(grpc_status(14)),
+                    // Hangs past its attempt bound.
+                    1 => {
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                        Ok(grpc_status(0))
+                    }
+                    // The connection fails.
+                    _ => Err::<Response<String>, BoxError>("connection reset".into()),
+                }
+            }
+        });
+        let client = grpc_client(transport);
+        for _ in 0..3 {
+            let _ = client
+                .clone()
+                .oneshot(grpc_post("/inventory.Stock/Get", String::new()))
+                .await;
+        }
+    });
+    assert_eq!(failures(&metrics, "status"), 1);
+    assert_eq!(failures(&metrics, "timeout"), 1);
+    assert_eq!(failures(&metrics, "transport"), 1);
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    assert!(
+        value(&metrics, requests, &[INVENTORY, ("outcome", "failure")]).is_none(),
+        "no failure without its error_type"
+    );
 }
 
 #[test]
