@@ -55,6 +55,9 @@ struct BreakerMetrics {
     /// By the state entered: closed, open, half-open.
     transitions: [metrics::Counter; 3],
     rejections: metrics::Counter,
+    /// Taken to set the state gauge (at a transition: rare), so the last to set it read the
+    /// newest state.
+    state_order: std::sync::Mutex<()>,
 }
 
 /// The gauge's value of a state: 0 closed, 1 open, 2 half-open.
@@ -90,6 +93,7 @@ impl BreakerMetrics {
             transitions: ["closed", "open", "half_open"]
                 .map(|to| metrics::counter!(names::BREAKER_TRANSITIONS, labels(Some(("to", to))))),
             rejections: metrics::counter!(names::BREAKER_REJECTIONS, labels(None)),
+            state_order: std::sync::Mutex::new(()),
         }
     }
 }
@@ -209,10 +213,18 @@ impl<C> Shared<C> {
         }
         #[cfg(feature = "metrics")]
         {
-            let code = state_code(t.to);
             let metrics = self.metrics();
-            metrics.transitions[code as usize].increment(1);
-            metrics.state.set(code);
+            metrics.transitions[state_code(t.to) as usize].increment(1);
+            // The state now, not the one this transition entered: transitions are ordered by
+            // the word's compare-and-swap, their reports are not (a probe that closes the
+            // breaker on another thread may report before the call that moved it to
+            // half-open does, which would leave the gauge at half-open). Read under the lock,
+            // the last value set is the newest state.
+            let _order = metrics
+                .state_order
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            metrics.state.set(state_code(self.machine.load().state));
         }
         match t.to {
             State::Open => tracing::warn!(

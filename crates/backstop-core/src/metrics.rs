@@ -11,24 +11,26 @@
 //!
 //! | name | kind | labels | moves when |
 //! |------|------|--------|------------|
-//! | `backstop.client.requests` | counter | `dependency`, `route`, `outcome` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx) |
+//! | `backstop.client.requests` | counter | `dependency`, `route`, `outcome`, `error_type` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx); a `failure` only carries `error_type` (OpenTelemetry's `error.type` idea, three values: `status` a failing status in the head or trailers, `timeout` an attempt's bound or the deadline, `transport` no status at all), the other outcomes none |
 //! | `backstop.client.attempts` | counter | `dependency`, `route`, `kind` | an attempt is sent: `first`, `retry`, `hedge` |
 //! | `backstop.client.attempt.duration` | histogram (s) | `dependency`, `route`, `authority` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
 //! | `backstop.retry.give_ups` | counter | `dependency`, `route`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
 //! | `backstop.retry.budget.balance` | gauge | `dependency` | the retry budget changes (its tokens: retries it would allow now) |
-//! | `backstop.breaker.state` | gauge | `dependency`, `route`, `authority` | the breaker changes state: 0 closed, 1 open, 2 half-open |
-//! | `backstop.breaker.transitions` | counter | `dependency`, `route`, `authority`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` |
+//! | `backstop.breaker.state` | gauge | `dependency`, `route`, `authority` | the breaker changes state: 0 closed, 1 open, 2 half-open (the state at the transition's report, so reports racing on two threads leave the newest) |
+//! | `backstop.breaker.transitions` | counter | `dependency`, `route`, `authority`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` (every transition, once: a half-open shorter than a scrape shows here, not in the gauge) |
 //! | `backstop.breaker.rejections` | counter | `dependency`, `route`, `authority` | the breaker refuses a call |
-//! | `backstop.deadline.expired` | counter | `side`, `dependency` | a deadline expires (`dependency` on the client side only): `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request cancelled or refused at arrival by the server's deadline layer |
+//! | `backstop.deadline.expired` | counter | `side`, `dependency`, `route` | a deadline expires (`dependency` on the client side only, `route` on the server side only): `side = client` for an outbound call answered DEADLINE_EXCEEDED / an error by the stack, `side = server` for a request refused at arrival, its handler cancelled or its response body cut short by the server's deadline layer |
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
 //! | `backstop.throttle.rejections` | counter | `dependency` | the client's adaptive throttle refuses a first attempt |
 //! | `backstop.throttle.probability` | gauge | `dependency` | from the throttle's first refusal on, its rejection probability at each recompute (at most once per tenth of a window bucket), so it falls back to 0 when the throttle lets go |
 //! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited) |
-//! | `backstop.admission.rejections` | counter | — | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
+//! | `backstop.admission.rejections` | counter | `route` | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
 //!
 //! `route` and `authority` are there only where a stack has routes: the client series of a
 //! gRPC stack built from a service config carry `route` (the `methodConfig` entry's names that
-//! served the call, as paths: `/pkg.Service/Method`, `/pkg.Service/*`); the breaker's series
+//! served the call, as paths: `/pkg.Service/Method`, `/pkg.Service/*`), its attempt durations
+//! too (the entry's retry layer hands its handle to the attempt layer, which records there
+//! unless it is keyed, when its key is the route); the breaker's series
 //! of a layer built [`per_key`](https://docs.rs/backstop-breaker), and the attempt durations of
 //! an attempt layer keyed with it (the presets key both together), carry the key, as `route`
 //! (a path or custom key) or `authority` (a host key). An entry naming one method carries
@@ -42,7 +44,24 @@
 //! layer, which bounds the whole call and keeps no route (keeping one would cost every call
 //! for a rare event; a retry the deadline left no room for is the route's
 //! `retry.give_ups{reason="deadline"}`). Throttle and bulkhead series are per
-//! dependency too: one throttle and one bulkhead guard the whole dependency. A stack left
+//! dependency too: one throttle and one bulkhead guard the whole dependency.
+//!
+//! A breaker moves from open to half-open at the first call after its open time (its probe),
+//! not when the time ends: an idle breaker reads open until a call comes. Half-open lasts
+//! as long as its probes (often milliseconds), so a gauge scraped every few seconds rarely
+//! reads 2: count it with `increase(backstop_breaker_transitions{to="half_open"}[5m])`.
+//!
+//! A server's series (`deadline.expired{side="server"}`, `admission.rejections`) carry the
+//! request's `route`: its path (for gRPC, `/pkg.Service/Method`), bounded as the admission
+//! layer keys its latency models, because an HTTP path is whatever clients send. Each layer
+//! hashes the path into one of its `routes` slots (default 16, at most 1024: the knob of
+//! `AdmissionLayerBuilder` and of `DeadlineLayerBuilder`); the first path to arrive holds the
+//! slot and is its `route` for good, and a path whose slot another holds is counted without
+//! `route`. So a layer makes at most `routes` + 1 series per name; raise `routes` for a
+//! service with many routes (a path counted without `route` is the sign). The admission
+//! layer's `route` is the path its refusing model measures; the deadline layer claims its
+//! slots when a deadline expires, so they go to the routes whose deadlines do. A malformed
+//! `grpc-timeout` is the caller's bug, counted without a route. A stack left
 //! unnamed records `dependency = ""`. A call its caller drops before it ends is
 //! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
 //!
@@ -138,7 +157,7 @@ pub const CATALOG: [Metric; 14] = {
         m(
             CLIENT_REQUESTS,
             Counter,
-            &["dependency", "route", "outcome"],
+            &["dependency", "route", "outcome", "error_type"],
         ),
         m(CLIENT_ATTEMPTS, Counter, &["dependency", "route", "kind"]),
         m(
@@ -159,18 +178,23 @@ pub const CATALOG: [Metric; 14] = {
             Counter,
             &["dependency", "route", "authority"],
         ),
-        m(DEADLINE_EXPIRED, Counter, &["side", "dependency"]),
+        m(DEADLINE_EXPIRED, Counter, &["side", "dependency", "route"]),
         m(DEADLINE_MALFORMED, Counter, &[]),
         m(THROTTLE_REJECTIONS, Counter, &["dependency"]),
         m(THROTTLE_PROBABILITY, Gauge, &["dependency"]),
         m(BULKHEAD_REJECTIONS, Counter, &["dependency", "reason"]),
-        m(ADMISSION_REJECTIONS, Counter, &[]),
+        m(ADMISSION_REJECTIONS, Counter, &["route"]),
     ]
 };
 
 /// The `outcome` labels of `backstop.client.requests`, in the order of [`Outcome`](crate::Outcome)'s
 /// variants: `Success`, `Failure`, `Throttled`, `Rejected`, `Ignored`.
 pub const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", "ignored"];
+
+/// The `error_type` labels of `backstop.client.requests{outcome="failure"}`: `status` (the
+/// dependency answered a failing status), `timeout` (an attempt's bound or the deadline ended
+/// it), `transport` (no status: a connection or protocol error, a body that broke off).
+pub const ERROR_TYPES: [&str; 3] = ["status", "timeout", "transport"];
 
 /// The check of a docs table against [`CATALOG`], for this module's test and the facade's
 /// README test (hidden: no semver promise).

@@ -53,6 +53,8 @@ pin_project! {
         rest: Option<VecDeque<Polled>>,
         grpc: bool,
         expired: bool,
+        // The server side's expiry counter (nothing on the client side).
+        meter: crate::inbound::Meter,
     }
 }
 
@@ -65,7 +67,14 @@ impl<B> DeadlineBody<B> {
             rest: None,
             grpc,
             expired: false,
+            meter: Default::default(),
         }
+    }
+
+    /// Counts in `meter` a deadline that cuts this body short (the server side).
+    pub(crate) fn metered(mut self, meter: crate::inbound::Meter) -> Self {
+        self.meter = meter;
+        self
     }
 
     /// Whether the deadline cut this body short.
@@ -180,6 +189,7 @@ where
             ready!(sleep.as_mut().poll_until(cx, deadline.instant()));
         }
         *this.expired = true;
+        crate::inbound::count_expired(this.meter);
         if *this.grpc {
             Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))
         } else {

@@ -190,6 +190,7 @@ pub mod grpc_timeout;
 mod head;
 mod inbound;
 mod outbound;
+mod route;
 mod scope;
 
 pub use backstop_core::{DeadlineExceeded, is_deadline_exceeded};

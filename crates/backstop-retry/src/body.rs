@@ -1,6 +1,7 @@
 //! The response body of the retry layer: the inner body, watched to its end when the outcome
 //! is in its trailers.
 
+use crate::metrics::ErrorType;
 use crate::shared::Handle;
 use backstop_core::{Classify, Outcome, Retryable};
 use http::Response;
@@ -60,8 +61,8 @@ impl<B: fmt::Debug, C> fmt::Debug for RetryBody<B, C> {
 }
 
 /// Tells `outcome` to the metrics and the budget.
-pub(crate) fn record<C>(handle: &Handle<C>, outcome: Outcome) {
-    handle.meter_outcome(outcome);
+pub(crate) fn record<C>(handle: &Handle<C>, outcome: Outcome, error: ErrorType) {
+    handle.meter_outcome(outcome, || error);
     let Some(budget) = handle.policy.budget.as_ref() else {
         return;
     };
@@ -97,13 +98,22 @@ where
                 Some(Ok(f)) => match f.trailers_ref() {
                     Some(trailers) => {
                         let outcome = handle.policy.classifier.classify_trailers(trailers);
-                        record(&handle, outcome.unwrap_or(missing));
+                        match outcome {
+                            Some(outcome) => record(&handle, outcome, ErrorType::Status),
+                            None => record(&handle, missing, ErrorType::Transport),
+                        }
                     }
-                    None if this.inner.is_end_stream() => record(&handle, missing),
+                    None if this.inner.is_end_stream() => {
+                        record(&handle, missing, ErrorType::Transport);
+                    }
                     None => *this.watch = Some(handle),
                 },
-                Some(Err(_)) => record(&handle, Outcome::failure(Retryable::IfIdempotent)),
-                None => record(&handle, missing),
+                Some(Err(_)) => record(
+                    &handle,
+                    Outcome::failure(Retryable::IfIdempotent),
+                    ErrorType::Transport,
+                ),
+                None => record(&handle, missing, ErrorType::Transport),
             }
         }
         Poll::Ready(frame)

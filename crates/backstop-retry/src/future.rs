@@ -231,7 +231,7 @@ where
         },
         Err(e) => classifier.classify(Err(&**e)),
     };
-    crate::body::record(handle, outcome);
+    crate::body::record(handle, outcome, crate::metrics::ErrorType::of(result));
     let gave_up = match (outcome, unreplayable) {
         (
             Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint },
@@ -287,7 +287,7 @@ where
     match heard {
         Some(Heard { watched: true, .. }) => Some(handle.clone()),
         Some(Heard { outcome, .. }) => {
-            handle.meter_outcome(outcome);
+            handle.meter_outcome(outcome, || crate::metrics::ErrorType::of(result));
             None
         }
         None => {
@@ -296,7 +296,7 @@ where
                     .policy
                     .classifier
                     .classify(result.map_err(|e| &**e as &(dyn std::error::Error + 'static)));
-                handle.meter_outcome(outcome);
+                handle.meter_outcome(outcome, || crate::metrics::ErrorType::of(result));
             }
             None
         }

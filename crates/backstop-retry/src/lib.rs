@@ -139,6 +139,7 @@ mod bounds;
 pub mod budget;
 mod config;
 mod error;
+mod error_type;
 mod future;
 pub mod hedge;
 mod info;

@@ -18,12 +18,19 @@ pub(crate) enum AttemptKind {
     Hedge = 2,
 }
 
+pub(crate) use crate::error_type::ErrorType;
+
 #[derive(Debug)]
 pub(crate) struct RetryMetrics {
+    /// By outcome; a failure's slot is unused (`failures` counts them).
     requests: [Counter; 5],
+    /// Failures, by [`ErrorType`].
+    failures: [Counter; 3],
     attempts: [Counter; 3],
     give_ups: [Counter; GiveUp::COUNT],
     balance: Gauge,
+    /// The attempts' durations under the layer's `route`, for the attempt layer inside.
+    duration: Option<backstop_core::__private::metrics::AttemptDuration>,
 }
 
 impl RetryMetrics {
@@ -41,8 +48,16 @@ impl RetryMetrics {
             labels
         };
         Self {
-            requests: names::OUTCOMES
-                .map(|o| metrics::counter!(names::CLIENT_REQUESTS, labels("outcome", o))),
+            // A failure is counted under its `error_type` only.
+            requests: names::OUTCOMES.map(|o| match o {
+                "failure" => Counter::noop(),
+                _ => metrics::counter!(names::CLIENT_REQUESTS, labels("outcome", o)),
+            }),
+            failures: names::ERROR_TYPES.map(|e| {
+                let mut labels = labels("outcome", "failure");
+                labels.push(Label::new("error_type", e));
+                metrics::counter!(names::CLIENT_REQUESTS, labels)
+            }),
             attempts: ["first", "retry", "hedge"]
                 .map(|k| metrics::counter!(names::CLIENT_ATTEMPTS, labels("kind", k))),
             give_ups: GiveUp::ALL.map(|why| {
@@ -53,6 +68,13 @@ impl RetryMetrics {
                 names::RETRY_BUDGET_BALANCE,
                 "dependency" => dependency.to_owned()
             ),
+            duration: method.map(|route| {
+                backstop_core::__private::metrics::AttemptDuration(metrics::histogram!(
+                    names::CLIENT_ATTEMPT_DURATION,
+                    "dependency" => dependency.to_owned(),
+                    "route" => route.to_owned()
+                ))
+            }),
         }
     }
 }
@@ -61,8 +83,12 @@ impl RetryMetrics {
     /// Whether metrics are recorded (the feature is on).
     pub(crate) const ON: bool = true;
 
-    pub(crate) fn outcome(&self, outcome: Outcome) {
-        self.requests[backstop_core::__private::metrics::outcome_index(outcome)].increment(1);
+    pub(crate) fn outcome(&self, outcome: Outcome, error: impl FnOnce() -> ErrorType) {
+        match outcome {
+            Outcome::Failure { .. } => self.failures[error() as usize].increment(1),
+            _ => self.requests[backstop_core::__private::metrics::outcome_index(outcome)]
+                .increment(1),
+        }
     }
 
     pub(crate) fn attempt(&self, kind: AttemptKind) {
@@ -75,5 +101,13 @@ impl RetryMetrics {
 
     pub(crate) fn balance(&self, balance: f64) {
         self.balance.set(balance);
+    }
+
+    /// Puts the layer's attempt-duration handle, if it has a route, on `req`: an attempt
+    /// layer inside records the attempts under it.
+    pub(crate) fn route_attempts<B>(&self, req: &mut http::Request<B>) {
+        if let Some(duration) = &self.duration {
+            req.extensions_mut().insert(duration.clone());
+        }
     }
 }

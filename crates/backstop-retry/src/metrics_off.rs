@@ -12,6 +12,8 @@ pub(crate) enum AttemptKind {
     Hedge,
 }
 
+pub(crate) use crate::error_type::ErrorType;
+
 /// No handles.
 #[derive(Debug)]
 pub(crate) struct RetryMetrics;
@@ -24,11 +26,13 @@ impl RetryMetrics {
         Self
     }
 
-    pub(crate) fn outcome(&self, _: Outcome) {}
+    pub(crate) fn outcome(&self, _: Outcome, _: impl FnOnce() -> ErrorType) {}
 
     pub(crate) fn attempt(&self, _: AttemptKind) {}
 
     pub(crate) fn give_up(&self, _: GiveUp) {}
 
     pub(crate) fn balance(&self, _: f64) {}
+
+    pub(crate) fn route_attempts<B>(&self, _: &mut http::Request<B>) {}
 }

@@ -83,10 +83,11 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let handle = self.handles.current();
         handle.ledger.stats.request(handle.stripe());
         handle.meter_attempt(crate::metrics::AttemptKind::First);
+        handle.meter_route(&mut req);
         let policy = &handle.policy;
         // An empty extension map answers at once: most requests pay one branch for this.
         let overrides = req

@@ -72,9 +72,13 @@ impl<C> Shared<C> {
 
     /// A call ended with this outcome.
     #[inline(always)]
-    pub(crate) fn meter_outcome(&self, outcome: Outcome) {
+    pub(crate) fn meter_outcome(
+        &self,
+        outcome: Outcome,
+        error: impl FnOnce() -> crate::metrics::ErrorType,
+    ) {
         if RetryMetrics::ON {
-            self.metrics().outcome(outcome);
+            self.metrics().outcome(outcome, error);
         }
     }
 
@@ -83,6 +87,15 @@ impl<C> Shared<C> {
     pub(crate) fn meter_attempt(&self, kind: AttemptKind) {
         if RetryMetrics::ON {
             self.metrics().attempt(kind);
+        }
+    }
+
+    /// A request arrived: its attempts carry the layer's attempt-duration handle, when the
+    /// layer has a route.
+    #[inline(always)]
+    pub(crate) fn meter_route<B>(&self, req: &mut http::Request<B>) {
+        if RetryMetrics::ON && self.ledger.route.is_some() {
+            self.metrics().route_attempts(req);
         }
     }
 

@@ -21,7 +21,8 @@
 //! - **Per method, in the metrics**: each entry's retry layer labels its series with
 //!   `route` (the entry's names as paths, `/pkg.Service/Method` or `/pkg.Service/*`, `*` for
 //!   the default, `(none)` for calls no entry names; a breaker keyed by path uses the same
-//!   label and form),
+//!   label and form), the attempt durations too (the entry's retry layer hands the attempt
+//!   layer its handle; a keyed attempt layer labels them with its key instead),
 //!   and [`MethodsLayer::retry_layer`] gives its stats.
 //!
 //! # Concurrency rule

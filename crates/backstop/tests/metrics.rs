@@ -79,10 +79,32 @@ fn gauge(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 const INVENTORY: (&str, &str) = ("dependency", "inventory");
 
-/// `backstop.client.requests` of the `inventory` stack with this outcome.
+/// `backstop.client.requests` of the `inventory` stack with this outcome (a failure's, summed
+/// over its `error_type`s).
 fn outcome(recorded: &Recorded, outcome: &str) -> u64 {
     let requests = backstop::metrics::CLIENT_REQUESTS;
-    counter(recorded, requests, &[INVENTORY, ("outcome", outcome)])
+    if outcome != "failure" {
+        return counter(recorded, requests, &[INVENTORY, ("outcome", outcome)]);
+    }
+    backstop::metrics::ERROR_TYPES
+        .iter()
+        .map(|e| failures(recorded, e))
+        .sum()
+}
+
+/// `backstop.client.requests{outcome="failure"}` of the `inventory` stack with this
+/// `error_type` (0 when the series was never registered).
+fn failures(recorded: &Recorded, error_type: &str) -> u64 {
+    let labels = [
+        INVENTORY,
+        ("outcome", "failure"),
+        ("error_type", error_type),
+    ];
+    match value(recorded, backstop::metrics::CLIENT_REQUESTS, &labels) {
+        Some(DebugValue::Counter(n)) => *n,
+        None => 0,
+        other => panic!("{labels:?}: {other:?}"),
+    }
 }
 
 /// GETs `paths` through the HTTP preset named `inventory`, one attempt each, with `breaker`,
@@ -210,6 +232,58 @@ fn a_failure_that_is_not_retried_counts_why() {
     assert_eq!(outcome(&metrics, "failure"), 1);
 }
 
+/// A failure says what kind it was: a failing status (in the head or the trailers), an
+/// attempt or deadline that ran out, or a transport error with no status at all.
+#[test]
+fn a_failure_is_counted_under_its_error_type() {
+    let metrics = recorded(|| async {
+        let grpc_client = |transport| {
+            ServiceBuilder::new()
+                .layer(
+                    backstop::client::grpc()
+                        .name("inventory")
+                        .max_attempts(1)
+                        .attempt_timeout(Duration::from_millis(100))
+                        .build()
+                        .unwrap(),
+                )
+                .service(transport)
+        };
+        let calls = Arc::new(AtomicUsize::new(0));
+        let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match n {
+                    // UNAVAILABLE, trailers-only.
+                    0 => Ok(grpc_status(14)),
+                    // Hangs past its attempt bound.
+                    1 => {
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                        Ok(grpc_status(0))
+                    }
+                    // The connection fails.
+                    _ => Err::<Response<String>, BoxError>("connection reset".into()),
+                }
+            }
+        });
+        let client = grpc_client(transport);
+        for _ in 0..3 {
+            let _ = client
+                .clone()
+                .oneshot(grpc_post("/inventory.Stock/Get", String::new()))
+                .await;
+        }
+    });
+    assert_eq!(failures(&metrics, "status"), 1);
+    assert_eq!(failures(&metrics, "timeout"), 1);
+    assert_eq!(failures(&metrics, "transport"), 1);
+    let requests = backstop::metrics::CLIENT_REQUESTS;
+    assert!(
+        value(&metrics, requests, &[INVENTORY, ("outcome", "failure")]).is_none(),
+        "no failure without its error_type"
+    );
+}
+
 #[test]
 fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
     let metrics = recorded(|| async {
@@ -267,6 +341,96 @@ fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
         1
     );
     assert_eq!(outcome(&metrics, "rejected"), 1);
+}
+
+/// What the recorder holds at each step of a test: `test` gets a closure that snapshots it
+/// (a snapshot reads counters as the change since the last one, and a gauge as the value
+/// last set since then, 0 when none was).
+fn recorded_in_steps<F: std::future::Future<Output = ()>>(
+    test: impl FnOnce(Box<dyn Fn() -> Recorded>) -> F,
+) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let step: Box<dyn Fn() -> Recorded> = Box::new(move || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| (key, value))
+            .collect()
+    });
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(test(step));
+    });
+}
+
+/// A breaker that opens, lets a probe through after its open time (half-open) and closes or
+/// opens again on the probe's outcome: each transition is counted under its `to`, and the
+/// state gauge reads each state while the breaker is in it (2 while the probe is out).
+#[test]
+fn the_breaker_reports_half_open_between_open_and_its_probes_outcome() {
+    for (probe, after) in [(200, "closed"), (503, "open")] {
+        recorded_in_steps(|step| async move {
+            let breaker = BreakerConfig::http()
+                .consecutive_failures(2)
+                .probes(1)
+                .open_duration(Duration::from_secs(5), Duration::from_secs(60))
+                .jitter(false)
+                .build()
+                .unwrap();
+            let calls = Arc::new(AtomicUsize::new(0));
+            let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    // The probe (the third call) takes 100 ms.
+                    let code = match n {
+                        0 | 1 => 503,
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            probe
+                        }
+                    };
+                    Ok::<_, Infallible>(status(code))
+                }
+            });
+            let client = ServiceBuilder::new()
+                .layer(
+                    backstop::client::http()
+                        .name("inventory")
+                        .max_attempts(1)
+                        .breaker(breaker)
+                        .build()
+                        .unwrap(),
+                )
+                .service(transport);
+            let state = backstop::metrics::BREAKER_STATE;
+            let transitions = backstop::metrics::BREAKER_TRANSITIONS;
+            let to = |m: &Recorded, to: &str| counter(m, transitions, &[INVENTORY, ("to", to)]);
+            for _ in 0..2 {
+                let _ = client.clone().oneshot(get_item()).await;
+            }
+            let opened = step();
+            assert_eq!(gauge(&opened, state, &[INVENTORY]), 1.0, "open");
+            assert_eq!(to(&opened, "open"), 1);
+            tokio::time::advance(Duration::from_secs(5)).await;
+            let probe = tokio::spawn(client.clone().oneshot(get_item()));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let probing = step();
+            assert_eq!(gauge(&probing, state, &[INVENTORY]), 2.0, "half-open");
+            assert_eq!(to(&probing, "half_open"), 1);
+            let _ = probe.await.unwrap();
+            let ended = step();
+            let code = if after == "open" { 1.0 } else { 0.0 };
+            assert_eq!(gauge(&ended, state, &[INVENTORY]), code, "{after}");
+            assert_eq!(to(&ended, after), 1, "then {after}");
+            assert_eq!(to(&ended, "half_open"), 0);
+        });
+    }
 }
 
 #[test]
@@ -388,6 +552,8 @@ fn a_grpc_status_in_the_trailers_is_counted_at_the_end_of_the_body() {
     assert_eq!(outcome(&metrics, "success"), 0);
 }
 
+/// A server's expired deadlines carry the request's route (its path, for gRPC
+/// `/pkg.Service/Method`); a malformed `grpc-timeout` is the caller's bug, counted without one.
 #[test]
 fn the_server_counts_malformed_headers_and_expired_deadlines() {
     let metrics = recorded(|| async {
@@ -399,7 +565,7 @@ fn the_server_counts_malformed_headers_and_expired_deadlines() {
             .layer(backstop::server())
             .service(handler);
         for timeout in ["1x", "50m"] {
-            let req = Request::post("/svc/Method")
+            let req = Request::post("/svc.Orders/Place")
                 .header("content-type", "application/grpc")
                 .header("grpc-timeout", timeout)
                 .body(String::new())
@@ -407,13 +573,107 @@ fn the_server_counts_malformed_headers_and_expired_deadlines() {
             let response = server.ready().await.unwrap().call(req).await.unwrap();
             assert_ne!(response.headers()["grpc-status"], "0");
         }
+        // Refused at arrival (nothing left), over HTTP.
+        let req = Request::get("/orders/7")
+            .header("grpc-timeout", "0m")
+            .body(String::new())
+            .unwrap();
+        let response = server.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(response.status(), 504);
     });
     assert_eq!(
         counter(&metrics, backstop::metrics::DEADLINE_MALFORMED, &[]),
         1
     );
     let expired = backstop::metrics::DEADLINE_EXPIRED;
-    assert_eq!(counter(&metrics, expired, &[("side", "server")]), 1);
+    let server = ("side", "server");
+    assert_eq!(
+        counter(&metrics, expired, &[server, ("route", "/svc.Orders/Place")]),
+        1
+    );
+    assert_eq!(
+        counter(&metrics, expired, &[server, ("route", "/orders/7")]),
+        1
+    );
+}
+
+/// A streamed response the server's deadline cuts short is an expired deadline too, under
+/// its route (it was not counted at all).
+#[test]
+fn a_response_body_cut_by_the_server_deadline_is_counted_under_its_route() {
+    let metrics = recorded(|| async {
+        let handler = service_fn(|_req: Request<String>| async {
+            let (mut tx, body) = http_body_util::channel::Channel::<Bytes, Infallible>::new(1);
+            tokio::spawn(async move {
+                let _ = tx.send_data(Bytes::from_static(b"\0\0\0\0\0")).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                drop(tx);
+            });
+            let response = Response::builder()
+                .header("content-type", "application/grpc")
+                .body(body)
+                .unwrap();
+            Ok::<_, Infallible>(response)
+        });
+        let server = ServiceBuilder::new()
+            .layer(backstop::server())
+            .service(handler);
+        let req = Request::post("/feed.Feed/Watch")
+            .header("content-type", "application/grpc")
+            .header("grpc-timeout", "100m")
+            .body(String::new())
+            .unwrap();
+        let response = server.oneshot(req).await.unwrap();
+        let collected = response.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "4");
+    });
+    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    assert_eq!(
+        counter(
+            &metrics,
+            expired,
+            &[("side", "server"), ("route", "/feed.Feed/Watch")]
+        ),
+        1
+    );
+}
+
+/// The server's `route` values are bounded, as the admission layer keys its models: a path
+/// hashed into a slot another path holds is counted without `route`, so clients sending a
+/// thousand paths make at most `routes` series.
+#[test]
+fn the_servers_routes_are_bounded_by_its_slots() {
+    let metrics = recorded(|| async {
+        let deadline = backstop::deadline::DeadlineLayer::builder()
+            .routes(4)
+            .build()
+            .unwrap();
+        let server = ServiceBuilder::new().layer(deadline).service(service_fn(
+            |_req: Request<String>| async { Ok::<_, Infallible>(status(200)) },
+        ));
+        for n in 0..1_000 {
+            let req = Request::get(format!("/item/{n}"))
+                .header("grpc-timeout", "0m")
+                .body(String::new())
+                .unwrap();
+            assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 504);
+        }
+    });
+    let got = series(&metrics, backstop::metrics::DEADLINE_EXPIRED);
+    let routes = got
+        .iter()
+        .filter(|(labels, _)| labels.iter().any(|(k, _)| k == "route"))
+        .count();
+    assert!((1..=4).contains(&routes), "{got:#?}");
+    assert_eq!(got.len(), routes + 1, "and one series without a route");
+    let total: u64 = got
+        .iter()
+        .map(|(_, v)| match v {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(total, 1_000);
 }
 
 #[test]
@@ -479,6 +739,51 @@ fn a_service_config_labels_each_entry_by_its_methods() {
     assert_eq!(
         counter(&metrics, attempts, &[billing, unnamed, ("kind", "retry")]),
         0
+    );
+}
+
+/// A service-config client's attempt durations carry the `route` its request and attempt
+/// series carry (the methodConfig entry's names), so a route's latency joins its outcomes.
+#[cfg(feature = "service-config")]
+#[test]
+fn a_service_config_labels_its_attempt_durations_by_entry() {
+    let metrics = recorded(|| async {
+        let layer = backstop::client::grpc()
+            .name("billing")
+            .service_config(billing_config(3))
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Ok::<_, Infallible>(grpc_status(if n == 0 { 14 } else { 0 }))
+            }
+        });
+        let mut client = ServiceBuilder::new().layer(layer).service(transport);
+        for path in ["/pkg.Billing/GetBalance", "/pkg.Billing/Charge"] {
+            let req = grpc_post(path, String::new());
+            client.ready().await.unwrap().call(req).await.unwrap();
+        }
+    });
+    let billing = ("dependency", "billing");
+    let duration = backstop::metrics::CLIENT_ATTEMPT_DURATION;
+    assert_eq!(
+        histogram(
+            &metrics,
+            duration,
+            &[billing, ("route", "/pkg.Billing/GetBalance")]
+        ),
+        [0.01, 0.01],
+        "the failed attempt and its retry"
+    );
+    assert_eq!(
+        histogram(&metrics, duration, &[billing, ("route", "(none)")]),
+        [0.01]
+    );
+    assert!(
+        value(&metrics, duration, &[billing]).is_none_or(|v| samples(v) == 0),
+        "nothing left unrouted"
     );
 }
 
@@ -924,8 +1229,10 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
     assert_eq!(outcome(&metrics, "success"), 2);
 }
 
+/// An admission refusal carries its route: the path that holds the latency model that
+/// refused it (for gRPC, `/pkg.Service/Method`).
 #[test]
-fn an_admission_refusal_is_counted_without_labels() {
+fn an_admission_refusal_is_counted_under_its_route() {
     let calls = Arc::new(AtomicUsize::new(0));
     let metrics = recorded(|| {
         let calls = calls.clone();
@@ -940,28 +1247,49 @@ fn an_admission_refusal_is_counted_without_labels() {
             let server = ServiceBuilder::new()
                 .layer(backstop::server())
                 .service(handler);
-            // The route's model learns that the handler takes 100 ms (100 answers).
+            let http = |timeout: &str| {
+                Request::get("/report")
+                    .header("grpc-timeout", timeout)
+                    .body(String::new())
+                    .unwrap()
+            };
+            let grpc = |timeout: &str| {
+                let mut req = grpc_post("/pkg.Reports/Get", String::new());
+                let value = http::HeaderValue::from_str(timeout).unwrap();
+                req.headers_mut().insert("grpc-timeout", value);
+                req
+            };
+            // Each route's model learns that the handler takes 100 ms (100 answers).
             for _ in 0..100 {
-                let req = backstop_test_support::http_request(Some("1S"));
-                assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 200);
+                assert_eq!(
+                    server.clone().oneshot(http("1S")).await.unwrap().status(),
+                    200
+                );
+                assert_eq!(
+                    server.clone().oneshot(grpc("1S")).await.unwrap().status(),
+                    200
+                );
             }
             tokio::time::advance(Duration::from_millis(100)).await;
             // 50 ms left: refused on arrival, over HTTP and over gRPC.
-            let req = backstop_test_support::http_request(Some("50m"));
-            assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 504);
-            let req = backstop_test_support::grpc_request(Some("50m"));
-            let response = server.clone().oneshot(req).await.unwrap();
+            assert_eq!(
+                server.clone().oneshot(http("50m")).await.unwrap().status(),
+                504
+            );
+            let response = server.clone().oneshot(grpc("50m")).await.unwrap();
             assert_eq!(response.headers()["grpc-status"], "4");
         }
     });
     assert_eq!(
         calls.load(Ordering::SeqCst),
-        100,
+        200,
         "the handler was not called"
     );
+    let rejections = backstop::metrics::ADMISSION_REJECTIONS;
+    assert_eq!(counter(&metrics, rejections, &[("route", "/report")]), 1);
     assert_eq!(
-        counter(&metrics, backstop::metrics::ADMISSION_REJECTIONS, &[]),
-        2
+        counter(&metrics, rejections, &[("route", "/pkg.Reports/Get")]),
+        1
     );
 }
 

@@ -8,7 +8,7 @@
 //! - `curl -i -H 'x-timeout-ms: 200' http://127.0.0.1:3000/sleep/1000` answers 504.
 //! - `curl http://127.0.0.1:3000/metrics` prints what the layers recorded, in Prometheus'
 //!   text format (`backstop_client_requests{dependency="upstream",outcome="success"} 1`, and
-//!   `backstop_deadline_expired{side="server"} 1` after the 504).
+//!   `backstop_deadline_expired{side="server",route="/sleep/1000"} 1` after the 504).
 
 use clap::Parser;
 use std::net::SocketAddr;

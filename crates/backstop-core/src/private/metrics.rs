@@ -11,6 +11,13 @@ use crate::{
     },
 };
 
+/// The `backstop.client.attempt.duration` handle of a retry layer that serves some of a
+/// dependency's routes (a service config's entry, labelled `route`): the layer puts it on each
+/// attempt it sends, and an attempt layer inside without a key of its own records the
+/// attempt's duration there, so the durations carry the route the request series carry.
+#[derive(Debug, Clone)]
+pub struct AttemptDuration(pub metrics::Histogram);
+
 /// Where an outcome's label sits in [`OUTCOMES`](crate::metrics::OUTCOMES).
 pub fn outcome_index(outcome: Outcome) -> usize {
     match outcome {

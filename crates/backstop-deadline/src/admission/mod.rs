@@ -42,7 +42,11 @@
 //!    model nothing, so the route did not recover within the run (it recovers at once
 //!    without them). BENCHMARKS.md has the numbers.
 //!
-//! Metric (feature `metrics`): `backstop.admission.rejections`.
+//! Metric (feature `metrics`): `backstop.admission.rejections`, labelled `route` with the path
+//! whose model refused (with a fixed need, which keeps no models, the path that holds the
+//! refused request's slot, claimed then): at most [`routes`](AdmissionLayerBuilder::routes)
+//! values, whatever paths clients send; a path whose slot another holds is counted without
+//! `route`.
 //!
 //! # Ordering
 //!
@@ -65,7 +69,7 @@ mod service;
 pub use future::AdmissionFuture;
 pub use service::Admission;
 
-use backstop_core::__private::sync::{AtomicU64, Ordering};
+use crate::route::RouteSlots;
 use backstop_core::{__private::tick::TickCache, ConfigError, latency::LatencyModel};
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
@@ -114,7 +118,14 @@ pub(crate) struct Shared {
     quantile: f64,
     min_need_us: u64,
     fixed_us: Option<u64>,
+    /// The routes: each model measures the path that holds its slot (claimed by the first
+    /// request hashed there); another path hashed there is admitted unmeasured.
+    slots: RouteSlots,
+    /// One per slot, or none with a fixed need.
     models: Box<[Route]>,
+    /// `backstop.admission.rejections`, per slot.
+    #[cfg(feature = "metrics")]
+    rejections: crate::route::RouteCounters,
 }
 
 #[derive(Debug)]
@@ -122,9 +133,6 @@ struct Route {
     model: LatencyModel,
     /// The need in µs (`UNTRUSTED`: admit), per tick.
     cached: TickCache,
-    /// The 64-bit hash of the one path this model measures (0: none yet). Claimed by the
-    /// first request hashed here; another path hashed here is admitted unmeasured.
-    owner: AtomicU64,
 }
 
 impl AdmissionLayer {
@@ -200,7 +208,8 @@ impl AdmissionLayerBuilder {
     }
 
     /// Latency models, each measuring the first route whose path hashes to it (default 16,
-    /// 1..=1024; 4 KiB each); a route whose model another holds is admitted unmeasured.
+    /// 1..=1024; 4 KiB each); a route whose model another holds is admitted unmeasured. Also
+    /// the bound on the `route` values of the layer's metric (see the [module docs](self)).
     #[must_use]
     pub fn routes(mut self, routes: usize) -> Self {
         self.routes = routes;
@@ -263,7 +272,6 @@ impl AdmissionLayerBuilder {
                         .min_samples(self.min_samples)
                         .build()?,
                     cached: TickCache::new(),
-                    owner: AtomicU64::new(0),
                 })
             })
             .collect::<Result<Box<[Route]>, ConfigError>>()?;
@@ -273,7 +281,10 @@ impl AdmissionLayerBuilder {
                 quantile: self.quantile,
                 min_need_us: self.min_need.as_micros() as u64,
                 fixed_us: self.fixed.map(|f| f.as_micros() as u64),
+                slots: RouteSlots::new(self.routes),
                 models,
+                #[cfg(feature = "metrics")]
+                rejections: crate::route::RouteCounters::new(self.routes),
             }),
         })
     }
@@ -292,25 +303,33 @@ impl Shared {
         u64::try_from(now.saturating_duration_since(self.start).as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// The model of `path`: the slot its hash (FNV-1a of its bytes) falls in, if that slot
-    /// measures this path (the first to arrive there claims it); `usize::MAX`, admitted and
-    /// unmeasured, with a fixed need or when another path holds the slot, so a route is never
-    /// refused for another route's latency.
+    /// The model of `path`: the slot it holds (see [`RouteSlots`]); `usize::MAX`, admitted
+    /// and unmeasured, with a fixed need or when another path holds the slot, so a route is
+    /// never refused for another route's latency.
     pub(crate) fn route(&self, path: &str) -> usize {
         if self.models.is_empty() {
             return usize::MAX;
         }
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in path.bytes() {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        let hash = hash.max(1); // 0 marks a free slot
-        let slot = (hash % self.models.len() as u64) as usize;
-        if claims(&self.models[slot].owner, hash) {
-            slot
+        self.slots.slot(path).unwrap_or(usize::MAX)
+    }
+
+    /// Counts a refusal of `path`, whose model is `route`, under the path that holds its slot
+    /// (a fixed need keeps no models: the slot is claimed here).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn count_refusal(&self, route: usize, path: &str) {
+        let slot = if route < self.slots.len() {
+            Some(route)
         } else {
-            usize::MAX
-        }
+            self.slots.slot(path)
+        };
+        self.rejections.increment(slot, path, |route| {
+            backstop_core::__private::metrics::describe();
+            let name = backstop_core::metrics::ADMISSION_REJECTIONS;
+            match route {
+                Some(route) => metrics::counter!(name, "route" => route),
+                None => metrics::counter!(name),
+            }
+        });
     }
 
     /// The need of `route`'s requests in µs (`UNTRUSTED`: admit).
@@ -359,56 +378,6 @@ impl Shared {
     pub(crate) fn refuses(&self, route: usize, remaining: Duration, now: Instant) -> bool {
         let need = self.need_us(route, now);
         need != UNTRUSTED && (remaining.as_micros() as u64) < need
-    }
-}
-
-/// Whether the model whose owner word is `owner` measures the route hashed `hash` (non-zero):
-/// it does if that route holds it, or claims it now, free (0), with a compare-and-swap. Of
-/// routes racing for a free model one wins for good.
-fn claims(owner: &AtomicU64, hash: u64) -> bool {
-    match owner.load(Ordering::Relaxed) {
-        h if h == hash => true,
-        0 => match owner.compare_exchange(0, hash, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => true,
-            Err(h) => h == hash,
-        },
-        _ => false,
-    }
-}
-
-/// Loom models of the claim: `RUSTFLAGS="--cfg loom" cargo test -p backstop-deadline --lib
-/// loom` (what `.ci/run` does).
-#[cfg(all(test, loom))]
-mod loom_tests {
-    use super::{AtomicU64, claims};
-    use loom::sync::Arc;
-
-    /// Two routes racing for a free model: exactly one measures it, for good.
-    #[test]
-    fn loom_one_of_two_routes_claims_a_model() {
-        loom::model(|| {
-            let owner = Arc::new(AtomicU64::new(0));
-            let other = owner.clone();
-            let b = loom::thread::spawn(move || claims(&other, 2));
-            let a = claims(&owner, 1);
-            let b = b.join().unwrap();
-            assert!(a ^ b, "one wins: {a} {b}");
-            // Whoever won keeps it; the loser stays out.
-            assert_eq!(claims(&owner, 1), a);
-            assert_eq!(claims(&owner, 2), b);
-        });
-    }
-
-    /// Two calls of one route racing: both measure it.
-    #[test]
-    fn loom_calls_of_one_route_share_its_model() {
-        loom::model(|| {
-            let owner = Arc::new(AtomicU64::new(0));
-            let other = owner.clone();
-            let b = loom::thread::spawn(move || claims(&other, 7));
-            assert!(claims(&owner, 7));
-            assert!(b.join().unwrap());
-        });
     }
 }
 

@@ -60,7 +60,7 @@ where
         if let Some(deadline) = deadline
             && shared.refuses(route, deadline.remaining_at(now), now)
         {
-            refused(req.uri().path());
+            refused(shared, route, req.uri().path());
             return AdmissionFuture::refused(is_grpc(req.headers()));
         }
         if !shared.measures() {
@@ -72,14 +72,12 @@ where
 
 #[cold]
 #[inline(never)]
-fn refused(path: &str) {
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn refused(shared: &Shared, route: usize, path: &str) {
     tracing::debug!(
         path,
         "refused on arrival: less time left than the route needs"
     );
     #[cfg(feature = "metrics")]
-    {
-        backstop_core::__private::metrics::describe();
-        metrics::counter!(backstop_core::metrics::ADMISSION_REJECTIONS).increment(1);
-    }
+    shared.count_refusal(route, path);
 }

@@ -35,6 +35,9 @@ pin_project! {
         // When the attempt first waited, its bound, and when that ends; taken when it ends, so
         // one still here when the future is dropped was cancelled.
         pub(super) start: Option<(Instant, Option<Duration>, Option<Instant>)>,
+        // Where its duration is recorded, when not the layer's own series (a routed retry
+        // layer's, for a layer without a key).
+        pub(super) routed: Routed,
         #[pin]
         pub(super) sleep: LazySleep,
     }
@@ -55,6 +58,14 @@ pin_project! {
         }
     }
 }
+
+/// A routed retry layer's attempt-duration handle, taken off the request (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub(super) type Routed = Option<backstop_core::__private::metrics::AttemptDuration>;
+/// Without the feature, nothing.
+#[cfg(not(feature = "metrics"))]
+#[derive(Debug, Default)]
+pub(super) struct Routed(());
 
 impl<F> std::fmt::Debug for AttemptTimeoutFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -81,7 +92,7 @@ where
                 return Poll::Ready(result.map_err(Into::into));
             };
             let now = Instant::now();
-            shared.meter_duration(now.saturating_duration_since(start));
+            shared.meter_duration(now.saturating_duration_since(start), this.routed);
             // A failure once the bound the server and the layers inside were told (in the
             // header, from which tonic arms a timer, or the request's `Deadline`) has run out
             // is this attempt's timeout, whichever side's timer fired first: a transport
@@ -128,7 +139,7 @@ where
         shared
             .model
             .record(bound, shared.now_us(timer::after(start, bound)));
-        shared.meter_duration(bound);
+        shared.meter_duration(bound, this.routed);
         Poll::Ready(Err(Box::new(AttemptTimedOut::new())))
     }
 }

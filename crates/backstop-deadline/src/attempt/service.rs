@@ -73,11 +73,19 @@ where
         if let Some((_, end)) = told {
             carry_end(&mut req, end);
         }
+        #[cfg(feature = "metrics")]
+        let routed = req
+            .extensions()
+            .get::<backstop_core::__private::metrics::AttemptDuration>()
+            .cloned();
+        #[cfg(not(feature = "metrics"))]
+        let routed = super::future::Routed::default();
         AttemptTimeoutFuture {
             future: self.inner.call(req),
             handle,
             told,
             start: None,
+            routed,
             sleep: LazySleep::new(),
         }
     }

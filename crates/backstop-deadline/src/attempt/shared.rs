@@ -103,9 +103,19 @@ impl Shared {
         }
     }
 
-    /// An attempt that waited ended after `took` (feature `metrics`; otherwise nothing).
+    /// An attempt that waited ended after `took` (feature `metrics`; otherwise nothing): in
+    /// `routed`, a routed retry layer's series, when this model has no key of its own (a key
+    /// is the model's, and labels its series already), else in this model's series.
     #[inline(always)]
-    pub(super) fn meter_duration(&self, took: Duration) {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(super) fn meter_duration(&self, took: Duration, routed: &super::future::Routed) {
+        #[cfg(feature = "metrics")]
+        if self.key.is_none()
+            && let Some(routed) = routed
+        {
+            routed.0.record(took.as_secs_f64());
+            return;
+        }
         #[cfg(feature = "metrics")]
         self.duration
             .get_or_init(|| {

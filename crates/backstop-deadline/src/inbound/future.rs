@@ -8,17 +8,7 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-/// Counts a server-side rejection: a malformed `grpc-timeout`, or a deadline that expired (at
-/// arrival, or with the handler cancelled).
-#[cfg(feature = "metrics")]
-pub(crate) fn meter_server(rejection: Rejection) {
-    use backstop_core::metrics as names;
-    backstop_core::__private::metrics::describe();
-    match rejection {
-        Rejection::MalformedTimeout => metrics::counter!(names::DEADLINE_MALFORMED).increment(1),
-        _ => metrics::counter!(names::DEADLINE_EXPIRED, "side" => "server").increment(1),
-    }
-}
+pub(crate) use super::Meter;
 
 pin_project! {
     /// The response future of [`DeadlineService`](crate::DeadlineService).
@@ -43,6 +33,7 @@ pin_project! {
             sleep: LazySleep,
             deadline: Option<Deadline>,
             grpc: bool,
+            meter: Meter,
         },
         Rejected { rejection: Rejection, grpc: bool },
         Done,
@@ -50,13 +41,14 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn running(future: F, deadline: Option<Deadline>, grpc: bool) -> Self {
+    pub(crate) fn running(future: F, deadline: Option<Deadline>, grpc: bool, meter: Meter) -> Self {
         Self {
             state: Inbound::Running {
                 future,
                 sleep: LazySleep::new(),
                 deadline,
                 grpc,
+                meter,
             },
         }
     }
@@ -82,15 +74,18 @@ where
                 sleep,
                 deadline,
                 grpc,
+                meter,
             } => {
                 let scope = deadline.map(enter);
                 let polled = future.poll(cx);
                 drop(scope);
                 if let Poll::Ready(result) = polled {
-                    let (deadline, grpc) = (*deadline, *grpc);
+                    let (deadline, grpc, meter) = (*deadline, *grpc, std::mem::take(meter));
                     state.set(Inbound::Done);
                     return Poll::Ready(result.map(|response| {
-                        response.map(|b| DeadlineBody::new(ResponseBody::new(b), deadline, grpc))
+                        response.map(|b| {
+                            DeadlineBody::new(ResponseBody::new(b), deadline, grpc).metered(meter)
+                        })
                     }));
                 }
                 let Some(d) = *deadline else {
@@ -99,8 +94,7 @@ where
                 // Its own timer, whatever the handler arms or hands to other tasks.
                 ready!(sleep.poll_until(cx, d.instant()));
                 tracing::debug!(grpc = *grpc, "deadline expired: the handler is cancelled");
-                #[cfg(feature = "metrics")]
-                meter_server(Rejection::DeadlineExceeded);
+                super::count_expired(meter);
                 // The handler started: it may have done its work, so no `NotExecuted`.
                 (Rejection::DeadlineExceeded, *grpc, true)
             }

@@ -15,12 +15,16 @@ use crate::{
 };
 use backstop_core::{ConfigError, Rejection};
 use http::{HeaderMap, HeaderName, HeaderValue};
+#[cfg(feature = "metrics")]
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tower_layer::Layer;
 
 /// Largest accepted `lead`: it is a safety margin, not a budget.
 const MAX_LEAD: Duration = Duration::from_secs(1);
+/// The paths a layer's metrics name, by default: the admission layer's models.
+const DEFAULT_ROUTES: usize = 16;
 
 /// Reads the caller's deadline on a server, enforces it, and hands it to the handler.
 ///
@@ -39,6 +43,65 @@ pub(crate) struct InboundConfig {
     pub(crate) millis_header: Option<HeaderName>,
     pub(crate) reject_malformed: bool,
     pub(crate) lead: Duration,
+    /// `backstop.deadline.expired{side="server"}`, per route.
+    #[cfg(feature = "metrics")]
+    pub(crate) expired: Arc<ServerMeters>,
+}
+
+/// What counts a request whose deadline expires once its handler runs (the handler cancelled,
+/// or its response body cut short): the layer's counters and the request's path, whose route
+/// is looked up only then, a rare event. `None` on the client side and without a deadline.
+#[cfg(feature = "metrics")]
+pub(crate) type Meter = Option<(Arc<ServerMeters>, Option<http::uri::PathAndQuery>)>;
+/// Without the `metrics` feature, nothing.
+#[cfg(not(feature = "metrics"))]
+#[derive(Debug, Default)]
+pub(crate) struct Meter(());
+
+/// Counts the expiry `meter` was kept for, once.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn count_expired(meter: &mut Meter) {
+    #[cfg(feature = "metrics")]
+    if let Some((meters, path)) = meter.take() {
+        let path = path.as_ref().map_or("/", |p| p.path());
+        meters.count(Rejection::DeadlineExceeded, path);
+    }
+}
+
+/// The server side's expiry counters: one per route slot (see the crate's `route` module).
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+pub(crate) struct ServerMeters {
+    slots: crate::route::RouteSlots,
+    counters: crate::route::RouteCounters,
+}
+
+#[cfg(feature = "metrics")]
+impl ServerMeters {
+    fn new(routes: usize) -> Self {
+        Self {
+            slots: crate::route::RouteSlots::new(routes),
+            counters: crate::route::RouteCounters::new(routes),
+        }
+    }
+
+    /// Counts a rejection of a request to `path`: a malformed `grpc-timeout` (no route: a
+    /// caller's bug, not a route's), or a deadline that expired, under the path's route.
+    pub(crate) fn count(&self, rejection: Rejection, path: &str) {
+        use backstop_core::metrics as names;
+        backstop_core::__private::metrics::describe();
+        if rejection == Rejection::MalformedTimeout {
+            metrics::counter!(names::DEADLINE_MALFORMED).increment(1);
+            return;
+        }
+        self.counters
+            .increment(self.slots.slot(path), path, |route| match route {
+                Some(route) => {
+                    metrics::counter!(names::DEADLINE_EXPIRED, "side" => "server", "route" => route)
+                }
+                None => metrics::counter!(names::DEADLINE_EXPIRED, "side" => "server"),
+            });
+    }
 }
 
 impl DeadlineLayer {
@@ -56,6 +119,8 @@ impl DeadlineLayer {
                 millis_header: None,
                 reject_malformed: true,
                 lead: Self::DEFAULT_LEAD,
+                #[cfg(feature = "metrics")]
+                expired: Arc::new(ServerMeters::new(DEFAULT_ROUTES)),
             },
         }
     }
@@ -65,6 +130,7 @@ impl DeadlineLayer {
         DeadlineLayerBuilder {
             config: Self::new().config,
             millis_header: None,
+            routes: DEFAULT_ROUTES,
         }
     }
 }
@@ -109,6 +175,7 @@ impl<S> Layer<S> for DeadlineLayer {
 pub struct DeadlineLayerBuilder {
     config: InboundConfig,
     millis_header: Option<String>,
+    routes: usize,
 }
 
 impl DeadlineLayerBuilder {
@@ -167,11 +234,24 @@ impl DeadlineLayerBuilder {
         self
     }
 
+    /// How many routes the layer's metrics name (default 16, 1..=1024), as the admission
+    /// layer keys its models: a request's path (for gRPC, `/package.Service/Method`) is hashed
+    /// into one of `routes` slots, the first path there holds it and labels the slot's
+    /// `backstop.deadline.expired{side="server"}` series with `route`; a path whose slot
+    /// another holds is counted without `route`. So a server's series are bounded whatever
+    /// paths its clients send. Raise it for a service with many routes.
+    #[must_use]
+    pub fn routes(mut self, routes: usize) -> Self {
+        self.routes = routes;
+        self
+    }
+
     /// Validates the configuration.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming the knob when:
+    /// - `routes` is not in 1..=1024;
     /// - `max` or `default_timeout` is zero;
     /// - `default_timeout` is longer than `max`;
     /// - `min_remaining` is not shorter than `max` or than `default_timeout` (every request
@@ -207,6 +287,16 @@ impl DeadlineLayerBuilder {
                     ),
                 ));
             }
+        }
+        if !(1..=1024).contains(&self.routes) {
+            return Err(ConfigError::new(
+                "routes",
+                format!("must be in 1..=1024, got {}", self.routes),
+            ));
+        }
+        #[cfg(feature = "metrics")]
+        {
+            config.expired = Arc::new(ServerMeters::new(self.routes));
         }
         if config.lead > MAX_LEAD {
             return Err(ConfigError::new(

@@ -1,4 +1,4 @@
-use super::{InboundConfig, ResponseFuture};
+use super::{InboundConfig, ResponseFuture, future::Meter};
 use crate::head::Head;
 use backstop_core::Rejection;
 use http::{Request, Response};
@@ -58,7 +58,7 @@ where
         match self.config.deadline(Instant::now(), &head, req.headers()) {
             Err(rejection) => {
                 #[cfg(feature = "metrics")]
-                super::future::meter_server(rejection);
+                self.config.expired.count(rejection, req.uri().path());
                 if rejection == Rejection::MalformedTimeout {
                     tracing::warn!(
                         method = %req.method(),
@@ -75,10 +75,17 @@ where
                 }
                 ResponseFuture::rejected(rejection, grpc)
             }
-            Ok(None) => ResponseFuture::running(self.inner.call(req), None, grpc),
+            Ok(None) => ResponseFuture::running(self.inner.call(req), None, grpc, Meter::default()),
             Ok(Some(deadline)) => {
                 req.extensions_mut().insert(deadline);
-                ResponseFuture::running(self.inner.call(req), Some(deadline), grpc)
+                #[cfg(feature = "metrics")]
+                let meter = Some((
+                    self.config.expired.clone(),
+                    req.uri().path_and_query().cloned(),
+                ));
+                #[cfg(not(feature = "metrics"))]
+                let meter = Meter::default();
+                ResponseFuture::running(self.inner.call(req), Some(deadline), grpc, meter)
             }
         }
     }
