@@ -25,6 +25,7 @@
 //! | `backstop.throttle.probability` | gauge | `dependency` | from the throttle's first refusal on, its rejection probability at each recompute (at most once per tenth of a window bucket), so it falls back to 0 when the throttle lets go |
 //! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited) |
 //! | `backstop.admission.rejections` | counter | `route` | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
+//! | `backstop.idempotency.requests` | counter | `outcome` | a keyed request through a server's `IdempotencyLayer` ends: `executed` (the handler ran, its answer kept for replay), `replayed` (a stored answer, or the record that the request ran, answered again), `in_flight` (409: the key's request still runs), `mismatch` (422: the key was used for another request), `bad_key` (400), `bad_body` (413, or an unreadable body), `store_error` (503: the store failed, the handler not run), `fail_open` (the store failed, the handler ran without de-duplication), `released` (the handler's answer says nothing happened: the key is free), `not_kept` (the handler ran and left no answer to replay: an error, a panic, an answer too large or with trailers) |
 //!
 //! `route` and `authority` are there only where a stack has routes: the client series of a
 //! gRPC stack built from a service config carry `route` (the `methodConfig` entry's names that
@@ -103,9 +104,11 @@ pub const THROTTLE_PROBABILITY: &str = "backstop.throttle.probability";
 pub const BULKHEAD_REJECTIONS: &str = "backstop.bulkhead.rejections";
 /// `backstop.admission.rejections`
 pub const ADMISSION_REJECTIONS: &str = "backstop.admission.rejections";
+/// `backstop.idempotency.requests`
+pub const IDEMPOTENCY_REQUESTS: &str = "backstop.idempotency.requests";
 
 /// Every name above, for exporters' allow-lists and tests.
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     CLIENT_REQUESTS,
     CLIENT_ATTEMPTS,
     CLIENT_ATTEMPT_DURATION,
@@ -120,6 +123,7 @@ pub const ALL: [&str; 14] = [
     THROTTLE_PROBABILITY,
     BULKHEAD_REJECTIONS,
     ADMISSION_REJECTIONS,
+    IDEMPOTENCY_REQUESTS,
 ];
 
 /// What a metric is, as the `metrics` facade registers it.
@@ -148,7 +152,7 @@ pub struct Metric {
 
 /// Every metric with its kind and labels, in the order of the table above: the one list the
 /// docs' tables (these module docs and the README's) are checked against.
-pub const CATALOG: [Metric; 14] = {
+pub const CATALOG: [Metric; 15] = {
     use Kind::{Counter, Gauge, Histogram};
     const fn m(name: &'static str, kind: Kind, labels: &'static [&'static str]) -> Metric {
         Metric { name, kind, labels }
@@ -184,6 +188,7 @@ pub const CATALOG: [Metric; 14] = {
         m(THROTTLE_PROBABILITY, Gauge, &["dependency"]),
         m(BULKHEAD_REJECTIONS, Counter, &["dependency", "reason"]),
         m(ADMISSION_REJECTIONS, Counter, &["route"]),
+        m(IDEMPOTENCY_REQUESTS, Counter, &["outcome"]),
     ]
 };
 

@@ -164,14 +164,16 @@ where
         }
         let mut values = req.headers().get_all(IDEMPOTENCY_KEY).iter();
         let key = match (values.next(), values.next()) {
-            (None, _) if s.require_key => return ready(Problem::Missing),
+            (None, _) if s.require_key => return ready(count(Problem::Missing, BAD_KEY)),
             (None, _) => {
                 return ResponseFuture::pass(self.inner.call(req));
             }
-            (Some(_), Some(_)) => return ready(Problem::BadKey(crate::KeyError::Repeated)),
+            (Some(_), Some(_)) => {
+                return ready(count(Problem::BadKey(crate::KeyError::Repeated), BAD_KEY));
+            }
             (Some(value), None) => match parse_key(value, s.max_key_len) {
                 Ok(key) => key,
-                Err(e) => return ready(Problem::BadKey(e)),
+                Err(e) => return ready(count(Problem::BadKey(e), BAD_KEY)),
             },
         };
         // The ready service goes into the future; a fresh clone stays for the next call.
@@ -243,7 +245,10 @@ impl<St: Store> Settings<St> {
     }
 
     fn store_down<B: Body>(&self) -> Response<IdempotencyBody<B>> {
-        Problem::StoreDown(self.retry_after_secs()).into_response()
+        count(
+            Problem::StoreDown(self.retry_after_secs()).into_response(),
+            STORE_ERROR,
+        )
     }
 
     /// The answer to a request whose key is already held.
@@ -262,25 +267,38 @@ impl<St: Store> Settings<St> {
         let mut pause = Duration::from_millis(5);
         loop {
             match record {
-                Record::Completed(r) if r.fingerprint == fingerprint => return replay(&r),
-                Record::Completed(_) => return Problem::Mismatch.into_response(),
+                Record::Completed(r) if r.fingerprint == fingerprint => {
+                    return count(replay(&r), REPLAYED);
+                }
+                Record::Completed(_) => return count(Problem::Mismatch.into_response(), MISMATCH),
                 Record::InFlight(f) if f != fingerprint => {
-                    return Problem::Mismatch.into_response();
+                    return count(Problem::Mismatch.into_response(), MISMATCH);
                 }
                 Record::InFlight(_) => {}
             }
             let Some(until) = waited_until else {
-                return Problem::InFlight(self.retry_after_secs()).into_response();
+                return count(
+                    Problem::InFlight(self.retry_after_secs()).into_response(),
+                    IN_FLIGHT,
+                );
             };
             if backstop_core::__private::timer::after(tokio::time::Instant::now(), pause) > until {
-                return Problem::InFlight(self.retry_after_secs()).into_response();
+                return count(
+                    Problem::InFlight(self.retry_after_secs()).into_response(),
+                    IN_FLIGHT,
+                );
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(100));
             record = match self.timed(self.store.get(key)).await {
                 Ok(Some(r)) => r,
                 // Released (the original failed): this request may run, when retried.
-                Ok(None) => return Problem::InFlight(self.retry_after_secs()).into_response(),
+                Ok(None) => {
+                    return count(
+                        Problem::InFlight(self.retry_after_secs()).into_response(),
+                        IN_FLIGHT,
+                    );
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "idempotency store failed while waiting");
                     return self.store_down();
@@ -450,7 +468,7 @@ where
     let (parts, body) = req.into_parts();
     let bytes = match read_body(body, s.max_body_bytes).await {
         Ok(bytes) => bytes,
-        Err(problem) => return Ok(problem.into_response()),
+        Err(problem) => return Ok(count(problem.into_response(), BAD_BODY)),
     };
     let identity = s.identity.as_ref().and_then(|f| f(&parts));
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -465,6 +483,7 @@ where
         Ok(Claim::Held(record)) => return Ok(s.held(&key, fingerprint, record).await),
         Err(e) if s.fail_open => {
             tracing::warn!(error = %e, "idempotency store failed; running without de-duplication");
+            count((), FAIL_OPEN);
             return Ok(inner.call(request).await?.map(IdempotencyBody::inner));
         }
         Err(e) => {
@@ -495,15 +514,18 @@ where
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
             // No answer to replay; the work may have happened.
+            count((), NOT_KEPT);
             guard.ran().await;
             return Err(e);
         }
         Err(panic) => {
+            count((), NOT_KEPT);
             guard.ran().await;
             std::panic::resume_unwind(panic);
         }
     };
     if not_executed(&response) {
+        count((), RELEASED);
         guard.release().await;
         return Ok(response.map(IdempotencyBody::inner));
     }
@@ -567,6 +589,7 @@ where
             }
         }
     };
+    let unkept_is_none = unkept.is_none();
     let (record, body) = match unkept {
         None => {
             let record = Arc::new(StoredResponse {
@@ -578,11 +601,17 @@ where
             let body = IdempotencyBody::full(record.body.clone());
             (record, body)
         }
-        Some(body) => (
-            Arc::new(Problem::Unreplayable.into_record(fingerprint)),
-            body,
-        ),
+        Some(body) => {
+            count((), NOT_KEPT);
+            (
+                Arc::new(Problem::Unreplayable.into_record(fingerprint)),
+                body,
+            )
+        }
     };
+    if unkept_is_none {
+        count((), EXECUTED);
+    }
     guard.complete(record).await;
     Ok(Response::from_parts(parts, body))
 }
@@ -660,4 +689,31 @@ async fn read_body<B: Body>(body: B, limit: usize) -> Result<Bytes, Problem> {
         }
     }
     Ok(buf.freeze())
+}
+
+// The outcomes of `backstop.idempotency.requests` (see `backstop_core::metrics`).
+const EXECUTED: &str = "executed";
+const REPLAYED: &str = "replayed";
+const IN_FLIGHT: &str = "in_flight";
+const MISMATCH: &str = "mismatch";
+const BAD_KEY: &str = "bad_key";
+const BAD_BODY: &str = "bad_body";
+const STORE_ERROR: &str = "store_error";
+const FAIL_OPEN: &str = "fail_open";
+const RELEASED: &str = "released";
+const NOT_KEPT: &str = "not_kept";
+
+/// Counts one keyed request's outcome in `backstop.idempotency.requests` and hands `value`
+/// back (a no-op without the `metrics` feature).
+#[inline]
+fn count<T>(value: T, outcome: &'static str) -> T {
+    #[cfg(feature = "metrics")]
+    {
+        backstop_core::__private::metrics::describe();
+        metrics::counter!(backstop_core::metrics::IDEMPOTENCY_REQUESTS, "outcome" => outcome)
+            .increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
+    value
 }

@@ -1739,3 +1739,65 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// Idempotency is visible: each keyed request through `IdempotencyLayer` is counted under
+/// what happened to it (the handler ran, an answer replayed, a duplicate in flight, a key
+/// reused for another body, a bad key, a key released by an answer that says nothing
+/// happened). Found by a new user: none of these had a series.
+#[test]
+fn each_keyed_request_is_counted_under_its_idempotency_outcome() {
+    use backstop::idempotency::{IdempotencyLayer, MemoryStore};
+    use backstop_core::NotExecuted;
+    const NAME: &str = backstop::metrics::IDEMPOTENCY_REQUESTS;
+    let metrics = recorded(|| async {
+        let server = ServiceBuilder::new()
+            .layer(IdempotencyLayer::new(MemoryStore::new()))
+            .service(service_fn(|req: Request<Full<Bytes>>| async move {
+                if req.uri().path() == "/slow" {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                let mut answer = Response::new(Full::new(Bytes::from_static(b"done")));
+                if req.uri().path() == "/nothing" {
+                    answer.extensions_mut().insert(NotExecuted);
+                }
+                Ok::<_, Infallible>(answer)
+            }));
+        let post = |path: &str, key: &str, body: &'static str| {
+            Request::post(path)
+                .header("idempotency-key", key)
+                .body(Full::new(Bytes::from_static(body.as_bytes())))
+                .unwrap()
+        };
+        let status = |r: Response<_>| r.status().as_u16();
+        let send = |req| server.clone().oneshot(req);
+        assert_eq!(status(send(post("/a", "\"k1\"", "x")).await.unwrap()), 200);
+        assert_eq!(status(send(post("/a", "\"k1\"", "x")).await.unwrap()), 200);
+        assert_eq!(status(send(post("/a", "\"k1\"", "y")).await.unwrap()), 422);
+        assert_eq!(status(send(post("/a", "", "x")).await.unwrap()), 400);
+        assert_eq!(
+            status(send(post("/nothing", "\"k2\"", "x")).await.unwrap()),
+            200
+        );
+        let slow = tokio::spawn(send(post("/slow", "\"k3\"", "x")));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            status(send(post("/slow", "\"k3\"", "x")).await.unwrap()),
+            409
+        );
+        assert_eq!(status(slow.await.unwrap().unwrap()), 200);
+    });
+    for (outcome, n) in [
+        ("executed", 2),
+        ("replayed", 1),
+        ("mismatch", 1),
+        ("bad_key", 1),
+        ("released", 1),
+        ("in_flight", 1),
+    ] {
+        assert_eq!(
+            counter(&metrics, NAME, &[("outcome", outcome)]),
+            n,
+            "{outcome}"
+        );
+    }
+}

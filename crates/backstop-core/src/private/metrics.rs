@@ -6,8 +6,8 @@ use crate::{
     metrics::{
         ADMISSION_REJECTIONS, BREAKER_REJECTIONS, BREAKER_STATE, BREAKER_TRANSITIONS,
         BULKHEAD_REJECTIONS, CLIENT_ATTEMPT_DURATION, CLIENT_ATTEMPTS, CLIENT_REQUESTS,
-        DEADLINE_EXPIRED, DEADLINE_MALFORMED, RETRY_BUDGET_BALANCE, RETRY_GIVE_UPS,
-        THROTTLE_PROBABILITY, THROTTLE_REJECTIONS,
+        DEADLINE_EXPIRED, DEADLINE_MALFORMED, IDEMPOTENCY_REQUESTS, RETRY_BUDGET_BALANCE,
+        RETRY_GIVE_UPS, THROTTLE_PROBABILITY, THROTTLE_REJECTIONS,
     },
 };
 
@@ -73,6 +73,10 @@ pub fn describe() {
     metrics::describe_counter!(
         ADMISSION_REJECTIONS,
         "Requests refused on arrival: too little deadline left for the route"
+    );
+    metrics::describe_counter!(
+        IDEMPOTENCY_REQUESTS,
+        "Keyed requests through an idempotency layer, by outcome"
     );
 }
 
