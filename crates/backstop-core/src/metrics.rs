@@ -66,6 +66,29 @@
 //! unnamed records `dependency = ""`. A call its caller drops before it ends is
 //! not counted in `backstop.client.requests` (it has no outcome); its attempts are.
 //!
+//! # gRFC A96's names
+//!
+//! For a gRPC call the retry layer may retry (its policy allows more than one attempt and its
+//! body can be replayed), the retry layer also records, when the call ends, gRPC's own
+//! per-call retry series (gRFC A96), so an operator who reads grpc-java's or grpc-go's
+//! dashboards reads these the same way:
+//!
+//! | name | kind | labels | records |
+//! |------|------|--------|---------|
+//! | `grpc.client.call.retries` | histogram (`{retry}`) | `grpc.method`, `grpc.target` | the call's retries, the first attempt and hedges not counted |
+//! | `grpc.client.call.hedges` | histogram (`{hedge}`) | `grpc.method`, `grpc.target` | the call's hedged attempts |
+//! | `grpc.client.call.retry_delay` | histogram (s) | `grpc.method`, `grpc.target` | the backoff the call waited with no attempt in flight |
+//!
+//! `grpc.method` is the call's path (`/pkg.Service/Method`; a gRPC client's methods are its
+//! generated code's, a bounded set), `grpc.target` the stack's dependency name (gRPC puts the
+//! channel's target URI there; a backstop stack is named after its dependency). Deliberate
+//! differences: `grpc.client.call.transparent_retries` is not recorded, because backstop makes
+//! no transparent retry (a request the server never processed, HTTP/2 REFUSED_STREAM
+//! included, is an ordinary retry under the budget); a call its policy sends once (one
+//! attempt, or a body too long to replay) records none of them; `retry_delay` is the sum of
+//! the backoffs decided, not of the time the retry then waited for the service to be ready.
+//! Plain HTTP calls record only backstop's own series.
+//!
 //! The calls themselves, under OpenTelemetry's semantic conventions
 //! (`http.client.request.duration`, `rpc.client.duration`), are recorded by the facade's
 //! `backstop::semconv::SemconvLayer`, put between a client preset and its transport.
@@ -106,6 +129,16 @@ pub const BULKHEAD_REJECTIONS: &str = "backstop.bulkhead.rejections";
 pub const ADMISSION_REJECTIONS: &str = "backstop.admission.rejections";
 /// `backstop.idempotency.requests`
 pub const IDEMPOTENCY_REQUESTS: &str = "backstop.idempotency.requests";
+
+/// `grpc.client.call.retries` (gRFC A96)
+pub const GRPC_CALL_RETRIES: &str = "grpc.client.call.retries";
+/// `grpc.client.call.hedges` (gRFC A96)
+pub const GRPC_CALL_HEDGES: &str = "grpc.client.call.hedges";
+/// `grpc.client.call.retry_delay` (gRFC A96)
+pub const GRPC_CALL_RETRY_DELAY: &str = "grpc.client.call.retry_delay";
+
+/// gRFC A96's names backstop records beside its own (see the module docs).
+pub const A96: [&str; 3] = [GRPC_CALL_RETRIES, GRPC_CALL_HEDGES, GRPC_CALL_RETRY_DELAY];
 
 /// Every name above, for exporters' allow-lists and tests.
 pub const ALL: [&str; 15] = [

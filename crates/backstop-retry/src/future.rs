@@ -178,11 +178,21 @@ where
 {
     let (attempts, gave_up, watch) = match retry {
         // The budget heard of every attempt when it was decided.
-        Some(r) => (
-            r.attempts,
-            r.gave_up,
-            meter_end(&r.shared, result.as_ref(), heard),
-        ),
+        Some(r) => {
+            if RetryMetrics::ON && r.grpc {
+                r.shared.meter_call(
+                    r.template.path(),
+                    r.attempts - 1 - r.hedges,
+                    r.hedges,
+                    r.delay,
+                );
+            }
+            (
+                r.attempts,
+                r.gave_up,
+                meter_end(&r.shared, result.as_ref(), heard),
+            )
+        }
         None => match &once.handle {
             Some(handle) => {
                 let (watch, gave_up) = once_end(handle, once.unreplayable, result.as_ref());

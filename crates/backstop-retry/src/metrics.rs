@@ -103,6 +103,26 @@ impl RetryMetrics {
         self.balance.set(balance);
     }
 
+    /// gRFC A96's per-call series of a gRPC call that could be retried: `grpc.method` is the
+    /// call's path, `grpc.target` the dependency's name.
+    pub(crate) fn call(
+        &self,
+        dependency: &str,
+        method: &str,
+        retries: u32,
+        hedges: u32,
+        delay: std::time::Duration,
+    ) {
+        let labels = [
+            metrics::Label::new("grpc.method", method.to_owned()),
+            metrics::Label::new("grpc.target", dependency.to_owned()),
+        ];
+        metrics::histogram!(names::GRPC_CALL_RETRIES, labels.to_vec()).record(f64::from(retries));
+        metrics::histogram!(names::GRPC_CALL_HEDGES, labels.to_vec()).record(f64::from(hedges));
+        metrics::histogram!(names::GRPC_CALL_RETRY_DELAY, labels.to_vec())
+            .record(delay.as_secs_f64());
+    }
+
     /// Puts the layer's attempt-duration handle, if it has a route, on `req`: an attempt
     /// layer inside records the attempts under it.
     pub(crate) fn route_attempts<B>(&self, req: &mut http::Request<B>) {

@@ -35,4 +35,6 @@ impl RetryMetrics {
     pub(crate) fn balance(&self, _: f64) {}
 
     pub(crate) fn route_attempts<B>(&self, _: &mut http::Request<B>) {}
+
+    pub(crate) fn call(&self, _: &str, _: &str, _: u32, _: u32, _: std::time::Duration) {}
 }

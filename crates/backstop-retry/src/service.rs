@@ -1,3 +1,4 @@
+use crate::metrics::RetryMetrics;
 use crate::{
     ReplayBody, RetryBody,
     bounds::{Armed, Bounds},
@@ -135,6 +136,8 @@ where
             header: self.header == crate::bounds::Wire::Write,
         };
         let template = Template::new(&req);
+        // gRFC A96's per-call series are for gRPC calls (read only when recorded).
+        let grpc = RetryMetrics::ON && backstop_core::is_grpc(req.headers());
         // Whether a retry may follow this request's attempt timeouts: the classifier's rule
         // for `AttemptTimedOut` (asked once per layer) and, where it depends on it, whether the
         // request is idempotent. When none may, every attempt is final for the bound inside,
@@ -200,6 +203,8 @@ where
             overrides,
             timeouts_final,
         );
+        let mut retry = retry;
+        retry.grpc = grpc;
         ResponseFuture::retrying(retry, state)
     }
 }

@@ -14,7 +14,7 @@ use backstop_core::{
     __private::{DependencyName, stripe},
     Outcome,
 };
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 /// The layer's shared state.
 #[derive(Debug)]
@@ -79,6 +79,14 @@ impl<C> Shared<C> {
     ) {
         if RetryMetrics::ON {
             self.metrics().outcome(outcome, error);
+        }
+    }
+
+    /// A gRPC call that could be retried ended: its retries, hedges and backoff (gRFC A96).
+    pub(crate) fn meter_call(&self, method: &str, retries: u32, hedges: u32, delay: Duration) {
+        if RetryMetrics::ON {
+            self.metrics()
+                .call(self.ledger.name.get(), method, retries, hedges, delay);
         }
     }
 

@@ -43,6 +43,13 @@ pub(crate) struct RetryState<S, B, C> {
     pub(crate) backoff: BackoffState,
     pub(crate) rng: Option<Rng>,
     pub(crate) number: u64,
+    /// Hedges sent so far (counted in `attempts` too).
+    pub(crate) hedges: u32,
+    /// The backoffs waited so far: the time without an attempt in flight (gRFC A96's
+    /// `retry_delay`).
+    pub(crate) delay: Duration,
+    /// Whether the call is gRPC, read only when metrics are recorded (gRFC A96's series).
+    pub(crate) grpc: bool,
 }
 
 /// What to do with a finished attempt.
@@ -115,6 +122,9 @@ impl<S, B, C> RetryState<S, B, C> {
             backoff: BackoffState::default(),
             rng: None,
             number,
+            hedges: 0,
+            delay: Duration::ZERO,
+            grpc: false,
         }
     }
 
@@ -195,6 +205,7 @@ impl<S, B, C> RetryState<S, B, C> {
                     wait_ms = wait.as_millis() as u64,
                     "retrying request"
                 );
+                self.delay = self.delay.saturating_add(wait);
                 Verdict::Retry(wait)
             }
             Err(why) => {

@@ -1801,3 +1801,62 @@ fn each_keyed_request_is_counted_under_its_idempotency_outcome() {
         );
     }
 }
+
+/// gRFC A96's per-call series beside backstop's own: a gRPC call answered UNAVAILABLE twice
+/// and then OK records 2 retries, no hedge and the backoff it waited, under `grpc.method` (the
+/// path) and `grpc.target` (the dependency); a plain HTTP call records none of them.
+#[test]
+fn a_grpc_call_records_a96s_retries_hedges_and_retry_delay() {
+    use backstop::metrics::{GRPC_CALL_HEDGES, GRPC_CALL_RETRIES, GRPC_CALL_RETRY_DELAY};
+    let metrics = recorded(|| async {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = calls.clone();
+        let dependency = service_fn(move |_req: Request<ReplayBody<Full<Bytes>>>| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, Infallible>(match n {
+                    0 | 1 => grpc_status(14),
+                    _ => grpc_status(0),
+                })
+            }
+        });
+        let client = ServiceBuilder::new()
+            .layer(backstop::client::grpc().name("billing").build().unwrap())
+            .service(dependency);
+        let response = client
+            .clone()
+            .oneshot(grpc_post("/bank.Billing/Charge", empty_message()))
+            .await
+            .unwrap();
+        let _ = response.into_body().collect().await;
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // Plain HTTP: backstop's series only.
+        let http = ServiceBuilder::new()
+            .layer(backstop::client::http().name("web").build().unwrap())
+            .service(service_fn(|_req: Request<ReplayBody<String>>| async {
+                Ok::<_, Infallible>(status(200))
+            }));
+        http.oneshot(get_item()).await.unwrap();
+    });
+    let labels = [
+        ("grpc.method", "/bank.Billing/Charge"),
+        ("grpc.target", "billing"),
+    ];
+    assert_eq!(histogram(&metrics, GRPC_CALL_RETRIES, &labels), vec![2.0]);
+    assert_eq!(histogram(&metrics, GRPC_CALL_HEDGES, &labels), vec![0.0]);
+    let delay = histogram(&metrics, GRPC_CALL_RETRY_DELAY, &labels);
+    assert!(
+        delay.len() == 1 && delay[0] > 0.0 && delay[0] < 2.0,
+        "{delay:?}"
+    );
+    for name in [GRPC_CALL_RETRIES, GRPC_CALL_HEDGES, GRPC_CALL_RETRY_DELAY] {
+        assert_eq!(
+            metrics
+                .iter()
+                .filter(|(k, _)| k.key().name() == name)
+                .count(),
+            1,
+            "{name}: the gRPC call's series only"
+        );
+    }
+}

@@ -233,6 +233,7 @@ impl<S, B, C> RetryState<S, B, C> {
             return Ok(Hedge::NotDue);
         }
         self.attempts += 1;
+        self.hedges += 1;
         self.shared.ledger.stats.hedge();
         self.shared.meter_attempt(AttemptKind::Hedge);
         tracing::debug!(
