@@ -704,7 +704,7 @@ impl<C> ClientBuilder<C> {
     }
 
     /// Hedges as `hedging` says (e.g. a fixed delay). A delay read off
-    /// [`attempt_layer`](Self::attempt_layer) ([`AttemptTimeoutLayer::hedge_delay`]) reads
+    /// [`attempt_layer`](ClientLayer::attempt_layer) ([`AttemptTimeoutLayer::hedge_delay`]) reads
     /// that layer's model, which [`name`](Self::name), [`attempt`](Self::attempt) and a keyed
     /// [`breaker`](Self::breaker) replace: for a measured quantile, use
     /// [`hedging_at`](Self::hedging_at), which follows them.
@@ -905,7 +905,7 @@ impl<C> ClientLayer<C> {
         self.stack.attempt.latency()
     }
 
-    /// The dependency's name: the stack's ([`name`](Self::name)), else its retry layer's
+    /// The dependency's name: the stack's ([`name`](ClientBuilder::name)), else its retry layer's
     /// (`""` when neither is named).
     pub fn dependency(&self) -> &str {
         self.stack
@@ -914,8 +914,8 @@ impl<C> ClientLayer<C> {
             .unwrap_or_else(|| self.stack.retry.name())
     }
 
-    /// The key-stamping layer (off unless [`idempotency_keys`](Self::idempotency_keys) or
-    /// [`idempotency_key_layer`](Self::idempotency_key_layer) turned it on).
+    /// The key-stamping layer (off unless [`idempotency_keys`](ClientBuilder::idempotency_keys) or
+    /// [`idempotency_key_layer`](ClientBuilder::idempotency_key_layer) turned it on).
     pub fn key_layer(&self) -> &IdempotencyKeyLayer {
         &self.stack.keys
     }
@@ -925,7 +925,7 @@ impl<C> ClientLayer<C> {
         &self.stack.deadline
     }
 
-    /// The bulkhead (off unless [`bulkhead`](Self::bulkhead) gave it a limit), for its
+    /// The bulkhead (off unless [`bulkhead`](ClientBuilder::bulkhead) gave it a limit), for its
     /// [`in_flight`](BulkheadLayer::in_flight) and [`waiting`](BulkheadLayer::waiting) counts.
     pub fn bulkhead_layer(&self) -> &BulkheadLayer {
         &self.stack.bulkhead

@@ -73,14 +73,15 @@
 //!
 //! # Presets
 //!
-//! - [`client::http()`], [`client::grpc()`]: the client stack as one [`ClientLayer`], with
+//! - [`client::http()`], [`client::grpc()`]: the client stack as one [`ClientLayer`] (what
+//!   [`ClientBuilder::build`] returns), with
 //!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
 //!   `.deadline(..)`, `.throttle(..)`, `.bulkhead(..)`, `.attempt(..)` or
 //!   `.attempt_timeout(..)`). Attempts are bounded by the
 //!   dependency's measured latency by default ([`timeout`]: p99 × 3, with a floor of p99 × 20 held between 250 ms and 1 s, at most 10 s), and
-//!   [`ClientLayer::latency`] shows what was measured. [`ClientLayer::hedging`] hedges slow
+//!   [`ClientLayer::latency`] shows what was measured. [`ClientBuilder::hedging`] hedges slow
 //!   idempotent requests at the measured p95, paid from the retry budget.
-//!   [`ClientLayer::idempotency_keys`] says the dependency de-duplicates keys: POSTs and
+//!   [`ClientBuilder::idempotency_keys`] says the dependency de-duplicates keys: POSTs and
 //!   PATCHes get one `Idempotency-Key` per call (outside the retry layer) and become
 //!   retryable.
 //! - [`server()`]: `Deadline → Admission → Pushback`, one [`ServerLayer`] that keeps
@@ -237,7 +238,7 @@ pub use backstop_core::metrics;
 #[cfg(feature = "deadline")]
 pub use backstop_deadline as deadline;
 /// Idempotency keys: the server's `IdempotencyLayer` and its stores, the client's
-/// `IdempotencyKeyLayer` (which [`ClientLayer::idempotency_keys`] puts in the HTTP preset).
+/// `IdempotencyKeyLayer` (which [`ClientBuilder::idempotency_keys`] puts in the HTTP preset).
 #[cfg(feature = "retry")]
 pub use backstop_idempotency as idempotency;
 /// Retries: `RetryConfig`, backoff, budgets, `ReplayBody`, `PushbackLayer`.

@@ -1,5 +1,5 @@
 //! The gRPC client preset with its policies per method, from a service config:
-//! [`ClientLayer::service_config`](crate::ClientLayer::service_config).
+//! [`ClientBuilder::service_config`](crate::ClientBuilder::service_config).
 //!
 //! ```text
 //! MethodTimeout → PropagateDeadline → Bulkhead → Throttle → Methods (one Retry per methodConfig entry) → Breaker → attempt bound → transport
@@ -48,7 +48,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 /// A gRPC client stack with its policies per method; built by
-/// [`ClientLayer::service_config`](crate::ClientLayer::service_config).
+/// [`ClientBuilder::service_config`](crate::ClientBuilder::service_config).
 #[derive(Debug, Clone)]
 pub struct MethodsLayer {
     config: Arc<ServiceConfig>,

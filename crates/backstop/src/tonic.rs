@@ -45,7 +45,7 @@ use tower_service::Service;
 #[cfg(feature = "breaker")]
 pub type TonicClient<S> = crate::GrpcClient<TonicBody<S>>;
 
-/// The service-config client ([`ClientLayer::service_config`](crate::ClientLayer::service_config))
+/// The service-config client ([`ClientBuilder::service_config`](crate::ClientBuilder::service_config))
 /// around a tonic transport `S`, with [`TonicBodyLayer`] between them.
 #[cfg(feature = "service-config")]
 pub type TonicMethodsClient<S> = crate::methods::MethodsClient<TonicBody<S>>;

@@ -1,6 +1,6 @@
 //! The attempt future: its own timer, and the attempt's time recorded in the model.
 
-use super::shared::Shared;
+use super::shared::{Routed, Shared};
 use backstop_core::{
     __private::{
         stripe,
@@ -58,14 +58,6 @@ pin_project! {
         }
     }
 }
-
-/// A routed retry layer's attempt-duration handle, taken off the request (feature `metrics`).
-#[cfg(feature = "metrics")]
-pub(super) type Routed = Option<backstop_core::__private::metrics::AttemptDuration>;
-/// Without the feature, nothing.
-#[cfg(not(feature = "metrics"))]
-#[derive(Debug, Default)]
-pub(super) struct Routed(());
 
 impl<F> std::fmt::Debug for AttemptTimeoutFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

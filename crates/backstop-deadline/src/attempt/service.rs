@@ -79,7 +79,7 @@ where
             .get::<backstop_core::__private::metrics::AttemptDuration>()
             .cloned();
         #[cfg(not(feature = "metrics"))]
-        let routed = super::future::Routed::default();
+        let routed = super::shared::Routed::default();
         AttemptTimeoutFuture {
             future: self.inner.call(req),
             handle,

@@ -108,7 +108,7 @@ impl Shared {
     /// is the model's, and labels its series already), else in this model's series.
     #[inline(always)]
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(super) fn meter_duration(&self, took: Duration, routed: &super::future::Routed) {
+    pub(super) fn meter_duration(&self, took: Duration, routed: &Routed) {
         #[cfg(feature = "metrics")]
         if self.key.is_none()
             && let Some(routed) = routed
@@ -233,3 +233,11 @@ impl Shared {
         Some(Duration::from_micros(us))
     }
 }
+
+/// A routed retry layer's attempt-duration handle, taken off the request (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub(super) type Routed = Option<backstop_core::__private::metrics::AttemptDuration>;
+/// Without the feature, nothing.
+#[cfg(not(feature = "metrics"))]
+#[derive(Debug, Default)]
+pub(super) struct Routed(());

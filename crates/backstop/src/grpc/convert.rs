@@ -51,7 +51,7 @@ impl RetryThrottling {
     ///
     /// For parameters [`ServiceConfig::validate`](super::ServiceConfig::validate) refuses (never for a config read by
     /// [`ServiceConfig::from_json`](super::ServiceConfig::from_json), nor in
-    /// [`ClientLayer::service_config`](crate::ClientLayer::service_config), which validates
+    /// [`ClientBuilder::service_config`](crate::ClientBuilder::service_config), which validates
     /// first).
     pub fn throttle(&self) -> backstop_retry::GrpcThrottle {
         backstop_retry::GrpcThrottle::builder()

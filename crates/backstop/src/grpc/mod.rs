@@ -54,7 +54,7 @@
 //! range, a duration that is not proto3 JSON, an unknown status code, a `retryPolicy` and a
 //! `hedgingPolicy` in one entry, or the same method named by two entries. The rules on values
 //! are [`ServiceConfig::validate`]'s, which
-//! [`ClientLayer::service_config`](crate::ClientLayer::service_config) applies to a config
+//! [`ClientBuilder::service_config`](crate::ClientBuilder::service_config) applies to a config
 //! built or changed by hand too, naming the same paths.
 
 mod convert;

@@ -107,7 +107,7 @@ impl ServiceConfig {
     /// Checks the config's values against gRFC A6's rules, as
     /// [`from_json`](Self::from_json) does (after its clamp of `maxAttempts`), for a config
     /// built or changed by hand (the fields are public);
-    /// [`ClientLayer::service_config`](crate::ClientLayer::service_config) calls it. A config
+    /// [`ClientBuilder::service_config`](crate::ClientBuilder::service_config) calls it. A config
     /// that passes builds into retry layers, hedging and a throttle as it is.
     ///
     /// # Errors
