@@ -216,3 +216,40 @@ async fn a_handler_answering_at_its_deadline_is_never_torn() {
         assert!(whole > 0, "http2 {http2}: no call got the handler's answer");
     }
 }
+
+/// Attack (issue 37, 4): "a response that arrived whole is read whole after the call's
+/// deadline" (`DeadlineBody`; the outbound test with an in-memory body). Over a real hyper
+/// HTTP/1.1 connection a 64 KiB answer sent at once (Content-Length, all of it on the
+/// loopback socket long before the deadline) is read after the call's deadline: hyper's
+/// `Incoming` yields one chunk, then is not ready until its connection task reads the next
+/// one, so `DeadlineBody` cuts it: the caller gets a torn answer it had in full.
+#[tokio::test]
+async fn attack37_a_large_answer_arrived_whole_over_http1_is_read_whole_after_the_deadline() {
+    use backstop::deadline::PropagateDeadlineLayer;
+    use http_body_util::Full;
+    use std::time::Duration;
+    use tower::{Layer, ServiceExt};
+    const SIZE: usize = 64 << 10;
+    let addr = backstop_integration::serve_hyper(false, (), |_req, ()| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
+            vec![b'x'; SIZE],
+        ))))
+    })
+    .await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let client = PropagateDeadlineLayer::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap()
+        .layer(client);
+    let request = Request::get(format!("http://{addr}/"))
+        .body(Empty::new())
+        .unwrap();
+    let response = client.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The whole answer is on the socket well within the 500 ms; it is read after them.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let body = response.into_body().collect().await;
+    let body = body.unwrap_or_else(|e| panic!("torn: {e:?}")).to_bytes();
+    assert_eq!(body.len(), SIZE);
+}
