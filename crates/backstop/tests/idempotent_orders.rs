@@ -238,3 +238,81 @@ async fn a_refusal_before_the_handler_releases_the_key_with_the_idempotency_laye
     assert!(!retry.replayed, "{retry:?}");
     assert_eq!(charges.load(Ordering::SeqCst), 3);
 }
+
+/// A body: one frame at once, the rest after `after` (a handler that streams its answer).
+struct Streamed {
+    first: Option<Bytes>,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    rest: Option<Bytes>,
+}
+
+impl Body for Streamed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        if let Some(first) = self.first.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(first))));
+        }
+        std::task::ready!(self.sleep.as_mut().poll(cx));
+        std::task::Poll::Ready(self.rest.take().map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// Attack (issue 37, 1): "either order with `backstop::server()` keeps the rule … a handler
+/// cut by its deadline leaves the same 504 under its key" (backstop-idempotency, Ordering).
+/// A handler that charged and streams its answer past its 1 s deadline: with `server()`
+/// outside, the retry gets the deadline's 504, replayed; with `IdempotencyLayer` outside,
+/// the key keeps "answer not kept" and the retry gets a 409, another answer for the same
+/// cut. (With the layer outside, the head is still unsent when the cut comes, yet the first
+/// caller is sent a 200 head and a torn body rather than the 504.)
+#[tokio::test(start_paused = true)]
+async fn attack37_a_streamed_answer_cut_by_its_deadline_leaves_the_same_504_in_either_order() {
+    let mut retries = Vec::new();
+    for order in [Order::DeadlineOutside, Order::IdempotencyOutside] {
+        let charges = Arc::new(AtomicUsize::new(0));
+        let counter = charges.clone();
+        let handler = service_fn(move |_req: Request<Full<Bytes>>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let body = Streamed {
+                    first: Some(Bytes::from_static(b"charged, ")),
+                    sleep: Box::pin(tokio::time::sleep(Duration::from_secs(2))),
+                    rest: Some(Bytes::from_static(b"receipt")),
+                };
+                Ok::<_, Infallible>(Response::new(body))
+            }
+        });
+        let idempotency = IdempotencyLayer::new(MemoryStore::new());
+        let svc = match order {
+            Order::DeadlineOutside => answered(
+                ServiceBuilder::new()
+                    .layer(backstop::server())
+                    .layer(idempotency)
+                    .service(handler),
+            ),
+            Order::IdempotencyOutside => answered(
+                ServiceBuilder::new()
+                    .layer(idempotency)
+                    .layer(backstop::server())
+                    .service(handler),
+            ),
+        };
+        let first = svc
+            .clone()
+            .oneshot(charge("/stream", "k", "1S", "{}"))
+            .await;
+        let retry = send(&svc, charge("/stream", "k", "1S", "{}")).await;
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "{order:?}");
+        assert_eq!(
+            retry.status,
+            StatusCode::GATEWAY_TIMEOUT,
+            "{order:?}: first {first:?}, retry {retry:?}"
+        );
+        retries.push(retry);
+    }
+    assert_eq!(retries[0], retries[1]);
+}
