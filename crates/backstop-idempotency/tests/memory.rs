@@ -307,3 +307,30 @@ async fn a_claim_that_lands_after_its_store_timeout_does_not_block_the_retry() {
     assert!(replayed(&h.post("/ok", Some("k"), "").await));
     assert_eq!(h.runs(), 1);
 }
+
+/// Attack (issue 37, 14): the fix releases a claim that lands after its `store_timeout`, but
+/// not one whose request was dropped while the claim was on its way (a deadline layer
+/// outside, `server()` in the documented `Deadline → IdempotencyLayer` order, or the caller
+/// leaving): the claim lands, nobody releases it, and the retry of a request whose handler
+/// never ran is answered 409 until the lock timeout (60 s). The docs: "A claim whose answer
+/// never came may still land in the store: the layer releases it … so the retry runs."
+#[tokio::test(start_paused = true)]
+async fn attack37_a_claim_that_lands_after_its_request_was_dropped_does_not_block_the_retry() {
+    let store = LateClaim {
+        inner: MemoryStore::new(),
+        delay: Duration::from_millis(500),
+        first: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+    };
+    let h = Harness::with(IdempotencyLayer::builder(store), |c| {
+        c.store_timeout(Duration::from_secs(1))
+    });
+    // The request's deadline (outside this layer) ends it at 200 ms, its claim on the way.
+    let cut = tokio::time::timeout(Duration::from_millis(200), h.post("/ok", Some("k"), "")).await;
+    assert!(cut.is_err());
+    assert_eq!(h.runs(), 0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The handler never ran: the retry runs.
+    let retry = h.post("/ok", Some("k"), "").await;
+    assert_eq!(retry.status(), 201, "{retry:?}");
+    assert_eq!(h.runs(), 1);
+}
