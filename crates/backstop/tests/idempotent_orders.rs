@@ -316,3 +316,45 @@ async fn attack37_a_streamed_answer_cut_by_its_deadline_leaves_the_same_504_in_e
     }
     assert_eq!(retries[0], retries[1]);
 }
+
+/// Attack (issue 37, 1): with both presets' defaults (`server()` grants deadlines up to 1 h,
+/// `IdempotencyLayer::new` holds a claim 60 s), a charge whose caller gave it 120 s and that
+/// takes 90 s is run again by a retry at 61 s: the claim expired under a handler the layer
+/// knew was still allowed to run (its `Deadline` extension is on the request). README: "once
+/// the handler started, its answer is the key's answer … a dropped request … leaves a 'ran'
+/// record (409, no retry runs it again)"; the crate's own advice (bound the handler below the
+/// lock timeout) is not what its defaults do.
+#[tokio::test(start_paused = true)]
+async fn attack37_a_charge_within_its_deadline_is_not_run_again_with_the_default_presets() {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let counter = charges.clone();
+    let handler = service_fn(move |_req: Request<Full<Bytes>>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_secs(90)).await;
+            let mut response = Response::new(Full::new(Bytes::from_static(b"charged")));
+            *response.status_mut() = StatusCode::CREATED;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let svc = answered(
+        ServiceBuilder::new()
+            .layer(backstop::server())
+            .layer(IdempotencyLayer::new(MemoryStore::new()))
+            .service(handler),
+    );
+    let first = tokio::spawn(send_owned(svc.clone(), charge("/slow", "k", "120S", "{}")));
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let retry = tokio::spawn(send_owned(svc.clone(), charge("/slow", "k", "120S", "{}")));
+    let (first, retry) = (first.await.unwrap(), retry.await.unwrap());
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        1,
+        "charged twice; the retry got {retry:?}"
+    );
+}
+
+async fn send_owned(svc: Svc, req: Request<Full<Bytes>>) -> Answer {
+    svc.oneshot(req).await.unwrap()
+}
