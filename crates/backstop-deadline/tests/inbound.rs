@@ -515,3 +515,38 @@ async fn a_body_still_streaming_past_the_deadline_is_cut() {
         assert!(body.is_expired(), "{grpc} {size:?}");
     }
 }
+
+/// Attack (issue 37, 4): `DeadlineBody`'s rule, "without a size, its frames up to its end (at
+/// most four …) are ready at once" is delivered whole. An unsized body of exactly four ready
+/// frames (three messages and trailers, `is_end_stream` left at its default as most stream
+/// bodies do) answered at the deadline is cut: the end after the fourth frame is never
+/// polled, so a complete answer becomes a torn one (or DEADLINE_EXCEEDED for gRPC).
+#[tokio::test(start_paused = true)]
+async fn attack37_an_unsized_body_of_four_ready_frames_is_delivered_whole_after_the_deadline() {
+    for grpc in [false, true] {
+        let handler = service_fn(|_req: Request<String>| async {
+            tokio::time::sleep(current().unwrap().remaining()).await;
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            let frames = [
+                http_body::Frame::data(Bytes::from_static(b"a")),
+                http_body::Frame::data(Bytes::from_static(b"b")),
+                http_body::Frame::data(Bytes::from_static(b"c")),
+                http_body::Frame::trailers(trailers),
+            ];
+            Ok::<_, Infallible>(Response::new(Ready(frames.into())))
+        });
+        let response = DeadlineLayer::new()
+            .layer(handler)
+            .oneshot(request(grpc, Some("100m")))
+            .await
+            .unwrap();
+        advance(Duration::from_micros(50)).await;
+        let mut body = response.into_body();
+        let collected = (&mut body).collect().await;
+        assert!(!body.is_expired(), "grpc {grpc}: cut");
+        let collected = collected.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0", "{grpc}");
+        assert_eq!(collected.to_bytes(), "abc", "{grpc}");
+    }
+}
