@@ -132,15 +132,27 @@ where
                 break;
             }
             Poll::Ready(Some(Ok(f))) => {
+                // Trailers end a body (http-body), whatever `is_end_stream` says.
+                let last = f.is_trailers();
                 frames.push_back(Ok(f));
-                if body.is_end_stream() {
+                if last || body.is_end_stream() {
                     break;
                 }
             }
         }
     }
-    if frames.len() == LATE_FRAMES && !body.is_end_stream() {
-        return None;
+    let ended = |frames: &VecDeque<Polled>| {
+        frames
+            .back()
+            .is_some_and(|f| f.as_ref().is_err() || f.as_ref().is_ok_and(Frame::is_trailers))
+    };
+    if frames.len() == LATE_FRAMES && !ended(&frames) && !body.is_end_stream() {
+        // Its end may be ready without saying so (`is_end_stream` defaults to false): one
+        // more poll tells, and anything but the end means it is still streaming.
+        match body.as_mut().poll_frame(cx) {
+            Poll::Ready(None) => {}
+            _ => return None,
+        }
     }
     let first = frames.pop_front();
     *rest = Some(frames);
