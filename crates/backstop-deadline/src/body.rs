@@ -40,6 +40,15 @@ pin_project! {
     /// say that a streamed body is incomplete). The timer is only created the first time the
     /// body is not ready, so a body that is complete at once (a unary response) costs no
     /// timer and no allocation; the body is `Unpin` whenever the inner body is.
+    ///
+    /// **On the client** ([`PropagateDeadline`](crate::PropagateDeadline)'s responses) the
+    /// same rule reads differently, because a client cannot know whether the rest of a body
+    /// is on its socket: hyper yields a body chunk by chunk, each read waiting for its
+    /// connection task. The deadline bounds the whole call, reading the body included (as
+    /// reqwest's `timeout` does): read past it, the frames that are ready are delivered (an
+    /// answer held in memory is whole), and a body that has to wait for the network ends
+    /// with [`DeadlineExceeded`], never a short body that looks complete. Read or collect the
+    /// body within the deadline.
     #[derive(Debug)]
     pub struct DeadlineBody<B> {
         #[pin]

@@ -411,9 +411,11 @@ fn configuration_is_validated_and_names_the_knob() {
     );
 }
 
-/// The client's side of the server's rule (outside audit): a response that arrived whole
-/// before the call's deadline is read whole after it; the deadline cuts only a body still
-/// streaming (`streamed_response_bodies_are_bounded_too`).
+/// The client's side of the rule: frames that are ready when a body is read after the call's
+/// deadline are delivered (an answer in memory is whole); a body that must wait for the
+/// network past the deadline ends with `DeadlineExceeded`
+/// (`streamed_response_bodies_are_bounded_too`; over hyper, the integration test
+/// `the_calls_deadline_bounds_reading_the_body_over_http1`).
 #[tokio::test(start_paused = true)]
 async fn a_response_arrived_whole_before_the_deadline_is_read_whole_after_it() {
     let dependency = service_fn(|_req: Request<String>| async {
