@@ -522,7 +522,7 @@ async fn a_body_still_streaming_past_the_deadline_is_cut() {
 /// bodies do) answered at the deadline is cut: the end after the fourth frame is never
 /// polled, so a complete answer becomes a torn one (or DEADLINE_EXCEEDED for gRPC).
 #[tokio::test(start_paused = true)]
-async fn attack37_an_unsized_body_of_four_ready_frames_is_delivered_whole_after_the_deadline() {
+async fn an_unsized_body_of_four_ready_frames_is_delivered_whole_after_the_deadline() {
     for grpc in [false, true] {
         let handler = service_fn(|_req: Request<String>| async {
             tokio::time::sleep(current().unwrap().remaining()).await;

@@ -120,9 +120,10 @@ impl<St: Store> IdempotencyConfig<St> {
     }
 
     /// How long a claim holds while its handler runs, and when no one completes it (the
-    /// process died, the store failed when the answer came). Make it longer than the handler
-    /// can run (a server deadline bounds that); a handler still running after it may run
-    /// again beside a duplicate.
+    /// process died, the store failed when the answer came). A request whose deadline is
+    /// longer holds its claim until a second after that deadline (at most an hour); a handler
+    /// without a deadline still running after the lock timeout may run again beside a
+    /// duplicate, so make it longer than such a handler can run.
     #[must_use]
     pub fn lock_timeout(mut self, lock: Duration) -> Self {
         self.settings.lock_timeout = lock;

@@ -57,7 +57,12 @@
 //!    caller also has **its own key space** (the store's key is scoped by a digest of the
 //!    identity): a key one caller chose never answers, blocks or reveals another's.
 //! 3. **Claim before running**: a conditional write of an in-progress record, held for
-//!    `lock_timeout` (60 s). If the key already holds
+//!    `lock_timeout` (60 s), or, when the request's deadline lets its handler run longer,
+//!    until a second after that deadline (at most an hour, `server()`'s own cap): a claim
+//!    that expired while its handler still ran would let a retry run it again. The deadline
+//!    is the deadline layer's [`Deadline`](backstop_deadline::Deadline) extension when that
+//!    layer is outside, else the caller's `grpc-timeout`, so either order of the layers
+//!    holds the claim as long. If the key already holds
 //!    - a record of a different fingerprint → **422** (the key was reused for another
 //!      request);
 //!    - a claim in flight → **409** with `Retry-After` (`retry_after`: backstop's client
@@ -108,8 +113,9 @@
 //!    `lock_timeout` (60 s).
 //! 6. When the store fails or takes longer than `store_timeout` (1 s), the request is
 //!    answered **503** with `Retry-After` and the handler does not run (fail closed), unless
-//!    `fail_open` is set. A claim whose answer never came may still land in the store: the
-//!    layer releases it (its token is the layer's) once it has, so the retry runs. A failure
+//!    `fail_open` is set. A claim whose answer never came (it timed out, failed, or the
+//!    request was dropped while it was on its way) may still land in the store: the layer
+//!    releases it (its token is the layer's) once it has, so the retry runs. A failure
 //!    to store the answer after the handler ran is logged and the answer sent; the key gets the record that the request ran instead (whatever cannot
 //!    be stored still leaves that record).
 //!
@@ -126,9 +132,9 @@
 //!
 //! [`Store`] says what any store promises (one live claim per key; complete and release only
 //! by the claim's holder, atomically). [`MemoryStore`] is the embedded default (sharded,
-//! bounded, model-checked); `RedisStore` (feature `redis`) serves a fleet. A handler that runs
-//! longer than `lock_timeout` may run again beside a duplicate: bound the handler (a server
-//! deadline) below the lock timeout.
+//! bounded, model-checked); `RedisStore` (feature `redis`) serves a fleet. A handler without
+//! a deadline that runs longer than `lock_timeout` may run again beside a duplicate: bound it
+//! (a server deadline: the claim then lasts as long) or raise the lock timeout.
 //!
 //! # The client
 //!
@@ -143,8 +149,10 @@
 //! On the server, either order with `backstop::server()` (Deadline → Admission → Pushback)
 //! keeps the rule above: a request refused before its handler ran releases its key (inside
 //! the deadline layer it is refused before a claim is made; outside, the refusal carries
-//! [`NotExecuted`](backstop_core::NotExecuted)), and a handler cut by its deadline leaves the
-//! same 504 under its key. `Deadline → IdempotencyLayer → your routes` makes no claim for a
+//! [`NotExecuted`](backstop_core::NotExecuted)), a handler cut by its deadline leaves the
+//! same 504 under its key (an answer still streaming when the deadline cuts it too: with
+//! this layer outside, the cut comes while the answer is read here, before its head went
+//! out, so the caller gets the 504 whole), and the claim lasts as long as the deadline. `Deadline → IdempotencyLayer → your routes` makes no claim for a
 //! request refused on arrival; keep the layer outside the handler's own layers. On the
 //! client:
 //! `IdempotencyKeyLayer → Retry → …` (the `backstop::client` presets do this with

@@ -146,7 +146,7 @@ where
     B::Data: Send,
     RB: Body + Unpin + Send + 'static,
     RB::Data: Send,
-    RB::Error: Send,
+    RB::Error: Send + 'static,
 {
     type Response = Response<IdempotencyBody<RB>>;
     type Error = S::Error;
@@ -464,6 +464,7 @@ where
     St: Store,
     B: Body + From<Bytes>,
     RB: Body + Unpin,
+    RB::Error: 'static,
 {
     let (parts, body) = req.into_parts();
     let bytes = match read_body(body, s.max_body_bytes).await {
@@ -473,12 +474,13 @@ where
     let identity = s.identity.as_ref().and_then(|f| f(&parts));
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fingerprint = Fingerprint::of(&parts.method, path, identity.as_deref(), &bytes);
-    let deadline = parts.extensions.get::<Deadline>().copied();
+    let deadline = request_deadline(&parts);
+    let lock = s.lock_for(deadline);
     let key = scoped(&key, s.identity.is_some(), identity.as_deref());
     let request = Request::from_parts(parts, B::from(bytes));
 
     let token = Token::new(s.ids.next_bits(), fingerprint);
-    let token = match claim(&s, &key, token).await {
+    let token = match claim(&s, &key, token, lock).await {
         Ok(Claim::Acquired(token)) => token,
         Ok(Claim::Held(record)) => return Ok(s.held(&key, fingerprint, record).await),
         Err(e) if s.fail_open => {
@@ -578,6 +580,18 @@ where
                     ));
                 }
             },
+            // The deadline cut the answer while it was read here, before its head went out
+            // (a deadline layer inside this one): the caller gets the deadline's whole 504,
+            // and so does every retry, as in the other order of the two layers.
+            Some(Err(e)) if cut_by_deadline(&e) || deadline.is_some_and(|d| d.is_expired()) => {
+                let record = Arc::new(deadline_record(fingerprint));
+                let mut response = Response::new(IdempotencyBody::full(record.body.clone()));
+                *response.status_mut() = record.status;
+                *response.headers_mut() = record.headers.clone();
+                count((), EXECUTED);
+                guard.complete(record).await;
+                return Ok(response);
+            }
             Some(Err(e)) => {
                 tracing::warn!("idempotent answer's body failed; duplicates are answered 409");
                 break Some(IdempotencyBody::parts(
@@ -625,24 +639,107 @@ async fn claim<St: Store>(
     s: &Arc<Settings<St>>,
     key: &str,
     token: Token,
+    lock: Duration,
 ) -> Result<Claim, StoreError> {
-    let mut sent = {
-        let (s, key) = (s.clone(), key.to_owned());
-        Box::pin(async move { s.store.claim(&key, token, s.lock_timeout).await })
+    let mut landing = Landing {
+        sent: Some({
+            let (s, key) = (s.clone(), key.to_owned());
+            Box::pin(async move { s.store.claim(&key, token, lock).await })
+        }),
+        settings: s.clone(),
+        key: key.to_owned(),
+        token,
+        lock,
     };
-    let error = match tokio::time::timeout(s.store_timeout, sent.as_mut()).await {
-        Ok(Ok(claim)) => return Ok(claim),
-        Ok(Err(e)) => e,
-        Err(elapsed) => StoreError::new(StoreErrorKind::Timeout, elapsed),
-    };
-    let (s, key) = (s.clone(), key.to_owned());
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(s.lock_timeout, sent).await;
-        if let Err(e) = s.timed(s.store.release(&key, token)).await {
-            tracing::warn!(error = %e, "idempotency claim that timed out not released; it expires after the lock timeout");
+    let sent = landing.sent.as_mut().expect("set above");
+    match tokio::time::timeout(s.store_timeout, sent.as_mut()).await {
+        Ok(Ok(claim)) => {
+            landing.sent = None;
+            landing.key.clear();
+            Ok(claim)
         }
-    });
-    Err(error)
+        // Answered with an error: released now, in case it landed all the same.
+        Ok(Err(e)) => {
+            landing.sent = None;
+            Err(e)
+        }
+        // Still on its way: released once it lands (the drop below).
+        Err(elapsed) => Err(StoreError::new(StoreErrorKind::Timeout, elapsed)),
+    }
+}
+
+/// The claim future is boxed so it can outlive the request.
+type Sending = Pin<Box<dyn Future<Output = Result<Claim, StoreError>> + Send>>;
+
+/// A claim whose answer the layer did not take: it timed out, failed, or the request's
+/// future was dropped while it was on its way (a deadline outside, the caller gone). Such a
+/// claim may still land, and would block every retry until its lock expires although the
+/// handler never ran: dropped, this waits for it on a task of its own (at most the lock) and
+/// releases the token's claim, best effort. The token is the layer's, so the release needs
+/// nothing the store did not answer. Disarmed (an empty `key`) once the claim was answered.
+struct Landing<St: Store> {
+    sent: Option<Sending>,
+    settings: Arc<Settings<St>>,
+    key: String,
+    token: Token,
+    lock: Duration,
+}
+
+impl<St: Store> Drop for Landing<St> {
+    fn drop(&mut self) {
+        if self.key.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (s, key, token, lock) = (
+            self.settings.clone(),
+            std::mem::take(&mut self.key),
+            self.token,
+            self.lock,
+        );
+        let sent = self.sent.take();
+        runtime.spawn(async move {
+            if let Some(sent) = sent {
+                let _ = tokio::time::timeout(lock, sent).await;
+            }
+            if let Err(e) = s.timed(s.store.release(&key, token)).await {
+                tracing::warn!(error = %e, "idempotency claim that timed out not released; it expires after the lock timeout");
+            }
+        });
+    }
+}
+
+/// The request's deadline, whichever order the layers are in: the deadline layer's extension
+/// (it is outside), else the caller's `grpc-timeout` (it is inside, and will read the same).
+fn request_deadline(parts: &http::request::Parts) -> Option<Deadline> {
+    if let Some(deadline) = parts.extensions.get::<Deadline>() {
+        return Some(*deadline);
+    }
+    let value = parts.headers.get(backstop_core::grpc::GRPC_TIMEOUT)?;
+    let timeout = backstop_deadline::grpc_timeout::decode_header(value).ok()?;
+    Some(Deadline::after(timeout))
+}
+
+/// The longest a request's deadline stretches its claim: an hour, the server preset's own cap
+/// on a caller's deadline (a longer one would keep a key claimed for as long after a crash).
+const MAX_LOCK: Duration = Duration::from_secs(3600);
+
+impl<St: Store> Settings<St> {
+    /// How long a request's claim is held: `lock_timeout`, or, when the request's deadline
+    /// lets its handler run longer, until a second after that deadline (at most an hour):
+    /// a claim that expired while its handler still ran would let a retry run it again.
+    fn lock_for(&self, deadline: Option<Deadline>) -> Duration {
+        let needed = deadline.map_or(Duration::ZERO, |d| {
+            d.remaining().min(MAX_LOCK) + Duration::from_secs(1)
+        });
+        let lock = self.lock_timeout.max(needed);
+        match self.store.max_expiry() {
+            Some(most) => lock.min(most),
+            None => lock,
+        }
+    }
 }
 
 /// The key under which the store keeps a request's record. With an `identity` configured,
@@ -716,4 +813,15 @@ fn count<T>(value: T, outcome: &'static str) -> T {
     #[cfg(not(feature = "metrics"))]
     let _ = outcome;
     value
+}
+
+/// Whether a body's error is a deadline's cut (`DeadlineExceeded`, as itself or in a
+/// `BoxError`'s chain, as the deadline layer's body reports it).
+fn cut_by_deadline<E: 'static>(error: &E) -> bool {
+    use backstop_core::DeadlineExceeded;
+    let any: &dyn std::any::Any = error;
+    if let Some(boxed) = any.downcast_ref::<backstop_core::BoxError>() {
+        return backstop_core::find::<DeadlineExceeded>(&**boxed).is_some();
+    }
+    any.downcast_ref::<DeadlineExceeded>().is_some()
 }

@@ -315,7 +315,7 @@ async fn a_claim_that_lands_after_its_store_timeout_does_not_block_the_retry() {
 /// never ran is answered 409 until the lock timeout (60 s). The docs: "A claim whose answer
 /// never came may still land in the store: the layer releases it … so the retry runs."
 #[tokio::test(start_paused = true)]
-async fn attack37_a_claim_that_lands_after_its_request_was_dropped_does_not_block_the_retry() {
+async fn a_claim_that_lands_after_its_request_was_dropped_does_not_block_the_retry() {
     let store = LateClaim {
         inner: MemoryStore::new(),
         delay: Duration::from_millis(500),

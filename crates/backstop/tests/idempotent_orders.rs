@@ -270,7 +270,7 @@ impl Body for Streamed {
 /// cut. (With the layer outside, the head is still unsent when the cut comes, yet the first
 /// caller is sent a 200 head and a torn body rather than the 504.)
 #[tokio::test(start_paused = true)]
-async fn attack37_a_streamed_answer_cut_by_its_deadline_leaves_the_same_504_in_either_order() {
+async fn a_streamed_answer_cut_by_its_deadline_leaves_the_same_504_in_either_order() {
     let mut retries = Vec::new();
     for order in [Order::DeadlineOutside, Order::IdempotencyOutside] {
         let charges = Arc::new(AtomicUsize::new(0));
@@ -325,7 +325,7 @@ async fn attack37_a_streamed_answer_cut_by_its_deadline_leaves_the_same_504_in_e
 /// record (409, no retry runs it again)"; the crate's own advice (bound the handler below the
 /// lock timeout) is not what its defaults do.
 #[tokio::test(start_paused = true)]
-async fn attack37_a_charge_within_its_deadline_is_not_run_again_with_the_default_presets() {
+async fn a_charge_within_its_deadline_is_not_run_again_with_the_default_presets() {
     let charges = Arc::new(AtomicUsize::new(0));
     let counter = charges.clone();
     let handler = service_fn(move |_req: Request<Full<Bytes>>| {
