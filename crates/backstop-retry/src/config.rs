@@ -75,8 +75,10 @@ impl RetryOverrides {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Idempotency {
-    /// GET, HEAD, OPTIONS, TRACE, PUT and DELETE (RFC 9110 §9.2.2), and any request carrying an
-    /// `Idempotency-Key` header.
+    /// GET, HEAD, OPTIONS, TRACE, PUT and DELETE (RFC 9110 §9.2.2), and any HTTP request
+    /// carrying an `Idempotency-Key` header. A gRPC call (a POST) is not made idempotent by
+    /// an `idempotency-key` in its metadata: no standard server de-duplicates gRPC calls by
+    /// it (backstop's `IdempotencyLayer` passes gRPC through), so a retry would run twice.
     #[default]
     Standard,
     /// Every request: the service owner knows all its methods are idempotent.
@@ -88,7 +90,9 @@ pub enum Idempotency {
 impl Idempotency {
     /// Whether a request with this method and headers is idempotent under the rule.
     pub fn allows(self, method: &Method, headers: &HeaderMap) -> bool {
-        self.allows_with(method, || headers.contains_key(IDEMPOTENCY_KEY))
+        self.allows_with(method, || {
+            headers.contains_key(IDEMPOTENCY_KEY) && !backstop_core::is_grpc(headers)
+        })
     }
 
     /// As [`allows`](Self::allows), asking `has_key` whether the request carries an

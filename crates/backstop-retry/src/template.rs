@@ -211,18 +211,30 @@ impl Template {
     /// Whether the request carried a header named `name` (lowercase), scanning the packed
     /// head: only failures that may be retried, and hedged requests, ask.
     fn has_header(&self, name: &str) -> bool {
+        self.header(name).is_some()
+    }
+
+    /// The first value of the header named `name` (lowercase), scanning the packed head.
+    fn header(&self, name: &str) -> Option<&[u8]> {
         let mut reader = Reader {
             head: &self.head,
             at: 0,
         };
         reader.next();
         for _ in 0..self.headers {
-            let (n, ..) = reader.header();
+            let (n, _, value, _) = reader.header();
             if n == name.as_bytes() {
-                return true;
+                return Some(value);
             }
         }
-        false
+        None
+    }
+
+    /// Whether the request is gRPC (its `content-type`).
+    fn is_grpc(&self) -> bool {
+        self.header("content-type")
+            .and_then(|v| http::HeaderValue::from_bytes(v).ok())
+            .is_some_and(|v| backstop_core::__private::is_grpc_content_type(&v))
     }
 
     /// The request's URI (for a hedge delay or retry reserve kept per route: only hedges
@@ -258,7 +270,9 @@ impl Template {
 
     /// Whether `idempotency` lets this request be sent twice.
     pub(crate) fn idempotent(&self, idempotency: Idempotency) -> bool {
-        idempotency.allows_with(&self.method, || self.has_header(IDEMPOTENCY_KEY))
+        idempotency.allows_with(&self.method, || {
+            self.has_header(IDEMPOTENCY_KEY) && !self.is_grpc()
+        })
     }
 }
 

@@ -216,6 +216,26 @@ async fn non_idempotent_requests_are_retried_only_when_not_processed() {
     }
 }
 
+/// A gRPC call with an `idempotency-key` in its metadata is not made idempotent by it: no
+/// standard server de-duplicates gRPC by that key (`IdempotencyLayer` passes gRPC through),
+/// so a failure that may have been processed is not retried (found by an outside attack).
+/// `Idempotency::allows` says the same.
+#[tokio::test(start_paused = true)]
+async fn a_grpc_call_is_not_made_idempotent_by_an_idempotency_key() {
+    let mut keyed = post();
+    keyed
+        .headers_mut()
+        .insert("idempotency-key", "k-1".parse().unwrap());
+    keyed
+        .headers_mut()
+        .insert("content-type", "application/grpc".parse().unwrap());
+    assert!(!Idempotency::Standard.allows(keyed.method(), keyed.headers()));
+    let mut h = start(policy().build().unwrap(), keyed);
+    h.answer(503).await;
+    assert_eq!(h.done().unwrap().status(), 503);
+    assert_eq!(h.layer.stats().gave_up(GiveUp::NotIdempotent), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_do_not_retry_hint_is_honoured() {
     let mut h = start(policy().build().unwrap(), get());
