@@ -535,7 +535,8 @@ impl<C> ClientBuilder<C> {
     ///     })
     ///     .service(service_fn(|req: Request<ReplayBody<String>>| async move {
     ///         assert!(req.headers().get("grpc-timeout").is_none());
-    ///         assert_eq!(req.headers()["x-timeout-ms"], "2000");
+    ///         // The attempt's own end: its share of the 2 s (80 %), as a retry could follow.
+    ///         assert_eq!(req.headers()["x-timeout-ms"], "1600");
     ///         Ok::<_, Infallible>(Response::new(String::new()))
     ///     }));
     /// let request = Request::builder().header("grpc-timeout", "9S").body(String::new())?;
