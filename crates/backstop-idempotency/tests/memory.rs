@@ -285,16 +285,22 @@ impl Store for LateClaim {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_claim_that_lands_after_its_store_timeout_does_not_block_the_retry() {
+/// A layer with a 1 s `store_timeout` over a memory store whose first claim lands `delay`
+/// after it is sent.
+fn late_claim(delay: Duration) -> Harness {
     let store = LateClaim {
         inner: MemoryStore::new(),
-        delay: Duration::from_secs(2),
+        delay,
         first: Arc::new(std::sync::atomic::AtomicBool::new(true)),
     };
-    let h = Harness::with(IdempotencyLayer::builder(store), |c| {
+    Harness::with(IdempotencyLayer::builder(store), |c| {
         c.store_timeout(Duration::from_secs(1))
-    });
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_lands_after_its_store_timeout_does_not_block_the_retry() {
+    let h = late_claim(Duration::from_secs(2));
     // Not processed: 503, come back later. Its claim lands in the store a second after.
     let first = h.post("/ok", Some("k"), "").await;
     assert_problem(&first, 503);
@@ -308,22 +314,15 @@ async fn a_claim_that_lands_after_its_store_timeout_does_not_block_the_retry() {
     assert_eq!(h.runs(), 1);
 }
 
-/// Attack (issue 37, 14): the fix releases a claim that lands after its `store_timeout`, but
-/// not one whose request was dropped while the claim was on its way (a deadline layer
+/// Found by the outside attack (issue 37, 14): a claim that lands after its `store_timeout`
+/// was released, but not one whose request was dropped while the claim was on its way (a deadline layer
 /// outside, `server()` in the documented `Deadline → IdempotencyLayer` order, or the caller
 /// leaving): the claim lands, nobody releases it, and the retry of a request whose handler
 /// never ran is answered 409 until the lock timeout (60 s). The docs: "A claim whose answer
 /// never came may still land in the store: the layer releases it … so the retry runs."
 #[tokio::test(start_paused = true)]
 async fn a_claim_that_lands_after_its_request_was_dropped_does_not_block_the_retry() {
-    let store = LateClaim {
-        inner: MemoryStore::new(),
-        delay: Duration::from_millis(500),
-        first: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-    };
-    let h = Harness::with(IdempotencyLayer::builder(store), |c| {
-        c.store_timeout(Duration::from_secs(1))
-    });
+    let h = late_claim(Duration::from_millis(500));
     // The request's deadline (outside this layer) ends it at 200 ms, its claim on the way.
     let cut = tokio::time::timeout(Duration::from_millis(200), h.post("/ok", Some("k"), "")).await;
     assert!(cut.is_err());
