@@ -3,7 +3,7 @@
 
 Builds the `instructions` bench (release), counts each stack of `benches/instructions.budget`
 with valgrind's callgrind (refs for N calls minus refs for 0 calls, over N), and fails when a
-stack costs more than 3 % over its budget. Counts are compared relative to the bare call of the
+stack costs more than 10 % over its budget. Counts are compared relative to the bare call of the
 same run, so a toolchain or libc that shifts every stack alike does not trip the guard; what
 trips it is a stack that got dearer than the floor it sits on.
 
@@ -22,7 +22,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = os.path.join(ROOT, "benches", "instructions.budget")
 CALLS = 20_000
-TOLERANCE = 0.03
+TOLERANCE = 0.10
 
 
 def bench_binary():

@@ -86,7 +86,9 @@ fn main() {
         "  attempt bound alone",
         backstop_benches::backstop_attempt(),
     );
-    let layer = backstop_breaker::BreakerConfig::http().build().unwrap();
+    let layer = backstop::client::breaker::BreakerConfig::http()
+        .build()
+        .unwrap();
     println!(
         "breaker shared state: {} bytes",
         layer.snapshot().shared_bytes

@@ -5,7 +5,7 @@
 //! of 127.0.0.1 (one multiplexed connection, the same runtime thread) and kills at the end;
 //! without `redis-server` on `PATH` they are skipped.
 
-use backstop_idempotency::{IdempotencyLayer, MemoryStore, RedisStore, Store};
+use backstop::idempotency::{IdempotencyLayer, MemoryStore, RedisStore, Store};
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -7,8 +7,8 @@
 //! says what that is worth next to a call that goes through sockets (both ends' hyper, the
 //! syscalls, a wake-up): the stacks' difference in nanoseconds, and as a share of the bare call.
 
+use backstop::client::retry::ReplayBody;
 use backstop_benches::TowerPolicy;
-use backstop_retry::ReplayBody;
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};

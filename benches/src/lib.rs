@@ -1,9 +1,9 @@
 //! The stacks the benchmarks compare, built once here so every benchmark measures the same
 //! thing: `cargo bench -p backstop-benches`. See `benches/` for the benchmarks themselves.
 
-use backstop_breaker::BreakerConfig;
-use backstop_deadline::PropagateDeadlineLayer;
-use backstop_retry::{ReplayBody, RetryConfig};
+use backstop::client::breaker::BreakerConfig;
+use backstop::client::retry::{ReplayBody, RetryConfig};
+use backstop::deadline::PropagateDeadlineLayer;
 use http::{Request, Response};
 use std::{convert::Infallible, fmt::Debug, future::Ready, sync::Arc, time::Duration};
 use tower::{
@@ -305,7 +305,7 @@ pub fn backstop_preset() -> impl Stack {
 }
 
 /// The HTTP client preset with `PropagateDeadline`'s 1 s timeout.
-fn preset_1s() -> backstop::ClientBuilder<backstop_core::HttpClassifier> {
+fn preset_1s() -> backstop::ClientBuilder<backstop::HttpClassifier> {
     let deadline = PropagateDeadlineLayer::builder()
         .timeout(Duration::from_secs(1))
         .build()
@@ -387,7 +387,7 @@ pub fn backstop_deadline() -> impl Stack {
 /// A breaker forced open: every call is refused (the failure path of an open breaker).
 pub fn backstop_open_breaker() -> impl Stack {
     let layer = BreakerConfig::http()
-        .mode(backstop_breaker::Mode::ForcedOpen)
+        .mode(backstop::client::breaker::Mode::ForcedOpen)
         .build()
         .unwrap();
     ServiceBuilder::new().layer(layer).service(bare())
@@ -406,7 +406,7 @@ fn answering(status: u16) -> impl Target {
 /// backstop's retry layer with an empty budget (no reserve, no deposits) over a dependency
 /// that always fails: each call is one attempt and one denied withdrawal.
 pub fn backstop_budget_denied() -> impl Stack {
-    let budget = backstop_retry::RatioBudget::builder()
+    let budget = backstop::client::retry::RatioBudget::builder()
         .min_per_sec(0)
         .build()
         .unwrap();
@@ -426,7 +426,7 @@ pub fn request_with_timeout() -> Request<String> {
     Request::get("http://svc/x")
         .header("x-request-id", "1")
         .header(
-            backstop_core::grpc::GRPC_TIMEOUT,
+            backstop::wire::grpc::GRPC_TIMEOUT,
             http::HeaderValue::from_static("1S"),
         )
         .body(String::new())
@@ -442,8 +442,10 @@ pub fn backstop_server() -> impl Stack {
 
 /// backstop's attempt bound alone (adaptive: the latency model and its cached bound).
 pub fn backstop_attempt() -> impl Stack {
-    let layer = backstop::timeout::AttemptTimeoutLayer::new(
-        backstop::timeout::AttemptBound::Adaptive(backstop::timeout::Adaptive::new()),
+    let layer = backstop::client::attempt::AttemptTimeoutLayer::new(
+        backstop::client::attempt::AttemptBound::Adaptive(
+            backstop::client::attempt::Adaptive::new(),
+        ),
     )
     .unwrap();
     ServiceBuilder::new().layer(layer).service(bare())
@@ -453,7 +455,7 @@ pub fn backstop_attempt() -> impl Stack {
 /// counts every call and refuses none.
 pub fn backstop_throttle() -> impl Stack {
     ServiceBuilder::new()
-        .layer(backstop_retry::throttle::ThrottleLayer::http())
+        .layer(backstop::client::overload::throttle::ThrottleLayer::http())
         .service(bare())
 }
 
@@ -461,7 +463,7 @@ pub fn backstop_throttle() -> impl Stack {
 /// call.
 pub fn backstop_bulkhead() -> impl Stack {
     ServiceBuilder::new()
-        .layer(backstop_deadline::bulkhead::BulkheadLayer::new(64).unwrap())
+        .layer(backstop::client::overload::bulkhead::BulkheadLayer::new(64).unwrap())
         .service(bare())
 }
 
@@ -469,7 +471,7 @@ pub fn backstop_bulkhead() -> impl Stack {
 /// are admitted, and each answer is a sample of its route's model.
 pub fn backstop_admission() -> impl Stack {
     ServiceBuilder::new()
-        .layer(backstop_deadline::admission::AdmissionLayer::new())
+        .layer(backstop::server::admission::AdmissionLayer::new())
         .service(bare())
 }
 

@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use backstop_deadline::grpc_timeout::{decode, encode};
+use backstop::wire::grpc_timeout::{decode, encode};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use backstop_core::ServerHint;
+use backstop::ServerHint;
 use http::HeaderValue;
 use libfuzzer_sys::fuzz_target;
 use std::time::{Duration, SystemTime};

@@ -5,7 +5,8 @@ use crate::{
     scenario::{Capacity, Schedule},
     stacks::{Body, Svc, empty, status},
 };
-use backstop::{BoxError, BreakerOpen, DeadlineExceeded, deadline::Deadline};
+use backstop::deadline::Deadline;
+use backstop::{BoxError, BreakerOpen, DeadlineExceeded};
 use http::{Request, Response};
 use std::{
     pin::Pin,
@@ -258,12 +259,10 @@ impl Service<Request<Body>> for Relay {
             }
             Ok(match call.await {
                 Ok(response) => status(response.status().as_u16()),
-                Err(err) if backstop_core::find::<DeadlineExceeded>(err.as_ref()).is_some() => {
+                Err(err) if backstop::find::<DeadlineExceeded>(err.as_ref()).is_some() => {
                     status(504)
                 }
-                Err(err) if backstop_core::find::<BreakerOpen>(err.as_ref()).is_some() => {
-                    status(503)
-                }
+                Err(err) if backstop::find::<BreakerOpen>(err.as_ref()).is_some() => status(503),
                 Err(_) => status(503),
             })
         })

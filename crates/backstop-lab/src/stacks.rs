@@ -1,12 +1,11 @@
 //! The variants: the client and server stacks each one puts around the same dependency.
 
-use backstop::{
-    BoxError, ReplayBody,
-    breaker::State,
-    deadline::{PropagateDeadlineLayer, bulkhead::BulkheadLayer},
-    retry::RetryConfig,
-    timeout::AttemptTimeoutLayer,
-};
+use backstop::client::attempt::AttemptTimeoutLayer;
+use backstop::client::breaker::State;
+use backstop::client::overload::bulkhead::BulkheadLayer;
+use backstop::client::retry::RetryConfig;
+use backstop::deadline::PropagateDeadlineLayer;
+use backstop::{BoxError, ReplayBody};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Empty, combinators::BoxBody};
@@ -270,7 +269,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             // counted.
             let mut breaker = backstop::client::http_breaker();
             if config.per_route {
-                breaker = breaker.per_key(backstop::breaker::BreakerKey::Path);
+                breaker = breaker.per_key(backstop::client::breaker::BreakerKey::Path);
             }
             let breaker = breaker
                 .seed(config.seed)
@@ -289,7 +288,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             // the naive loop's 5, and a budget that lets half of the successes' worth through
             // (a lost answer per three calls needs 0.43 retries a call).
             let retry = if config.keys {
-                let budget = backstop::retry::RatioBudget::builder()
+                let budget = backstop::client::retry::RatioBudget::builder()
                     .ratio(0.5)
                     .build()
                     .expect("valid budget");

@@ -14,7 +14,7 @@
 //! The body is a short `text/plain` message and never the error's text (which may name
 //! internal hosts); log [`CallError::error`] for that. With the `axum` feature the local
 //! errors themselves ([`BreakerOpen`](crate::BreakerOpen) and the others) are
-//! `IntoResponse` too ([`backstop_core::axum`]).
+//! `IntoResponse` too ([`backstop::wire::axum`](crate::wire::axum)).
 //!
 //! ```
 //! use axum::{routing::get, Router};
@@ -45,11 +45,11 @@
 //! # }
 //! ```
 
+use crate::{BoxError, Rejection};
 use axum_core::{
     body::Body,
     response::{IntoResponse, Response},
 };
-use backstop_core::{BoxError, Rejection};
 use http::{HeaderValue, StatusCode, header::CONTENT_TYPE};
 
 /// The error of a call a handler made, as the response its own caller gets (the rules: the
@@ -113,7 +113,7 @@ impl IntoResponse for CallError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use backstop_core::{AttemptTimedOut, BulkheadFull, ClientThrottled, DeadlineExceeded};
+    use crate::{AttemptTimedOut, BulkheadFull, ClientThrottled, DeadlineExceeded};
     use std::{error::Error, fmt, time::Duration};
 
     /// An error that holds another as its source, as the retry layer's `RetryError` does.
@@ -141,11 +141,7 @@ mod tests {
 
     #[test]
     fn a_local_rejection_anywhere_in_the_chain_answers_for_itself() {
-        let open = || {
-            Box::new(backstop_core::BreakerOpen::new(Some(Duration::from_secs(
-                3,
-            ))))
-        };
+        let open = || Box::new(crate::BreakerOpen::new(Some(Duration::from_secs(3))));
         assert_eq!(status_of(open()), (503, Some("3".into())));
         assert_eq!(
             status_of(Box::new(Wrapped(open()))),

@@ -1,7 +1,6 @@
 //! `ServiceBuilder` methods for each backstop layer.
 
 use tower::ServiceBuilder;
-#[cfg(any(feature = "deadline", feature = "breaker"))]
 use tower::layer::util::Stack;
 
 mod sealed {
@@ -9,12 +8,11 @@ mod sealed {
     impl<L> Sealed for tower::ServiceBuilder<L> {}
 }
 
-/// Declares each `ServiceBuilderExt` method once: its docs, its feature and the layer it
+/// Declares each `ServiceBuilderExt` method once: its docs and the layer it
 /// stacks; the trait and its one impl are generated from the same rows, so they cannot drift.
 macro_rules! builder_methods {
     ($(
         $(#[doc = $doc:literal])*
-        #[cfg($cfg:meta)]
         fn $name:ident $(<$g:ident>)? (layer: $layer:ty);
     )*) => {
         /// Adds backstop's layers to a [`ServiceBuilder`], by name. Sealed: implemented for
@@ -27,27 +25,23 @@ macro_rules! builder_methods {
         pub trait ServiceBuilderExt<L>: sealed::Sealed {
             $(
                 $(#[doc = $doc])*
-                #[cfg($cfg)]
                 fn $name $(<$g>)? (self, layer: $layer) -> ServiceBuilder<Stack<$layer, L>>;
             )*
 
-            /// Adds a [`PushbackLayer`](crate::retry::PushbackLayer) (server side): tells
+            /// Adds a [`PushbackLayer`](crate::client::retry::PushbackLayer) (server side): tells
             /// callers not to retry when this service's own retries gave up.
-            #[cfg(feature = "retry")]
-            fn pushback(self) -> ServiceBuilder<Stack<backstop_retry::PushbackLayer, L>>;
+            fn pushback(self) -> ServiceBuilder<Stack<crate::client::retry::PushbackLayer, L>>;
         }
 
         impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
             $(
-                #[cfg($cfg)]
                 fn $name $(<$g>)? (self, layer: $layer) -> ServiceBuilder<Stack<$layer, L>> {
                     self.layer(layer)
                 }
             )*
 
-            #[cfg(feature = "retry")]
-            fn pushback(self) -> ServiceBuilder<Stack<backstop_retry::PushbackLayer, L>> {
-                self.layer(backstop_retry::PushbackLayer::new())
+            fn pushback(self) -> ServiceBuilder<Stack<crate::client::retry::PushbackLayer, L>> {
+                self.layer(crate::client::retry::PushbackLayer::new())
             }
         }
     };
@@ -55,56 +49,46 @@ macro_rules! builder_methods {
 
 builder_methods! {
     /// Adds a [`DeadlineLayer`](crate::deadline::DeadlineLayer) (server side).
-    #[cfg(feature = "deadline")]
-    fn deadline(layer: backstop_deadline::DeadlineLayer);
+    fn deadline(layer: crate::deadline::DeadlineLayer);
 
-    /// Adds an [`AdmissionLayer`](crate::deadline::admission::AdmissionLayer) (server side):
+    /// Adds an [`AdmissionLayer`](crate::server::admission::AdmissionLayer) (server side):
     /// refuses at once a request whose deadline cannot fit its route's measured need.
-    #[cfg(feature = "deadline")]
-    fn admission(layer: backstop_deadline::admission::AdmissionLayer);
+    fn admission(layer: crate::server::admission::AdmissionLayer);
 
     /// Adds a [`PropagateDeadlineLayer`](crate::deadline::PropagateDeadlineLayer) (client side).
-    #[cfg(feature = "deadline")]
-    fn propagate_deadline(layer: backstop_deadline::PropagateDeadlineLayer);
+    fn propagate_deadline(layer: crate::deadline::PropagateDeadlineLayer);
 
-    /// Adds a [`BulkheadLayer`](crate::deadline::bulkhead::BulkheadLayer) (client side): a
+    /// Adds a [`BulkheadLayer`](crate::client::overload::bulkhead::BulkheadLayer) (client side): a
     /// concurrency limit whose wait is bounded by the call's deadline.
-    #[cfg(feature = "deadline")]
-    fn bulkhead(layer: backstop_deadline::bulkhead::BulkheadLayer);
+    fn bulkhead(layer: crate::client::overload::bulkhead::BulkheadLayer);
 
-    /// Adds a [`ThrottleLayer`](crate::retry::throttle::ThrottleLayer) (client side): adaptive
+    /// Adds a [`ThrottleLayer`](crate::client::overload::throttle::ThrottleLayer) (client side): adaptive
     /// throttling of first attempts.
-    #[cfg(feature = "retry")]
-    fn throttle<C>(layer: backstop_retry::throttle::ThrottleLayer<C>);
+    fn throttle<C>(layer: crate::client::overload::throttle::ThrottleLayer<C>);
 
     /// Adds an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) (client side):
     /// one key per call on methods that are not idempotent; goes outside the retry layer.
-    #[cfg(feature = "retry")]
-    fn idempotency_keys(layer: backstop_idempotency::IdempotencyKeyLayer);
+    fn idempotency_keys(layer: crate::idempotency::IdempotencyKeyLayer);
 
     /// Adds an [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer) (server side):
     /// a keyed request runs once, its duplicates are answered from the store.
-    #[cfg(feature = "retry")]
-    fn idempotency<St>(layer: backstop_idempotency::IdempotencyLayer<St>);
+    fn idempotency<St>(layer: crate::idempotency::IdempotencyLayer<St>);
 
-    /// Adds a [`RetryLayer`](crate::retry::RetryLayer).
-    #[cfg(feature = "retry")]
-    fn retries<C>(layer: backstop_retry::RetryLayer<C>);
+    /// Adds a [`RetryLayer`](crate::client::retry::RetryLayer).
+    fn retries<C>(layer: crate::client::retry::RetryLayer<C>);
 
-    /// Adds a [`BreakerLayer`](crate::breaker::BreakerLayer).
-    #[cfg(feature = "breaker")]
-    fn breaker<C>(layer: backstop_breaker::BreakerLayer<C>);
+    /// Adds a [`BreakerLayer`](crate::client::breaker::BreakerLayer).
+    fn breaker<C>(layer: crate::client::breaker::BreakerLayer<C>);
 
-    /// Adds an [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer): each call
+    /// Adds an [`AttemptTimeoutLayer`](crate::client::attempt::AttemptTimeoutLayer): each call
     /// bounded by its attempt bound (fixed, or from the measured latency).
-    #[cfg(feature = "deadline")]
-    fn attempt_timeout(layer: crate::timeout::AttemptTimeoutLayer);
+    fn attempt_timeout(layer: crate::client::attempt::AttemptTimeoutLayer);
 }
 
-#[cfg(all(test, feature = "retry"))]
+#[cfg(test)]
 mod tests {
     use super::ServiceBuilderExt;
-    use crate::timeout::{AttemptBound, AttemptTimeoutLayer};
+    use crate::client::attempt::{AttemptBound, AttemptTimeoutLayer};
     use http::{Request, Response};
     use std::{convert::Infallible, time::Duration};
     use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -129,9 +113,9 @@ mod tests {
     /// the throttle and the bulkhead and reaches the service with a key.
     #[tokio::test(start_paused = true)]
     async fn the_overload_and_key_layers_have_names() {
-        use crate::deadline::bulkhead::BulkheadLayer;
+        use crate::client::overload::bulkhead::BulkheadLayer;
+        use crate::client::overload::throttle::ThrottleLayer;
         use crate::idempotency::{IDEMPOTENCY_KEY, IdempotencyKeyLayer};
-        use crate::retry::throttle::ThrottleLayer;
         use std::sync::{
             Arc,
             atomic::{AtomicBool, Ordering},
@@ -160,8 +144,8 @@ mod tests {
     /// duplicate is answered from the store.
     #[tokio::test(start_paused = true)]
     async fn the_server_layers_have_names() {
-        use crate::deadline::admission::AdmissionLayer;
         use crate::idempotency::{IDEMPOTENT_REPLAYED, IdempotencyLayer, MemoryStore};
+        use crate::server::admission::AdmissionLayer;
         use bytes::Bytes;
         use http_body_util::Full;
         use std::sync::{

@@ -78,7 +78,7 @@
 //!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
 //!   `.deadline(..)`, `.throttle(..)`, `.bulkhead(..)`, `.attempt(..)` or
 //!   `.attempt_timeout(..)`). Attempts are bounded by the
-//!   dependency's measured latency by default ([`timeout`]: p99 × 3, with a floor of p99 × 20 held between 250 ms and 1 s, at most 10 s), and
+//!   dependency's measured latency by default ([`client::attempt`]: p99 × 3, with a floor of p99 × 20 held between 250 ms and 1 s, at most 10 s), and
 //!   [`ClientLayer::latency`] shows what was measured. [`ClientBuilder::hedging`] hedges slow
 //!   idempotent requests at the measured p95, paid from the retry budget.
 //!   [`ClientBuilder::idempotency_keys`] says the dependency de-duplicates keys: POSTs and
@@ -91,7 +91,7 @@
 //! `.max_attempts(n)`, `.attempt_timeout(d)`, `.hedging(n)`; the preset's service types are
 //! named [`HttpClient<S>`] and [`GrpcClient<S>`], its response [`ClientResponse<B, C>`].
 //!
-//! Per request, a [`RetryOverrides`](backstop_retry::RetryOverrides) extension turns retries
+//! Per request, a [`RetryOverrides`](crate::client::retry::RetryOverrides) extension turns retries
 //! off, declares the request idempotent (or not), caps its attempts or turns hedging off.
 //!
 //! Plain `.layer(X::new(..))` stays first-class, and [`ServiceBuilderExt`] names each layer.
@@ -103,10 +103,10 @@
 //! | error | when | test with |
 //! |---|---|---|
 //! | [`BreakerOpen`] | the breaker refused the call (open, or half-open with its probes taken); nothing was sent | [`is_breaker_open`] |
-//! | [`ClientThrottled`](backstop_core::ClientThrottled) | the adaptive throttle refused the call: the dependency accepted too few lately; nothing was sent | `backstop::core::find::<ClientThrottled>` |
-//! | [`BulkheadFull`](backstop_core::BulkheadFull) | the bulkhead (when given a limit) had no permit that could come before the deadline; nothing was sent | `backstop::core::find::<BulkheadFull>` |
+//! | [`ClientThrottled`] | the adaptive throttle refused the call: the dependency accepted too few lately; nothing was sent | `backstop::find::<ClientThrottled>` |
+//! | [`BulkheadFull`] | the bulkhead (when given a limit) had no permit that could come before the deadline; nothing was sent | `backstop::find::<BulkheadFull>` |
 //! | [`DeadlineExceeded`] | the call's deadline passed (before it was sent, while waiting to retry, or in flight) | [`is_deadline_exceeded`] |
-//! | [`AttemptTimedOut`](backstop_core::AttemptTimedOut) | the last attempt ran out of its bound and no retry followed | [`is_attempt_timed_out`] |
+//! | [`AttemptTimedOut`] | the last attempt ran out of its bound and no retry followed | [`is_attempt_timed_out`] |
 //! | the transport's error | the last attempt failed in transport and no retry followed | — |
 //!
 //! A gRPC request gets the local ones as responses instead (trailers-only UNAVAILABLE with a
@@ -114,11 +114,11 @@
 //! timeouts), so tonic reports them as statuses.
 //!
 //! Every error the retry layer returns comes wrapped in a
-//! [`RetryError`](backstop_retry::RetryError): how many attempts the call took and why it
+//! [`RetryError`](crate::client::retry::RetryError): how many attempts the call took and why it
 //! was not retried ([`client::error_info`]), with the error above as its source. So test with
 //! the functions of the table (they search the source chain), not with a downcast of the
 //! outer error; print the chain to see both. A response says the same in its
-//! [`CallInfo`](backstop_retry::CallInfo) extension ([`client::call_info`]), whatever wraps it:
+//! [`CallInfo`](crate::client::retry::CallInfo) extension ([`client::call_info`]), whatever wraps it:
 //! a tonic generated client finds it in `tonic::Response::extensions()`.
 //!
 //! # tonic
@@ -190,10 +190,7 @@
 //!
 //! - `axum` (off): [`axum::CallError`], so `?` on a call's error in an axum handler
 //!   answers 504, 503 (with `Retry-After`) or 502; and `IntoResponse` for backstop's local
-//!   errors ([`backstop_core::axum`]).
-//! - `deadline`, `retry`, `breaker` (all on by default): the three primitives, re-exported
-//!   as [`deadline`], [`retry`] and [`breaker`]. The `client` presets need all three; the
-//!   `server` preset needs `deadline` and `retry`.
+//!   errors ([`backstop::wire::axum`](crate::wire::axum)).
 //! - `h2` (off): HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` count as "not processed", so
 //!   they are retried for every method.
 //! - `metrics` (off): every layer records counters, gauges and a latency histogram through
@@ -201,62 +198,62 @@
 //!   names and labels are in [`metrics`](mod@metrics). With it, [`semconv::SemconvLayer`]
 //!   records each call's duration under OpenTelemetry's semantic conventions
 //!   (`http.client.request.duration`, `rpc.client.duration`).
-//! - `service-config` (off): gRPC's service config JSON ([`grpc`]).
+//! - `service-config` (off): gRPC's service config JSON ([`service_config`]).
+//! - `reqwest` (off): reqwest's client as a tower service ([`reqwest`]); `reqwest-middleware`
+//!   (off): the client preset as a reqwest-middleware `Middleware`.
+//! - `redis` (off): the idempotency layer's Redis store, for a fleet of servers sharing one
+//!   record of keys.
 //! - `tonic` (off): [`tonic::TonicBodyLayer`], the body conversion a tonic `Channel` needs
 //!   as a named layer, so a client's type is writable: [`tonic::TonicClient<Channel>`].
 #![doc(test(attr(deny(warnings))))]
 
+// The rooms, from the wire inwards: what a request and its answer mean (`classify`, `wire`),
+// the one deadline (`deadline`), the client's onion (`client`), the server's (`server`), the
+// idempotency-key protocol, whose two ends live on either side of the wire (`idempotency`), and
+// the integrations.
 #[cfg(feature = "axum")]
 pub mod axum;
-#[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
+pub mod classify;
 pub mod client;
+pub mod deadline;
+mod error;
 mod ext;
-#[cfg(feature = "service-config")]
-pub mod grpc;
+pub mod idempotency;
+pub mod latency;
 #[cfg(feature = "service-config")]
 pub mod methods;
 #[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
+mod route;
+mod rt;
+#[cfg(feature = "metrics")]
 pub mod semconv;
-#[cfg(all(feature = "deadline", feature = "retry"))]
-mod server;
+pub mod server;
+#[cfg(feature = "service-config")]
+pub mod service_config;
 #[cfg(feature = "tonic")]
 pub mod tonic;
-/// The attempt bound (`AttemptTimeoutLayer`): `backstop_deadline::attempt`, under the name the
-/// presets' docs use.
-#[cfg(feature = "deadline")]
-pub use backstop_deadline::attempt as timeout;
+pub mod wire;
 
-/// The circuit breaker: `BreakerConfig`, `BreakerLayer`, states and modes.
-#[cfg(feature = "breaker")]
-pub use backstop_breaker as breaker;
-/// The shared model: classification, gRPC codes, local rejections, errors.
-pub use backstop_core as core;
-/// The metrics every layer records (feature `metrics`): names, labels, when each moves.
-#[cfg(feature = "metrics")]
-pub use backstop_core::metrics;
-/// Deadlines: `Deadline`, the `grpc-timeout` codec, `DeadlineLayer`, `PropagateDeadlineLayer`.
-#[cfg(feature = "deadline")]
-pub use backstop_deadline as deadline;
-/// Idempotency keys: the server's `IdempotencyLayer` and its stores, the client's
-/// `IdempotencyKeyLayer` (which [`ClientBuilder::idempotency_keys`] puts in the HTTP preset).
-#[cfg(feature = "retry")]
-pub use backstop_idempotency as idempotency;
-/// Retries: `RetryConfig`, backoff, budgets, `ReplayBody`, `PushbackLayer`.
-#[cfg(feature = "retry")]
-pub use backstop_retry as retry;
-
-pub use backstop_core::{BoxError, BreakerOpen, ConfigError, DeadlineExceeded};
-#[cfg(feature = "deadline")]
-pub use backstop_deadline::attempt::{
-    Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutFuture, AttemptTimeoutLayer,
-};
-#[cfg(feature = "retry")]
-pub use backstop_retry::ReplayBody;
-#[cfg(all(feature = "deadline", feature = "retry", feature = "breaker"))]
+pub use classify::{Classify, GrpcClassifier, HttpClassifier, Outcome, Retryable};
+pub use client::retry::ReplayBody;
 pub use client::{ClientBuilder, ClientLayer, ClientResponse, GrpcClient, HttpClient};
+pub use error::{
+    AttemptTimedOut, BoxError, BreakerOpen, BulkheadFull, ClientThrottled, ConfigError,
+    DeadlineExceeded, find, is_deadline_exceeded,
+};
 pub use ext::ServiceBuilderExt;
-#[cfg(all(feature = "deadline", feature = "retry"))]
+pub use route::{KeyFn, RouteKey};
+pub(crate) use rt::attempt::FinalAttempt;
+pub use rt::hedge::HedgeDelay;
+pub use rt::reserve::RetryReserve;
 pub use server::{ServerLayer, server};
+pub use wire::body::ResponseBody;
+pub use wire::grpc::{Code, is_grpc};
+pub use wire::hint::ServerHint;
+pub use wire::reject::{NotExecuted, Rejection};
 
 /// Whether `err` (or an error in its source chain) is an open breaker's refusal: the call never
 /// left the process, and [`BreakerOpen::retry_after`] says when calls pass again.
@@ -268,37 +265,25 @@ pub use server::{ServerLayer, server};
 /// assert!(is_breaker_open(err.as_ref()));
 /// ```
 pub fn is_breaker_open(err: &(dyn std::error::Error + 'static)) -> bool {
-    backstop_core::find::<BreakerOpen>(err).is_some()
-}
-
-/// Whether `err` (or an error in its source chain) is the call's deadline passing: the
-/// caller's own (or inherited) deadline, never an attempt's bound.
-pub fn is_deadline_exceeded(err: &(dyn std::error::Error + 'static)) -> bool {
-    backstop_core::find::<DeadlineExceeded>(err).is_some()
+    find::<BreakerOpen>(err).is_some()
 }
 
 /// Whether `err` (or an error in its source chain) is an attempt that ran out of its bound
 /// (the attempt timeout inside the breaker), returned when no retry followed.
 pub fn is_attempt_timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
-    backstop_core::find::<backstop_core::AttemptTimedOut>(err).is_some()
+    find::<AttemptTimedOut>(err).is_some()
 }
 
 /// The names most stacks need, in one import: `use backstop::prelude::*;`.
 pub mod prelude {
     pub use crate::ServiceBuilderExt;
-    #[cfg(feature = "breaker")]
-    pub use backstop_breaker::{BreakerConfig, BreakerLayer, Mode, State};
-    pub use backstop_core::{BoxError, GrpcClassifier, HttpClassifier};
-    #[cfg(feature = "deadline")]
-    pub use backstop_deadline::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
-    #[cfg(feature = "deadline")]
-    pub use backstop_deadline::{
+    pub use crate::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+    pub use crate::client::breaker::{BreakerConfig, BreakerLayer, Mode, State};
+    pub use crate::client::overload::{bulkhead::BulkheadLayer, throttle::ThrottleLayer};
+    pub use crate::client::retry::{PushbackLayer, ReplayBody, RetryConfig, RetryLayer};
+    pub use crate::deadline::{
         Deadline, DeadlineFutureExt, DeadlineLayer, PropagateDeadlineLayer, current,
     };
-    #[cfg(feature = "deadline")]
-    pub use backstop_deadline::{admission::AdmissionLayer, bulkhead::BulkheadLayer};
-    #[cfg(feature = "retry")]
-    pub use backstop_retry::throttle::ThrottleLayer;
-    #[cfg(feature = "retry")]
-    pub use backstop_retry::{PushbackLayer, ReplayBody, RetryConfig, RetryLayer};
+    pub use crate::server::admission::AdmissionLayer;
+    pub use crate::{BoxError, GrpcClassifier, HttpClassifier};
 }

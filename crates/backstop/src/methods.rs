@@ -30,15 +30,13 @@
 //! The layers share the config (read-only) and the budget (lock-free, see its docs); each
 //! method's retry layer keeps its own stats.
 
-use crate::{
-    ClientLayer,
-    grpc::{MethodPolicy, ServiceConfig},
-};
-use backstop_core::{BoxError, GrpcClassifier};
-use backstop_deadline::Deadline;
-use backstop_retry::{
+use crate::ClientLayer;
+use crate::client::retry::{
     Budget, Idempotency, RatioBudget, ReplayBody, Retry, RetryConfig, RetryLayer,
 };
+use crate::deadline::Deadline;
+use crate::service_config::{MethodPolicy, ServiceConfig};
+use crate::{BoxError, GrpcClassifier};
 use http::Request;
 use std::{
     sync::Arc,
@@ -118,24 +116,24 @@ impl MethodsLayer {
         &self.config
     }
 
-    /// The breaker every method shares, for its [`snapshot`](backstop_breaker::BreakerLayer::snapshot)
+    /// The breaker every method shares, for its [`snapshot`](crate::client::breaker::BreakerLayer::snapshot)
     /// and manual modes.
-    pub fn breaker_layer(&self) -> &backstop_breaker::BreakerLayer<GrpcClassifier> {
+    pub fn breaker_layer(&self) -> &crate::client::breaker::BreakerLayer<GrpcClassifier> {
         self.client.breaker_layer()
     }
 
     /// The attempt bound every method shares (its latency model and current bound).
-    pub fn attempt_layer(&self) -> &crate::AttemptTimeoutLayer {
+    pub fn attempt_layer(&self) -> &crate::client::attempt::AttemptTimeoutLayer {
         self.client.attempt_layer()
     }
 
     /// The dependency's measured latency: count and quantiles over the model's window.
-    pub fn latency(&self) -> backstop_core::latency::LatencySnapshot {
+    pub fn latency(&self) -> crate::latency::LatencySnapshot {
         self.client.latency()
     }
 
     /// The deadline propagation layer (a method's `timeout` is applied outside it).
-    pub fn deadline_layer(&self) -> &backstop_deadline::PropagateDeadlineLayer {
+    pub fn deadline_layer(&self) -> &crate::deadline::PropagateDeadlineLayer {
         self.client.deadline_layer()
     }
 
@@ -149,7 +147,7 @@ impl MethodsLayer {
 /// form a breaker keyed by path labels its series with, so the two join): `/pkg.Service/Method`,
 /// `/pkg.Service/*` (every method of it), `*` (the default entry), comma-separated; calls no
 /// entry names are `(none)`.
-fn methods_of(entry: &crate::grpc::MethodConfig) -> String {
+fn methods_of(entry: &crate::service_config::MethodConfig) -> String {
     let names: Vec<String> = entry
         .names
         .iter()
@@ -166,10 +164,15 @@ fn methods_of(entry: &crate::grpc::MethodConfig) -> String {
 /// or axum `State` (for a tonic `Channel`: `backstop::tonic::TonicMethodsClient<Channel>`,
 /// feature `tonic`).
 pub type MethodsClient<S> = MethodTimeout<
-    backstop_deadline::PropagateDeadline<
-        backstop_deadline::bulkhead::Bulkhead<
-            backstop_retry::throttle::Throttle<
-                Methods<backstop_breaker::Breaker<crate::AttemptTimeout<S>, GrpcClassifier>>,
+    crate::deadline::PropagateDeadline<
+        crate::client::overload::bulkhead::Bulkhead<
+            crate::client::overload::throttle::Throttle<
+                Methods<
+                    crate::client::breaker::Breaker<
+                        crate::client::attempt::AttemptTimeout<S>,
+                        GrpcClassifier,
+                    >,
+                >,
                 GrpcClassifier,
             >,
         >,
@@ -313,7 +316,7 @@ impl crate::ClientBuilder<GrpcClassifier> {
     /// else the ratio budget). This preset's own retry layer is not used.
     ///
     /// ```
-    /// use backstop::grpc::ServiceConfig;
+    /// use backstop::service_config::ServiceConfig;
     ///
     /// let config = ServiceConfig::from_json(r#"{ "methodConfig": [
     ///     { "name": [{ "service": "bank.Accounts", "method": "GetBalance" }],
@@ -327,13 +330,13 @@ impl crate::ClientBuilder<GrpcClassifier> {
     ///
     /// # Errors
     ///
-    /// A config [`ServiceConfig::validate`](crate::grpc::ServiceConfig::validate) refuses
+    /// A config [`ServiceConfig::validate`](crate::service_config::ServiceConfig::validate) refuses
     /// (one built or changed by hand: every config `from_json` returns passes), named by the
     /// JSON path of the field at fault; or a misconfiguration a setter of this stack kept
     /// ([`build`](Self::build)).
     pub fn service_config(
         self,
-        config: crate::grpc::ServiceConfig,
+        config: crate::service_config::ServiceConfig,
     ) -> Result<MethodsLayer, crate::ConfigError> {
         MethodsLayer::new(self.build()?, config)
     }

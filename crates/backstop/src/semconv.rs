@@ -42,7 +42,8 @@
 //! each attempt went to.
 //!
 //! ```
-//! use backstop::{ReplayBody, semconv::SemconvLayer};
+//! use backstop::ReplayBody;
+//! use backstop::semconv::SemconvLayer;
 //! use http::{Request, Response};
 //! use std::convert::Infallible;
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -70,7 +71,8 @@
 //! the conventions that define it, milliseconds. `url.scheme`, `network.protocol.version`
 //! and the size histograms are not recorded.
 
-use backstop_core::{BoxError, grpc::GRPC_STATUS, is_grpc};
+use crate::wire::grpc::GRPC_STATUS;
+use crate::{BoxError, is_grpc};
 use http::{HeaderMap, Method, Request, Response};
 use http_body::{Body, Frame};
 use metrics::Label;
@@ -268,26 +270,20 @@ fn method_label(method: &Method) -> &'static str {
 /// The gRPC status code in `headers`, if they carry one (an unreadable one is UNKNOWN, 2).
 /// When an attempt sent at `start` runs out of time: the earlier of what its `grpc-timeout`
 /// tells the server and its `Deadline` extension.
-#[cfg(feature = "deadline")]
 fn expiry<B>(req: &Request<B>, start: Instant) -> Option<Instant> {
     let told = req
         .headers()
-        .get(backstop_core::grpc::GRPC_TIMEOUT)
-        .and_then(|v| backstop_deadline::grpc_timeout::decode_header(v).ok())
+        .get(crate::wire::grpc::GRPC_TIMEOUT)
+        .and_then(|v| crate::wire::grpc_timeout::decode_header(v).ok())
         .and_then(|t| start.checked_add(t));
     let deadline = req
         .extensions()
-        .get::<backstop_deadline::Deadline>()
+        .get::<crate::deadline::Deadline>()
         .map(|d| d.instant());
     match (told, deadline) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-#[cfg(not(feature = "deadline"))]
-fn expiry<B>(_req: &Request<B>, _start: Instant) -> Option<Instant> {
-    None
 }
 
 /// How a call dropped before its response ended: timed out if its time had run out (the
@@ -315,11 +311,11 @@ fn grpc_code(headers: &HeaderMap) -> Option<u32> {
 }
 
 /// How a call that failed with `err` ended: for gRPC, the status gRPC's clients give it (a
-/// local failure's own, [`Rejection::grpc_code`](backstop_core::Rejection::grpc_code): 4 for
+/// local failure's own, [`Rejection::grpc_code`](crate::Rejection::grpc_code): 4 for
 /// either timeout, 14 for a refusal; 14 for a transport error); for HTTP, its low-cardinality
 /// class (`timeout`, `breaker_open`, `throttled`, `bulkhead_full`, else `_OTHER`).
 fn error_end(grpc: bool, err: &(dyn std::error::Error + 'static)) -> End {
-    use backstop_core::Rejection;
+    use crate::Rejection;
     let rejection = Rejection::of(err);
     if grpc {
         return End::Grpc(rejection.map_or(14, |r| r.grpc_code().as_i32() as u32));
@@ -404,7 +400,7 @@ where
                 }
                 // Not a gRPC answer (a proxy's error page): the status gRPC's clients give it.
                 None if response.status() != http::StatusCode::OK => {
-                    let code = backstop_core::Code::of_http_status(response.status());
+                    let code = crate::Code::of_http_status(response.status());
                     call.record(End::Grpc(code.as_i32() as u32));
                     Ok(response.map(|body| SemconvBody { body, call: None }))
                 }

@@ -33,8 +33,8 @@
 //! ```
 
 use crate::ReplayBody;
+use crate::client::retry::CallInfo;
 use ::tonic::body::Body;
-use backstop_retry::CallInfo;
 use http::Request;
 use std::task::{Context, Poll};
 use tower_layer::Layer;
@@ -42,7 +42,6 @@ use tower_service::Service;
 
 /// The [`grpc()`](crate::client::grpc) preset around a tonic transport `S` (a `Channel`),
 /// with [`TonicBodyLayer`] between them.
-#[cfg(feature = "breaker")]
 pub type TonicClient<S> = crate::GrpcClient<TonicBody<S>>;
 
 /// The service-config client ([`ClientBuilder::service_config`](crate::ClientBuilder::service_config))
@@ -57,7 +56,7 @@ pub type TonicMethodsClient<S> = crate::methods::MethodsClient<TonicBody<S>>;
 /// deadline spent before the call was sent).
 ///
 /// ```
-/// use backstop::retry::{CallInfo, GiveUp};
+/// use backstop::client::retry::{CallInfo, GiveUp};
 ///
 /// let mut status = tonic::Status::unavailable("down");
 /// status.metadata_mut().insert("backstop-attempts", "3".parse().unwrap());

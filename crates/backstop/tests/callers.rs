@@ -9,8 +9,9 @@
 //! - every outbound call ends by its deadline, on whichever task it ended up;
 //! - the dependency is told the deadline (`grpc-timeout`) on every attempt.
 
+use backstop::BoxError;
+use backstop::client::retry::ReplayBody;
 use backstop::deadline::{DeadlineFutureExt, current};
-use backstop::{BoxError, retry::ReplayBody};
 use backstop_test_support::{Step, script_answer, scripted, step};
 use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};

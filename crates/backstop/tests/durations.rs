@@ -6,24 +6,20 @@
 //! Defect (outside audit): `attempt_timeout(Duration::MAX)` passed `build()` and panicked on
 //! the first pending call (`Instant + Duration` overflowed in the attempt future).
 
+use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop::client::breaker::{BreakerConfig, BreakerKey};
+use backstop::client::overload::bulkhead::BulkheadLayer;
+use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::client::retry::RetryConfig;
+use backstop::client::retry::backoff::{constant, decorrelated, decorrelated_v2, exponential};
+use backstop::client::retry::budget::RatioBudget;
+use backstop::client::retry::hedge::Hedging;
+use backstop::client::{ClientBuilder, ClientLayer};
+use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer};
 use backstop::idempotency::{IdempotencyConfig, IdempotencyLayer, MemoryStore};
-use backstop::{
-    ConfigError, ReplayBody, ServerLayer,
-    breaker::{BreakerConfig, BreakerKey},
-    client::{ClientBuilder, ClientLayer},
-    core::{HttpClassifier, latency::LatencyModel},
-    deadline::{
-        DeadlineLayer, PropagateDeadlineLayer, admission::AdmissionLayer, bulkhead::BulkheadLayer,
-    },
-    retry::{
-        RetryConfig,
-        backoff::{constant, decorrelated, decorrelated_v2, exponential},
-        budget::RatioBudget,
-        hedge::Hedging,
-        throttle::{AdaptiveThrottle, ThrottleLayer},
-    },
-    timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer},
-};
+use backstop::latency::LatencyModel;
+use backstop::server::admission::AdmissionLayer;
+use backstop::{ConfigError, HttpClassifier, ReplayBody, ServerLayer};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;

@@ -2,7 +2,8 @@
 //! method and path (no query), the attempt and how it failed; the server deadline layer tells
 //! of malformed headers and of what it rejects.
 
-use backstop::{ReplayBody, prelude::*};
+use backstop::ReplayBody;
+use backstop::prelude::*;
 use http::{Request, Response};
 use std::{
     collections::HashMap,
@@ -122,7 +123,7 @@ async fn a_named_keyed_breaker_names_every_key_and_a_passed_layer_keeps_its_name
     let breaker = BreakerConfig::http()
         .minimum_calls(2)
         .jitter(false)
-        .per_key(backstop::breaker::BreakerKey::Path)
+        .per_key(backstop::client::breaker::BreakerKey::Path)
         .build()
         .unwrap()
         .named("inventory-breaker");

@@ -25,7 +25,7 @@ const MS: Duration = Duration::from_millis(1);
 #[cfg(feature = "service-config")]
 #[tokio::test(start_paused = true)]
 async fn a_grpc_call_whose_timeout_cannot_be_retried_gets_the_whole_deadline() {
-    let config = backstop::grpc::ServiceConfig::from_json(
+    let config = backstop::service_config::ServiceConfig::from_json(
         r#"{ "methodConfig": [ { "name": [{}], "timeout": "0.3s",
               "retryPolicy": { "maxAttempts": 3, "initialBackoff": "0.01s",
                 "maxBackoff": "0.1s", "backoffMultiplier": 2,

@@ -4,18 +4,14 @@
 //! throttled, bulkhead full, deadline exceeded, attempt timed out), with and without a
 //! deadline, on the first attempt, on the last retry, and on a hedged call.
 
-use backstop::{
-    ReplayBody,
-    breaker::{BreakerLayer, Mode},
-    client::ClientBuilder,
-    deadline::bulkhead::BulkheadLayer,
-    retry::{
-        RetryOverrides,
-        hedge::Hedging,
-        throttle::{AdaptiveThrottle, ThrottleLayer},
-    },
-};
-use backstop_core::GrpcClassifier;
+use backstop::GrpcClassifier;
+use backstop::ReplayBody;
+use backstop::client::ClientBuilder;
+use backstop::client::breaker::{BreakerLayer, Mode};
+use backstop::client::overload::bulkhead::BulkheadLayer;
+use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::client::retry::RetryOverrides;
+use backstop::client::retry::hedge::Hedging;
 use backstop_test_support::{grpc_call, grpc_status};
 use http::{Request, Response};
 use std::{

@@ -4,11 +4,9 @@
 //! ran releases the key. (Defects found by an outside audit: a 5xx or a deadline's cut
 //! released the key, or kept it claimed until the lock timeout, and a retry charged again.)
 
-use backstop::{
-    core::NotExecuted,
-    deadline::admission::AdmissionLayer,
-    idempotency::{IdempotencyLayer, MemoryStore},
-};
+use backstop::NotExecuted;
+use backstop::idempotency::{IdempotencyLayer, MemoryStore};
+use backstop::server::admission::AdmissionLayer;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;

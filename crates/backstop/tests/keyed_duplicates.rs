@@ -3,11 +3,9 @@
 //! with `Retry-After`, which never wins the race and is retried later, so the caller gets the
 //! one charge's answer. (Defects found by an outside attack on the idempotency work.)
 
-use backstop::{
-    ReplayBody,
-    idempotency::{IdempotencyLayer, MemoryStore},
-    retry::hedge::Hedging,
-};
+use backstop::ReplayBody;
+use backstop::client::retry::hedge::Hedging;
+use backstop::idempotency::{IdempotencyLayer, MemoryStore};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};

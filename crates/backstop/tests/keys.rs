@@ -2,10 +2,8 @@
 //! attempt, and becomes retryable; without the knob it gets no key and is not retried; a key
 //! the caller set and idempotent methods are left alone.
 
-use backstop::{
-    ReplayBody,
-    idempotency::{IdempotencyKeyLayer, KeyGenerator},
-};
+use backstop::ReplayBody;
+use backstop::idempotency::{IdempotencyKeyLayer, KeyGenerator};
 use http::{Request, Response};
 use std::sync::{Arc, Mutex};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -39,7 +37,7 @@ fn flaky(
 }
 
 async fn call(
-    preset: backstop::ClientLayer<backstop::core::HttpClassifier>,
+    preset: backstop::ClientLayer<backstop::HttpClassifier>,
     req: Request<String>,
 ) -> (u16, Vec<Option<String>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));

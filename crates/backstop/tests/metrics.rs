@@ -2,7 +2,8 @@
 //! recording recorder: the facade's names and labels are what an exporter would publish.
 #![cfg(feature = "metrics")]
 
-use backstop::{ReplayBody, prelude::*};
+use backstop::ReplayBody;
+use backstop::prelude::*;
 use backstop_test_support::{grpc_reply as grpc_status, reply as status};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
@@ -109,7 +110,10 @@ fn failures(recorded: &Recorded, error_type: &str) -> u64 {
 
 /// GETs `paths` through the HTTP preset named `inventory`, one attempt each, with `breaker`,
 /// from a dependency that answers 503 twice, then 200.
-async fn call_through(breaker: backstop::breaker::BreakerLayer<HttpClassifier>, paths: &[&str]) {
+async fn call_through(
+    breaker: backstop::client::breaker::BreakerLayer<HttpClassifier>,
+    paths: &[&str],
+) {
     let mut client = ServiceBuilder::new()
         .layer(
             backstop::client::http()
@@ -145,7 +149,7 @@ fn empty_message() -> Full<Bytes> {
 
 /// A service config for `pkg.Billing/GetBalance` alone: up to `max_attempts` on UNAVAILABLE.
 #[cfg(feature = "service-config")]
-fn billing_config(max_attempts: u32) -> backstop::grpc::ServiceConfig {
+fn billing_config(max_attempts: u32) -> backstop::service_config::ServiceConfig {
     let json = format!(
         r#"{{
         "methodConfig": [{{
@@ -157,7 +161,7 @@ fn billing_config(max_attempts: u32) -> backstop::grpc::ServiceConfig {
         }}]
     }}"#
     );
-    backstop::grpc::ServiceConfig::from_json(&json).unwrap()
+    backstop::service_config::ServiceConfig::from_json(&json).unwrap()
 }
 
 /// Answers the statuses in `script`, then 200.
@@ -511,8 +515,8 @@ fn a_grpc_attempt_timeout_is_not_an_expired_deadline() {
         assert_eq!(response.headers()["grpc-status"], "4");
         assert_eq!(response.headers()["grpc-message"], "attempt timed out");
         assert_eq!(
-            response.extensions().get::<backstop::core::Rejection>(),
-            Some(&backstop::core::Rejection::AttemptTimedOut)
+            response.extensions().get::<backstop::Rejection>(),
+            Some(&backstop::Rejection::AttemptTimedOut)
         );
     });
     let expired = backstop::metrics::DEADLINE_EXPIRED;
@@ -682,7 +686,7 @@ fn a_keyed_breaker_reports_under_its_key() {
         let breaker = backstop::client::http_breaker()
             .consecutive_failures(2)
             .jitter(false)
-            .per_key(backstop::breaker::BreakerKey::Path)
+            .per_key(backstop::client::breaker::BreakerKey::Path)
             .build()
             .unwrap();
         call_through(breaker, &["/down", "/down", "/down", "/up"]).await;
@@ -802,7 +806,7 @@ fn a_keyed_presets_attempt_durations_carry_the_route() {
             Ok::<_, Infallible>(status(200))
         });
         let breaker = backstop::client::http_breaker()
-            .per_key(backstop::breaker::BreakerKey::Path)
+            .per_key(backstop::client::breaker::BreakerKey::Path)
             .build()
             .unwrap();
         let mut client = ServiceBuilder::new()
@@ -844,7 +848,7 @@ fn breaker_and_client_series_join_on_the_route() {
         let config = billing_config(2);
         let breaker = backstop::client::grpc_breaker()
             .consecutive_failures(100)
-            .per_key(backstop::breaker::BreakerKey::Path)
+            .per_key(backstop::client::breaker::BreakerKey::Path)
             .build()
             .unwrap();
         let layer = backstop::client::grpc()
@@ -1042,9 +1046,9 @@ fn overloaded(
 /// dependency answers again and the throttle has let go, it reads 0 (it kept the last
 /// refusal's value before).
 /// The adaptive throttle these tests share, seeded so its draws repeat.
-fn seeded_throttle() -> Arc<backstop::retry::throttle::AdaptiveThrottle> {
+fn seeded_throttle() -> Arc<backstop::client::overload::throttle::AdaptiveThrottle> {
     Arc::new(
-        backstop::retry::throttle::AdaptiveThrottle::builder()
+        backstop::client::overload::throttle::AdaptiveThrottle::builder()
             .seed(28)
             .build()
             .unwrap(),
@@ -1054,7 +1058,7 @@ fn seeded_throttle() -> Arc<backstop::retry::throttle::AdaptiveThrottle> {
 /// The HTTP preset named `inventory`, one attempt, behind `throttle`, with a breaker that
 /// never opens: every call the throttle lets through is sent.
 fn throttled_inventory(
-    throttle: Arc<backstop::retry::throttle::AdaptiveThrottle>,
+    throttle: Arc<backstop::client::overload::throttle::AdaptiveThrottle>,
 ) -> backstop::client::ClientLayer<HttpClassifier> {
     let breaker = BreakerConfig::http()
         .count_window(100_000)
@@ -1065,7 +1069,7 @@ fn throttled_inventory(
         .name("inventory")
         .max_attempts(1)
         .breaker(breaker)
-        .throttle(backstop::retry::throttle::ThrottleLayer::with(
+        .throttle(backstop::client::overload::throttle::ThrottleLayer::with(
             throttle,
             HttpClassifier::new(),
         ))
@@ -1162,7 +1166,7 @@ fn a_throttle_refusal_counts_under_its_dependency_with_the_probability() {
 #[test]
 fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
     let metrics = recorded(|| async {
-        let bulkhead = backstop::deadline::bulkhead::BulkheadLayer::builder(1)
+        let bulkhead = backstop::client::overload::bulkhead::BulkheadLayer::builder(1)
             .max_queue(1)
             .max_wait(Duration::from_millis(50))
             .build()
@@ -1189,7 +1193,7 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
             req
         };
         let knob = |err: BoxError| {
-            backstop::core::find::<backstop::core::BulkheadFull>(err.as_ref())
+            backstop::find::<backstop::BulkheadFull>(err.as_ref())
                 .expect("a bulkhead refusal")
                 .knob()
                 .to_owned()
@@ -1552,16 +1556,12 @@ fn ends(recorded: &Recorded, name: &str) -> Vec<(String, usize)> {
 /// cancelled (1); a refusal is its own low-cardinality class (gRPC: UNAVAILABLE, 14).
 #[test]
 fn semconv_gives_every_local_outcome_its_error_type_and_status() {
-    use backstop::{
-        breaker::Mode,
-        deadline::bulkhead::BulkheadLayer,
-        retry::{
-            RetryOverrides,
-            hedge::Hedging,
-            throttle::{AdaptiveThrottle, ThrottleLayer},
-        },
-        semconv::{HTTP_CLIENT_REQUEST_DURATION, RPC_CLIENT_DURATION, SemconvLayer},
-    };
+    use backstop::client::breaker::Mode;
+    use backstop::client::overload::bulkhead::BulkheadLayer;
+    use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+    use backstop::client::retry::RetryOverrides;
+    use backstop::client::retry::hedge::Hedging;
+    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, RPC_CLIENT_DURATION, SemconvLayer};
     const MS: Duration = Duration::from_millis(1);
     #[derive(Debug, Clone, Copy, PartialEq)]
     enum Case {
@@ -1746,8 +1746,8 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
 /// happened). Found by a new user: none of these had a series.
 #[test]
 fn each_keyed_request_is_counted_under_its_idempotency_outcome() {
+    use backstop::NotExecuted;
     use backstop::idempotency::{IdempotencyLayer, MemoryStore};
-    use backstop_core::NotExecuted;
     const NAME: &str = backstop::metrics::IDEMPOTENCY_REQUESTS;
     let metrics = recorded(|| async {
         let server = ServiceBuilder::new()

@@ -3,17 +3,15 @@
 //! never sent, never retried and never a breaker failure; the server preset's admission
 //! refuses a request too short of time without calling its handler.
 
-use backstop::{
-    ReplayBody,
-    client::{call_info, error_info},
-    deadline::{Deadline, admission::AdmissionLayer, bulkhead::BulkheadLayer},
-    prelude::*,
-    retry::{
-        CallInfo, GiveUp,
-        throttle::{AdaptiveThrottle, ThrottleLayer},
-    },
-};
-use backstop_core::{BulkheadFull, ClientThrottled, HttpClassifier};
+use backstop::ReplayBody;
+use backstop::client::overload::bulkhead::BulkheadLayer;
+use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::client::retry::{CallInfo, GiveUp};
+use backstop::client::{call_info, error_info};
+use backstop::deadline::Deadline;
+use backstop::prelude::*;
+use backstop::server::admission::AdmissionLayer;
+use backstop::{BulkheadFull, ClientThrottled, HttpClassifier};
 use futures_util::{StreamExt, stream::FuturesUnordered};
 use http::{Request, Response};
 use std::{
@@ -111,7 +109,7 @@ async fn a_throttled_http_call_is_refused_not_sent_not_retried_not_a_breaker_fai
             }
             Err(err) => {
                 assert!(
-                    backstop_core::find::<ClientThrottled>(err.as_ref()).is_some(),
+                    backstop::find::<ClientThrottled>(err.as_ref()).is_some(),
                     "{err}"
                 );
                 assert_eq!(
@@ -172,8 +170,8 @@ async fn a_throttled_grpc_call_is_a_trailers_only_unavailable_never_sent() {
             assert_eq!(call_info(&response).attempts(), 0);
             assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
             assert_eq!(
-                response.extensions().get::<backstop_core::Rejection>(),
-                Some(&backstop_core::Rejection::ClientThrottled)
+                response.extensions().get::<backstop::Rejection>(),
+                Some(&backstop::Rejection::ClientThrottled)
             );
             throttled += 1;
         }
@@ -240,7 +238,7 @@ async fn a_full_bulkhead_refuses_a_call_that_cannot_wait_at_once_and_never_sends
     let asked = tokio::time::Instant::now();
     let err = client.clone().oneshot(get_within(200)).await.unwrap_err();
     assert_eq!(asked.elapsed(), Duration::ZERO);
-    let full = backstop_core::find::<BulkheadFull>(err.as_ref()).expect("a bulkhead refusal");
+    let full = backstop::find::<BulkheadFull>(err.as_ref()).expect("a bulkhead refusal");
     assert_eq!(full.knob(), "max_concurrency");
     assert!(holder.await.unwrap().is_ok());
 
@@ -296,8 +294,8 @@ async fn a_full_bulkhead_answers_grpc_with_a_trailers_only_unavailable() {
     assert_eq!(response.headers()["grpc-status"], "14");
     assert_eq!(response.headers()["grpc-retry-pushback-ms"], "-1");
     assert_eq!(
-        response.extensions().get::<backstop_core::Rejection>(),
-        Some(&backstop_core::Rejection::BulkheadFull)
+        response.extensions().get::<backstop::Rejection>(),
+        Some(&backstop::Rejection::BulkheadFull)
     );
     assert_eq!(answered.headers()["grpc-status"], "0");
     assert_eq!(hits.load(Ordering::SeqCst), 1);
@@ -371,7 +369,8 @@ async fn the_server_preset_without_admission_calls_every_handler() {
 #[tokio::test(start_paused = true)]
 async fn the_service_config_client_keeps_the_presets_bulkhead_for_every_method() {
     let hits = Arc::new(AtomicU32::new(0));
-    let config = backstop::grpc::ServiceConfig::from_json(r#"{ "methodConfig": [] }"#).unwrap();
+    let config =
+        backstop::service_config::ServiceConfig::from_json(r#"{ "methodConfig": [] }"#).unwrap();
     let backend = backstop::client::grpc()
         .bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap())
         .service_config(config)
@@ -381,8 +380,8 @@ async fn the_service_config_client_keeps_the_presets_bulkhead_for_every_method()
         .service(slow_grpc_ok(&hits));
     let (response, answered) = a_call_beside_the_permit_holder(&client).await;
     assert_eq!(
-        response.extensions().get::<backstop_core::Rejection>(),
-        Some(&backstop_core::Rejection::BulkheadFull)
+        response.extensions().get::<backstop::Rejection>(),
+        Some(&backstop::Rejection::BulkheadFull)
     );
     assert_eq!(answered.headers()["grpc-status"], "0");
     assert_eq!(hits.load(Ordering::SeqCst), 1);
@@ -536,7 +535,7 @@ async fn local_refusals_do_not_shrink_the_bulkheads_hold_time() {
     tokio::time::advance(Duration::from_millis(200)).await;
     for _ in 0..20 {
         let err = client.clone().oneshot(get_within(1_000)).await.unwrap_err();
-        assert!(backstop_core::find::<backstop_core::ClientThrottled>(&*err).is_some());
+        assert!(backstop::find::<backstop::ClientThrottled>(&*err).is_some());
     }
     // The episode leaves the window; the dependency still holds a call 300 ms.
     tokio::time::advance(Duration::from_secs(31)).await;
@@ -547,10 +546,7 @@ async fn local_refusals_do_not_shrink_the_bulkheads_hold_time() {
     let asked = Instant::now();
     let err = client.clone().oneshot(get_within(200)).await.unwrap_err();
     let waited = asked.elapsed();
-    assert!(
-        backstop_core::find::<BulkheadFull>(&*err).is_some(),
-        "{err}"
-    );
+    assert!(backstop::find::<BulkheadFull>(&*err).is_some(), "{err}");
     assert!(holder.await.unwrap().is_ok());
     assert_eq!(
         waited,

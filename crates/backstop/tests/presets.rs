@@ -1,11 +1,9 @@
 //! The presets end to end, with a mock dependency under paused time.
 
-use backstop::{
-    BreakerOpen, ReplayBody,
-    prelude::*,
-    timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer},
-};
-use backstop_core::AttemptTimedOut;
+use backstop::AttemptTimedOut;
+use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop::prelude::*;
+use backstop::{BreakerOpen, ReplayBody};
 use backstop_test_support::{Latency, adjustable as slow};
 use http::{Request, Response};
 use std::{
@@ -58,7 +56,7 @@ async fn an_outage_costs_the_dependency_probes_not_retries() {
             Ok(response) => assert_eq!(response.status(), 503),
             Err(err) => {
                 assert!(
-                    backstop_core::find::<BreakerOpen>(err.as_ref()).is_some(),
+                    backstop::find::<BreakerOpen>(err.as_ref()).is_some(),
                     "{err}"
                 );
                 refused += 1;
@@ -85,7 +83,7 @@ async fn a_timed_out_attempt_is_a_failure_the_breaker_counts() {
     for _ in 0..2 {
         let err = client.clone().oneshot(get()).await.unwrap_err();
         assert!(
-            backstop_core::find::<AttemptTimedOut>(err.as_ref()).is_some(),
+            backstop::find::<AttemptTimedOut>(err.as_ref()).is_some(),
             "{err}"
         );
     }
@@ -124,8 +122,8 @@ fn deadline_of(ms: u64) -> PropagateDeadlineLayer {
 /// One attempt per request and a breaker that opens after two failures: each timed-out
 /// attempt shows in the breaker at once.
 fn one_attempt_two_to_open(
-    backend: backstop::ClientBuilder<backstop_core::HttpClassifier>,
-) -> backstop::ClientLayer<backstop_core::HttpClassifier> {
+    backend: backstop::ClientBuilder<backstop::HttpClassifier>,
+) -> backstop::ClientLayer<backstop::HttpClassifier> {
     backend
         .retry(RetryConfig::http().max_attempts(1).build().unwrap())
         .breaker(opens_after_two())
@@ -222,7 +220,7 @@ async fn a_fast_dependency_s_hang_is_cut_near_its_measured_floor() {
     let err = client.oneshot(get()).await.unwrap_err();
     let took = started.elapsed();
     assert!(
-        backstop_core::find::<AttemptTimedOut>(err.as_ref()).is_some(),
+        backstop::find::<AttemptTimedOut>(err.as_ref()).is_some(),
         "{err}"
     );
     assert!(
@@ -332,7 +330,7 @@ async fn grpc_timeout_says_the_attempt_bound_when_it_is_shorter() {
         let header = req.headers().get("grpc-timeout").cloned();
         log.lock().unwrap().push(
             header
-                .map(|v| backstop::deadline::grpc_timeout::decode_header(&v).unwrap())
+                .map(|v| backstop::wire::grpc_timeout::decode_header(&v).unwrap())
                 .unwrap_or(Duration::MAX),
         );
         async {
@@ -397,7 +395,7 @@ async fn a_single_attempt_takes_the_whole_deadline_and_its_timeout_is_counted() 
         assert_eq!(started.elapsed(), Duration::from_millis(400));
         let told = seen.lock().unwrap().clone().unwrap();
         assert_eq!(
-            backstop::deadline::grpc_timeout::decode_header(&told).unwrap(),
+            backstop::wire::grpc_timeout::decode_header(&told).unwrap(),
             Duration::from_millis(400)
         );
     }
@@ -434,7 +432,7 @@ async fn a_grpc_attempt_out_of_time_answers_deadline_exceeded() {
     let mut idempotent = request();
     idempotent
         .extensions_mut()
-        .insert(backstop::retry::RetryOverrides::new().idempotent(true));
+        .insert(backstop::client::retry::RetryOverrides::new().idempotent(true));
     let started = tokio::time::Instant::now();
     let response = client.clone().oneshot(idempotent).await.unwrap();
     assert_eq!(response.headers()["grpc-status"], "4");
@@ -601,7 +599,7 @@ async fn an_expired_grpc_attempt_gives_up_for_the_same_reason_either_way() {
     let answers_at_its_deadline = service_fn(|req: Request<ReplayBody<String>>| {
         let told = req.headers()["grpc-timeout"].clone();
         async move {
-            let told = backstop::deadline::grpc_timeout::decode_header(&told).unwrap();
+            let told = backstop::wire::grpc_timeout::decode_header(&told).unwrap();
             tokio::time::sleep(told).await;
             let response = Response::builder()
                 .header("content-type", "application/grpc")
@@ -640,12 +638,12 @@ async fn an_expired_grpc_attempt_gives_up_for_the_same_reason_either_way() {
         assert_eq!(response.headers()["grpc-status"], "4");
         let stats = backend.retry_layer().stats();
         assert_eq!(
-            stats.gave_up(backstop::retry::GiveUp::NotIdempotent),
+            stats.gave_up(backstop::client::retry::GiveUp::NotIdempotent),
             1,
             "{stats:?}"
         );
         assert_eq!(
-            stats.gave_up(backstop::retry::GiveUp::NotRetryable),
+            stats.gave_up(backstop::client::retry::GiveUp::NotRetryable),
             0,
             "{stats:?}"
         );
@@ -669,7 +667,7 @@ async fn each_response_tells_its_attempts_and_why_it_gave_up() {
     });
     let backend = backstop::client::http().build().unwrap();
     let client = ServiceBuilder::new().layer(backend).service(flaky);
-    let info = |r: &backstop::ClientResponse<String, backstop_core::HttpClassifier>| {
+    let info = |r: &backstop::ClientResponse<String, backstop::HttpClassifier>| {
         let info = backstop::client::call_info(r);
         (info.attempts(), info.gave_up())
     };
@@ -680,19 +678,19 @@ async fn each_response_tells_its_attempts_and_why_it_gave_up() {
     let out = client.clone().oneshot(get()).await.unwrap();
     assert_eq!(
         (out.status().as_u16(), info(&out)),
-        (503, (3, Some(backstop::retry::GiveUp::Attempts)))
+        (503, (3, Some(backstop::client::retry::GiveUp::Attempts)))
     );
     // A POST is not retried.
     let post = Request::post("http://dep/x").body(String::new()).unwrap();
     let once = client.clone().oneshot(post).await.unwrap();
     assert_eq!(
         info(&once),
-        (1, Some(backstop::retry::GiveUp::NotIdempotent))
+        (1, Some(backstop::client::retry::GiveUp::NotIdempotent))
     );
 }
 
 /// A breaker that opens once two calls have failed (no jitter).
-fn opens_after_two() -> backstop::breaker::BreakerLayer<backstop_core::HttpClassifier> {
+fn opens_after_two() -> backstop::client::breaker::BreakerLayer<backstop::HttpClassifier> {
     BreakerConfig::http()
         .minimum_calls(2)
         .jitter(false)
@@ -733,7 +731,7 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
         })
     }
     async fn sent(
-        backend: backstop::ClientBuilder<backstop_core::HttpClassifier>,
+        backend: backstop::ClientBuilder<backstop::HttpClassifier>,
         fail: u32,
         req: Request<String>,
     ) -> Vec<Vec<http::HeaderValue>> {
@@ -784,7 +782,7 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
         "{retried:?}"
     );
     assert_eq!(retried[0], one(&["1S"])[0]);
-    let told = |v: &http::HeaderValue| backstop::deadline::grpc_timeout::decode_header(v).unwrap();
+    let told = |v: &http::HeaderValue| backstop::wire::grpc_timeout::decode_header(v).unwrap();
     assert!(told(&retried[1][0]) < Duration::from_secs(1));
     assert!(told(&retried[2][0]) <= told(&retried[1][0]));
     // The deadline layer alone still writes its own header.
@@ -802,8 +800,12 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
 /// Call `n`'s latency from a seeded log-normal distribution: median 10 ms, σ = 1 (so p95 ≈
 /// 52 ms, p99 ≈ 102 ms), by Box–Muller from two uniforms drawn for `n`.
 fn log_normal(seed: u64, n: u32) -> Duration {
+    // SplitMix64 of `seed + k`: a uniform in [0, 1) per draw, the same on every run.
     let unit = |k: u64| {
-        (backstop_core::__private::mix::splitmix(seed, k) >> 11) as f64 / (1u64 << 53) as f64
+        let mut z = seed.wrapping_add(k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
     };
     let k = 2 * u64::from(n);
     let (u1, u2) = (unit(k).max(f64::MIN_POSITIVE), unit(k + 1));
@@ -830,7 +832,7 @@ async fn measured_hedging_hedges_about_one_call_in_twenty() {
     let hedged = backend.retry_layer().stats().hedges - before;
     let rate = f64::from(hedged as u32) / f64::from(calls);
     // The delay the hedges go at: the model's p95, which is the true one (≈ 52 ms).
-    use backstop::retry::hedge::HedgeDelay;
+    use backstop::client::retry::hedge::HedgeDelay;
     let delay = backend.attempt_layer().hedge_delay(0.95).unwrap().delay();
     let delay = delay.expect("a trusted model");
     println!("hedged {rate:.4} of calls, at {delay:?}");
@@ -868,9 +870,9 @@ async fn a_hedged_request_tells_each_attempt_once() {
     let backend = backstop::client::http()
         .deadline(deadline_of(1_000))
         .attempt(AttemptTimeoutLayer::new(AttemptBound::None).unwrap())
-        .hedging_with(backstop::retry::hedge::Hedging::new(Duration::from_millis(
-            50,
-        )))
+        .hedging_with(backstop::client::retry::hedge::Hedging::new(
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap();
     let client = ServiceBuilder::new()
@@ -880,7 +882,7 @@ async fn a_hedged_request_tells_each_attempt_once() {
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert!(seen.iter().all(|values| values.len() == 1), "{seen:?}");
-    let told = |v: &http::HeaderValue| backstop::deadline::grpc_timeout::decode_header(v).unwrap();
+    let told = |v: &http::HeaderValue| backstop::wire::grpc_timeout::decode_header(v).unwrap();
     assert_eq!(told(&seen[0][0]), Duration::from_secs(1));
     assert_eq!(told(&seen[1][0]), Duration::from_millis(950));
     assert_eq!(backend.retry_layer().stats().hedges, 1);
@@ -964,7 +966,7 @@ async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
     assert_eq!(response.status(), 503);
     assert_eq!(
         (info.attempts(), info.gave_up()),
-        (1, Some(backstop::retry::GiveUp::Reserve))
+        (1, Some(backstop::client::retry::GiveUp::Reserve))
     );
     assert_eq!(
         calls.load(Ordering::SeqCst) - before,
@@ -1042,9 +1044,9 @@ fn a_slow_report(
 }
 
 /// The HTTP preset's breaker, one per path.
-fn path_keyed_breaker() -> backstop::breaker::BreakerLayer<HttpClassifier> {
+fn path_keyed_breaker() -> backstop::client::breaker::BreakerLayer<HttpClassifier> {
     backstop::client::http_breaker()
-        .per_key(backstop::breaker::BreakerKey::Path)
+        .per_key(backstop::client::breaker::BreakerKey::Path)
         .build()
         .unwrap()
 }
@@ -1207,7 +1209,7 @@ async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
     let template = backstop::client::http()
         .name("inventory")
         // Three failures in a row would trip the throttle, which is not under test.
-        .throttle(backstop::retry::throttle::ThrottleLayer::off());
+        .throttle(backstop::client::overload::throttle::ThrottleLayer::off());
     let three = template.clone().build().unwrap();
     let client = tower::Layer::layer(&three, answering(503));
     client.oneshot(get()).await.unwrap();
@@ -1246,7 +1248,7 @@ async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
 async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept() {
     let template = backstop::client::http()
         .max_attempts(1)
-        .throttle(backstop::retry::throttle::ThrottleLayer::off())
+        .throttle(backstop::client::overload::throttle::ThrottleLayer::off())
         .breaker(opens_after_two());
     let inventory = template.clone().name("inventory").build().unwrap();
     let billing = template.name("billing").build().unwrap();
@@ -1276,7 +1278,10 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
     let client = tower::Layer::layer(&stack, answering(503));
     // Its two failures open it: the caller's handle sees them.
     let _ = client.oneshot(get()).await;
-    assert_eq!(mine.snapshot().state, backstop::breaker::State::Open);
+    assert_eq!(
+        mine.snapshot().state,
+        backstop::client::breaker::State::Open
+    );
 }
 
 // Names as configuration: what two stacks named from one template share (nothing the stack
@@ -1304,7 +1309,7 @@ async fn named_stacks_from_one_template_do_not_share_the_throttle_window() {
     for _ in 0..20 {
         if let Err(err) = healthy.clone().oneshot(get()).await {
             assert!(
-                backstop_core::find::<backstop_core::ClientThrottled>(err.as_ref()).is_some(),
+                backstop::find::<backstop::ClientThrottled>(err.as_ref()).is_some(),
                 "{err}"
             );
             refused += 1;
@@ -1330,7 +1335,7 @@ async fn named_stacks_from_one_template_do_not_share_the_throttle_window() {
 async fn named_stacks_from_one_template_do_not_share_the_retry_budget() {
     let template = backstop::client::http()
         .max_attempts(2)
-        .throttle(backstop::retry::throttle::ThrottleLayer::off());
+        .throttle(backstop::client::overload::throttle::ThrottleLayer::off());
     let inventory = template.clone().name("inventory").build().unwrap();
     let billing = template.name("billing").build().unwrap();
     // Inventory answers 429 (always retryable, not a breaker failure): its retries drain
@@ -1339,7 +1344,8 @@ async fn named_stacks_from_one_template_do_not_share_the_retry_budget() {
     let mut drained = false;
     for _ in 0..200 {
         let response = overloaded.clone().oneshot(get()).await.unwrap();
-        if backstop::client::call_info(&response).gave_up() == Some(backstop::retry::GiveUp::Budget)
+        if backstop::client::call_info(&response).gave_up()
+            == Some(backstop::client::retry::GiveUp::Budget)
         {
             drained = true;
             break;
@@ -1382,8 +1388,8 @@ async fn named_stacks_from_one_template_do_not_share_the_retry_budget() {
 #[tokio::test(start_paused = true)]
 async fn a_measured_hedge_delay_follows_name_given_before_or_after_it() {
     async fn hedges_of(name_first: bool) -> u64 {
-        let stack =
-            backstop::client::http().throttle(backstop::retry::throttle::ThrottleLayer::off());
+        let stack = backstop::client::http()
+            .throttle(backstop::client::overload::throttle::ThrottleLayer::off());
         let stack = if name_first {
             stack.name("search")
         } else {
@@ -1418,20 +1424,22 @@ async fn a_measured_hedge_delay_follows_name_given_before_or_after_it() {
 #[tokio::test(start_paused = true)]
 async fn a_named_attempt_layer_passed_to_two_keyed_stacks_is_shared() {
     let adaptive = || {
-        backstop::AttemptTimeoutLayer::new(backstop::AttemptBound::Adaptive(
-            backstop::Adaptive::new(),
-        ))
+        backstop::client::attempt::AttemptTimeoutLayer::new(
+            backstop::client::attempt::AttemptBound::Adaptive(
+                backstop::client::attempt::Adaptive::new(),
+            ),
+        )
         .unwrap()
     };
     let template = backstop::client::http()
-        .throttle(backstop::retry::throttle::ThrottleLayer::off())
+        .throttle(backstop::client::overload::throttle::ThrottleLayer::off())
         .breaker(path_keyed_breaker());
     for keyed_by_owner in [false, true] {
         let shared = match keyed_by_owner {
             false => adaptive().named("search"),
             true => adaptive()
                 .named("search")
-                .per_key(backstop::breaker::BreakerKey::Path, 64)
+                .per_key(backstop::client::breaker::BreakerKey::Path, 64)
                 .unwrap(),
         };
         let first = template.clone().attempt(shared.clone()).name("search");
@@ -1465,7 +1473,7 @@ async fn a_named_attempt_layer_passed_to_two_keyed_stacks_is_shared() {
 #[tokio::test(start_paused = true)]
 async fn a_measured_hedge_delay_follows_a_keyed_breaker_given_after_it() {
     let stack = backstop::client::http()
-        .throttle(backstop::retry::throttle::ThrottleLayer::off())
+        .throttle(backstop::client::overload::throttle::ThrottleLayer::off())
         .name("search")
         .hedging_at(0.95, 2)
         .breaker(path_keyed_breaker())

@@ -3,11 +3,11 @@
 //! order.
 #![cfg(feature = "service-config")]
 
-use backstop::grpc::{
+use backstop::Code;
+use backstop::service_config::{
     HedgingPolicyConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
     ServiceConfig,
 };
-use backstop_core::Code;
 use std::time::Duration;
 
 use backstop_test_support::MS;
@@ -366,20 +366,20 @@ fn policies_become_retry_policies_hedging_and_a_throttle() {
     assert!(r.retry_policy().build().is_ok());
     assert_eq!(
         r.backoff(),
-        backstop::retry::backoff::exponential(200 * MS, 2000 * MS)
+        backstop::client::retry::backoff::exponential(200 * MS, 2000 * MS)
             .multiplier(3.0)
-            .jitter(backstop::retry::backoff::Jitter::Proportional(0.2))
+            .jitter(backstop::client::retry::backoff::Jitter::Proportional(0.2))
     );
     let Some(MethodPolicy::Hedging(h)) = &config.methods[1].policy else {
         panic!("a hedging policy")
     };
     assert!(
-        backstop::retry::RetryConfig::grpc()
+        backstop::client::retry::RetryConfig::grpc()
             .hedging(h.hedging())
             .build()
             .is_ok()
     );
-    use backstop::retry::Budget;
+    use backstop::client::retry::Budget;
     let throttle = config.retry_throttling.unwrap().throttle();
     assert_eq!(throttle.balance(), 10.0);
     assert_eq!(
@@ -472,8 +472,11 @@ fn every_value_a6_allows_builds_a_client() {
     );
     assert_eq!(
         policy.backoff(),
-        backstop::retry::backoff::exponential(100 * MS, backstop::retry::backoff::MAX_DELAY)
-            .jitter(backstop::retry::backoff::Jitter::Proportional(0.2))
+        backstop::client::retry::backoff::exponential(
+            100 * MS,
+            backstop::client::retry::backoff::MAX_DELAY
+        )
+        .jitter(backstop::client::retry::backoff::Jitter::Proportional(0.2))
     );
 }
 
@@ -528,7 +531,7 @@ fn a_config_built_by_hand_is_refused_by_its_json_path() {
     };
     let with = |policy: MethodPolicy| ServiceConfig {
         methods: vec![
-            backstop::grpc::MethodConfig {
+            backstop::service_config::MethodConfig {
                 names: vec![MethodName {
                     service: Some("a.A".into()),
                     method: None,
@@ -536,7 +539,7 @@ fn a_config_built_by_hand_is_refused_by_its_json_path() {
                 timeout: None,
                 policy: None,
             },
-            backstop::grpc::MethodConfig {
+            backstop::service_config::MethodConfig {
                 names: vec![MethodName {
                     service: Some("s.S".into()),
                     method: None,
@@ -875,7 +878,7 @@ mod dispatch {
 /// (`random(0, …)`) gave 96, 56, 330, 647 ms: a second retry sooner than the first.
 #[test]
 fn the_backoff_is_a6_2024s_envelope_a_fifth_either_side() {
-    use backstop::retry::backoff::{Backoff, BackoffState, Rng};
+    use backstop::client::retry::backoff::{Backoff, BackoffState, Rng};
     let config = ServiceConfig::from_json(&retry(
         r#""maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
     ))

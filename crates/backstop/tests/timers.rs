@@ -3,7 +3,7 @@
 //! and however the attempts go (`tests/callers.rs` varies what the caller does instead): every call ends by its deadline, and a first attempt that answers within its bound and
 //! the deadline is the answer, at exactly that time.
 
-use backstop::{retry::ReplayBody, retry::RetryConfig};
+use backstop::client::retry::{ReplayBody, RetryConfig};
 use backstop_test_support::{script_answer, scripted, step};
 use http::Request;
 use std::time::Duration;

@@ -3,9 +3,10 @@
 //! built, and whatever deadline or header the caller already put on the request. Defects
 //! found attacking the "each layer owns its timer" change from the caller's side.
 
-use backstop::deadline::{Deadline, PropagateDeadlineLayer, grpc_timeout};
-use backstop::retry::{RetryConfig, backoff};
-use backstop::timeout::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop::client::retry::{RetryConfig, backoff};
+use backstop::deadline::{Deadline, PropagateDeadlineLayer};
+use backstop::wire::grpc_timeout;
 use backstop::{BoxError, ReplayBody};
 use backstop_test_support::{grpc_call, grpc_reply, never, telling};
 use http::{Request, Response};
@@ -95,7 +96,7 @@ async fn the_preset_sends_no_attempt_with_nothing_left_on_the_wire() {
     let info = backstop::client::call_info(&response);
     assert_eq!(
         info,
-        backstop::retry::CallInfo::new(1, Some(backstop::retry::GiveUp::Deadline))
+        backstop::client::retry::CallInfo::new(1, Some(backstop::client::retry::GiveUp::Deadline))
     );
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
@@ -172,7 +173,7 @@ async fn a_silent_deadline_layer_never_lets_the_server_hear_more_than_is_left() 
 /// 240 ms; gRPC's own clients wait the full 300 ms and say so.
 #[tokio::test(start_paused = true)]
 async fn a_call_no_retry_can_follow_gets_the_whole_deadline() {
-    let config = backstop::grpc::ServiceConfig::from_json(
+    let config = backstop::service_config::ServiceConfig::from_json(
         r#"{ "methodConfig": [ { "name": [{}], "timeout": "0.3s" } ] }"#,
     )
     .unwrap();

@@ -19,11 +19,9 @@ use axum::{
     extract::{Path, State},
     routing::get,
 };
-use backstop::{
-    ReplayBody,
-    axum::CallError,
-    deadline::{DeadlineLayer, PropagateDeadlineLayer, current},
-};
+use backstop::ReplayBody;
+use backstop::axum::CallError;
+use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer, current};
 use bytes::Bytes;
 use http::{Request, Uri};
 use http_body_util::{BodyExt, Empty};

@@ -2,11 +2,11 @@
 //!
 //! (`cargo run -p example-axum-server -- --addr 127.0.0.1:3000` gives it something to call.)
 //! reqwest's `Client` driven as a `tower::Service<http::Request<_>>` through
-//! `backstop_reqwest::Reqwest`, under `backstop::client::http().build().unwrap()`: a deadline sent as
+//! `backstop::reqwest::Reqwest`, under `backstop::client::http().build().unwrap()`: a deadline sent as
 //! `grpc-timeout`, budgeted retries with the request body replayed, and a breaker.
 
 use backstop::BoxError;
-use backstop_reqwest::Reqwest;
+use backstop::reqwest::Reqwest;
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};

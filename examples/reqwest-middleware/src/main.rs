@@ -6,7 +6,7 @@
 //! as `grpc-timeout`, the whole call's, retries included), budgeted retries replay the body,
 //! a breaker guards the dependency, and the response says how many attempts it took.
 
-use backstop_reqwest::BackstopMiddleware;
+use backstop::reqwest::BackstopMiddleware;
 use clap::Parser;
 use std::time::Duration;
 
@@ -77,6 +77,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn attempts(response: &reqwest::Response) -> u32 {
     response
         .extensions()
-        .get::<backstop::retry::CallInfo>()
+        .get::<backstop::client::retry::CallInfo>()
         .map_or(1, |info| info.attempts())
 }

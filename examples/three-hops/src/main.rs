@@ -43,7 +43,7 @@ enum Caller {
     Naive(Plain),
     // Boxed: the preset's layer is several times the size of a hyper client.
     Backstop(
-        Box<backstop::client::ClientLayer<backstop::core::HttpClassifier>>,
+        Box<backstop::client::ClientLayer<backstop::HttpClassifier>>,
         Replayed,
     ),
 }

@@ -2,7 +2,7 @@
 //! tonic [`Channel`]; or, with a gRPC service config, backstop's whole gRPC stack with the
 //! config's retry, hedging and timeout policy per method.
 
-use backstop_deadline::{PropagateDeadline, PropagateDeadlineLayer};
+use backstop::deadline::{PropagateDeadline, PropagateDeadlineLayer};
 use example_proto::helloworld::{HelloRequest, greeter_client::GreeterClient};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
@@ -43,7 +43,7 @@ pub fn configured_client(
     addr: &str,
     json: &str,
 ) -> Result<ConfiguredClient, Box<dyn std::error::Error>> {
-    let config = backstop::grpc::ServiceConfig::from_json(json)?;
+    let config = backstop::service_config::ServiceConfig::from_json(json)?;
     let channel = Endpoint::from_shared(addr.to_owned())?.connect_lazy();
     let channel = ServiceBuilder::new()
         .layer(

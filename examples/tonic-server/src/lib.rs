@@ -7,7 +7,7 @@
 //! upstream's SayHello with the same name and appends `; upstream: REPLY`: the upstream's
 //! deadline is what is left of this one, with nothing passed by hand.
 
-use backstop_deadline::{Deadline, DeadlineLayer, PropagateDeadline};
+use backstop::deadline::{Deadline, DeadlineLayer, PropagateDeadline};
 use example_proto::helloworld::{
     HelloReply, HelloRequest,
     greeter_client::GreeterClient,
@@ -61,7 +61,7 @@ impl greeter_server::Greeter for Greeter {
         request: Request<HelloRequest>,
     ) -> Result<Response<HelloReply>, Status> {
         // DeadlineLayer puts the deadline in the request's extensions, and makes it the
-        // task-local `backstop_deadline::current()` for everything this handler awaits.
+        // task-local `backstop::deadline::current()` for everything this handler awaits.
         let deadline = request.extensions().get::<Deadline>().copied();
         let name = request.into_inner().name;
         let mut message = greeting(&name, deadline);

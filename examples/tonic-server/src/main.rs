@@ -5,7 +5,7 @@
 //! With `--upstream http://127.0.0.1:50052` this server calls another Greeter for each request,
 //! and that one sees what is left of the deadline.
 
-use backstop_deadline::DeadlineLayer;
+use backstop::deadline::DeadlineLayer;
 use clap::Parser;
 use example_tonic_server::{Greeter, serve};
 use std::{net::SocketAddr, time::Duration};

@@ -64,7 +64,7 @@ pub async fn start_greeter(upstream: Option<&str>) -> String {
     tokio::spawn(example_tonic_server::serve(
         listener,
         greeter,
-        backstop_deadline::DeadlineLayer::new(),
+        backstop::deadline::DeadlineLayer::new(),
     ));
     format!("http://{addr}")
 }

@@ -2,7 +2,7 @@
 //! down and comes back. The breaker's clock is tokio's: the test jumps it over the open time
 //! (`pause`, `advance`, `resume`) instead of sleeping.
 
-use backstop_breaker::{BreakerConfig, BreakerOpen, State};
+use backstop::client::breaker::{BreakerConfig, BreakerOpen, State};
 use backstop_integration::listener;
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -60,7 +60,7 @@ async fn the_server_sees_only_probes_while_open_and_traffic_returns_after_recove
     let mut client = ServiceBuilder::new()
         .layer(breaker.clone())
         .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
-    let mut call = async || -> Result<StatusCode, backstop_core::BoxError> {
+    let mut call = async || -> Result<StatusCode, backstop::BoxError> {
         let request = Request::get(&url).body(Full::new(Bytes::new())).unwrap();
         let response = client.ready().await?.call(request).await?;
         let status = response.status();

@@ -3,15 +3,13 @@
 //! hangs), the outcome is classified as docs/ARCHITECTURE.md says, a non-idempotent request is never
 //! executed twice, replayed bodies are byte-identical, and no breaker permit leaks.
 
-use backstop::{
-    ReplayBody,
-    client::{ClientBuilder, ClientLayer},
-    deadline::PropagateDeadlineLayer,
-};
-use backstop_breaker::State;
-use backstop_core::{GrpcClassifier, HttpClassifier};
+use backstop::ReplayBody;
+use backstop::client::breaker::State;
+use backstop::client::retry::{Budget, GiveUp, RetryConfig, backoff};
+use backstop::client::{ClientBuilder, ClientLayer};
+use backstop::deadline::PropagateDeadlineLayer;
+use backstop::{GrpcClassifier, HttpClassifier};
 use backstop_integration::listener;
-use backstop_retry::{Budget, GiveUp, RetryConfig, backoff};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -619,7 +617,7 @@ async fn no_permit_leaks_after_an_outage_and_a_recovery() {
     });
     tokio::spawn(async move { axum::serve(listener, app).await });
     let url = format!("http://{addr}/");
-    let budget = Arc::new(backstop_retry::RatioBudget::new());
+    let budget = Arc::new(backstop::client::retry::RatioBudget::new());
     let layer = http_builder()
         .breaker(
             backstop::client::http_breaker()
@@ -720,7 +718,7 @@ async fn every_attempt_on_the_wire_carries_one_grpc_timeout() {
             .iter()
             .map(|values| {
                 assert_eq!(values.len(), 1, "http2 {http2}: {seen:?}");
-                backstop::deadline::grpc_timeout::decode(values[0].as_bytes()).unwrap()
+                backstop::wire::grpc_timeout::decode(values[0].as_bytes()).unwrap()
             })
             .collect();
         // The cold measured bound: at most 80 % of what is left of the 400 ms.

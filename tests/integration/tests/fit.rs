@@ -2,7 +2,7 @@
 //! `.layer(..)`, a tonic client `Channel`, and `axum::Router::layer(..)`, with no
 //! `HandleErrorLayer` anywhere.
 
-use backstop_deadline::{DeadlineLayer, PropagateDeadlineLayer};
+use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer};
 use example_proto::helloworld::{greeter_client::GreeterClient, greeter_server::GreeterServer};
 use std::convert::Infallible;
 use tonic::transport::{Endpoint, Server};

@@ -3,7 +3,7 @@
 //! open the breaker, and callers are then answered at once.
 
 use backstop::ReplayBody;
-use backstop_breaker::State;
+use backstop::client::breaker::State;
 use backstop_integration::listener;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -113,7 +113,7 @@ async fn a_server_that_stops_answering_opens_the_default_breaker() {
     let started = Instant::now();
     let err = client.clone().oneshot(request()).await.unwrap_err();
     assert!(
-        backstop_core::find::<backstop_core::BreakerOpen>(&*err).is_some(),
+        backstop::find::<backstop::BreakerOpen>(&*err).is_some(),
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_millis(50));

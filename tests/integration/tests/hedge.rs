@@ -3,8 +3,9 @@
 //! with the same body, and wins. A hedge due while the body is still streaming waits for the
 //! body to be complete, then goes, so no attempt's body is ever cut short.
 
+use backstop::client::retry::hedge::Hedging;
+use backstop::client::retry::{ReplayBody, RetryConfig};
 use backstop_integration::serve_hyper;
-use backstop_retry::{ReplayBody, RetryConfig, hedge::Hedging};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, channel::Channel};

@@ -3,9 +3,9 @@
 //! Each is answered as docs/ARCHITECTURE.md says, without a panic and without an unbounded sleep, and the
 //! server is still up afterwards.
 
+use backstop::client::retry::{GiveUp, RetryConfig, backoff};
 use backstop::deadline::PropagateDeadlineLayer;
 use backstop_integration::listener;
-use backstop_retry::{GiveUp, RetryConfig, backoff};
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};

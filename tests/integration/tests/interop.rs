@@ -19,7 +19,8 @@
 //! Needs `python3` with `grpcio`, so it is ignored by default; `.ci/run` installs grpcio and runs
 //! it: `cargo test -p backstop-integration --test interop -- --ignored`.
 
-use backstop::{ReplayBody, grpc::ServiceConfig};
+use backstop::ReplayBody;
+use backstop::service_config::ServiceConfig;
 use bytes::Bytes;
 use http::{HeaderMap, Request};
 use http_body_util::{BodyExt, Full};

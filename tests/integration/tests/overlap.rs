@@ -4,8 +4,8 @@
 //! the server never answers 200 to a body that differs from the one the caller sent, and no
 //! call stalls.
 
+use backstop::client::retry::{ReplayBody, RetryConfig, backoff};
 use backstop_integration::serve_hyper;
-use backstop_retry::{ReplayBody, RetryConfig, backoff};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, channel::Channel};

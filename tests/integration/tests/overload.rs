@@ -4,12 +4,11 @@
 //! DEADLINE_EXCEEDED (tonic) without running the handler once the route's need is learned
 //! from real calls. Real time, each test bounded to a few seconds.
 
-use backstop::{
-    ReplayBody,
-    deadline::{Deadline, bulkhead::BulkheadLayer},
-    retry::throttle::{AdaptiveThrottle, ThrottleLayer},
-};
-use backstop_core::{BulkheadFull, ClientThrottled, HttpClassifier};
+use backstop::ReplayBody;
+use backstop::client::overload::bulkhead::BulkheadLayer;
+use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::deadline::Deadline;
+use backstop::{BulkheadFull, ClientThrottled, HttpClassifier};
 use backstop_integration::{listener, raw_say_hello};
 use bytes::Bytes;
 use example_proto::helloworld::{
@@ -96,7 +95,7 @@ async fn the_presets_throttle_refuses_and_the_refused_calls_never_reach_the_serv
             Ok(response) => assert_eq!(response.status(), 429),
             Err(err) => {
                 assert!(
-                    backstop_core::find::<ClientThrottled>(err.as_ref()).is_some(),
+                    backstop::find::<ClientThrottled>(err.as_ref()).is_some(),
                     "{err}"
                 );
                 refused += 1;
@@ -160,7 +159,7 @@ async fn a_full_bulkhead_fails_fast_while_the_server_holds_its_permits() {
         .await
         .unwrap_err();
     let took = asked.elapsed();
-    let full = backstop_core::find::<BulkheadFull>(err.as_ref()).expect("a bulkhead refusal");
+    let full = backstop::find::<BulkheadFull>(err.as_ref()).expect("a bulkhead refusal");
     assert_eq!(full.knob(), "max_concurrency");
     assert!(took < Duration::from_millis(50), "refused after {took:?}");
     assert_eq!(busy.load(Ordering::SeqCst), 2, "the server still held both");

@@ -2,9 +2,11 @@
 //! `Channel` under `backstop::client::grpc().build().unwrap()`, a server under `backstop::server()`, the
 //! deadline crossing the wire, and the breaker answering UNAVAILABLE while the server is gone.
 
-use backstop::{ReplayBody, client::ClientLayer, deadline::PropagateDeadlineLayer};
-use backstop_breaker::State;
-use backstop_core::GrpcClassifier;
+use backstop::GrpcClassifier;
+use backstop::ReplayBody;
+use backstop::client::ClientLayer;
+use backstop::client::breaker::State;
+use backstop::deadline::PropagateDeadlineLayer;
 use backstop_integration::listener;
 use example_proto::helloworld::{
     HelloRequest, greeter_client::GreeterClient, greeter_server::GreeterServer,

@@ -1,9 +1,9 @@
 //! Retries across real tonic and hyper servers over 127.0.0.1.
 
-use backstop_core::GrpcClassifier;
-use backstop_deadline::DeadlineLayer;
+use backstop::GrpcClassifier;
+use backstop::client::retry::{CallInfo, PushbackLayer, ReplayBody, Retry, RetryConfig, backoff};
+use backstop::deadline::DeadlineLayer;
 use backstop_integration::listener;
-use backstop_retry::{CallInfo, PushbackLayer, ReplayBody, Retry, RetryConfig, backoff};
 use bytes::Bytes;
 use example_proto::collect::{
     Chunk, Summary,
@@ -294,7 +294,7 @@ async fn a_streamed_tonic_request_is_replayed_byte_for_byte() {
 /// attempt bound every method shares.
 #[tokio::test]
 async fn the_tonic_clients_have_names() {
-    use backstop::grpc::ServiceConfig;
+    use backstop::service_config::ServiceConfig;
     use backstop::tonic::{TonicBodyLayer, TonicClient, TonicMethodsClient};
 
     struct Clients {
@@ -359,8 +359,8 @@ async fn the_tonic_clients_have_names() {
 /// extensions): the retry layer tells it in the failure's metadata.
 #[tokio::test]
 async fn a_failed_calls_status_says_how_many_attempts_and_why_it_stopped() {
+    use backstop::client::retry::GiveUp;
     use backstop::tonic::{TonicBodyLayer, status_info};
-    use backstop_retry::GiveUp;
     let calls = Arc::new(AtomicU64::new(0));
     let url = serve(Flaky {
         calls: calls.clone(),

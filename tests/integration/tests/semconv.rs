@@ -3,7 +3,8 @@
 //! server through the gRPC preset and a tonic client.
 
 use axum::{Router, http::StatusCode, routing::get};
-use backstop::{ReplayBody, semconv::SemconvLayer};
+use backstop::ReplayBody;
+use backstop::semconv::SemconvLayer;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Empty};

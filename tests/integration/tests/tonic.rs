@@ -1,6 +1,6 @@
 //! Deadlines across real tonic servers and clients over 127.0.0.1.
 
-use backstop_deadline::{DeadlineLayer, PropagateDeadlineLayer};
+use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer};
 use backstop_integration::{deadlines_in, listener, raw_say_hello, start_greeter};
 use example_proto::helloworld::{
     HelloReply, HelloRequest,
@@ -163,7 +163,7 @@ async fn a_caller_deadline_shortens_the_client_timeout() {
             )
             .service(channel),
     );
-    let reply = backstop_deadline::Deadline::after(Duration::from_millis(900))
+    let reply = backstop::deadline::Deadline::after(Duration::from_millis(900))
         .scope(client.say_hello(HelloRequest {
             name: "inner".into(),
         }))

@@ -3,7 +3,6 @@
 //! services that hang or record being dropped. Like tower's own `tests/support`, one place, so
 //! a test reads as what it checks.
 
-use backstop_core::__private::timer::LazySleep;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::channel::{Channel, Sender};
@@ -17,7 +16,7 @@ use std::{
     task::{Context, Poll},
     time::Duration,
 };
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Service, ServiceExt, service_fn};
 
 /// One millisecond.
@@ -260,7 +259,7 @@ pub fn streaming(
 }
 
 // A scripted dependency for the timer properties: what it does with timers of its own (a
-// `LazySleep`, as the layers' own timers are) on its way to answering.
+// a tokio `Sleep` armed when first polled, as the layers' own timers are) on its way to answering.
 
 /// What a scripted dependency does on its way to answering.
 #[derive(Debug, Clone, Copy)]
@@ -280,7 +279,7 @@ pub enum Step {
 pub struct Script {
     steps: Vec<Step>,
     at: usize,
-    timer: Option<(Pin<Box<LazySleep>>, Instant)>,
+    timer: Option<Pin<Box<Sleep>>>,
     spins: Option<u8>,
 }
 
@@ -292,21 +291,18 @@ impl Future for Script {
         while let Some(&step) = this.steps.get(this.at) {
             match step {
                 Step::Wait(ms) => {
-                    let (timer, end) = this.timer.get_or_insert_with(|| {
-                        (
-                            Box::pin(LazySleep::new()),
-                            Instant::now() + Duration::from_millis(ms),
-                        )
+                    let timer = this.timer.get_or_insert_with(|| {
+                        Box::pin(sleep_until(Instant::now() + Duration::from_millis(ms)))
                     });
-                    if timer.as_mut().poll_until(cx, *end).is_pending() {
+                    if timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
                     this.timer = None;
                 }
                 Step::ArmAndDrop(ms) => {
-                    let mut timer = Box::pin(LazySleep::new());
-                    let end = Instant::now() + Duration::from_millis(ms);
-                    assert!(timer.as_mut().poll_until(cx, end).is_pending());
+                    let mut timer =
+                        Box::pin(sleep_until(Instant::now() + Duration::from_millis(ms)));
+                    assert!(timer.as_mut().poll(cx).is_pending());
                 }
                 Step::Spin(n) => {
                     let left = this.spins.get_or_insert(n);

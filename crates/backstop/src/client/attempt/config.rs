@@ -1,0 +1,227 @@
+//! What bounds an attempt: none, a fixed bound, or one derived from measured latency.
+
+use crate::ConfigError;
+use std::time::Duration;
+
+/// How long it takes a stale bound (the model emptied by an idle spell) to double on its way
+/// to the ceiling; see the [module docs](crate::client::attempt).
+pub const STALE_DOUBLING: Duration = Duration::from_secs(60);
+
+/// How each attempt is bounded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum AttemptBound {
+    /// No bound of its own: the request's deadline alone ends it.
+    None,
+    /// The same bound for every attempt.
+    Fixed(Duration),
+    /// A bound derived from measured latency.
+    Adaptive(Adaptive),
+}
+
+/// `clamp(quantile × multiplier, the floor, ceiling)` of the dependency's measured latency,
+/// where the floor follows the model: `quantile × step`, between `min_floor` and `floor`; see
+/// the [module docs](crate::client::attempt) for the defaults and why.
+///
+/// ```
+/// use backstop::client::attempt::Adaptive;
+/// use std::time::Duration;
+///
+/// let bound = Adaptive::new()
+///     .multiplier(4.0)
+///     .floor(Duration::from_millis(20))
+///     .ceiling(Duration::from_secs(5));
+/// assert!(bound.validate().is_ok());
+/// assert_eq!(
+///     Adaptive::new().multiplier(0.5).validate().unwrap_err().knob(),
+///     "multiplier"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Adaptive {
+    pub(super) quantile: f64,
+    multiplier: f64,
+    floor: Duration,
+    min_floor: Duration,
+    step: f64,
+    ceiling: Duration,
+    pub(super) deadline_share: f64,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Adaptive {
+    /// p99 × 3, at least p99 × 20 within 250 ms to 1 s, at most 10 s (and 10 s until the
+    /// model is first trusted); see the [module docs](crate::client::attempt) for why.
+    pub fn new() -> Self {
+        Self {
+            quantile: 0.99,
+            multiplier: 3.0,
+            floor: Duration::from_secs(1),
+            min_floor: Duration::from_millis(250),
+            step: 20.0,
+            ceiling: Duration::from_secs(10),
+            deadline_share: 0.8,
+        }
+    }
+
+    /// The quantile the bound is taken from, in [0.5, 1) (default 0.99).
+    #[must_use]
+    pub fn quantile(mut self, q: f64) -> Self {
+        self.quantile = q;
+        self
+    }
+
+    /// How many times the quantile an attempt may take, at least 1 (default 3).
+    #[must_use]
+    pub fn multiplier(mut self, n: f64) -> Self {
+        self.multiplier = n;
+        self
+    }
+
+    /// The highest the floor goes (default 1 s; more than zero, at most 1 h): the shortest bound of a
+    /// dependency whose quantile × `step` is above it. A floor of 10 ms makes the bound
+    /// p99 × 3 for any dependency slower than 3.3 ms.
+    #[must_use]
+    pub fn floor(mut self, floor: Duration) -> Self {
+        self.floor = floor;
+        self
+    }
+
+    /// The lowest the floor goes (default 250 ms; more than zero; a `floor` below it wins):
+    /// the shortest bound of any dependency, however fast.
+    #[must_use]
+    pub fn min_floor(mut self, min_floor: Duration) -> Self {
+        self.min_floor = min_floor;
+        self
+    }
+
+    /// How many times the quantile the floor is (default 20; at least 1): the largest step
+    /// of latency, as a multiple of what was measured, that is absorbed rather than cut as a
+    /// hang (a step is cut at first like a hang, and the breaker counts every cut attempt).
+    #[must_use]
+    pub fn step(mut self, step: f64) -> Self {
+        self.step = step;
+        self
+    }
+
+    /// The longest bound, also the bound before the model is trusted (default 10 s; at least
+    /// the floor).
+    #[must_use]
+    pub fn ceiling(mut self, ceiling: Duration) -> Self {
+        self.ceiling = ceiling;
+        self
+    }
+
+    /// The largest share, in (0, 1], of what is left of the request's deadline that one
+    /// attempt may take (default 0.8): the attempt then times out, and the breaker counts it,
+    /// before the deadline expires (an expired deadline is the caller's, never counted). Not
+    /// applied to an attempt the retry layer marked final, nor to one
+    /// whose share would leave less than a retry's least wait
+    /// ([`AttemptTimeoutLayer::retry_wait`](super::AttemptTimeoutLayer::retry_wait)) and the
+    /// model's median call (none before the model is trusted): no retry needs the room
+    /// (BENCHMARKS.md has the lab runs that chose 0.8).
+    #[must_use]
+    pub fn deadline_share(mut self, share: f64) -> Self {
+        self.deadline_share = share;
+        self
+    }
+
+    /// Checks every knob.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `quantile`, `multiplier`, `deadline_share`, `step`, `floor`,
+    /// `min_floor` or `ceiling`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.quantile >= 0.5 && self.quantile < 1.0) {
+            return Err(ConfigError::new(
+                "quantile",
+                format!("must be in [0.5, 1), got {}", self.quantile),
+            ));
+        }
+        if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
+            return Err(ConfigError::new(
+                "multiplier",
+                format!("must be at least 1, got {}", self.multiplier),
+            ));
+        }
+        if !(self.deadline_share > 0.0 && self.deadline_share <= 1.0) {
+            return Err(ConfigError::new(
+                "deadline_share",
+                format!("must be in (0, 1], got {}", self.deadline_share),
+            ));
+        }
+        if !(self.step >= 1.0 && self.step.is_finite()) {
+            return Err(ConfigError::new(
+                "step",
+                format!("must be at least 1, got {}", self.step),
+            ));
+        }
+        if self.floor.is_zero() || self.floor > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "floor",
+                format!(
+                    "must be greater than zero and at most 1h, got {:?}",
+                    self.floor
+                ),
+            ));
+        }
+        if self.min_floor.is_zero() {
+            return Err(ConfigError::new("min_floor", "must be greater than zero"));
+        }
+        if self.ceiling < self.floor || self.ceiling > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "ceiling",
+                format!(
+                    "must be between the floor ({:?}) and 1h, got {:?}",
+                    self.floor, self.ceiling
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bound for a measured quantile and its age (zero while the model is trusted; see
+    /// [`LatencyModel::quantile_aged`](crate::latency::LatencyModel::quantile_aged)):
+    /// the quantile doubled for every [`STALE_DOUBLING`] of age, times `multiplier`, clamped
+    /// between the floor (the quantile × `step`, within `min_floor` and `floor`) and the
+    /// ceiling.
+    pub(super) fn bound(&self, measured: Option<(Duration, Duration)>) -> Duration {
+        let Some((q, age)) = measured else {
+            return self.ceiling;
+        };
+        // Past 20 doublings (20 min) any bound is the ceiling; the cap keeps mul_f64 finite.
+        let doublings = age.as_secs_f64() / STALE_DOUBLING.as_secs_f64();
+        if doublings >= 20.0 {
+            return self.ceiling;
+        }
+        let q = scaled(q, doublings.exp2());
+        // The floor follows the model, within `min_floor` and `floor` (the lower wins).
+        let floor = scaled(q, self.step).max(self.min_floor).min(self.floor);
+        scaled(q, self.multiplier).clamp(floor, self.ceiling)
+    }
+}
+
+/// `d × factor`, saturated at `Duration::MAX` (`mul_f64` panics past it: a `multiplier` or
+/// `step` of 1e300 is a valid knob).
+fn scaled(d: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(Duration::MAX)
+}
+
+impl AttemptBound {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            AttemptBound::Fixed(d) if d.is_zero() => Err(ConfigError::new(
+                "attempt_timeout",
+                "must be greater than zero",
+            )),
+            AttemptBound::Adaptive(a) => a.validate(),
+            _ => Ok(()),
+        }
+    }
+}

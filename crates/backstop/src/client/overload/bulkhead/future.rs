@@ -1,0 +1,289 @@
+use super::{BulkheadFull, Refusal, Shared, semaphore::Waiter};
+use crate::rt::timer::LazySleep;
+use crate::{BoxError, Rejection, ResponseBody};
+use http::Response;
+use pin_project_lite::pin_project;
+use std::{
+    fmt,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
+use tokio::time::Instant;
+use tower_service::Service;
+
+pin_project! {
+    /// The response future of [`Bulkhead`](super::Bulkhead): waiting for a permit, or the
+    /// inner call holding one. Dropping it gives the permit back, or leaves the queue.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct BulkheadFuture<S, R>
+    where
+        S: Service<R>,
+    {
+        #[pin]
+        kind: Kind<S, R>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<S, R>
+    where
+        S: Service<R>,
+    {
+        Called {
+            #[pin]
+            future: S::Future,
+            // Given back as soon as the response (or error) arrives; `None` after.
+            permit: Option<Permit>,
+        },
+        Waiting {
+            // The service readied for this call, and the call, until the permit comes.
+            service: Option<S>,
+            req: Option<R>,
+            waiter: WaitGuard,
+            #[pin]
+            sleep: LazySleep,
+            until: Instant,
+            why: Refusal,
+            grpc: bool,
+        },
+        Refused {
+            why: Refusal,
+            grpc: bool,
+        },
+        // The call of an off layer: no permit.
+        Passed {
+            #[pin]
+            future: S::Future,
+        },
+    }
+}
+
+/// A held permit: given back when dropped (the call answered, failed or was dropped).
+#[derive(Debug)]
+pub(crate) struct Permit {
+    shared: Arc<Shared>,
+    since: Instant,
+}
+
+impl Permit {
+    /// The guard of a permit just taken: built before the call it covers, so nothing between
+    /// taking the permit and the call's end (a `call` that panics included) can keep it.
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            since: Instant::now(),
+        }
+    }
+
+    /// The call answered: its hold time is a sample of the mean, unless the answer is a local
+    /// refusal made further in (a throttle, an open breaker), which held nothing of the
+    /// dependency's: counted, such instant answers would drag the mean down and the bulkhead
+    /// would wait where it should refuse at once. The permit is given back here.
+    fn answered(self, local: bool) {
+        if !local {
+            self.shared
+                .record_hold(Instant::now().saturating_duration_since(self.since));
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.shared.permits.release();
+    }
+}
+
+/// A queued call's place: leaves the queue when dropped (or gives on a permit granted at that
+/// instant), unless it was [`take`](Self::take)n.
+#[derive(Debug)]
+pub(crate) struct WaitGuard {
+    shared: Arc<Shared>,
+    waiter: Option<Arc<Waiter>>,
+}
+
+impl WaitGuard {
+    /// Gives up waiting; `Some(permit)` if one was granted meanwhile.
+    fn cancel(&mut self) -> Option<Permit> {
+        let waiter = self.waiter.take()?;
+        self.shared
+            .permits
+            .cancel(&waiter)
+            .then(|| Permit::new(self.shared.clone()))
+    }
+
+    /// The permit, granted.
+    fn take(&mut self) -> Permit {
+        self.waiter = None;
+        Permit::new(self.shared.clone())
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        // A permit granted to a dropped call is given on when the `Permit` drops.
+        drop(self.cancel());
+    }
+}
+
+impl<S: Service<R>, R> BulkheadFuture<S, R> {
+    pub(crate) fn called(future: S::Future, permit: Permit) -> Self {
+        Self {
+            kind: Kind::Called {
+                future,
+                permit: Some(permit),
+            },
+        }
+    }
+
+    pub(crate) fn waiting(
+        service: S,
+        req: R,
+        waiter: Arc<Waiter>,
+        shared: Arc<Shared>,
+        until: Instant,
+        why: Refusal,
+        grpc: bool,
+    ) -> Self {
+        Self {
+            kind: Kind::Waiting {
+                service: Some(service),
+                req: Some(req),
+                waiter: WaitGuard {
+                    shared,
+                    waiter: Some(waiter),
+                },
+                sleep: LazySleep::new(),
+                until,
+                why,
+                grpc,
+            },
+        }
+    }
+
+    pub(crate) fn passed(future: S::Future) -> Self {
+        Self {
+            kind: Kind::Passed { future },
+        }
+    }
+
+    pub(crate) fn refused(why: Refusal, grpc: bool) -> Self {
+        Self {
+            kind: Kind::Refused { why, grpc },
+        }
+    }
+}
+
+impl<S: Service<R>, R> fmt::Debug for BulkheadFuture<S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Called { .. } => f.write_str("BulkheadFuture::Called"),
+            Kind::Passed { .. } => f.write_str("BulkheadFuture::Passed"),
+            Kind::Waiting { until, .. } => f
+                .debug_struct("BulkheadFuture::Waiting")
+                .field("until", until)
+                .finish_non_exhaustive(),
+            Kind::Refused { why, grpc } => f
+                .debug_struct("BulkheadFuture::Refused")
+                .field("knob", &why.knob())
+                .field("grpc", grpc)
+                .finish(),
+        }
+    }
+}
+
+impl<S, R, B> Future for BulkheadFuture<S, R>
+where
+    S: Service<R, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut kind = self.project().kind;
+        loop {
+            let (service, req, permit) = match kind.as_mut().project() {
+                KindProj::Called { future, permit } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    if let Some(permit) = permit.take() {
+                        let local = match &result {
+                            Ok(response) => {
+                                refused_further_in(response.extensions().get::<Rejection>())
+                            }
+                            Err(err) => refused_further_in(Rejection::of(&**err).as_ref()),
+                        };
+                        permit.answered(local);
+                    }
+                    return Poll::Ready(result.map(|r| r.map(ResponseBody::new)));
+                }
+                KindProj::Passed { future } => {
+                    return Poll::Ready(match ready!(future.poll(cx)) {
+                        Ok(response) => Ok(response.map(ResponseBody::new)),
+                        Err(err) => Err(err.into()),
+                    });
+                }
+                KindProj::Refused { why, grpc } => return Poll::Ready(refusal(*why, *grpc)),
+                KindProj::Waiting {
+                    service,
+                    req,
+                    waiter,
+                    sleep,
+                    until,
+                    why,
+                    grpc,
+                } => {
+                    let granted = waiter
+                        .waiter
+                        .as_ref()
+                        .is_some_and(|w| waiter.shared.permits.poll_granted(w, cx).is_ready());
+                    let permit = if granted {
+                        waiter.take()
+                    } else {
+                        ready!(sleep.poll_until(cx, *until));
+                        // The wait is over: refused, unless granted at this very instant.
+                        match waiter.cancel() {
+                            Some(permit) => permit,
+                            None => {
+                                waiter.shared.refused(*why);
+                                let (why, grpc) = (*why, *grpc);
+                                kind.set(Kind::Refused { why, grpc });
+                                continue;
+                            }
+                        }
+                    };
+                    let service = service.take().expect("polled after the call");
+                    let req = req.take().expect("polled after the call");
+                    (service, req, permit)
+                }
+            };
+            let mut service = service;
+            let future = service.call(req);
+            kind.set(Kind::Called {
+                future,
+                permit: Some(permit),
+            });
+        }
+    }
+}
+
+/// Whether an answer is a refusal a layer further in made without calling the dependency (an
+/// open breaker, a throttle, another bulkhead); an attempt bound or a deadline that ran out
+/// held the permit for real.
+fn refused_further_in(rejection: Option<&Rejection>) -> bool {
+    matches!(
+        rejection,
+        Some(Rejection::BreakerOpen { .. } | Rejection::ClientThrottled | Rejection::BulkheadFull)
+    )
+}
+
+/// The answer of a refused call: nothing was sent.
+#[cold]
+#[inline(never)]
+fn refusal<B>(why: Refusal, grpc: bool) -> Result<Response<ResponseBody<B>>, BoxError> {
+    if grpc {
+        Ok(Rejection::BulkheadFull.into_response(true))
+    } else {
+        Err(Box::new(BulkheadFull::new(why.knob())))
+    }
+}

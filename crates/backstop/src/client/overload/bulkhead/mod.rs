@@ -1,0 +1,446 @@
+//! A bulkhead per dependency (clients): at most `max_concurrency` calls in flight, and a
+//! wait for a permit bounded by the call's deadline.
+//!
+//! # Why
+//!
+//! A slow dependency holds every call made to it; with no bound, it takes the caller's
+//! connections, memory and tasks with it, and the callers of the caller next (the cascade of
+//! Google SRE's "Addressing Cascading Failures"). A bulkhead caps what one dependency can hold.
+//! A plain concurrency limit (tower's `ConcurrencyLimit`) then makes the excess wait, with no
+//! bound: a call that waits past its deadline still goes out, or times out at the deadline
+//! having never been sent. This one refuses such a call **at once**, when it cannot get a
+//! permit in time, so the caller answers (or falls back) while its own caller still listens.
+//!
+//! # Semantics
+//!
+//! For each call, in order:
+//!
+//! 1. **A free permit** (fewer than [`max_concurrency`](BulkheadLayer::new) calls in flight,
+//!    nobody queued): the call goes on at once.
+//! 2. **The wait's end**: the call's deadline less the time a call holds its permit (the
+//!    mean, measured: an exponentially weighted average of every permit's hold, 0 until the
+//!    first answer; an answer a layer further in made without calling the dependency, an open
+//!    breaker's or a throttle's, is not a sample), and at most [`max_wait`](BulkheadLayerBuilder::max_wait) (default 1 s)
+//!    from now. The deadline is the request's [`Deadline`](crate::deadline::Deadline) extension (an
+//!    outer [`PropagateDeadlineLayer`](crate::deadline::PropagateDeadlineLayer), the retry layer, or
+//!    your handler put it there), else [`current()`](crate::deadline::current); a call without one
+//!    waits up to `max_wait`.
+//! 3. **Fails fast**: when the wait's end has passed, or the measured wait of the calls
+//!    already queued (the hold time × (queued + 1) / `max_concurrency`) ends after it, the call
+//!    is refused at once, the knob `max_concurrency` named.
+//! 4. **Queued** (FIFO) unless [`max_queue`](BulkheadLayerBuilder::max_queue) calls already
+//!    wait (default `max_concurrency`): then refused at once, the knob `max_queue` named.
+//! 5. **Waits** for a permit until the wait's end, then is refused, naming `max_concurrency`
+//!    (a deadline bounded the wait) or `max_wait`.
+//!
+//! A permit is held from the grant until the response future ends: it is given back the
+//! moment the response (headers; a streamed body is not held, as with tower's
+//! `ConcurrencyLimit`) or the error arrives, or when the future is dropped before.
+//! A call dropped while it waits leaves the queue (or, granted at that instant, gives its
+//! permit on); nothing waits for a dropped call.
+//!
+//! **What the caller sees.** A refused call is never sent: an HTTP caller gets the error
+//! [`BulkheadFull`] (its [`knob`](BulkheadFull::knob) says which rule), a gRPC caller
+//! UNAVAILABLE "bulkhead full" with `grpc-retry-pushback-ms: -1` (trailers-only), carrying
+//! [`Rejection::BulkheadFull`](crate::Rejection) in its extensions. Classifiers report
+//! it as [`Outcome::Rejected`](crate::Outcome): never retried, never a breaker failure.
+//! Metric (feature `metrics`): `backstop.bulkhead.rejections`, labelled `dependency` and
+//! `reason` (the knob).
+//!
+//! **Readiness.** `poll_ready` is the inner service's: the bulkhead never makes a caller
+//! wait there. tower's `ConcurrencyLimit` takes its permit in `poll_ready` and holds it until
+//! `call`; this layer takes it in `call`, because the wait is bounded by the *request's*
+//! deadline, which `poll_ready` cannot see, and because a refusal must answer a request. A
+//! call that must wait takes the inner service the caller just readied into its future (a
+//! clone stays in its place, to be readied next) and calls it once granted: the ready
+//! instance is called exactly once, as tower's contract asks. So `S: Clone`.
+//!
+//! # Example
+//!
+//! ```
+//! use backstop::{BoxError, BulkheadFull};
+//! use backstop::client::overload::bulkhead::BulkheadLayer;
+//! use std::time::Duration;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let bulkhead = BulkheadLayer::builder(1).max_wait(Duration::from_millis(50)).build().unwrap();
+//! let slow = ServiceBuilder::new().layer(bulkhead).service(service_fn(|_req: http::Request<()>| async {
+//!     tokio::time::sleep(Duration::from_secs(1)).await;
+//!     Ok::<_, BoxError>(http::Response::new(()))
+//! }));
+//! // The first call holds the one permit for a second…
+//! let first = tokio::spawn(slow.clone().oneshot(http::Request::new(())));
+//! tokio::task::yield_now().await;
+//! // …so the second, with no deadline, waits 50 ms and is refused.
+//! let err = slow.oneshot(http::Request::new(())).await.unwrap_err();
+//! assert_eq!(err.downcast_ref::<BulkheadFull>().unwrap().knob(), "max_wait");
+//! assert!(first.await.unwrap().is_ok());
+//! # }
+//! ```
+//!
+//! # Ordering
+//!
+//! Outside the retry layer, inside the deadline: `PropagateDeadline → Bulkhead → Throttle →
+//! Retry → Breaker → attempt timeout` (the facade's [`bulkhead`] knob on its client
+//! presets puts it there). The deadline layer gives it the deadline; a user call holds one
+//! permit across its retries, so the limit is of calls, not attempts.
+//!
+//! # Concurrency rule
+//!
+//! Clones of a layer share one set of permits. A permit is a compare-and-swap on one word (held
+//! and waiting counts) while the bulkhead is not full; a full bulkhead queues its waiters under
+//! one lock, and a release hands its permit straight to the first waiter. Under any
+//! interleaving at most `max_concurrency` permits are held, none is lost when a waiter is
+//! dropped at the instant it is granted one, and no waiter sleeps while a permit is free
+//! (loom models in `semaphore.rs`). The measured hold time is one relaxed word, an estimate:
+//! racing updates may each miss the other's sample.
+//!
+//! [`bulkhead`]: https://docs.rs/backstop/latest/backstop/client/struct.ClientLayer.html#method.bulkhead
+
+mod future;
+mod semaphore;
+mod service;
+
+pub use future::BulkheadFuture;
+pub use service::Bulkhead;
+
+pub use crate::BulkheadFull;
+use crate::ConfigError;
+use crate::rt::DependencyName;
+use semaphore::Semaphore;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+use tower_layer::Layer;
+
+/// Caps the calls in flight to a dependency; a call that cannot get a permit before its
+/// deadline is refused at once (see the [module docs](self)).
+///
+/// Clones share one set of permits: build one per dependency.
+#[derive(Debug, Clone)]
+pub struct BulkheadLayer {
+    shared: Arc<Shared>,
+}
+
+/// Builds a [`BulkheadLayer`]: setters take any value, [`build`](Self::build) checks.
+#[derive(Debug, Clone)]
+pub struct BulkheadLayerBuilder {
+    max_concurrency: u32,
+    max_wait: Duration,
+    max_queue: Option<u32>,
+}
+
+/// What a bulkhead's clones share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// `false`: the layer is off (every call passes, no permit is taken).
+    pub(crate) on: bool,
+    pub(crate) permits: Semaphore,
+    pub(crate) max_concurrency: u32,
+    pub(crate) max_wait: Duration,
+    pub(crate) max_queue: u32,
+    /// The mean time a permit is held, in µs (an exponentially weighted average, 1/8 per
+    /// sample; 0 until the first).
+    hold_us: AtomicU64,
+    pub(crate) name: DependencyName,
+    #[cfg(feature = "metrics")]
+    metrics: std::sync::OnceLock<[metrics::Counter; 3]>,
+}
+
+impl BulkheadLayer {
+    /// A bulkhead of `max_concurrency` permits with the other defaults (`max_wait` 1 s,
+    /// `max_queue` = `max_concurrency`).
+    ///
+    /// # Errors
+    ///
+    /// As [`BulkheadLayerBuilder::build`].
+    pub fn new(max_concurrency: u32) -> Result<Self, ConfigError> {
+        Self::builder(max_concurrency).build()
+    }
+
+    /// A builder for a bulkhead of `max_concurrency` permits.
+    pub fn builder(max_concurrency: u32) -> BulkheadLayerBuilder {
+        BulkheadLayerBuilder {
+            max_concurrency,
+            max_wait: Duration::from_secs(1),
+            max_queue: None,
+        }
+    }
+
+    /// A bulkhead that limits nothing: every call passes to the inner service at once, no
+    /// permit taken (its response body wrapped, so the stack's type stays the same). For a
+    /// stack whose type has a bulkhead in it, such as the facade's client presets, where it is
+    /// the default.
+    ///
+    /// ```
+    /// use backstop::client::overload::bulkhead::BulkheadLayer;
+    ///
+    /// assert!(!BulkheadLayer::off().is_on());
+    /// assert!(BulkheadLayer::new(64).unwrap().is_on());
+    /// ```
+    pub fn off() -> Self {
+        let mut layer = Self::new(1).expect("a valid limit");
+        Arc::get_mut(&mut layer.shared).expect("not shared yet").on = false;
+        layer
+    }
+
+    /// Whether the layer limits calls (`false` for [`off`](Self::off)).
+    pub fn is_on(&self) -> bool {
+        self.shared.on
+    }
+
+    /// The most calls in flight at once (1 for an [`off`](Self::off) layer, which takes
+    /// no permit).
+    pub fn max_concurrency(&self) -> u32 {
+        self.shared.max_concurrency
+    }
+
+    /// Calls holding a permit now.
+    pub fn in_flight(&self) -> u32 {
+        self.shared.permits.load().0
+    }
+
+    /// Calls waiting for a permit now.
+    pub fn waiting(&self) -> u32 {
+        self.shared.permits.load().1
+    }
+
+    /// The measured mean time a call holds its permit (zero until one answered).
+    pub fn hold_time(&self) -> Duration {
+        Duration::from_micros(self.shared.hold_us())
+    }
+
+    /// This bulkhead's configuration for the dependency `name`: its events and metrics
+    /// carry the name as `dependency`. Naming is configuration, done before the layer
+    /// serves: the layer returned has permits of its own (same limits), and the layers cloned
+    /// before keep theirs.
+    ///
+    /// ```
+    /// use backstop::client::overload::bulkhead::BulkheadLayer;
+    ///
+    /// let layer = BulkheadLayer::new(64)?.named("inventory");
+    /// assert_eq!(layer.name(), "inventory");
+    /// assert_eq!(layer.max_concurrency(), 64);
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn named(&self, name: &str) -> Self {
+        let shared = &self.shared;
+        Self {
+            shared: Arc::new(Shared::new(
+                shared.on,
+                shared.max_concurrency,
+                shared.max_wait,
+                shared.max_queue,
+                DependencyName::new(name),
+            )),
+        }
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.shared.name.get()
+    }
+}
+
+impl Shared {
+    fn new(
+        on: bool,
+        max_concurrency: u32,
+        max_wait: Duration,
+        max_queue: u32,
+        name: DependencyName,
+    ) -> Self {
+        Self {
+            on,
+            permits: Semaphore::new(max_concurrency),
+            max_concurrency,
+            max_wait,
+            max_queue,
+            hold_us: AtomicU64::new(0),
+            name,
+            #[cfg(feature = "metrics")]
+            metrics: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl BulkheadLayerBuilder {
+    /// How long a call without a deadline waits for a permit, and the most any call waits
+    /// (default 1 s; zero: never wait, refuse when full).
+    #[must_use]
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// How many calls may wait for a permit at once (default `max_concurrency`; 0: none
+    /// waits).
+    #[must_use]
+    pub fn max_queue(mut self, max_queue: u32) -> Self {
+        self.max_queue = Some(max_queue);
+        self
+    }
+
+    /// Checks the knobs and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// When `max_concurrency` is not in 1..=1 000 000, `max_wait` exceeds an hour, or
+    /// `max_queue` exceeds 1 000 000.
+    pub fn build(self) -> Result<BulkheadLayer, ConfigError> {
+        const MAX: u32 = 1_000_000;
+        if !(1..=MAX).contains(&self.max_concurrency) {
+            return Err(ConfigError::new(
+                "max_concurrency",
+                format!("must be in 1..=1000000, got {}", self.max_concurrency),
+            ));
+        }
+        if self.max_wait > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "max_wait",
+                format!("must be at most 1 hour, got {:?}", self.max_wait),
+            ));
+        }
+        let max_queue = self.max_queue.unwrap_or(self.max_concurrency);
+        if max_queue > MAX {
+            return Err(ConfigError::new(
+                "max_queue",
+                format!("must be at most 1000000, got {max_queue}"),
+            ));
+        }
+        Ok(BulkheadLayer {
+            shared: Arc::new(Shared::new(
+                true,
+                self.max_concurrency,
+                self.max_wait,
+                max_queue,
+                DependencyName::default(),
+            )),
+        })
+    }
+}
+
+impl<S> Layer<S> for BulkheadLayer {
+    type Service = Bulkhead<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Bulkhead::from_shared(inner, self.shared.clone())
+    }
+}
+
+/// Why a call was refused: the knob that refused it, also the metric's `reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No permit could come before the deadline.
+    Deadline,
+    /// A call without a deadline (or a longer one) waited `max_wait`.
+    MaxWait,
+    /// `max_queue` calls already waited.
+    MaxQueue,
+}
+
+impl Refusal {
+    pub(crate) fn knob(self) -> &'static str {
+        match self {
+            Refusal::Deadline => "max_concurrency",
+            Refusal::MaxWait => "max_wait",
+            Refusal::MaxQueue => "max_queue",
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn hold_us(&self) -> u64 {
+        self.hold_us.load(Ordering::Relaxed)
+    }
+
+    /// A permit was held for `held`.
+    pub(crate) fn record_hold(&self, held: Duration) {
+        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX / 8);
+        let old = self.hold_us.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample.max(1)
+        } else {
+            (old * 7 + sample) / 8
+        }
+        .max(1);
+        // A racing sample may be lost: the mean is an estimate (module docs).
+        self.hold_us.store(new, Ordering::Relaxed);
+    }
+
+    /// How long the calls already queued are expected to hold the permits before one is
+    /// free for a new waiter.
+    pub(crate) fn expected_wait(&self) -> Duration {
+        let queued = u64::from(self.permits.load().1);
+        let per_permit = self.hold_us() * (queued + 1) / u64::from(self.max_concurrency);
+        Duration::from_micros(per_permit)
+    }
+
+    /// A call was refused.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refused(&self, why: Refusal) {
+        tracing::debug!(
+            dependency = self.name.get(),
+            reason = why.knob(),
+            "bulkhead full: not sent"
+        );
+        #[cfg(feature = "metrics")]
+        {
+            let counters = self.metrics.get_or_init(|| {
+                crate::rt::metrics::describe();
+                let counter = |reason: &'static str| {
+                    metrics::counter!(
+                        crate::metrics::BULKHEAD_REJECTIONS,
+                        "dependency" => self.name.get().to_owned(),
+                        "reason" => reason
+                    )
+                };
+                [
+                    counter(Refusal::Deadline.knob()),
+                    counter(Refusal::MaxWait.knob()),
+                    counter(Refusal::MaxQueue.knob()),
+                ]
+            });
+            counters[why as usize].increment(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rule_names_its_knob() {
+        let knob = |r: Result<BulkheadLayer, ConfigError>| r.unwrap_err().knob().to_owned();
+        assert_eq!(knob(BulkheadLayer::new(0)), "max_concurrency");
+        assert_eq!(knob(BulkheadLayer::new(2_000_000)), "max_concurrency");
+        let b = || BulkheadLayer::builder(4);
+        assert_eq!(
+            knob(b().max_wait(Duration::from_secs(4000)).build()),
+            "max_wait"
+        );
+        assert_eq!(knob(b().max_queue(2_000_000).build()), "max_queue");
+        assert!(b().max_queue(0).max_wait(Duration::ZERO).build().is_ok());
+    }
+
+    #[test]
+    fn the_hold_time_is_a_weighted_mean() {
+        let layer = BulkheadLayer::new(4).unwrap();
+        assert_eq!(layer.hold_time(), Duration::ZERO);
+        layer.shared.record_hold(Duration::from_millis(80));
+        assert_eq!(layer.hold_time(), Duration::from_millis(80));
+        layer.shared.record_hold(Duration::from_millis(160));
+        assert_eq!(layer.hold_time(), Duration::from_millis(90));
+        // 90 ms × (0 queued + 1) / 4 permits.
+        assert_eq!(layer.shared.expected_wait(), Duration::from_micros(22_500));
+    }
+}

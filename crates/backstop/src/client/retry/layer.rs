@@ -1,0 +1,179 @@
+use crate::client::retry::bounds::Wire;
+use crate::client::retry::shared::{Handles, Ledger, Shared};
+use crate::client::retry::{Retry, RetryConfig};
+use crate::rt::DependencyName;
+use std::{sync::Arc, time::Duration};
+use tower_layer::Layer;
+
+/// Retries failed requests within their deadline and a shared budget.
+///
+/// Built by [`RetryConfig::build`]; see the [crate docs](crate#semantics). Clones share one
+/// budget and one set of [counters](RetryLayer::stats).
+#[derive(Debug)]
+pub struct RetryLayer<C> {
+    pub(crate) shared: Arc<Shared<C>>,
+    handles: Handles<C>,
+    /// Who writes `grpc-timeout` on the attempts its services arm.
+    header: Wire,
+}
+
+impl<C> Clone for RetryLayer<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            handles: self.handles.clone(),
+            header: self.header,
+        }
+    }
+}
+
+impl<C> RetryLayer<C> {
+    /// The layer for a policy; same as [`RetryConfig::build`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RetryConfig::build`].
+    pub fn new(policy: RetryConfig<C>) -> Result<Self, crate::ConfigError> {
+        policy.build()
+    }
+
+    /// This layer's policy for the dependency `name`: its events carry the name as
+    /// `dependency`, its metrics as the `dependency` label. Naming is configuration, done
+    /// before the layer serves: the layer returned counts in stats of its own, with metric
+    /// handles of its own and, unless the policy was given a budget
+    /// ([`RetryConfig::budget`], shared with whoever holds it), a budget of its own; the
+    /// layers cloned before keep theirs.
+    ///
+    /// ```
+    /// use backstop::client::retry::RetryConfig;
+    ///
+    /// let retry = RetryConfig::http().build()?.named("inventory");
+    /// assert_eq!(retry.name(), "inventory");
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn named(&self, name: &str) -> Self
+    where
+        C: Clone,
+    {
+        let ledger = Ledger::new(DependencyName::new(name), self.shared.ledger.route.clone());
+        let mut policy = self.shared.policy.clone();
+        if policy.own_budget {
+            policy.budget = Some(Arc::new(crate::client::retry::budget::RatioBudget::new()));
+        }
+        Self {
+            header: self.header,
+            ..Self::with_ledger(policy, Arc::new(ledger))
+        }
+    }
+
+    /// The dependency's name (`""` when unnamed).
+    pub fn name(&self) -> &str {
+        self.shared.ledger.name.get()
+    }
+
+    /// The route this layer serves ([`RetryConfig::route`]), if it serves one.
+    pub fn route(&self) -> Option<&str> {
+        self.shared.ledger.route.as_deref()
+    }
+
+    /// The configuration this layer was built from.
+    pub fn config(&self) -> &RetryConfig<C> {
+        &self.shared.policy
+    }
+
+    /// The same layer's counters, name, route, metrics and `grpc-timeout` writing (unless the
+    /// policy changes [`RetryConfig::send_grpc_timeout`]), with another policy (checked as
+    /// [`RetryConfig::build`] checks it; its route is not read, the layer keeps its own):
+    /// what this layer and its clones count and report goes on across the change, and the
+    /// layers cloned before it keep the old policy. Give it a config derived from
+    /// [`config`](Self::config) to change one knob:
+    ///
+    /// ```
+    /// use backstop::client::retry::RetryConfig;
+    ///
+    /// let retry = RetryConfig::http().build()?.named("search");
+    /// let fewer = retry.with_config(retry.config().clone().max_attempts(2))?;
+    /// assert_eq!(fewer.name(), "search");
+    /// assert!(retry.with_config(RetryConfig::http().max_attempts(11)).is_err());
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RetryConfig::build`].
+    pub fn with_config(&self, policy: RetryConfig<C>) -> Result<Self, crate::ConfigError> {
+        policy.validate()?;
+        // Who writes `grpc-timeout` stays the layer's (`send_grpc_timeout`,
+        // `grpc_timeout_written_inside`) unless the policy changes the knob.
+        let keeps = policy.send_grpc_timeout == self.shared.policy.send_grpc_timeout;
+        let mut derived = Self::with_ledger(policy, self.shared.ledger.clone());
+        if keeps {
+            derived.header = self.header;
+        }
+        Ok(derived)
+    }
+
+    pub(crate) fn from_policy(policy: RetryConfig<C>) -> Self {
+        let ledger = Ledger::new(DependencyName::default(), policy.route.clone());
+        Self::with_ledger(policy, Arc::new(ledger))
+    }
+
+    fn with_ledger(policy: RetryConfig<C>, ledger: Arc<Ledger>) -> Self {
+        let shared = Arc::new(Shared {
+            policy,
+            ledger,
+            timeout_retryable: std::sync::OnceLock::new(),
+        });
+        let handles = Handles::new(&shared);
+        let header = if shared.policy.send_grpc_timeout {
+            Wire::Write
+        } else {
+            Wire::Silent
+        };
+        Self {
+            shared,
+            handles,
+            header,
+        }
+    }
+
+    /// The same layer (sharing its budget, stats and name), its services writing
+    /// `grpc-timeout` or not; see [`RetryConfig::send_grpc_timeout`], which sets the default.
+    #[must_use]
+    pub fn send_grpc_timeout(&self, send: bool) -> Self {
+        Self {
+            header: if send { Wire::Write } else { Wire::Silent },
+            ..self.clone()
+        }
+    }
+
+    /// The same layer (sharing its budget, stats and name), for a stack where a layer inside
+    /// writes every attempt's `grpc-timeout` as the request's deadline less `offset` (the
+    /// facade's `AttemptTimeoutLayer::write_grpc_timeout(offset)`, under a
+    /// `PropagateDeadlineLayer` built with `send_grpc_timeout(false)` and that `offset`; the
+    /// client presets are built so). Its services write no header; they put each attempt's
+    /// deadline on the request, and send a retry or a hedge only if `min_attempt_time` fits
+    /// before what the server will be told, the deadline less `offset`, as they do when they
+    /// read that off a header.
+    #[must_use]
+    pub fn grpc_timeout_written_inside(&self, offset: Duration) -> Self {
+        Self {
+            header: Wire::Inside(offset),
+            ..self.clone()
+        }
+    }
+
+    /// What the layer (and every service it built) has done so far.
+    pub fn stats(&self) -> crate::client::retry::RetryStats {
+        self.shared.ledger.stats.snapshot()
+    }
+}
+
+impl<S, C> Layer<S> for RetryLayer<C> {
+    type Service = Retry<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Retry::from_handles(inner, self.handles.clone(), self.header)
+    }
+}

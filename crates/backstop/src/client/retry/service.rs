@@ -1,0 +1,214 @@
+use crate::client::retry::bounds::{Armed, Bounds};
+use crate::client::retry::future::{ResponseFuture, State};
+use crate::client::retry::hedge::Hedges;
+use crate::client::retry::metrics::RetryMetrics;
+use crate::client::retry::shared::Handles;
+use crate::client::retry::state::RetryState;
+use crate::client::retry::template::Template;
+use crate::client::retry::{ReplayBody, RetryBody};
+use crate::deadline::{Deadline, current};
+use crate::wire::grpc::GRPC_TIMEOUT;
+use crate::wire::grpc_timeout;
+use crate::{BoxError, Classify, Outcome, Retryable};
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::Body;
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// The service built by [`RetryLayer`](crate::client::retry::RetryLayer).
+#[derive(Debug)]
+pub struct Retry<S, C> {
+    inner: S,
+    handles: Handles<C>,
+    header: crate::client::retry::bounds::Wire,
+}
+
+impl<S: Clone, C> Clone for Retry<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            handles: self.handles.clone(),
+            header: self.header,
+        }
+    }
+}
+
+impl<S, C> Retry<S, C> {
+    pub(crate) fn from_handles(
+        inner: S,
+        handles: Handles<C>,
+        header: crate::client::retry::bounds::Wire,
+    ) -> Self {
+        Self {
+            inner,
+            handles,
+            header,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// The request's own `grpc-timeout`. The names of a small map are scanned first (comparing
+/// names is cheaper than hashing a custom one, and most requests carry a handful of headers,
+/// without this one); a large map, or a hit, is looked up.
+fn caller_timeout(headers: &HeaderMap) -> Option<&HeaderValue> {
+    if headers.keys_len() <= 8 && !headers.keys().any(|name| *name == GRPC_TIMEOUT) {
+        return None;
+    }
+    headers.get(GRPC_TIMEOUT)
+}
+
+impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S, C>
+where
+    S: Service<Request<ReplayBody<ReqBody>>, Response = Response<ResBody>> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<Response<ResBody>>,
+    ReqBody: Body,
+{
+    type Response = Response<RetryBody<ResBody, C>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, ReqBody, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let handle = self.handles.current();
+        handle.ledger.stats.request(handle.stripe());
+        handle.meter_attempt(crate::client::retry::metrics::AttemptKind::First);
+        handle.meter_route(&mut req);
+        let policy = &handle.policy;
+        // An empty extension map answers at once: most requests pay one branch for this.
+        let overrides = req
+            .extensions()
+            .get::<crate::client::retry::RetryOverrides>()
+            .copied()
+            .unwrap_or_default();
+        let max_attempts = overrides.max_attempts.unwrap_or(policy.max_attempts);
+        let replay_ok = req.body().size_hint().lower() <= policy.max_replay_bytes as u64;
+        if max_attempts <= 1 || !replay_ok {
+            // Retries are off for this request: no buffering, no copy of the request. One
+            // whose body is too long to keep is reported as given up when it fails.
+            let unreplayable = (max_attempts > 1).then(|| {
+                overrides
+                    .idempotent
+                    .unwrap_or_else(|| policy.idempotency.allows(req.method(), req.headers()))
+            });
+            let mut req = req.map(ReplayBody::passthrough);
+            // No retry follows it: a bound inside may give it the whole deadline.
+            req.extensions_mut().insert(crate::FinalAttempt);
+            return ResponseFuture::once(self.inner.call(req), handle, unreplayable);
+        }
+
+        let local = match (req.extensions().get::<Deadline>().copied(), current()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // What the server is told: the request's own header (an outer `PropagateDeadline`'s,
+        // or the caller's), read off the request. Without a local deadline, it is the deadline.
+        let wire = caller_timeout(req.headers())
+            .and_then(|v| grpc_timeout::decode_header(v).ok())
+            .and_then(|t| Instant::now().checked_add(t));
+        let deadline = local.or(wire.map(Deadline::at));
+        // A layer inside will tell the server the deadline less its offset.
+        let wire = match (self.header, deadline) {
+            (crate::client::retry::bounds::Wire::Inside(offset), Some(d)) => {
+                let inside = d.instant().checked_sub(offset).unwrap_or(d.instant());
+                Some(wire.map_or(inside, |w| w.min(inside)))
+            }
+            _ => wire,
+        };
+        let bounds = Bounds {
+            deadline,
+            wire,
+            header: self.header == crate::client::retry::bounds::Wire::Write,
+        };
+        let template = Template::new(&req);
+        // gRFC A96's per-call series are for gRPC calls (read only when recorded).
+        let grpc = RetryMetrics::ON && crate::is_grpc(req.headers());
+        // Whether a retry may follow this request's attempt timeouts: the classifier's rule
+        // for `AttemptTimedOut` (asked once per layer) and, where it depends on it, whether the
+        // request is idempotent. When none may, every attempt is final for the bound inside,
+        // which then gives it the whole deadline instead of keeping a share for a retry.
+        let idempotent = overrides
+            .idempotent
+            .unwrap_or_else(|| template.idempotent(policy.idempotency));
+        let timeouts_final = match *handle.timeout_retryable.get_or_init(|| {
+            match policy
+                .classifier
+                .classify(Err(&crate::AttemptTimedOut::new()))
+            {
+                Outcome::Failure { retryable, .. } | Outcome::Throttled { retryable, .. } => {
+                    retryable
+                }
+                _ => Retryable::Never,
+            }
+        }) {
+            Retryable::Never => true,
+            Retryable::IfIdempotent => !idempotent,
+            _ => false,
+        };
+        let (parts, body) = req.into_parts();
+        // An empty body (most GETs) needs no buffer at all.
+        let body = if body.is_end_stream() {
+            ReplayBody::empty()
+        } else {
+            ReplayBody::new(body, policy.max_replay_bytes)
+        };
+        let first = body.replay().unwrap_or_else(ReplayBody::empty);
+        // The first attempt sends the original request; only retries are rebuilt.
+        let mut req = Request::from_parts(parts, first);
+
+        // The ready service makes this call; a clone waits for the retries.
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        let armed = bounds.arm(&mut req, true);
+        if timeouts_final {
+            req.extensions_mut().insert(crate::FinalAttempt);
+        }
+        // A hedged request: one the idempotency rule allows, with a delay to hedge after.
+        let hedge = match &policy.hedging {
+            Some(hedging)
+                if armed != Armed::Expired && overrides.hedge != Some(false) && idempotent =>
+            {
+                hedging.delay.delay_for(req.method(), req.uri())
+            }
+            _ => None,
+        };
+        let state = match hedge {
+            Some(delay) => {
+                let deadline = bounds.deadline.map(|d| d.instant());
+                State::hedging(Hedges::boxed(service.call(req), delay, deadline))
+            }
+            None => State::sent(armed, || service.call(req)),
+        };
+        let retry = RetryState::new(
+            handle.clone(),
+            service,
+            template,
+            body,
+            bounds,
+            overrides,
+            timeouts_final,
+        );
+        let mut retry = retry;
+        retry.grpc = grpc;
+        ResponseFuture::retrying(retry, state)
+    }
+}
