@@ -28,9 +28,9 @@ macro_rules! builder_methods {
                 fn $name $(<$g>)? (self, layer: $layer) -> ServiceBuilder<Stack<$layer, L>>;
             )*
 
-            /// Adds a [`PushbackLayer`](crate::client::retry::PushbackLayer) (server side): tells
+            /// Adds a [`PushbackLayer`](crate::server::pushback::PushbackLayer) (server side): tells
             /// callers not to retry when this service's own retries gave up.
-            fn pushback(self) -> ServiceBuilder<Stack<crate::client::retry::PushbackLayer, L>>;
+            fn pushback(self) -> ServiceBuilder<Stack<crate::server::pushback::PushbackLayer, L>>;
         }
 
         impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
@@ -40,8 +40,8 @@ macro_rules! builder_methods {
                 }
             )*
 
-            fn pushback(self) -> ServiceBuilder<Stack<crate::client::retry::PushbackLayer, L>> {
-                self.layer(crate::client::retry::PushbackLayer::new())
+            fn pushback(self) -> ServiceBuilder<Stack<crate::server::pushback::PushbackLayer, L>> {
+                self.layer(crate::server::pushback::PushbackLayer::new())
             }
         }
     };

@@ -280,10 +280,11 @@ pub mod prelude {
     pub use crate::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
     pub use crate::client::breaker::{BreakerConfig, BreakerLayer, Mode, State};
     pub use crate::client::overload::{bulkhead::BulkheadLayer, throttle::ThrottleLayer};
-    pub use crate::client::retry::{PushbackLayer, ReplayBody, RetryConfig, RetryLayer};
+    pub use crate::client::retry::{ReplayBody, RetryConfig, RetryLayer};
     pub use crate::deadline::{
         Deadline, DeadlineFutureExt, DeadlineLayer, PropagateDeadlineLayer, current,
     };
     pub use crate::server::admission::AdmissionLayer;
+    pub use crate::server::pushback::PushbackLayer;
     pub use crate::{BoxError, GrpcClassifier, HttpClassifier};
 }

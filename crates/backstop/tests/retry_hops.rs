@@ -2,7 +2,8 @@
 //! `max_attempts` attempts per user request instead of `max_attempts²`.
 
 use backstop::BoxError;
-use backstop::client::retry::{PushbackLayer, ReplayBody, RetryConfig, backoff, retries_exhausted};
+use backstop::client::retry::{ReplayBody, RetryConfig, backoff};
+use backstop::server::pushback::{PushbackLayer, retries_exhausted};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -159,4 +160,113 @@ async fn a_plain_http_hop_says_do_not_retry_without_grpc_headers() {
     assert_eq!(response.headers()["backstop-no-retry"], "1");
     assert!(response.headers().get("grpc-retry-pushback-ms").is_none());
     assert_eq!(count.load(Ordering::SeqCst), 3, "A did not retry B");
+}
+
+/// How B's handler makes its call to C.
+#[derive(Debug, Clone, Copy)]
+enum Caller {
+    /// Calls, then spawns the call's future onto another task and awaits it.
+    CallThenSpawn,
+    /// Polls the call once, then moves it into a `FuturesUnordered`.
+    PollThenMove,
+    /// Through the client preset (whose deadline layer begins the call) under a
+    /// `ConcurrencyLimit`, the call then spawned.
+    PresetUnderLimit,
+    /// Through the client preset behind a `Buffer`, whose worker task calls the preset's
+    /// layers: the call begins outside the handler, so it cannot report to it.
+    PresetBehindBuffer,
+}
+
+/// B's handler makes its call to C as `caller` says; B is under a `PushbackLayer`.
+async fn b_reports(caller: Caller) -> (u64, Response<String>) {
+    use futures_util::{StreamExt, stream::FuturesUnordered};
+    let count = Arc::new(AtomicU64::new(0));
+    let c = c(count.clone());
+    let retry = policy().build().unwrap().layer(c.clone());
+    let preset = backstop::client::grpc()
+        .retry(policy().build().unwrap())
+        .build()
+        .unwrap();
+    let limited = tower::limit::ConcurrencyLimit::new(preset.layer(c.clone()), 4);
+    let buffered = tower::buffer::Buffer::new(preset.layer(c), 8);
+    let handler = service_fn(move |_req: Request<String>| {
+        let retry = retry.clone();
+        let mut buffered = buffered.clone();
+        let mut limited = limited.clone();
+        async move {
+            let answer = match caller {
+                Caller::CallThenSpawn => {
+                    // Called here (`oneshot` would call only once polled, on the new task).
+                    let mut retry = retry;
+                    let call = retry.ready().await.unwrap().call(grpc_request());
+                    tokio::spawn(call)
+                        .await
+                        .unwrap()
+                        .unwrap()
+                        .map(|b| b.into_inner())
+                }
+                Caller::PollThenMove => {
+                    let mut retry = retry;
+                    let mut call = Box::pin(retry.call(grpc_request()));
+                    let first = std::future::poll_fn(|cx| {
+                        std::task::Poll::Ready(call.as_mut().poll(cx).is_pending())
+                    });
+                    assert!(first.await, "C's backoff keeps the call pending");
+                    let mut set = FuturesUnordered::new();
+                    set.push(call);
+                    set.next().await.unwrap().unwrap().map(|b| b.into_inner())
+                }
+                Caller::PresetUnderLimit => {
+                    let call = limited.ready().await.unwrap().call(grpc_request());
+                    let answer = tokio::spawn(call).await.unwrap().unwrap();
+                    answer.map(|_| String::new())
+                }
+                Caller::PresetBehindBuffer => {
+                    let call = buffered.ready().await.unwrap().call(grpc_request());
+                    call.await.unwrap().map(|_| String::new())
+                }
+            };
+            Ok::<_, BoxError>(answer)
+        }
+    });
+    let server = ServiceBuilder::new()
+        .layer(PushbackLayer::new())
+        .service(handler);
+    let response = server.oneshot(grpc_request()).await.unwrap();
+    (count.load(Ordering::SeqCst), response)
+}
+
+/// A call reports to the request whose handler made it, however the handler runs it
+/// afterwards: spawned, or moved between futures. (A thread-local mark set while the call's
+/// future was polled lost the spawned ones.)
+#[tokio::test(start_paused = true)]
+async fn a_call_reports_its_give_up_wherever_the_handler_runs_it() {
+    for caller in [
+        Caller::CallThenSpawn,
+        Caller::PollThenMove,
+        Caller::PresetUnderLimit,
+    ] {
+        let (attempts, response) = b_reports(caller).await;
+        assert_eq!(attempts, 3, "{caller:?}: C saw the retries");
+        assert_eq!(response.headers()["grpc-status"], "14", "{caller:?}");
+        assert_eq!(
+            response
+                .headers()
+                .get("grpc-retry-pushback-ms")
+                .map(|v| v.as_bytes()),
+            Some(&b"-1"[..]),
+            "{caller:?}: B tells its callers not to retry"
+        );
+    }
+}
+
+/// What a call cannot do: one whose first backstop layer is called by a `Buffer`'s worker
+/// begins outside the handler, so B does not learn that it gave up (the rule in
+/// `PushbackLayer`'s docs). C still sees only the client's own attempts.
+#[tokio::test(start_paused = true)]
+async fn a_call_begun_on_a_buffer_worker_does_not_report() {
+    let (attempts, response) = b_reports(Caller::PresetBehindBuffer).await;
+    assert_eq!(attempts, 3);
+    assert_eq!(response.headers()["grpc-status"], "14");
+    assert!(response.headers().get("grpc-retry-pushback-ms").is_none());
 }

@@ -1,8 +1,9 @@
 //! Retries across real tonic and hyper servers over 127.0.0.1.
 
 use backstop::GrpcClassifier;
-use backstop::client::retry::{CallInfo, PushbackLayer, ReplayBody, Retry, RetryConfig, backoff};
+use backstop::client::retry::{CallInfo, ReplayBody, Retry, RetryConfig, backoff};
 use backstop::deadline::DeadlineLayer;
+use backstop::server::pushback::PushbackLayer;
 use backstop_integration::listener;
 use bytes::Bytes;
 use example_proto::collect::{

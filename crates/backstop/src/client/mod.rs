@@ -2,6 +2,7 @@
 
 pub mod attempt;
 pub mod breaker;
+pub(crate) mod call;
 pub(crate) mod deadline;
 pub mod overload;
 pub mod retry;

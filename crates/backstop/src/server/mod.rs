@@ -2,10 +2,11 @@
 
 pub mod admission;
 pub(crate) mod deadline;
+pub mod pushback;
 
-use crate::client::retry::{Pushback, PushbackLayer};
 use crate::deadline::{DeadlineLayer, DeadlineService};
 use crate::server::admission::{Admission, AdmissionLayer};
+use crate::server::pushback::{Pushback, PushbackLayer};
 use std::time::Duration;
 use tower_layer::Layer;
 

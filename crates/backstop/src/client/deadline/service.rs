@@ -74,6 +74,8 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        // The first layer of a call: what the handler's scope offers goes on the request.
+        crate::client::call::Call::begin(&mut req);
         let now = Instant::now();
         let head = Head::read(req.headers());
         let grpc = head.grpc;

@@ -112,7 +112,7 @@
 //!
 //! **Across hops.** When a retry layer gives up on a retryable failure (attempts, budget,
 //! deadline, a downstream "do not retry") or meets our own rejection, it marks the request it
-//! serves; a [`PushbackLayer`] on that server then stamps `grpc-retry-pushback-ms: -1` on the
+//! serves; a [`PushbackLayer`](crate::server::pushback::PushbackLayer) on that server then stamps `grpc-retry-pushback-ms: -1` on the
 //! failed gRPC response (`backstop-no-retry: 1` on a plain HTTP one), so callers do not retry it again: the failing dependency sees at most
 //! `max_attempts` attempts per user request, not `max_attempts` to the power of the hops.
 //!
@@ -149,7 +149,6 @@ pub(crate) mod metrics;
 #[cfg(not(feature = "metrics"))]
 #[path = "metrics_off.rs"]
 pub(crate) mod metrics;
-pub(crate) mod pushback;
 pub(crate) mod replay;
 pub(crate) mod service;
 pub(crate) mod shared;
@@ -165,7 +164,6 @@ pub use error::RetryError;
 pub use future::ResponseFuture;
 pub use info::{Attempt, CallInfo};
 pub use layer::RetryLayer;
-pub use pushback::{Pushback, PushbackFuture, PushbackLayer, retries_exhausted};
 pub use replay::{BodyFailedEarlier, BodySuperseded, ReplayBody};
 pub use service::Retry;
 pub use stats::{GiveUp, RetryStats};

@@ -1,3 +1,4 @@
+use crate::client::call::Call;
 use crate::client::retry::bounds::{Armed, Bounds};
 use crate::client::retry::future::{ResponseFuture, State};
 use crate::client::retry::hedge::Hedges;
@@ -116,7 +117,12 @@ where
             return ResponseFuture::once(self.inner.call(req), handle, unreplayable);
         }
 
-        let local = match (req.extensions().get::<Deadline>().copied(), current()) {
+        // A stack that writes `grpc-timeout` inside (the presets) has a deadline layer outside
+        // this one, which began the call (and put the handler's deadline on the request);
+        // otherwise this layer is the call's first, and inherits the handler's.
+        let first = !matches!(self.header, crate::client::retry::bounds::Wire::Inside(_));
+        let inherited = if first { current() } else { None };
+        let local = match (req.extensions().get::<Deadline>().copied(), inherited) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -164,6 +170,8 @@ where
             Retryable::IfIdempotent => !idempotent,
             _ => false,
         };
+        // Where the call reports giving up.
+        let report = Call::gave_up(&req, first);
         let (parts, body) = req.into_parts();
         // An empty body (most GETs) needs no buffer at all.
         let body = if body.is_end_stream() {
@@ -209,6 +217,7 @@ where
         );
         let mut retry = retry;
         retry.grpc = grpc;
+        retry.report = report;
         ResponseFuture::retrying(retry, state)
     }
 }

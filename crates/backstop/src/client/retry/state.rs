@@ -7,7 +7,6 @@ use crate::client::retry::backoff::{BackoffState, Rng};
 use crate::client::retry::bounds::Bounds;
 use crate::client::retry::budget::counts_as_failure;
 use crate::client::retry::metrics::{AttemptKind, RetryMetrics};
-use crate::client::retry::pushback::mark_exhausted;
 use crate::client::retry::shared::Handle;
 use crate::client::retry::stats::GiveUp;
 use crate::client::retry::template::Template;
@@ -47,6 +46,9 @@ pub(crate) struct RetryState<S, B, C> {
     pub(crate) delay: Duration,
     /// Whether the call is gRPC, read only when metrics are recorded (gRFC A96's series).
     pub(crate) grpc: bool,
+    /// Where the call reports that it gave up: the server request whose handler made it
+    /// (see `client::call`).
+    pub(crate) report: Option<Arc<crate::server::pushback::GaveUp>>,
 }
 
 /// What to do with a finished attempt.
@@ -122,6 +124,15 @@ impl<S, B, C> RetryState<S, B, C> {
             hedges: 0,
             delay: Duration::ZERO,
             grpc: false,
+            report: None,
+        }
+    }
+
+    /// Tells the server request whose handler made this call (if any) that its retries gave
+    /// up, so that server tells its own callers not to retry.
+    pub(crate) fn mark_exhausted(&self) {
+        if let Some(report) = &self.report {
+            report.mark();
         }
     }
 
@@ -181,7 +192,7 @@ impl<S, B, C> RetryState<S, B, C> {
             Outcome::Rejected => {
                 // Our own rejection (an open breaker, a spent deadline): callers upstream must
                 // not retry it either.
-                mark_exhausted();
+                self.mark_exhausted();
                 return Verdict::Return(heard);
             }
             Outcome::Failure { retryable, hint } | Outcome::Throttled { retryable, hint } => {
@@ -220,7 +231,7 @@ impl<S, B, C> RetryState<S, B, C> {
         self.shared.ledger.stats.give_up(why);
         self.shared.meter_give_up(why);
         if why.exhausts_retries() {
-            mark_exhausted();
+            self.mark_exhausted();
         }
         tracing::debug!(
             dependency = self.shared.ledger.name.get(),

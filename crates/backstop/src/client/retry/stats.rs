@@ -75,7 +75,7 @@ impl GiveUp {
     }
 
     /// Whether giving up for this reason leaves a failure that could have been retried: the
-    /// callers upstream are told not to retry it either (see [`PushbackLayer`](crate::client::retry::PushbackLayer)).
+    /// callers upstream are told not to retry it either (see [`PushbackLayer`](crate::server::pushback::PushbackLayer)).
     pub fn exhausts_retries(self) -> bool {
         matches!(
             self,

@@ -12,9 +12,10 @@
 //!
 //! For each request:
 //!
-//! 1. **No deadline** (no [`Deadline`](crate::deadline::Deadline) extension, put there by an outer
-//!    [`DeadlineLayer`](crate::deadline::DeadlineLayer), and no [`current()`](crate::deadline::current)): it
-//!    passes, and its handler's latency is measured.
+//! 1. **No deadline** (no [`Deadline`](crate::deadline::Deadline) extension, which an outer
+//!    [`DeadlineLayer`](crate::deadline::DeadlineLayer) puts on a request with a deadline): it
+//!    passes, and its handler's latency is measured. (The layer reads the request only, not
+//!    [`current()`](crate::deadline::current): that is for handlers.)
 //! 2. **The need**: the route's measured handler latency at the [`quantile`](AdmissionLayerBuilder::quantile)
 //!    (default the median, p50), at least [`min_need`](AdmissionLayerBuilder::min_need)
 //!    (default 0); or a [`fixed`](AdmissionLayerBuilder::fixed) need instead of measuring.

@@ -1,5 +1,5 @@
 use super::{AdmissionFuture, Shared};
-use crate::deadline::{Deadline, current};
+use crate::deadline::Deadline;
 use crate::is_grpc;
 use http::{Request, Response};
 use std::{
@@ -50,7 +50,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let deadline = req.extensions().get::<Deadline>().copied().or_else(current);
+        let deadline = req.extensions().get::<Deadline>().copied();
         let shared = &self.shared;
         if !shared.measures() && deadline.is_none() {
             return AdmissionFuture::passed(self.inner.call(req));

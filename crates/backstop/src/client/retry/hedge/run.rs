@@ -2,7 +2,6 @@
 
 use crate::client::retry::ReplayBody;
 use crate::client::retry::metrics::AttemptKind;
-use crate::client::retry::pushback::mark_exhausted;
 use crate::client::retry::state::{Heard, RetryState};
 use crate::client::retry::stats::GiveUp;
 use crate::rt::timer::LazySleep;
@@ -361,7 +360,7 @@ impl<S, B, C> RetryState<S, B, C> {
         match hedges.why {
             Some(why) => self.give_up(why, result.as_ref()),
             // Our own rejection: callers upstream must not retry it either.
-            None => mark_exhausted(),
+            None => self.mark_exhausted(),
         }
         (result, Some(heard))
     }
