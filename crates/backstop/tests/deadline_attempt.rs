@@ -2,8 +2,6 @@
 //! `backstop::client::attempt`.
 
 use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
-use backstop::deadline::Deadline;
-use backstop::wire::grpc_timeout;
 use backstop::{AttemptTimedOut, HedgeDelay};
 use http::{Request, Response};
 use std::{convert::Infallible, time::Duration};
@@ -81,27 +79,6 @@ async fn the_adaptive_bound_follows_the_measured_latency_once_trusted() {
     // tokio's timer wheel fires on the millisecond.
     let took = start.elapsed();
     assert!(took >= bound && took - bound < MS, "{took:?} for {bound:?}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn the_layer_writes_the_attempts_grpc_timeout_when_told_to() {
-    let layer = AttemptTimeoutLayer::new(AttemptBound::Fixed(300 * MS))
-        .unwrap()
-        .write_grpc_timeout(Duration::ZERO);
-    let svc = layer.layer(dependency());
-    // Under a deadline of 1 s the attempt's bound is the shorter: the server is told 300 ms.
-    let mut req = call(0);
-    req.extensions_mut()
-        .insert(Deadline::after(Duration::from_secs(1)));
-    let response = svc.clone().oneshot(req).await.unwrap();
-    let told = grpc_timeout::decode(response.headers()["told"].as_bytes()).unwrap();
-    assert_eq!(told, 300 * MS);
-    // Under a deadline of 100 ms the deadline is the shorter.
-    let mut req = call(0);
-    req.extensions_mut().insert(Deadline::after(100 * MS));
-    let response = svc.oneshot(req).await.unwrap();
-    let told = grpc_timeout::decode(response.headers()["told"].as_bytes()).unwrap();
-    assert!(told <= 100 * MS && told >= 99 * MS, "{told:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -91,14 +91,6 @@ const CLIENT: &[ClientRow] = &[
             AttemptTimeoutLayer::with_model(AttemptBound::Adaptive(Adaptive::new()), model)?;
         http().attempt(layer).build()
     }),
-    ("write_grpc_timeout", |d| {
-        let layer = AttemptTimeoutLayer::new(AttemptBound::Fixed(10 * MS))?;
-        http().attempt(layer.write_grpc_timeout(d)).build()
-    }),
-    ("retry_wait", |d| {
-        let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))?;
-        http().attempt(layer.retry_wait(d)).build()
-    }),
     ("max_wait", |d| {
         let layer = BulkheadLayer::builder(1).max_wait(d).build()?;
         http().bulkhead(layer).build()
@@ -132,10 +124,6 @@ const CLIENT: &[ClientRow] = &[
     }),
     ("delay", |d| {
         retry(RetryConfig::http().hedging(Hedging::new(d)))
-    }),
-    ("grpc_timeout_written_inside", |d| {
-        let layer = RetryConfig::http().seed(1).build()?;
-        http().retry(layer.grpc_timeout_written_inside(d)).build()
     }),
     ("window", |d| {
         let throttle = AdaptiveThrottle::builder().window(d).seed(1).build()?;

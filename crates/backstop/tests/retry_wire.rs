@@ -353,9 +353,9 @@ async fn header_seen(
 #[tokio::test(start_paused = true)]
 async fn with_config_keeps_the_layers_grpc_timeout_rule() {
     let silent = RetryConfig::grpc()
+        .send_grpc_timeout(false)
         .build()
-        .unwrap()
-        .send_grpc_timeout(false);
+        .unwrap();
     assert_eq!(
         header_seen(silent.named("partner")).await,
         None,

@@ -133,37 +133,76 @@ async fn every_attempt_of_the_preset_is_told_what_is_left_on_the_wire() {
 }
 
 /// Defect: a deadline layer built with `send_grpc_timeout(false)` passed the caller's own
-/// `grpc-timeout: 10S` on for a call it bounds at 100 ms. The server is now told nothing;
-/// with an attempt bound inside that writes the header (`write_grpc_timeout`, as the presets
-/// build theirs), it is told what is left.
+/// `grpc-timeout: 10S` on for a call it bounds at 100 ms. The server is now told nothing by
+/// such a layer; in the presets, whose attempt bound writes each attempt's header, it is told
+/// what is left.
 #[tokio::test(start_paused = true)]
 async fn a_silent_deadline_layer_never_lets_the_server_hear_more_than_is_left() {
-    for writer in [false, true] {
-        let (seen, dependency) =
-            telling(|_, _: &Request<String>| async { Ok::<_, BoxError>(grpc_reply(0)) });
-        let deadline = PropagateDeadlineLayer::builder()
-            .timeout(100 * MS)
-            .build()
-            .unwrap();
-        let attempt =
-            AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_secs(1))).unwrap();
-        let attempt = match writer {
-            true => attempt.write_grpc_timeout(deadline.offset()),
-            false => attempt,
-        };
-        let svc = ServiceBuilder::new()
-            .layer(deadline.send_grpc_timeout(false))
-            .layer(attempt)
-            .service(dependency);
+    for preset in [false, true] {
+        let (seen, dependency) = telling(|_, _: &Request<ReplayBody<String>>| async {
+            Ok::<_, BoxError>(grpc_reply(0))
+        });
         let mut req = grpc_call("");
         req.headers_mut()
             .insert("grpc-timeout", "10S".parse().unwrap());
-        svc.oneshot(req).await.unwrap();
+        if preset {
+            let client = backstop::client::grpc()
+                .timeout(100 * MS)
+                .attempt(
+                    AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_secs(1))).unwrap(),
+                )
+                .build()
+                .unwrap();
+            tower::Layer::layer(&client, dependency)
+                .oneshot(req)
+                .await
+                .unwrap();
+        } else {
+            let deadline = PropagateDeadlineLayer::builder()
+                .timeout(100 * MS)
+                .send_grpc_timeout(false)
+                .build()
+                .unwrap();
+            let attempt =
+                AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_secs(1))).unwrap();
+            let svc = ServiceBuilder::new()
+                .layer(deadline)
+                .layer(attempt)
+                .map_request(|r: Request<String>| r.map(ReplayBody::passthrough))
+                .service(dependency);
+            svc.oneshot(req.map(|_| String::new())).await.unwrap();
+        }
         let heard = seen.lock().unwrap()[0].1.clone();
-        match writer {
+        match preset {
             false => assert_eq!(heard, None),
             true => assert_eq!(heard.as_deref(), Some("100m")),
         }
+    }
+}
+
+/// The presets' attempt bound writes each attempt's `grpc-timeout`: the shorter of its own
+/// bound and what is left of the deadline.
+#[tokio::test(start_paused = true)]
+async fn the_presets_attempt_bound_tells_the_shorter_of_its_bound_and_the_deadline() {
+    for (timeout, told) in [(Duration::from_secs(1), 300 * MS), (100 * MS, 100 * MS)] {
+        let (seen, dependency) = telling(|_, _: &Request<ReplayBody<String>>| async {
+            Ok::<_, BoxError>(grpc_reply(0))
+        });
+        let client = backstop::client::grpc()
+            .timeout(timeout)
+            .attempt(AttemptTimeoutLayer::new(AttemptBound::Fixed(300 * MS)).unwrap())
+            .build()
+            .unwrap();
+        tower::Layer::layer(&client, dependency)
+            .oneshot(grpc_call(""))
+            .await
+            .unwrap();
+        let heard = seen.lock().unwrap()[0].1.clone().expect("a grpc-timeout");
+        let heard = grpc_timeout::decode(heard.as_bytes()).unwrap();
+        assert!(
+            heard <= told && heard + MS >= told,
+            "{timeout:?}: told {heard:?}"
+        );
     }
 }
 

@@ -493,7 +493,7 @@ impl<C> ClientBuilder<C> {
     }
 
     /// Replaces the deadline propagation (e.g. a per-call `timeout` or a `fraction`). A
-    /// layer built with [`send_grpc_timeout(false)`](PropagateDeadlineLayer::send_grpc_timeout)
+    /// layer built with [`send_grpc_timeout(false)`](crate::deadline::PropagateDeadlineLayerBuilder::send_grpc_timeout)
     /// turns the header off for the whole stack, as [`send_grpc_timeout`](Self::send_grpc_timeout)
     /// does. Its timeout, fraction, offset and `min_remaining` apply as given; one thing the
     /// stack decides for it: it writes no `grpc-timeout` itself, the attempt bound innermost

@@ -121,7 +121,7 @@
 //!    nothing is left once the [`offset`](PropagateDeadlineLayerBuilder::offset) is taken off,
 //!    the call fails at once without being sent.
 //! 3. Otherwise `grpc-timeout` is set to the remaining time minus the offset (unless built
-//!    with [`send_grpc_timeout(false)`](PropagateDeadlineLayer::send_grpc_timeout), which
+//!    with [`send_grpc_timeout(false)`](PropagateDeadlineLayerBuilder::send_grpc_timeout), which
 //!    puts the [`Deadline`] in the request's extensions instead, for a layer inside that
 //!    writes the header), the inner service is called and its future polled with the call's
 //!    deadline as [`current()`] (for user code inside), and the call is bounded by the

@@ -116,7 +116,7 @@ impl Drop for Scope {
 /// retryable failure (attempts, budget, deadline, or a downstream "do not retry"), stamps
 /// "do not retry" on the handler's failed response, so callers' retry layers do not retry it
 /// again: `grpc-retry-pushback-ms: -1` on a gRPC response (gRPC A6), `backstop-no-retry: 1`
-/// ([`NO_RETRY`](crate::wire::hint::NO_RETRY)) on a plain HTTP one, which carries no gRPC
+/// ([`NO_RETRY`]) on a plain HTTP one, which carries no gRPC
 /// header (browsers, curl and proxies ignore the one they do not know).
 ///
 /// Without it, each hop multiplies the attempts: three hops of 3 attempts make 27 on the last

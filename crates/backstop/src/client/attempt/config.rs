@@ -121,8 +121,8 @@ impl Adaptive {
     /// attempt may take (default 0.8): the attempt then times out, and the breaker counts it,
     /// before the deadline expires (an expired deadline is the caller's, never counted). Not
     /// applied to an attempt the retry layer marked final, nor to one
-    /// whose share would leave less than a retry's least wait
-    /// ([`AttemptTimeoutLayer::retry_wait`](super::AttemptTimeoutLayer::retry_wait)) and the
+    /// whose share would leave less than a retry's least wait (the presets take it from their
+    /// retry layer) and the
     /// model's median call (none before the model is trusted): no retry needs the room
     /// (BENCHMARKS.md has the lab runs that chose 0.8).
     #[must_use]

@@ -380,40 +380,8 @@ impl AttemptTimeoutLayer {
     /// client presets build theirs: `PropagateDeadlineLayer::send_grpc_timeout(false)` outside
     /// (with this `offset`), the retry layer's `grpc_timeout_written_inside(offset)` between.
     /// One header write per attempt, decided when the stack is built.
-    ///
-    /// Without it (the default) the layer only shortens a `grpc-timeout` already on the
-    /// request to its bound, when that is shorter.
-    ///
-    /// ```
-    /// use backstop::deadline::PropagateDeadlineLayer;
-    /// use backstop::client::attempt::{AttemptBound, AttemptTimeoutLayer};
-    /// use http::{Request, Response};
-    /// use std::{convert::Infallible, time::Duration};
-    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() -> Result<(), backstop::BoxError> {
-    /// let deadline = PropagateDeadlineLayer::builder()
-    ///     .timeout(Duration::from_secs(2))
-    ///     .offset(Duration::from_millis(10))
-    ///     .build()?;
-    /// let attempt = AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_secs(5)))?
-    ///     .write_grpc_timeout(deadline.offset());
-    /// let svc = ServiceBuilder::new()
-    ///     .layer(deadline.send_grpc_timeout(false))
-    ///     .layer(attempt)
-    ///     .service(service_fn(|req: Request<String>| async move {
-    ///         let told = req.headers()["grpc-timeout"].clone();
-    ///         Ok::<_, Infallible>(Response::builder().header("told", told).body(String::new()).unwrap())
-    ///     }));
-    /// let response = svc.oneshot(Request::new(String::new())).await?;
-    /// // The deadline's 2 s less the 10 ms offset: shorter than the attempt's 5 s bound.
-    /// assert_eq!(response.headers()["told"], "1990m");
-    /// # Ok(())
-    /// # }
-    /// ```
     #[must_use]
-    pub fn write_grpc_timeout(&self, offset: Duration) -> Self {
+    pub(crate) fn write_grpc_timeout(&self, offset: Duration) -> Self {
         Self {
             writes: Some(offset),
             ..self.clone()
@@ -428,18 +396,8 @@ impl AttemptTimeoutLayer {
     /// the attempt gets all that is left. Before the model is trusted there is no median (and
     /// the reserve asks for none), so the wait alone decides. The presets set it from their
     /// retry layer when the stack is built; the default, zero, counts the median call alone.
-    ///
-    /// ```
-    /// use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
-    /// use std::time::Duration;
-    ///
-    /// let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))?
-    ///     .retry_wait(Duration::from_millis(25));
-    /// # let _ = layer;
-    /// # Ok::<(), backstop::ConfigError>(())
-    /// ```
     #[must_use]
-    pub fn retry_wait(&self, wait: Duration) -> Self {
+    pub(crate) fn retry_wait(&self, wait: Duration) -> Self {
         Self {
             retry_wait: wait,
             ..self.clone()

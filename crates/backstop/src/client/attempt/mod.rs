@@ -17,8 +17,8 @@
 //! whose timeouts its policy would not retry, such as a gRPC call or a POST without an
 //! idempotency key) may take the whole deadline, as gRPC's own clients give a single-attempt
 //! call; so may an attempt whose share would leave less than a retry needs: the retry layer's
-//! least wait ([`AttemptTimeoutLayer::retry_wait`], which the presets set from their backoff
-//! and deadline offset) and then the model's median call (the upper edge of its p50 bucket,
+//! least wait (which the presets take from their backoff and deadline offset when they build
+//! the stack; zero for a layer used alone) and then the model's median call (the upper edge of its p50 bucket,
 //! what the presets' retry reserve asks for). No retry could finish in that room, and the
 //! reserve would refuse to send one: with p50 ≈ 1 s and a 1.3 s deadline the first attempt
 //! gets all 1.3 s. A model not trusted (cold, or emptied by an idle spell) has no median, and

@@ -118,51 +118,9 @@ impl PropagateDeadlineLayer {
     }
 
     /// The same layer (same configuration, same name), writing the `grpc-timeout` header or
-    /// not (default: it does).
-    ///
-    /// Without it the server is told nothing by this layer, and a `grpc-timeout` the caller
-    /// put on the request is removed (it was read into the deadline; passed on, it could say
-    /// more time than the call has). The call is still bounded by its deadline, and the
-    /// deadline travels on the request as a [`Deadline`] extension for the layers inside. For
-    /// calls to third-party HTTP APIs, which have no business knowing your internal
-    /// deadlines, and for stacks where a layer inside writes each attempt's header itself:
-    /// backstop's client presets leave it to their attempt bound (the facade's
-    /// `AttemptTimeoutLayer::write_grpc_timeout`), which says the shorter of its own bound and
-    /// this layer's deadline less its [`offset`](PropagateDeadlineLayerBuilder::offset), and
-    /// build their retry layer with `grpc_timeout_written_inside(offset)`. Decided when the
-    /// stack is built, never per request.
-    ///
-    /// With the header on (the default), a [`Deadline`] extension the caller put on the
-    /// request is replaced by the deadline this layer picked, so layers inside never read
-    /// more time than the call has.
-    ///
-    /// ```
-    /// use backstop::deadline::{Deadline, PropagateDeadlineLayer};
-    /// use http::{Request, Response};
-    /// use std::time::Duration;
-    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() -> Result<(), backstop::BoxError> {
-    /// let layer = PropagateDeadlineLayer::builder()
-    ///     .timeout(Duration::from_millis(300))
-    ///     .build()?
-    ///     .send_grpc_timeout(false);
-    /// let svc = ServiceBuilder::new()
-    ///     .layer(layer)
-    ///     .service(service_fn(|req: Request<String>| {
-    ///         // No header, not even the caller's, but the deadline is on the request.
-    ///         assert!(req.headers().get("grpc-timeout").is_none());
-    ///         assert!(req.extensions().get::<Deadline>().is_some());
-    ///         async { Ok::<_, backstop::BoxError>(Response::new(String::new())) }
-    ///     }));
-    /// let request = Request::builder().header("grpc-timeout", "10S").body(String::new())?;
-    /// svc.oneshot(request).await?;
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// not: how the presets build theirs (see the builder's `send_grpc_timeout`).
     #[must_use]
-    pub fn send_grpc_timeout(&self, send: bool) -> Self {
+    pub(crate) fn send_grpc_timeout(&self, send: bool) -> Self {
         Self {
             config: OutboundConfig {
                 send_header: send,
@@ -173,7 +131,7 @@ impl PropagateDeadlineLayer {
     }
 
     /// Whether the calls tell the server their deadline in `grpc-timeout` (see
-    /// [`send_grpc_timeout`](Self::send_grpc_timeout)). backstop's client presets read it
+    /// [`send_grpc_timeout`](PropagateDeadlineLayerBuilder::send_grpc_timeout)). backstop's client presets read it
     /// when they build the stack: their attempt bound writes each attempt's header only when
     /// this says so.
     pub fn sends_grpc_timeout(&self) -> bool {
@@ -258,8 +216,46 @@ impl PropagateDeadlineLayerBuilder {
         self
     }
 
-    /// Whether the layer writes `grpc-timeout` (default `true`); see
-    /// [`PropagateDeadlineLayer::send_grpc_timeout`].
+    /// Whether the layer writes `grpc-timeout` (default `true`).
+    ///
+    /// Without it the server is told nothing by this layer, and a `grpc-timeout` the caller
+    /// put on the request is removed (it was read into the deadline; passed on, it could say
+    /// more time than the call has). The call is still bounded by its deadline, and the
+    /// deadline travels on the request as a [`Deadline`] extension for the layers inside. For
+    /// calls to third-party HTTP APIs, which have no business knowing your internal deadlines.
+    /// (The client presets build theirs without it too: their attempt bound writes each
+    /// attempt's header instead, the shorter of its own bound and this deadline less
+    /// [`offset`](Self::offset).)
+    ///
+    /// With the header on (the default), a [`Deadline`] extension the caller put on the
+    /// request is replaced by the deadline this layer picked, so layers inside never read
+    /// more time than the call has.
+    ///
+    /// ```
+    /// use backstop::deadline::{Deadline, PropagateDeadlineLayer};
+    /// use http::{Request, Response};
+    /// use std::time::Duration;
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), backstop::BoxError> {
+    /// let layer = PropagateDeadlineLayer::builder()
+    ///     .timeout(Duration::from_millis(300))
+    ///     .send_grpc_timeout(false)
+    ///     .build()?;
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service(service_fn(|req: Request<String>| {
+    ///         // No header, not even the caller's, but the deadline is on the request.
+    ///         assert!(req.headers().get("grpc-timeout").is_none());
+    ///         assert!(req.extensions().get::<Deadline>().is_some());
+    ///         async { Ok::<_, backstop::BoxError>(Response::new(String::new())) }
+    ///     }));
+    /// let request = Request::builder().header("grpc-timeout", "10S").body(String::new())?;
+    /// svc.oneshot(request).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn send_grpc_timeout(mut self, send: bool) -> Self {
         self.config.send_header = send;

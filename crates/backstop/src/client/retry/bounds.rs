@@ -37,7 +37,7 @@ pub(crate) enum Wire {
     /// Nobody this layer knows of: the server is told nothing by it.
     Silent,
     /// A layer inside, as the deadline less this offset
-    /// ([`RetryLayer::grpc_timeout_written_inside`](crate::client::retry::RetryLayer::grpc_timeout_written_inside)).
+    /// (`RetryLayer::grpc_timeout_written_inside`, how the presets build theirs).
     Inside(std::time::Duration),
 }
 

@@ -104,11 +104,10 @@ impl<C> RetryLayer<C> {
     /// As [`RetryConfig::build`].
     pub fn with_config(&self, policy: RetryConfig<C>) -> Result<Self, crate::ConfigError> {
         policy.validate()?;
-        // Who writes `grpc-timeout` stays the layer's (`send_grpc_timeout`,
-        // `grpc_timeout_written_inside`) unless the policy changes the knob.
-        let keeps = policy.send_grpc_timeout == self.shared.policy.send_grpc_timeout;
+        // Who writes `grpc-timeout` follows the new policy, except in a stack that writes it
+        // inside (a preset's), which stays so.
         let mut derived = Self::with_ledger(policy, self.shared.ledger.clone());
-        if keeps {
+        if let Wire::Inside(_) = self.header {
             derived.header = self.header;
         }
         Ok(derived)
@@ -138,26 +137,15 @@ impl<C> RetryLayer<C> {
         }
     }
 
-    /// The same layer (sharing its budget, stats and name), its services writing
-    /// `grpc-timeout` or not; see [`RetryConfig::send_grpc_timeout`], which sets the default.
-    #[must_use]
-    pub fn send_grpc_timeout(&self, send: bool) -> Self {
-        Self {
-            header: if send { Wire::Write } else { Wire::Silent },
-            ..self.clone()
-        }
-    }
-
     /// The same layer (sharing its budget, stats and name), for a stack where a layer inside
     /// writes every attempt's `grpc-timeout` as the request's deadline less `offset` (the
-    /// facade's `AttemptTimeoutLayer::write_grpc_timeout(offset)`, under a
-    /// `PropagateDeadlineLayer` built with `send_grpc_timeout(false)` and that `offset`; the
-    /// client presets are built so). Its services write no header; they put each attempt's
+    /// attempt bound, under a deadline layer that writes none and has that `offset`: how the
+    /// client presets are built). Its services write no header; they put each attempt's
     /// deadline on the request, and send a retry or a hedge only if `min_attempt_time` fits
     /// before what the server will be told, the deadline less `offset`, as they do when they
     /// read that off a header.
     #[must_use]
-    pub fn grpc_timeout_written_inside(&self, offset: Duration) -> Self {
+    pub(crate) fn grpc_timeout_written_inside(&self, offset: Duration) -> Self {
         Self {
             header: Wire::Inside(offset),
             ..self.clone()
