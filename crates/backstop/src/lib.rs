@@ -247,8 +247,6 @@ pub use error::{
 pub use ext::ServiceBuilderExt;
 pub use route::{KeyFn, RouteKey};
 pub(crate) use rt::attempt::FinalAttempt;
-pub use rt::hedge::HedgeDelay;
-pub use rt::reserve::RetryReserve;
 pub use server::{ServerLayer, server};
 pub use wire::body::ResponseBody;
 pub use wire::grpc::{Code, is_grpc};

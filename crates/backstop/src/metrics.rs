@@ -90,7 +90,7 @@
 //! Plain HTTP calls record only backstop's own series.
 //!
 //! The calls themselves, under OpenTelemetry's semantic conventions
-//! (`http.client.request.duration`, `rpc.client.duration`), are recorded by the facade's
+//! (`http.client.request.duration`, `rpc.client.duration`), are recorded by the
 //! `backstop::semconv::SemconvLayer`, put between a client preset and its transport.
 //!
 //! # Concurrency rule
@@ -234,7 +234,7 @@ pub const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", 
 /// it), `transport` (no status: a connection or protocol error, a body that broke off).
 pub const ERROR_TYPES: [&str; 3] = ["status", "timeout", "transport"];
 
-/// The check of a docs table against [`CATALOG`], for this module's test and the facade's
+/// The check of a docs table against [`CATALOG`], for this module's test and the
 /// README test (hidden: no semver promise).
 #[doc(hidden)]
 pub mod doc_table {

@@ -1,8 +1,9 @@
 //! The attempt bound on its own, without the facade: what an à-la-carte stack gets from
 //! `backstop::client::attempt`.
 
+use backstop::AttemptTimedOut;
 use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
-use backstop::{AttemptTimedOut, HedgeDelay};
+use backstop::client::retry::hedge::HedgeDelay;
 use http::{Request, Response};
 use std::{convert::Infallible, time::Duration};
 use tokio::time::{Instant, sleep};
@@ -115,7 +116,8 @@ fn call_to(path: &str, delay_ms: u64) -> Request<()> {
 /// values the other routes set.
 #[tokio::test(start_paused = true)]
 async fn a_keyed_layer_gives_each_route_its_own_bound_hedge_delay_and_reserve() {
-    use backstop::{RetryReserve, RouteKey};
+    use backstop::RouteKey;
+    use backstop::client::retry::RetryReserve;
     let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new().floor(10 * MS)))
         .unwrap()
         .per_key(RouteKey::Path, 64)

@@ -347,7 +347,7 @@ async fn no_retry_is_started_that_the_reserve_says_cannot_finish() {
 async fn a_reserve_of_none_leaves_the_deadline_rule_alone() {
     #[derive(Debug)]
     struct Untrusted;
-    impl backstop::RetryReserve for Untrusted {
+    impl backstop::client::retry::RetryReserve for Untrusted {
         fn reserve(&self) -> Option<Duration> {
             None
         }

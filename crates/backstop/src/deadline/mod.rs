@@ -12,7 +12,7 @@
 //! - [`AttemptTimeoutLayer`](crate::client::attempt::AttemptTimeoutLayer) (clients, inside a retry layer and a breaker) gives each
 //!   attempt a deadline of its own: a fixed bound, or one derived from the dependency's
 //!   measured latency (p99 × 3 by default), never past the request's deadline; it feeds the
-//!   latency model and the measured hedge delay ([`backstop::HedgeDelay`](crate::HedgeDelay)).
+//!   latency model and the measured hedge delay ([`HedgeDelay`](crate::client::retry::hedge::HedgeDelay)).
 //!
 //! # Example
 //!

@@ -1,13 +1,7 @@
-//! Plumbing shared by backstop's own crates: **not part of the public API**.
-//!
-//! Everything in here exists so that `backstop-deadline`, `backstop-retry`, `backstop-breaker`
-//! and the `backstop` facade can share code. It is for backstop's own crates only: it carries
-//! **no semver promise** and may change or disappear in any release, patch releases included.
-//! Do not use it from outside backstop; the public API lives at the crate root.
+//! The runtime plumbing the rooms share (crate-private): timers, striping, seeded mixing.
 //!
 //! - [`mix`]: the seeded mixing function of every seeded layer.
-//! - [`scope`]: the guard of every thread-local scope (the current deadline, the pushback
-//!   mark).
+//! - [`scope`]: the guard of the handler's deadline scope (`deadline::current`).
 //! - [`stripe`]: per-core striping of counters that every call writes (the breaker's window,
 //!   the retry budget's deposits).
 //! - [`sync`]: the lock and atomics of the hand-rolled concurrent structures, loom's under
@@ -21,12 +15,10 @@
 //!   records its handles.
 
 pub(crate) mod attempt;
-pub(crate) mod hedge;
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics;
 pub(crate) mod mix;
 pub(crate) mod name;
-pub(crate) mod reserve;
 pub(crate) mod scope;
 pub(crate) mod stripe;
 pub(crate) mod sync;

@@ -32,7 +32,7 @@
 //! ```
 //!
 //! An error of the whole stack (a `BoxError` that may or may not hold one of these) goes
-//! through [`Rejection::of`]; the `backstop` facade's `axum` module wraps that for `?`.
+//! through [`Rejection::of`]; [`crate::axum::CallError`] wraps that for `?`.
 
 use crate::{
     AttemptTimedOut, BreakerOpen, BulkheadFull, ClientThrottled, DeadlineExceeded, Rejection,

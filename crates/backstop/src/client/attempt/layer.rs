@@ -253,7 +253,7 @@ impl AttemptTimeoutLayer {
 
 impl AttemptTimeoutLayer {
     /// A retry reserve read from this layer's latency model (for backstop-retry's
-    /// `RetryConfig::reserve`, through [`RetryReserve`](crate::RetryReserve)): the
+    /// `RetryConfig::reserve`, through [`RetryReserve`](crate::client::retry::RetryReserve)): the
     /// `quantile` of the calls of the last window, read as [`hedge_delay`](Self::hedge_delay)
     /// reads it (the upper edge of its bucket, re-read at most every 100 ms). The client
     /// presets use p50: a retry is not started unless, after its backoff, the median call
@@ -280,8 +280,8 @@ impl AttemptTimeoutLayer {
 /// ([`AttemptTimeoutLayer::retry_reserve`]).
 ///
 /// Of a keyed layer ([`AttemptTimeoutLayer::per_key`]), it is read per request
-/// ([`delay_for`](crate::HedgeDelay::delay_for),
-/// [`reserve_for`](crate::RetryReserve::reserve_for), which the retry layer calls)
+/// ([`delay_for`](crate::client::retry::hedge::HedgeDelay::delay_for),
+/// [`reserve_for`](crate::client::retry::RetryReserve::reserve_for), which the retry layer calls)
 /// from the model of the request's key, as the attempt layer bounds it: a route is hedged at
 /// its own p95 and keeps its own reserve; a key whose model is not trusted yet gets no hedge
 /// and asks for no reserve (never the other keys' values). `delay()` and `reserve()`, without
@@ -299,7 +299,7 @@ pub struct MeasuredDelay {
     keyed: Option<(Arc<Keyed>, Option<usize>)>,
 }
 
-impl crate::HedgeDelay for MeasuredDelay {
+impl crate::client::retry::hedge::HedgeDelay for MeasuredDelay {
     fn delay(&self) -> Option<Duration> {
         self.read(&self.shared, Some(&self.cached))
     }
@@ -309,7 +309,7 @@ impl crate::HedgeDelay for MeasuredDelay {
     }
 }
 
-impl crate::RetryReserve for MeasuredDelay {
+impl crate::client::retry::RetryReserve for MeasuredDelay {
     fn reserve(&self) -> Option<Duration> {
         self.read(&self.shared, Some(&self.cached))
     }

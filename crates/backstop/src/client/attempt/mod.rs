@@ -88,8 +88,8 @@
 //!   an idle key after 5 min; a rare route's model would lose its aged samples too early at
 //!   that pace.
 //! - **Hedge delays and retry reserves follow the key**: the retry layer reads them per
-//!   request ([`HedgeDelay::delay_for`](crate::HedgeDelay::delay_for),
-//!   [`RetryReserve::reserve_for`](crate::RetryReserve::reserve_for), with the
+//!   request ([`HedgeDelay::delay_for`](crate::client::retry::hedge::HedgeDelay::delay_for),
+//!   [`RetryReserve::reserve_for`](crate::client::retry::RetryReserve::reserve_for), with the
 //!   request's method and URI), and a [`MeasuredDelay`] of a keyed layer answers from the
 //!   request's key's model; otherwise `/report` would be hedged at the fast routes' p95. No
 //!   per-request state passes between the layers: the key is a function of the request.
@@ -113,7 +113,7 @@
 //! [`Deadline`](crate::deadline::Deadline) extension, moved up to the attempt's end when that comes
 //! first (added when the call has no deadline). For those layers the attempt's end is the
 //! deadline: a layer of yours that writes a third-party API's own deadline header says the
-//! attempt's bound, and the facade's `SemconvLayer` records an attempt the bound dropped as
+//! attempt's bound, and `SemconvLayer` records an attempt the bound dropped as
 //! timed out, with a deadline or without one, whether or not `grpc-timeout` is sent. A call
 //! without a deadline pays for the extension (an allocation).
 

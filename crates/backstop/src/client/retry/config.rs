@@ -1,7 +1,8 @@
+use crate::client::retry::RetryReserve;
 use crate::client::retry::backoff;
 use crate::client::retry::backoff::Backoff;
 use crate::client::retry::budget::{Budget, RatioBudget};
-use crate::{ConfigError, GrpcClassifier, HttpClassifier, RetryReserve};
+use crate::{ConfigError, GrpcClassifier, HttpClassifier};
 use http::{HeaderMap, HeaderName, Method};
 
 /// `Idempotency-Key`: marks a request the server de-duplicates, so it is safe to retry.

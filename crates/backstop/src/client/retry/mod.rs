@@ -79,7 +79,7 @@
 //!
 //! **What each attempt's `grpc-timeout` says.** The time really left when the attempt is
 //! sent: `min(deadline, what the caller told the server) − now` (an attempt bound inside the
-//! breaker, the facade's `AttemptTimeout`, shortens it further), whoever wrote the original
+//! breaker, the attempt bound `AttemptTimeout`, shortens it further), whoever wrote the original
 //! header. The first attempt keeps a header that already says no
 //! more (an outer `PropagateDeadline` wrote it a moment ago); every retry gets a new one. A
 //! header set by the caller with no deadline in scope is the deadline. gRPC retries carry
@@ -88,7 +88,7 @@
 //! **No attempt timeout here.** The retry layer bounds attempts only by the deadline. A bound
 //! per attempt belongs inside the breaker, so a timed-out attempt is a failure the breaker
 //! counts (a timeout out here would cancel the attempt, which the breaker never counts): the
-//! facade's client presets measure one, or put `backstop::client::attempt::AttemptTimeoutLayer` under
+//! client presets measure one, or put `backstop::client::attempt::AttemptTimeoutLayer` under
 //! the breaker. Its [`AttemptTimedOut`](crate::AttemptTimedOut) is a retryable failure
 //! for idempotent requests. (`RetryConfig::attempt_timeout`, which bounded attempts out here,
 //! was removed.)
@@ -150,6 +150,7 @@ pub(crate) mod metrics;
 #[path = "metrics_off.rs"]
 pub(crate) mod metrics;
 pub(crate) mod replay;
+pub(crate) mod reserve;
 pub(crate) mod service;
 pub(crate) mod shared;
 pub(crate) mod state;
@@ -165,5 +166,6 @@ pub use future::ResponseFuture;
 pub use info::{Attempt, CallInfo};
 pub use layer::RetryLayer;
 pub use replay::{BodyFailedEarlier, BodySuperseded, ReplayBody};
+pub use reserve::RetryReserve;
 pub use service::Retry;
 pub use stats::{GiveUp, RetryStats};

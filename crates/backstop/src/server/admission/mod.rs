@@ -52,7 +52,7 @@
 //! # Ordering
 //!
 //! Inside [`DeadlineLayer`](crate::deadline::DeadlineLayer), which gives it the deadline:
-//! `Deadline → Admission → Pushback → your service` (the facade's `server()` preset).
+//! `Deadline → Admission → Pushback → your service` (the `server()` preset).
 //!
 //! # Concurrency rule
 //!
@@ -159,7 +159,7 @@ impl AdmissionLayer {
 
     /// A layer that refuses nothing and measures nothing (a fixed need of zero): every
     /// request passes (its response body wrapped, so the stack's type stays the same). For a
-    /// stack whose type has admission in it, such as the facade's `server()` preset, to turn
+    /// stack whose type has admission in it, such as the `server()` preset, to turn
     /// it off.
     ///
     /// ```

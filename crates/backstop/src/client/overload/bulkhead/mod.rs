@@ -83,7 +83,7 @@
 //! # Ordering
 //!
 //! Outside the retry layer, inside the deadline: `PropagateDeadline → Bulkhead → Throttle →
-//! Retry → Breaker → attempt timeout` (the facade's [`bulkhead`] knob on its client
+//! Retry → Breaker → attempt timeout` (the [`bulkhead`] knob on its client
 //! presets puts it there). The deadline layer gives it the deadline; a user call holds one
 //! permit across its retries, so the limit is of calls, not attempts.
 //!
@@ -175,7 +175,7 @@ impl BulkheadLayer {
 
     /// A bulkhead that limits nothing: every call passes to the inner service at once, no
     /// permit taken (its response body wrapped, so the stack's type stays the same). For a
-    /// stack whose type has a bulkhead in it, such as the facade's client presets, where it is
+    /// stack whose type has a bulkhead in it, such as the client presets, where it is
     /// the default.
     ///
     /// ```

@@ -64,7 +64,7 @@ impl<C> ThrottleLayer<C> {
 
     /// A layer that refuses nothing and counts nothing: every call passes to the inner
     /// service (its response body wrapped, so the stack's type stays the same). For a stack
-    /// whose type has a throttle in it, such as the facade's client presets, to turn it off.
+    /// whose type has a throttle in it, such as the client presets, to turn it off.
     ///
     /// ```
     /// use backstop::HttpClassifier;

@@ -1,8 +1,8 @@
 //! Hedging: when an attempt is slower than usual, send another copy and take whichever answers
 //! first — the tail-latency cure of gRPC A6's `hedgingPolicy`, budgeted like retries.
 //!
-//! Configure it on a [`RetryConfig`](crate::client::retry::RetryConfig) with [`Hedging`]; the client preset
-//! of the `backstop` facade takes the delay from the dependency's measured latency.
+//! Configure it on a [`RetryConfig`](crate::client::retry::RetryConfig) with [`Hedging`]; the client presets
+//! take the delay from the dependency's measured latency.
 //!
 //! # Rules (gRPC A6 hedging, and where backstop differs)
 //!
@@ -26,7 +26,7 @@
 //! - **Which answer wins.** The first attempt that *commits*: a success, a response whose
 //!   outcome the trailers will tell (gRPC headers without a status), or a failure that is not
 //!   retryable (A6's "fatal"). Every other attempt is dropped at that moment — for the breaker
-//!   a cancellation, never a failure; for the facade's latency model (the measured delay's
+//!   a cancellation, never a failure; for the attempt bound's latency model (the measured delay's
 //!   source) a censored sample, at least as long as it ran, so the model's tail, and with it
 //!   the delay, is not read short from the winners alone.
 //! - **Retryable failures** (A6's "non-fatal codes": the classifier's retryable set) send the
@@ -65,7 +65,9 @@ pub(crate) use run::{Hedges, HedgesBox};
 
 /// Where the delay before the next hedge comes from (defined in `backstop_core`, so the
 /// attempt layer's measured delay implements it without depending on this crate).
-pub use crate::HedgeDelay;
+mod delay;
+
+pub use delay::HedgeDelay;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
-//! What a retry must have left to be worth starting: the trait the retry layer reads and the
-//! attempt layer's measured latency implements, so neither crate needs the other (as with
-//! [`HedgeDelay`](crate::HedgeDelay)).
+//! What a retry must have left to be worth starting: the trait the retry layer reads; a fixed
+//! `Duration`, the attempt bound's measured latency, or your own implement it (as with
+//! [`HedgeDelay`](crate::client::retry::hedge::HedgeDelay)).
 
 use std::{fmt, time::Duration};
 
@@ -13,7 +13,7 @@ use std::{fmt, time::Duration};
 /// yet) asks for no reserve.
 ///
 /// ```
-/// use backstop::RetryReserve;
+/// use backstop::client::retry::RetryReserve;
 /// use std::time::Duration;
 ///
 /// assert_eq!(Duration::from_millis(40).reserve(), Some(Duration::from_millis(40)));

@@ -1,5 +1,5 @@
-//! Where a hedge's delay comes from: the trait the retry layer's hedging reads and the attempt
-//! layer's measured delay implements, so neither crate needs the other.
+//! Where a hedge's delay comes from: the trait the retry layer's hedging reads; a fixed
+//! `Duration`, the attempt bound's measured delay, or your own implement it.
 
 use std::{fmt, time::Duration};
 
@@ -10,7 +10,7 @@ use std::{fmt, time::Duration};
 /// hedging path only.
 ///
 /// ```
-/// use backstop::HedgeDelay;
+/// use backstop::client::retry::hedge::HedgeDelay;
 /// use std::time::Duration;
 ///
 /// /// No hedge at night, 50 ms by day (the hour supplied by the application).
