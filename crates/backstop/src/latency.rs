@@ -537,7 +537,7 @@ mod tests {
 }
 
 /// Loom model of recording across a rotation: `RUSTFLAGS="--cfg loom" cargo test -p
-/// backstop-core --lib loom` (what `.ci/run` does).
+/// backstop --lib loom` (what `.ci/run` does).
 #[cfg(all(test, loom))]
 mod loom_models {
     use super::*;

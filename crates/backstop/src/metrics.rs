@@ -14,7 +14,7 @@
 //! | `backstop.client.requests` | counter | `dependency`, `route`, `outcome`, `error_type` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx); a `failure` only carries `error_type` (OpenTelemetry's `error.type` idea, three values: `status` a failing status in the head or trailers, `timeout` an attempt's bound or the deadline, `transport` no status at all), the other outcomes none |
 //! | `backstop.client.attempts` | counter | `dependency`, `route`, `kind` | an attempt is sent: `first`, `retry`, `hedge` |
 //! | `backstop.client.attempt.duration` | histogram (s) | `dependency`, `route`, `authority` | an attempt that had to wait ends (the attempt timeout layer's measurement; an attempt answered on its first poll is not timed) |
-//! | `backstop.retry.give_ups` | counter | `dependency`, `route`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (backstop-retry): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
+//! | `backstop.retry.give_ups` | counter | `dependency`, `route`, `reason` | a failure is returned without a retry; `reason` as `GiveUp::as_str` (`backstop::client::retry`): `not_retryable`, `attempts`, `not_idempotent`, `hint`, `deadline`, `reserve`, `budget`, `not_replayable` |
 //! | `backstop.retry.budget.balance` | gauge | `dependency` | the retry budget changes (its tokens: retries it would allow now) |
 //! | `backstop.breaker.state` | gauge | `dependency`, `route`, `authority` | the breaker changes state: 0 closed, 1 open, 2 half-open (the state at the transition's report, so reports racing on two threads leave the newest) |
 //! | `backstop.breaker.transitions` | counter | `dependency`, `route`, `authority`, `to` | the breaker changes state: `to` = `closed`, `open`, `half_open` (every transition, once: a half-open shorter than a scrape shows here, not in the gauge) |
@@ -32,7 +32,7 @@
 //! served the call, as paths: `/pkg.Service/Method`, `/pkg.Service/*`), its attempt durations
 //! too (the entry's retry layer hands its handle to the attempt layer, which records there
 //! unless it is keyed, when its key is the route); the breaker's series
-//! of a layer built [`per_key`](https://docs.rs/backstop-breaker), and the attempt durations of
+//! of a layer built [`per_key`](crate::client::breaker::BreakerConfig::per_key), and the attempt durations of
 //! an attempt layer keyed with it (the presets key both together), carry the key, as `route`
 //! (a path or custom key) or `authority` (a host key). An entry naming one method carries
 //! that method's path, the value a breaker keyed by path gives the same calls, so an operator
@@ -297,6 +297,6 @@ mod tests {
             .filter_map(|l| l.strip_prefix("//!"))
             .map(|l| format!("{}\n", l.trim_start()))
             .collect();
-        super::doc_table::check(&docs, "backstop-core's metrics module docs");
+        super::doc_table::check(&docs, "the metrics module docs");
     }
 }

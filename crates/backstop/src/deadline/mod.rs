@@ -175,11 +175,6 @@
 //! - `metrics` (off by default): attempt durations, expired deadlines, malformed
 //!   `grpc-timeout`s, admission and bulkhead refusals, recorded through the `metrics` facade
 //!   (names and labels in `backstop::metrics`).
-//!
-//! The crate depends on `backstop-core`, `http`, `http-body`, `bytes`, `pin-project-lite`,
-//! `tokio` (`time`, `rt`), `tower-layer` / `tower-service`, `tracing` and `arc-swap` (a keyed
-//! attempt layer's table of models, as the keyed breaker's) only.
-#![doc(test(attr(deny(warnings))))]
 
 pub(crate) mod body;
 pub(crate) mod head;

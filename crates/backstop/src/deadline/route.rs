@@ -91,7 +91,7 @@ impl RouteCounters {
     }
 }
 
-/// Loom models of the claim: `RUSTFLAGS="--cfg loom" cargo test -p backstop-deadline --lib
+/// Loom models of the claim: `RUSTFLAGS="--cfg loom" cargo test -p backstop --lib
 /// loom` (what `.ci/run` does).
 #[cfg(all(test, loom))]
 mod loom_tests {

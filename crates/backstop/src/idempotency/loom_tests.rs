@@ -1,6 +1,6 @@
 //! Loom models of the memory store's one promise, for one key, at most one live claim, under
 //! claims, completes, releases and lock expiry racing:
-//! `RUSTFLAGS="--cfg loom" cargo test -p backstop-idempotency --lib loom` (run by `.ci/run`).
+//! `RUSTFLAGS="--cfg loom" cargo test -p backstop --lib loom` (run by `.ci/run`).
 
 use crate::idempotency::memory::Shard;
 use crate::idempotency::record::{Fingerprint, StoredResponse};

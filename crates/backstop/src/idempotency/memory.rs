@@ -8,7 +8,7 @@
 //! other operation on that key, which is exactly the promise of [`Store`]: **for one key, at
 //! most one live claim**, whatever the interleaving of claims, completes, releases and lock
 //! expiry (a loom model checks it: `RUSTFLAGS="--cfg loom" cargo test -p
-//! backstop-idempotency --lib loom`). Operations on keys of different shards never wait for
+//! backstop --lib loom`). Operations on keys of different shards never wait for
 //! each other.
 //!
 //! # Bounds

@@ -162,8 +162,6 @@
 //!
 //! - `redis`: `RedisStore`, over the `redis` crate (tokio, a reconnecting connection).
 
-#![deny(missing_docs)]
-
 pub(crate) mod body;
 pub(crate) mod client;
 pub(crate) mod config;

@@ -38,10 +38,9 @@
 //!
 //! # Feature flags
 //!
-//! - `middleware` (off by default): [`BackstopMiddleware`], the same stacks as a
+//! - `reqwest-middleware` (off by default): [`BackstopMiddleware`], the same stacks as a
 //!   `reqwest_middleware::Middleware`, for callers who keep reqwest's request builder
 //!   (`ClientBuilder::new(reqwest::Client::new()).with(..)`).
-#![doc(test(attr(deny(warnings))))]
 
 #[cfg(feature = "reqwest-middleware")]
 pub mod middleware;

@@ -68,7 +68,7 @@ mod tests {
     }
 }
 
-/// Loom models: `RUSTFLAGS="--cfg loom" cargo test -p backstop-core --lib loom`.
+/// Loom models: `RUSTFLAGS="--cfg loom" cargo test -p backstop --lib loom`.
 #[cfg(all(test, loom))]
 mod loom_models {
     use super::*;

@@ -252,7 +252,7 @@ impl AttemptTimeoutLayer {
 }
 
 impl AttemptTimeoutLayer {
-    /// A retry reserve read from this layer's latency model (for backstop-retry's
+    /// A retry reserve read from this layer's latency model (for the retry layer's
     /// `RetryConfig::reserve`, through [`RetryReserve`](crate::client::retry::RetryReserve)): the
     /// `quantile` of the calls of the last window, read as [`hedge_delay`](Self::hedge_delay)
     /// reads it (the upper edge of its bucket, re-read at most every 100 ms). The client

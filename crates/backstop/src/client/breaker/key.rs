@@ -1,4 +1,4 @@
-//! What the breakers of a keyed layer are keyed by: backstop-core's [`RouteKey`], under the
+//! What the breakers of a keyed layer are keyed by: the crate's [`RouteKey`], under the
 //! name this crate has always given it, so the attempt layer's latency models can follow the
 //! same key (`backstop::client::attempt::AttemptTimeoutLayer::per_key`).
 

@@ -1,5 +1,5 @@
 //! Loom models of admission, probe slots and outcomes under concurrency and cancellation:
-//! `RUSTFLAGS="--cfg loom" cargo test -p backstop-breaker --lib loom` (run by `.ci/run`).
+//! `RUSTFLAGS="--cfg loom" cargo test -p backstop --lib loom` (run by `.ci/run`).
 
 use crate::client::breaker::Mode;
 use crate::client::breaker::state::{Admission, Machine, Settings, Tally};

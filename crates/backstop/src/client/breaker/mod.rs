@@ -102,7 +102,7 @@
 //! transitions are compare-and-swaps on one word (see the `state` module's source). The count
 //! window is exact over the last N calls and so shares one cursor between threads: prefer the
 //! time window on hot, many-core paths. A loom model checks admission and probe slots under concurrency and
-//! cancellation (`RUSTFLAGS="--cfg loom" cargo test -p backstop-breaker --lib loom`).
+//! cancellation (`RUSTFLAGS="--cfg loom" cargo test -p backstop --lib loom`).
 //!
 //! **Modes** ([`Mode`], at build time or with [`BreakerLayer::set_mode`]): `Normal`;
 //! `ForcedOpen` refuses everything; `Disabled` passes everything and records nothing;
@@ -133,11 +133,7 @@
 //! - `metrics` (off by default): the breaker's state gauge and its transition and rejection
 //!   counters through the `metrics` facade (names and labels in `backstop::metrics`).
 //!
-//! The breaker works on `http::Request` / `http::Response` with any body. It depends on
-//! `backstop-core`, `http`, `http-body`, `bytes`, `pin-project-lite`, `tokio` (`time`),
-//! `tower-layer` / `tower-service`, `tracing`, and `arc-swap` (the keyed breakers' table:
-//! lock-free reads of an immutable snapshot).
-#![doc(test(attr(deny(warnings))))]
+//! The breaker works on `http::Request` / `http::Response` with any body.
 
 pub(crate) mod body;
 pub(crate) mod config;

@@ -256,8 +256,7 @@ impl<C> RetryConfig<C> {
     /// left of the deadline: the time the dependency's calls usually take, so a retry that
     /// could not finish is not sent only to time out (default: none, only
     /// [`min_attempt_time`](Self::min_attempt_time)). The client presets pass the
-    /// dependency's measured p50 (`AttemptTimeoutLayer::retry_reserve(0.5)` in
-    /// backstop-deadline): with a median of 1 s and 260 ms left, the failure is returned at
+    /// dependency's measured p50 (`AttemptTimeoutLayer::retry_reserve(0.5)`): with a median of 1 s and 260 ms left, the failure is returned at
     /// once, given up for [`GiveUp::Reserve`](crate::client::retry::GiveUp::Reserve). A reserve of `None`
     /// (a latency model not yet trusted) asks for nothing.
     #[must_use]

@@ -131,7 +131,6 @@
 //! - `h2` (off by default): HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` count as "not
 //!   processed", so they are retried for every method (see
 //!   [`classify_error`](crate::classify::classify_error)).
-#![doc(test(attr(deny(warnings))))]
 
 pub mod backoff;
 pub(crate) mod body;

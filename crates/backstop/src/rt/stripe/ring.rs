@@ -413,7 +413,7 @@ mod tests {
     }
 }
 
-/// Loom models of the ring: `RUSTFLAGS="--cfg loom" cargo test -p backstop-core --lib loom`
+/// Loom models of the ring: `RUSTFLAGS="--cfg loom" cargo test -p backstop --lib loom`
 /// (what `.ci/run` does).
 #[cfg(all(test, loom))]
 mod loom_models {

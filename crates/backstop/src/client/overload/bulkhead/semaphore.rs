@@ -266,7 +266,7 @@ mod tests {
 
 #[cfg(all(test, loom))]
 mod loom_tests {
-    //! `RUSTFLAGS="--cfg loom" cargo test -p backstop-deadline --lib loom` (run by `.ci/run`).
+    //! `RUSTFLAGS="--cfg loom" cargo test -p backstop --lib loom` (run by `.ci/run`).
     use super::*;
     use loom::{future::block_on, thread};
     use std::future::poll_fn;

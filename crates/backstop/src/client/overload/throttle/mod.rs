@@ -608,7 +608,7 @@ mod tests {
     }
 }
 
-/// Loom models of the shared state: `RUSTFLAGS="--cfg loom" cargo test -p backstop-retry
+/// Loom models of the shared state: `RUSTFLAGS="--cfg loom" cargo test -p backstop
 /// --lib loom` (what `.ci/run` does).
 #[cfg(all(test, loom))]
 mod loom_tests {

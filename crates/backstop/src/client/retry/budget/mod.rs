@@ -13,7 +13,7 @@
 //! | 50 % | 1.939 attempts/request | 1.048 | ≤ 1.12 |
 //! | 100 % | 5.000 attempts/request | 1.009 | ≤ 1.02 |
 //!
-//! (`cargo test -p backstop-retry --test storm -- --nocapture` prints the table; the test
+//! (`cargo test -p backstop --test retry_storm -- --nocapture` prints the table; the test
 //! fails if a bound is missed.)
 //!
 //! A budget is shared: clones of one [`RetryLayer`](crate::client::retry::RetryLayer) share one budget, and

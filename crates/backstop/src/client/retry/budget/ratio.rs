@@ -322,7 +322,7 @@ fn reserve_only(per_sec: u32) -> RatioBudget {
         .unwrap()
 }
 
-/// Loom models of the budget (the ring's own are in `backstop::rt::stripe`): `RUSTFLAGS="--cfg loom" cargo test -p backstop-retry
+/// Loom models of the budget (the ring's own are in `backstop::rt::stripe`): `RUSTFLAGS="--cfg loom" cargo test -p backstop
 /// --lib loom` (what `.ci/run` does).
 #[cfg(all(test, loom))]
 mod loom_models {

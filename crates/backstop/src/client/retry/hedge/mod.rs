@@ -63,8 +63,7 @@ mod run;
 
 pub(crate) use run::{Hedges, HedgesBox};
 
-/// Where the delay before the next hedge comes from (defined in `backstop_core`, so the
-/// attempt layer's measured delay implements it without depending on this crate).
+// Where the delay before the next hedge comes from.
 mod delay;
 
 pub use delay::HedgeDelay;

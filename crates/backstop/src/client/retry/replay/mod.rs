@@ -489,7 +489,7 @@ impl<B> fmt::Debug for ReplayBody<B> {
 mod tests;
 
 /// Loom models of copies polled from different threads: `RUSTFLAGS="--cfg loom" cargo test
-/// -p backstop-retry --lib loom` (what `.ci/run` does).
+/// -p backstop --lib loom` (what `.ci/run` does).
 #[cfg(all(test, loom))]
 mod loom_models {
     use super::*;
