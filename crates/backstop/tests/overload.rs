@@ -366,6 +366,7 @@ async fn the_server_preset_without_admission_calls_every_handler() {
     assert_eq!(calls.load(Ordering::SeqCst), 101);
 }
 
+#[cfg(feature = "service-config")]
 #[tokio::test(start_paused = true)]
 async fn the_service_config_client_keeps_the_presets_bulkhead_for_every_method() {
     let hits = Arc::new(AtomicU32::new(0));

@@ -210,6 +210,7 @@ async fn the_presets_attempt_bound_tells_the_shorter_of_its_bound_and_the_deadli
 /// config's `"timeout": "0.3s"` on a method without a retry policy, and the preset with
 /// `max_attempts(1)`, were cut at 240 ms (the adaptive bound's 80 % share) and told the server
 /// 240 ms; gRPC's own clients wait the full 300 ms and say so.
+#[cfg(feature = "service-config")]
 #[tokio::test(start_paused = true)]
 async fn a_call_no_retry_can_follow_gets_the_whole_deadline() {
     let config = backstop::service_config::ServiceConfig::from_json(

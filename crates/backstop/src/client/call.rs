@@ -27,23 +27,29 @@ pub(crate) struct Call {
 
 impl Call {
     /// As the first layer of a call: picks up what the handler's scope offers and puts it on
-    /// the request.
+    /// the request, in place of a context the request may carry from another stack (a
+    /// request a handler forwards in the same process carries its caller's). Outside any
+    /// handler's scope (a `Buffer`'s worker) what the request carries is kept.
     pub(crate) fn begin<B>(req: &mut Request<B>) {
-        if req.extensions().get::<Call>().is_none()
-            && let Some(gave_up) = sink()
-        {
+        if let Some(gave_up) = sink() {
             req.extensions_mut().insert(Call { gave_up });
         }
     }
 
-    /// Where the call of `req` reports that its retries gave up: what an outer layer put on
-    /// the request, else (when `first`, the stack put nothing outside this layer) what the
-    /// handler's scope offers.
-    pub(crate) fn gave_up<B>(req: &Request<B>, first: bool) -> Option<Arc<GaveUp>> {
-        match req.extensions().get::<Call>() {
-            Some(call) => Some(call.gave_up.clone()),
-            None if first => sink(),
-            None => None,
+    /// Where the call of `req` reports that its retries gave up, for the layer that reports
+    /// it (which then takes the context off the request: nothing further in needs it, and a
+    /// request that went on to another stack in the same process must not carry it there).
+    /// Not `first` (the stack put a first layer outside this one): what that layer put on the
+    /// request. `first`: the handler's scope, as [`begin`](Self::begin) reads it, else what the
+    /// request carries.
+    pub(crate) fn take_gave_up<B>(req: &mut Request<B>, first: bool) -> Option<Arc<GaveUp>> {
+        let carried = req
+            .extensions_mut()
+            .remove::<Call>()
+            .map(|call| call.gave_up);
+        match first {
+            true => sink().or(carried),
+            false => carried,
         }
     }
 }

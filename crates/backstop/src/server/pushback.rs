@@ -129,7 +129,10 @@ impl Drop for Scope {
 /// `FuturesUnordered`, still reports. A call whose first backstop layer is called elsewhere
 /// does not: one made by a task the handler spawned, one built with `oneshot` and spawned
 /// (`oneshot` calls when first polled), one behind a `Buffer` (its worker task calls the
-/// layers). Call the client in the handler, then move the call where you like.
+/// layers). Call the client in the handler, then move the call where you like. A handler that
+/// forwards the request it was given to a client in the same process reports to its own
+/// request, not to the one that sent it there: each stack's first layer replaces the context
+/// a request carries from another stack, and the retry layer takes it off the request.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PushbackLayer {
     _priv: (),

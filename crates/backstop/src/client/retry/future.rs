@@ -44,12 +44,16 @@ struct Once<C> {
     /// ([`GiveUp::NotReplayable`] when nothing else stops it). `None`: retries are off for it
     /// (`max_attempts` ≤ 1) and nothing is given up.
     unreplayable: Option<bool>,
+    /// Where the call reports that it gave up, or met our own rejection (see
+    /// `client::call`).
+    report: Option<Arc<crate::server::pushback::GaveUp>>,
 }
 
 impl<C> Once<C> {
     const NONE: Self = Self {
         handle: None,
         unreplayable: None,
+        report: None,
     };
 }
 
@@ -108,13 +112,18 @@ where
         future: S::Future,
         handle: &Arc<Handle<C>>,
         unreplayable: Option<bool>,
+        report: Option<Arc<crate::server::pushback::GaveUp>>,
     ) -> Self {
-        let tells = RetryMetrics::ON || handle.policy.budget.is_some() || unreplayable.is_some();
+        let tells = RetryMetrics::ON
+            || handle.policy.budget.is_some()
+            || unreplayable.is_some()
+            || report.is_some();
         Self {
             retry: None,
             once: Once {
                 handle: tells.then(|| handle.clone()),
                 unreplayable,
+                report,
             },
             state: State::Calling {
                 future,
@@ -193,7 +202,15 @@ where
         }
         None => match &once.handle {
             Some(handle) => {
-                let (watch, gave_up) = once_end(handle, once.unreplayable, result.as_ref());
+                let (watch, gave_up, rejected) =
+                    once_end(handle, once.unreplayable, result.as_ref());
+                // As the retry path: a give-up that spends the retries, or our own rejection,
+                // tells callers upstream not to retry either.
+                if let Some(report) = &once.report
+                    && (rejected || gave_up.is_some_and(GiveUp::exhausts_retries))
+                {
+                    report.mark();
+                }
                 (1, gave_up, watch)
             }
             None => (1, None, None),
@@ -226,7 +243,7 @@ fn once_end<C, R>(
     handle: &Arc<Handle<C>>,
     unreplayable: Option<bool>,
     result: Result<&Response<R>, &BoxError>,
-) -> (Option<Arc<Handle<C>>>, Option<GiveUp>)
+) -> (Option<Arc<Handle<C>>>, Option<GiveUp>, bool)
 where
     C: Classify<Response<R>>,
 {
@@ -235,7 +252,7 @@ where
         Ok(response) => match classifier.classify_head(response) {
             Some(outcome) => outcome,
             // The body records the outcome, in the budget too.
-            None => return (Some(handle.clone()), None),
+            None => return (Some(handle.clone()), None, false),
         },
         Err(e) => classifier.classify(Err(&**e)),
     };
@@ -263,7 +280,7 @@ where
             "not retrying"
         );
     }
-    (None, gave_up)
+    (None, gave_up, outcome == Outcome::Rejected)
 }
 
 #[cold]

@@ -90,6 +90,12 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        // A stack that writes `grpc-timeout` inside (the presets) has a deadline layer outside
+        // this one, which began the call (and put the handler's deadline and report address
+        // on the request); otherwise this layer is the call's first.
+        let first = !matches!(self.header, crate::client::retry::bounds::Wire::Inside(_));
+        // Where the call reports giving up (see `client::call`).
+        let report = Call::take_gave_up(&mut req, first);
         let handle = self.handles.current();
         handle.ledger.stats.request(handle.stripe());
         handle.meter_attempt(crate::client::retry::metrics::AttemptKind::First);
@@ -114,13 +120,10 @@ where
             let mut req = req.map(ReplayBody::passthrough);
             // No retry follows it: a bound inside may give it the whole deadline.
             req.extensions_mut().insert(crate::FinalAttempt);
-            return ResponseFuture::once(self.inner.call(req), handle, unreplayable);
+            return ResponseFuture::once(self.inner.call(req), handle, unreplayable, report);
         }
 
-        // A stack that writes `grpc-timeout` inside (the presets) has a deadline layer outside
-        // this one, which began the call (and put the handler's deadline on the request);
-        // otherwise this layer is the call's first, and inherits the handler's.
-        let first = !matches!(self.header, crate::client::retry::bounds::Wire::Inside(_));
+        // The first layer of a call inherits the handler's deadline.
         let inherited = if first { current() } else { None };
         let local = match (req.extensions().get::<Deadline>().copied(), inherited) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -170,8 +173,6 @@ where
             Retryable::IfIdempotent => !idempotent,
             _ => false,
         };
-        // Where the call reports giving up.
-        let report = Call::gave_up(&req, first);
         let (parts, body) = req.into_parts();
         // An empty body (most GETs) needs no buffer at all.
         let body = if body.is_end_stream() {

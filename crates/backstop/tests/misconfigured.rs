@@ -1,0 +1,391 @@
+//! Misconfigured builders return errors, never panic (zero, 1 ns and `Duration::MAX`, NaN and
+//! negative ratios, counts from 0 to `u32::MAX`), and a stack that built never panics at a request.
+
+use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop::client::breaker::BreakerConfig;
+use backstop::client::overload::bulkhead::BulkheadLayer;
+use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::client::retry::budget::RatioBudget;
+use backstop::client::retry::{RetryConfig, backoff};
+use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer};
+use backstop::server::admission::AdmissionLayer;
+use backstop::{ClientLayer, ConfigError, HttpClassifier, ReplayBody};
+use http::{Request, Response};
+use std::{convert::Infallible, sync::Arc, time::Duration};
+use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
+
+const NS: Duration = Duration::from_nanos(1);
+const MAX: Duration = Duration::MAX;
+const DURS: [Duration; 4] = [Duration::ZERO, NS, Duration::from_secs(1), MAX];
+const RATIOS: [f64; 8] = [f64::NAN, -1.0, 0.0, 1e-300, 0.5, 1.0, 2.0, f64::INFINITY];
+
+type Built = Result<ClientLayer<HttpClassifier>, ConfigError>;
+
+fn cases() -> Vec<(String, Built)> {
+    let mut v: Vec<(String, Built)> = Vec::new();
+    let http = backstop::client::http;
+    for d in DURS {
+        v.push((format!("timeout({d:?})"), http().timeout(d).build()));
+        v.push((
+            format!("attempt_timeout({d:?})"),
+            http().attempt_timeout(d).build(),
+        ));
+        for layer in [
+            PropagateDeadlineLayer::builder().timeout(d).build(),
+            PropagateDeadlineLayer::builder().offset(d).build(),
+            PropagateDeadlineLayer::builder().min_remaining(d).build(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            v.push((
+                format!("deadline(.. {d:?})"),
+                http().deadline(layer).build(),
+            ));
+        }
+        if let Ok(b) = BulkheadLayer::builder(1).max_wait(d).build() {
+            v.push((
+                format!("bulkhead max_wait({d:?})"),
+                http().bulkhead(b).build(),
+            ));
+        }
+        let retry = RetryConfig::http()
+            .max_hint(d)
+            .min_attempt_time(d)
+            .backoff(backoff::constant(d))
+            .build();
+        if let Ok(r) = retry {
+            v.push((
+                format!("retry hint/min/backoff({d:?})"),
+                http().retry(r).build(),
+            ));
+        }
+        if let Ok(r) = RetryConfig::http()
+            .backoff(backoff::decorrelated(d, d))
+            .build()
+        {
+            v.push((format!("decorrelated({d:?})"), http().retry(r).build()));
+        }
+        if let Ok(r) = RetryConfig::http()
+            .backoff(backoff::exponential(d, d))
+            .build()
+        {
+            v.push((format!("exponential({d:?})"), http().retry(r).build()));
+        }
+        if let Ok(budget) = RatioBudget::builder().ttl(d).build()
+            && let Ok(r) = RetryConfig::http().budget(Arc::new(budget)).build()
+        {
+            v.push((format!("budget ttl({d:?})"), http().retry(r).build()));
+        }
+        for a in [
+            Adaptive::new().ceiling(d),
+            Adaptive::new().floor(d),
+            Adaptive::new().min_floor(d),
+        ] {
+            if let Ok(l) = AttemptTimeoutLayer::new(AttemptBound::Adaptive(a)) {
+                v.push((format!("adaptive dur({d:?})"), http().attempt(l).build()))
+            }
+        }
+        if let Ok(b) = BreakerConfig::http().slow_start(d).build() {
+            v.push((
+                format!("breaker slow_start({d:?})"),
+                http().breaker(b).build(),
+            ))
+        }
+        if let Ok(b) = BreakerConfig::http().open_duration(d, d).build() {
+            v.push((format!("breaker open({d:?})"), http().breaker(b).build()))
+        }
+        if let Ok(t) = AdaptiveThrottle::builder().window(d).build() {
+            v.push((
+                format!("throttle window({d:?})"),
+                http()
+                    .throttle(ThrottleLayer::with(Arc::new(t), HttpClassifier::new()))
+                    .build(),
+            ));
+        }
+    }
+    for n in [0u32, 1, 2, 10, 11, u32::MAX] {
+        v.push((format!("max_attempts({n})"), http().max_attempts(n).build()));
+        v.push((format!("hedging({n})"), http().hedging(n).build()));
+        if let Ok(b) = BulkheadLayer::new(n) {
+            v.push((format!("bulkhead({n})"), http().bulkhead(b).build()));
+        }
+        if let Ok(b) = BulkheadLayer::builder(1).max_queue(n).build() {
+            v.push((
+                format!("bulkhead max_queue({n})"),
+                http().bulkhead(b).build(),
+            ));
+        }
+        if let Ok(b) = BreakerConfig::http()
+            .count_window(n)
+            .minimum_calls(n)
+            .consecutive_failures(n)
+            .build()
+        {
+            v.push((format!("breaker counts({n})"), http().breaker(b).build()));
+        }
+    }
+    for r in RATIOS {
+        v.push((format!("hedging_at({r})"), http().hedging_at(r, 2).build()));
+        v.push((
+            format!("retry_reserve({r})"),
+            http().retry_reserve(Some(r)).build(),
+        ));
+        if let Ok(l) = PropagateDeadlineLayer::builder().fraction(r).build() {
+            v.push((format!("fraction({r})"), http().deadline(l).build()));
+        }
+        for a in [
+            Adaptive::new().quantile(r),
+            Adaptive::new().multiplier(r),
+            Adaptive::new().step(r),
+            Adaptive::new().deadline_share(r),
+        ] {
+            if let Ok(l) = AttemptTimeoutLayer::new(AttemptBound::Adaptive(a)) {
+                v.push((format!("adaptive ratio({r})"), http().attempt(l).build()));
+            }
+        }
+        for b in [
+            BreakerConfig::http().failure_rate(r).build(),
+            BreakerConfig::http().open_multiplier(r).build(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            v.push((format!("breaker ratio({r})"), http().breaker(b).build()));
+        }
+        for t in [
+            AdaptiveThrottle::builder().k(r).build(),
+            AdaptiveThrottle::builder().aggression(r).build(),
+            AdaptiveThrottle::builder().max_probability(r).build(),
+            AdaptiveThrottle::builder().min_rps(r).build(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            v.push((
+                format!("throttle ratio({r})"),
+                http()
+                    .throttle(ThrottleLayer::with(Arc::new(t), HttpClassifier::new()))
+                    .build(),
+            ));
+        }
+        for b in [
+            RatioBudget::builder().ratio(r).build(),
+            RatioBudget::builder().max_burst(r).build(),
+        ] {
+            if let Ok(b) = b
+                && let Ok(rl) = RetryConfig::http().budget(Arc::new(b)).build()
+            {
+                v.push((format!("budget ratio({r})"), http().retry(rl).build()));
+            }
+        }
+        if let Ok(rl) = RetryConfig::http()
+            .backoff(
+                backoff::exponential(Duration::from_millis(10), Duration::from_secs(1))
+                    .multiplier(r),
+            )
+            .build()
+        {
+            v.push((format!("exp multiplier({r})"), http().retry(rl).build()));
+        }
+    }
+    v
+}
+
+fn dependency() -> impl tower::Service<
+    Request<ReplayBody<String>>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
++ Send
++ 'static {
+    service_fn(|req: Request<ReplayBody<String>>| async move {
+        match req.uri().path() {
+            "/hang" => std::future::pending::<()>().await,
+            "/fail" => {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                return Ok(Response::builder().status(503).body(String::new()).unwrap());
+            }
+            _ => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+        Ok(Response::new(String::new()))
+    })
+}
+
+async fn exercise(layer: ClientLayer<HttpClassifier>) {
+    let client = layer.layer(dependency());
+    let bound = Duration::from_secs(7200);
+    for i in 0..130 {
+        let path = if i % 10 == 9 { "/fail" } else { "/ok" };
+        let _ = tokio::time::timeout(
+            bound,
+            client
+                .clone()
+                .oneshot(Request::get(path).body(String::new()).unwrap()),
+        )
+        .await;
+    }
+    for req in [
+        Request::post("/fail").body("x".to_owned()).unwrap(),
+        Request::get("/hang").body(String::new()).unwrap(),
+        Request::get("/hang")
+            .header("grpc-timeout", "99999999H")
+            .body(String::new())
+            .unwrap(),
+        Request::get("/ok")
+            .header("grpc-timeout", "1n")
+            .body(String::new())
+            .unwrap(),
+        Request::get("/fail")
+            .header("grpc-timeout", "bogus")
+            .body(String::new())
+            .unwrap(),
+    ] {
+        let _ = tokio::time::timeout(bound, client.clone().oneshot(req)).await;
+    }
+    let mut with_ext = Request::get("/hang").body(String::new()).unwrap();
+    with_ext
+        .extensions_mut()
+        .insert(backstop::deadline::Deadline::after(MAX));
+    let _ = tokio::time::timeout(bound, client.clone().oneshot(with_ext)).await;
+    // In a handler under server(), with a deadline.
+    let server = ServiceBuilder::new()
+        .layer(backstop::server())
+        .service(service_fn(move |_req: Request<String>| {
+            let client = client.clone();
+            async move {
+                let _ = client
+                    .oneshot(Request::get("/hang").body(String::new()).unwrap())
+                    .await;
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        }));
+    let _ = tokio::time::timeout(
+        bound,
+        server.oneshot(
+            Request::get("/")
+                .header("grpc-timeout", "1S")
+                .body(String::new())
+                .unwrap(),
+        ),
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_client_config_panics_at_build_or_at_a_request() {
+    let cases = std::panic::catch_unwind(cases);
+    let cases = match cases {
+        Ok(c) => c,
+        Err(_) => panic!("a builder panicked while building the cases"),
+    };
+    let mut panicked = Vec::new();
+    let mut built = 0;
+    for (name, result) in cases {
+        let Ok(layer) = result else { continue };
+        built += 1;
+        let task = tokio::spawn(exercise(layer));
+        if let Err(e) = task.await
+            && e.is_panic()
+        {
+            panicked.push(name);
+        }
+    }
+    eprintln!("{built} stacks built and exercised");
+    assert!(panicked.is_empty(), "panicked at a request: {panicked:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_server_config_panics() {
+    let mut layers = vec![("server()".to_owned(), backstop::server())];
+    for d in DURS {
+        for (n, b) in [
+            ("max", DeadlineLayer::builder().max(d).build()),
+            ("lead", DeadlineLayer::builder().lead(d).build()),
+            (
+                "min_remaining",
+                DeadlineLayer::builder().min_remaining(d).build(),
+            ),
+            (
+                "default_timeout",
+                DeadlineLayer::builder().default_timeout(d).build(),
+            ),
+        ] {
+            if let Ok(l) = b {
+                layers.push((
+                    format!("deadline {n}({d:?})"),
+                    backstop::server().deadline(l),
+                ));
+            }
+        }
+        for (n, b) in [
+            ("fixed", AdmissionLayer::builder().fixed(d).build()),
+            ("min_need", AdmissionLayer::builder().min_need(d).build()),
+            ("window", AdmissionLayer::builder().window(d).build()),
+        ] {
+            if let Ok(l) = b {
+                layers.push((
+                    format!("admission {n}({d:?})"),
+                    backstop::server().admission(l),
+                ));
+            }
+        }
+    }
+    for r in RATIOS {
+        if let Ok(l) = AdmissionLayer::builder().quantile(r).build() {
+            layers.push((
+                format!("admission quantile({r})"),
+                backstop::server().admission(l),
+            ));
+        }
+    }
+    for n in [0u64, 1, u64::MAX] {
+        if let Ok(l) = AdmissionLayer::builder().min_samples(n).build() {
+            layers.push((
+                format!("admission min_samples({n})"),
+                backstop::server().admission(l),
+            ));
+        }
+    }
+    let mut panicked = Vec::new();
+    for (name, layer) in layers {
+        let task = tokio::spawn(async move {
+            let svc = ServiceBuilder::new().layer(layer).service(service_fn(
+                |req: Request<String>| async move {
+                    if req.uri().path() == "/slow" {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Ok::<_, Infallible>(Response::new("body".to_owned()))
+                },
+            ));
+            for i in 0..120 {
+                for t in [
+                    None,
+                    Some("1n"),
+                    Some("1S"),
+                    Some("99999999H"),
+                    Some("0m"),
+                    Some("x"),
+                    Some("100000000S"),
+                ] {
+                    let mut b = Request::get(if i % 2 == 0 { "/slow" } else { "/" });
+                    if let Some(t) = t {
+                        b = b.header("grpc-timeout", t);
+                    }
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(7200),
+                        svc.clone().oneshot(b.body(String::new()).unwrap()),
+                    )
+                    .await;
+                }
+            }
+        });
+        if let Err(e) = task.await
+            && e.is_panic()
+        {
+            panicked.push(name);
+        }
+    }
+    assert!(panicked.is_empty(), "panicked: {panicked:?}");
+}
