@@ -526,6 +526,30 @@ mod tests {
         slow: false,
     };
 
+    const SLOW: Tally = Tally::Counted {
+        failure: false,
+        slow: true,
+    };
+
+    /// Four failed calls admitted while closed, at `now`: the fourth opens (4 of 4 ≥ 50 %).
+    fn trip(m: &Machine, now: u64) -> Transition {
+        for _ in 0..3 {
+            let a = m.admit(|| now).admission.unwrap();
+            assert_eq!(m.complete(a, FAIL, 0, || now), None);
+        }
+        let a = m.admit(|| now).admission.unwrap();
+        m.complete(a, FAIL, 0, || now)
+            .expect("the fourth failure opens")
+    }
+
+    fn counts(calls: u64, failures: u64, slow: u64) -> Counts {
+        Counts {
+            calls,
+            failures,
+            slow,
+        }
+    }
+
     #[test]
     fn open_time_doubles_to_the_cap() {
         let m = machine(settings());
@@ -574,5 +598,321 @@ mod tests {
         let closed = m.complete(Admission::Probe(g), OK, 0, || 0).unwrap();
         assert_eq!(closed.reason, Reason::ProbesSucceeded);
         assert_eq!(m.load().state, State::Closed);
+    }
+
+    /// The rates compare in parts per million, at the threshold inclusive: `failures × 10⁶ ≥
+    /// failure_ppm × calls`, then `slow × 10⁶ ≥ slow_ppm × calls`, each only from
+    /// `minimum_calls` calls on; the reason carries `n / calls`.
+    #[test]
+    fn the_rates_open_at_their_thresholds_exactly() {
+        let m = machine(Settings {
+            slow_ppm: Some(250_000),
+            ..settings()
+        });
+        // 3 calls, under the minimum of 4: nothing opens, even at 100 %.
+        assert_eq!(m.trips(counts(3, 3, 3)), None);
+        // No calls at all, even with no minimum: 0 × 10⁶ ≥ ppm × 0 would hold, but no rate.
+        let no_minimum = machine(Settings {
+            minimum_calls: 0,
+            ..settings()
+        });
+        assert_eq!(no_minimum.trips(counts(0, 0, 0)), None);
+        // 2 of 4: 2·10⁶ ≥ 500 000·4 = 2·10⁶ opens (at the threshold), rate 2/4.
+        let failing = |rate, calls| Some(Reason::FailureRate { rate, calls });
+        assert_eq!(m.trips(counts(4, 2, 0)), failing(0.5, 4));
+        // 1 of 4: 10⁶ < 2·10⁶.
+        assert_eq!(m.trips(counts(4, 1, 0)), None);
+        // 3 of 5: rate 3/5.
+        assert_eq!(m.trips(counts(5, 3, 0)), failing(0.6, 5));
+        // Slow, threshold 25 %: 1 of 4: 10⁶ ≥ 250 000·4 = 10⁶ opens, rate 1/4; 1 of 5: 10⁶ <
+        // 1.25·10⁶ does not; 2 of 5: rate 2/5.
+        let slow = |rate, calls| Some(Reason::SlowCallRate { rate, calls });
+        assert_eq!(m.trips(counts(4, 0, 1)), slow(0.25, 4));
+        assert_eq!(m.trips(counts(5, 0, 1)), None);
+        assert_eq!(m.trips(counts(5, 0, 2)), slow(0.4, 5));
+        // Both over: the failure rate is named.
+        assert_eq!(m.trips(counts(4, 2, 4)), failing(0.5, 4));
+        // Without a slow-call threshold, slow calls alone never open.
+        assert_eq!(machine(settings()).trips(counts(4, 0, 4)), None);
+    }
+
+    /// A slow success counts toward the slow-call rate and can open; a plain success never
+    /// opens, even one that brings the window to the failure rate.
+    #[test]
+    fn slow_successes_open_and_plain_successes_never_do() {
+        let m = machine(Settings {
+            slow_ppm: Some(500_000),
+            ..settings()
+        });
+        for _ in 0..3 {
+            let a = m.admit(|| 0).admission.unwrap();
+            assert_eq!(m.complete(a, SLOW, 0, || 0), None);
+        }
+        let a = m.admit(|| 0).admission.unwrap();
+        let opened = m.complete(a, SLOW, 0, || 0).unwrap();
+        assert_eq!(
+            opened.reason,
+            Reason::SlowCallRate {
+                rate: 1.0,
+                calls: 4
+            }
+        );
+
+        let m = machine(settings());
+        for tally in [FAIL, OK, FAIL, OK] {
+            let a = m.admit(|| 0).admission.unwrap();
+            assert_eq!(m.complete(a, tally, 0, || 0), None);
+        }
+        // 2 failures of 4 calls: at the rate, but the last call succeeded.
+        assert_eq!(m.window.counts(0), counts(4, 2, 0));
+        assert_eq!(m.load().state, State::Closed);
+        // The next failure opens: 3 of 5.
+        let a = m.admit(|| 0).admission.unwrap();
+        let opened = m.complete(a, FAIL, 0, || 0).unwrap();
+        assert_eq!(
+            opened.reason,
+            Reason::FailureRate {
+                rate: 0.6,
+                calls: 5
+            }
+        );
+    }
+
+    /// `consecutive_failures`: a success ends the run, and the run's `limit`-th failure
+    /// opens, naming the count.
+    #[test]
+    fn consecutive_failures_open_on_the_limit_and_a_success_resets_them() {
+        let m = machine(Settings {
+            consecutive_failures: Some(3),
+            minimum_calls: 100, // the rates never open here (the window holds 10 calls)
+            ..settings()
+        });
+        for tally in [FAIL, FAIL, OK, FAIL, FAIL] {
+            let a = m.admit(|| 0).admission.unwrap();
+            assert_eq!(m.complete(a, tally, 0, || 0), None);
+        }
+        let a = m.admit(|| 0).admission.unwrap();
+        let opened = m.complete(a, FAIL, 0, || 0).unwrap();
+        assert_eq!(opened.reason, Reason::ConsecutiveFailures(3));
+    }
+
+    /// The generation guard of closed calls, operations interleaved by hand: a call admitted
+    /// while closed in generation 0 that ends while open, or after the breaker closed again
+    /// (generation 3), is neither counted nor able to open the current generation.
+    #[test]
+    fn a_closed_call_of_an_older_generation_decides_nothing() {
+        let m = machine(settings());
+        let stale = m.admit(|| 0).admission.unwrap();
+        assert_eq!(stale, Admission::Closed(0));
+        assert_eq!(trip(&m, 0).generation, 1);
+        // Ends while open: the window keeps its 4 calls.
+        assert_eq!(m.complete(stale, FAIL, 0, || 1), None);
+        assert_eq!(m.window.counts(0), counts(4, 4, 0));
+        // Half-open (generation 2), two probes succeed: closed, generation 3, window empty.
+        let probes = [m.admit(|| 5_000_000), m.admit(|| 5_000_000)];
+        let probes = probes.map(|p| p.admission.unwrap());
+        assert_eq!(m.complete(probes[0], OK, 0, || 5_000_000), None);
+        let closed = m.complete(probes[1], OK, 0, || 5_000_000).unwrap();
+        assert_eq!((closed.to, closed.generation), (State::Closed, 3));
+        // Generation 0's failures, four of them, would be 100 % of the window: not counted.
+        for _ in 0..4 {
+            assert_eq!(m.complete(stale, FAIL, 0, || 5_000_001), None);
+        }
+        assert_eq!(m.window.counts(0), Counts::default());
+        assert_eq!((m.load().state, m.load().generation), (State::Closed, 3));
+        // Generation 3's own call is counted.
+        let current = m.admit(|| 5_000_001).admission.unwrap();
+        assert_eq!(current, Admission::Closed(3));
+        assert_eq!(m.complete(current, FAIL, 0, || 5_000_001), None);
+        assert_eq!(m.window.counts(0), counts(1, 1, 0));
+    }
+
+    /// Disabled: every call passes uncounted, including one admitted just before the switch;
+    /// forced open refuses without a time; metrics-only moves the state but refuses nothing.
+    #[test]
+    fn the_modes_decide_admission_and_counting() {
+        let m = machine(settings());
+        let before = m.admit(|| 0).admission.unwrap();
+        m.set_mode(Mode::Disabled);
+        assert_eq!(m.admit(|| 0).admission, Ok(Admission::Passive));
+        for _ in 0..4 {
+            assert_eq!(m.complete(before, FAIL, 0, || 0), None);
+        }
+        assert_eq!(m.window.counts(0), Counts::default());
+        m.set_mode(Mode::ForcedOpen);
+        assert_eq!(m.admit(|| 0).admission, Err(None));
+
+        let m = machine(settings());
+        m.set_mode(Mode::MetricsOnly);
+        trip(&m, 0);
+        assert_eq!(m.load().state, State::Open);
+        assert_eq!(m.admit(|| 1).admission, Ok(Admission::Passive));
+    }
+
+    /// The generation guard of probes: a probe of half-open generation 2 that ends in
+    /// half-open generation 4 neither counts as a success, nor reopens, nor gives back a
+    /// slot. A slow probe fails like a failed one.
+    #[test]
+    fn a_probe_of_an_older_generation_decides_nothing() {
+        let m = machine(settings());
+        trip(&m, 0);
+        let old = m.admit(|| 5_000_000).admission.unwrap();
+        assert_eq!(old, Admission::Probe(2));
+        let reopened = m.complete(old, FAIL, 0, || 5_000_000).unwrap();
+        assert_eq!(reopened.reason, Reason::ProbeFailed);
+        // The second open in a row: 5 s × 2 = 10 s, so half-open again at 15 s.
+        assert_eq!(reopened.open_for, Some(Duration::from_secs(10)));
+        let new = m.admit(|| 15_000_000).admission.unwrap();
+        assert_eq!(new, Admission::Probe(4));
+        for tally in [OK, OK, FAIL, SLOW, Tally::Nothing] {
+            assert_eq!(m.complete(old, tally, 0, || 15_000_000), None);
+        }
+        let w = m.load();
+        assert_eq!(
+            (w.state, w.generation, w.taken, w.succeeded),
+            (State::HalfOpen, 4, 1, 0)
+        );
+        let failed = m.complete(new, SLOW, 0, || 15_000_000).unwrap();
+        assert_eq!((failed.reason, failed.generation), (Reason::ProbeFailed, 5));
+    }
+
+    /// Open times along a run of re-opens: 5 s from closed, then 10 s and 20 s from half-open;
+    /// a close forgets the run (5 s again). The open time ends at `now + open_for`: refused a
+    /// microsecond before with one microsecond to wait, let in at it.
+    #[test]
+    fn open_times_grow_with_reopens_and_a_close_forgets_them() {
+        let m = machine(settings());
+        let mut now = 1_000;
+        let first = trip(&m, now);
+        assert_eq!(first.open_for, Some(Duration::from_secs(5)));
+        assert_eq!(m.reopens(), 0);
+        for (reopens, secs) in [(1, 10), (2, 20)] {
+            let until = m.open_until(m.load()).unwrap();
+            assert_eq!(m.admit(|| until - 1).admission, Err(Some(1)));
+            now = until;
+            let probe = m.admit(|| now).admission.unwrap();
+            let t = m.complete(probe, FAIL, 0, || now).unwrap();
+            assert_eq!(t.open_for, Some(Duration::from_secs(secs)));
+            assert_eq!(m.reopens(), reopens);
+            assert_eq!(m.open_until(m.load()), Some(now + secs * 1_000_000));
+        }
+        let closed = m.reset(|| now).unwrap();
+        assert_eq!((closed.from, closed.reason), (State::Open, Reason::Reset));
+        assert_eq!(m.reopens(), 0);
+        assert_eq!(trip(&m, now).open_for, Some(Duration::from_secs(5)));
+    }
+
+    /// The compare-and-swap guards of `open` and `close`, operations interleaved by hand: a
+    /// snapshot that differs from the word only in its probe counts (same state, same
+    /// generation) is retried and wins; a snapshot of another generation in the same state
+    /// never opens or closes the current one; a reset closes whatever the word has become.
+    #[test]
+    fn transitions_retry_within_their_generation_only() {
+        let m = machine(settings());
+        let closed0 = m.load();
+        trip(&m, 0);
+        let at = |t: u64| move || t;
+        m.admit(at(5_000_000));
+        let half2 = m.load();
+        assert_eq!(
+            (half2.state, half2.generation, half2.taken),
+            (State::HalfOpen, 2, 1)
+        );
+        m.admit(at(5_000_000)); // a second probe: the snapshot is now stale in `taken`
+        let t = m.open(half2, Reason::ProbeFailed, &at(5_000_000)).unwrap();
+        assert_eq!(
+            (t.from, t.to, t.generation),
+            (State::HalfOpen, State::Open, 3)
+        );
+        assert_eq!(t.open_for, Some(Duration::from_secs(10)));
+        m.admit(at(15_000_000));
+        let half4 = m.load();
+        m.admit(at(15_000_000));
+        let t = m
+            .close(half4, Reason::ProbesSucceeded, &at(15_000_000))
+            .unwrap();
+        assert_eq!(
+            (t.from, t.to, t.generation),
+            (State::HalfOpen, State::Closed, 5)
+        );
+        // Closed, generation 5: generation 0's closed snapshot opens nothing.
+        let reason = Reason::FailureRate {
+            rate: 1.0,
+            calls: 4,
+        };
+        assert_eq!(m.open(closed0, reason, &at(15_000_000)), None);
+        assert_eq!((m.load().state, m.load().generation), (State::Closed, 5));
+        // Half-open, generation 7: generation 2's and 4's half-open snapshots close nothing,
+        // and generation 2's opens nothing.
+        trip(&m, 15_000_000);
+        m.admit(at(20_000_000));
+        assert_eq!((m.load().state, m.load().generation), (State::HalfOpen, 7));
+        for stale in [half2, half4] {
+            assert_eq!(
+                m.close(stale, Reason::ProbesSucceeded, &at(20_000_000)),
+                None
+            );
+        }
+        assert_eq!(m.open(half2, Reason::ProbeFailed, &at(20_000_000)), None);
+        assert_eq!((m.load().state, m.load().generation), (State::HalfOpen, 7));
+        // A reset from any snapshot closes the current word.
+        let t = m.close(half2, Reason::Reset, &at(20_000_000)).unwrap();
+        assert_eq!(
+            (t.from, t.to, t.generation),
+            (State::HalfOpen, State::Closed, 8)
+        );
+    }
+
+    /// Until the thread that opened stores its timer, the timer holds another generation's tag:
+    /// the breaker stays open (the base open time to wait) however late it is, and a closed
+    /// generation's slow start counts from its beginning (10 %).
+    #[test]
+    fn a_timer_of_another_generation_is_not_read() {
+        let m = machine(Settings {
+            slow_start_us: Some(10_000_000),
+            ..settings()
+        });
+        let opened = m.load().next(State::Open);
+        m.word.store(opened.encode(), Ordering::Release);
+        assert_eq!(m.open_until(m.load()), None);
+        assert_eq!(m.admit(|| 1 << 40).admission, Err(Some(5_000_000)));
+        let closed = m.load().next(State::Closed);
+        m.word.store(closed.encode(), Ordering::Release);
+        let passed = (0..20).filter(|_| m.admit(|| 1 << 40).admission.is_ok());
+        assert_eq!(passed.count(), 2, "10 % of 20");
+    }
+
+    /// Slow start: the share admitted is 10 % + 90 % × (time elapsed / length), in parts per
+    /// million, and call `n` passes when `⌊(n + 1)·share⌋ > ⌊n·share⌋`.
+    #[test]
+    fn slow_start_admits_a_share_rising_from_a_tenth() {
+        let m = machine(Settings {
+            slow_start_us: Some(10_000_000),
+            ..settings()
+        });
+        // A new breaker is not in slow start.
+        assert!((0..10).all(|_| m.admit(|| 0).admission.is_ok()));
+        m.reset(|| 0); // closed at 0: slow start until 10 s, the call count from 0
+        // At 0 s, 10 %: of calls 0..20, n = 9 and n = 19 pass; the others wait, no time promised.
+        let first: Vec<_> = (0..20).map(|_| m.admit(|| 0).admission).collect();
+        for (n, a) in first.iter().enumerate() {
+            match n {
+                9 | 19 => assert_eq!(*a, Ok(Admission::Closed(1)), "call {n}"),
+                _ => assert_eq!(*a, Err(None), "call {n}"),
+            }
+        }
+        let passed = |t: u64, calls| {
+            (0..calls)
+                .filter(|_| m.admit(|| t).admission.is_ok())
+                .count()
+        };
+        // At 5 s: 100 000 + 900 000 × 5/10 = 550 000 ppm; calls 20..40: ⌊40·0.55⌋ − ⌊20·0.55⌋ =
+        // 22 − 11 = 11.
+        assert_eq!(passed(5_000_000, 20), 11);
+        // At 7.5 s: 775 000 ppm; calls 40..60: ⌊60·0.775⌋ − ⌊40·0.775⌋ = 46 − 31 = 15.
+        assert_eq!(passed(7_500_000, 20), 15);
+        // At 10 s it is over, and after it too.
+        assert_eq!(passed(10_000_000, 20), 20);
+        assert_eq!(passed(11_000_000, 20), 20);
     }
 }

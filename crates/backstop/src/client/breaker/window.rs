@@ -312,6 +312,63 @@ mod tests {
         assert_eq!(ring.counts(), Counts::default());
     }
 
+    /// The `Window` a machine holds passes each call to its ring: a time window's records go
+    /// to the bucket of their time (and need the clock), a count window's to its last `n`
+    /// calls (no clock); a clear empties either. A count window's memory is its byte per slot.
+    #[test]
+    fn a_window_passes_calls_to_its_ring() {
+        let time = Window::Time(TimeRing::new(S, 10, 2)); // 10 s in 1 s buckets
+        assert!(time.needs_clock());
+        time.record(0, 0, true, false);
+        time.record(1, 3 * S, false, true);
+        assert_eq!(
+            time.counts(9 * S),
+            Counts {
+                calls: 2,
+                failures: 1,
+                slow: 1
+            }
+        );
+        // At 10 s the bucket of 0 s has left; the call of 3 s is still there.
+        assert_eq!(time.counts(10 * S).failures, 0);
+        assert_eq!(time.counts(10 * S).calls, 1);
+        assert!(time.heap_bytes() >= 10 * 2 * std::mem::size_of::<u64>());
+        time.clear();
+        assert_eq!(time.counts(9 * S), Counts::default());
+
+        let count = Window::Count(CountRing::new(10));
+        assert!(!count.needs_clock());
+        assert_eq!(count.heap_bytes(), 10);
+        count.record(0, 0, true, true);
+        count.record(0, 0, false, false);
+        assert_eq!(
+            count.counts(0),
+            Counts {
+                calls: 2,
+                failures: 1,
+                slow: 1
+            }
+        );
+        count.clear();
+        assert_eq!(count.counts(0), Counts::default());
+    }
+
+    /// The rings debug as their shape and, for a count ring, its totals.
+    #[test]
+    fn the_rings_debug_as_their_shape() {
+        let time = TimeRing::new(S, 10, 3);
+        assert_eq!(
+            format!("{time:?}"),
+            "TimeRing { bucket_us: 1000000, buckets: 10, stripes: 3 }"
+        );
+        let count = CountRing::new(4);
+        count.record(true, false);
+        assert_eq!(
+            format!("{count:?}"),
+            "CountRing { slots: 4, counts: Counts { calls: 1, failures: 1, slow: 0 } }"
+        );
+    }
+
     proptest! {
         #[test]
         fn count_ring_matches_a_list(n in 1usize..20, calls in proptest::collection::vec((any::<bool>(), any::<bool>()), 0..200)) {

@@ -608,6 +608,103 @@ mod tests {
         assert!(delays.iter().any(|&d| d > 200 * MS));
     }
 
+    /// Polly's V2 formula, draw by draw: retry `n` (k = n − 1) draws u from the request's
+    /// generator, t = k + u, f(t) = 2^t · tanh(√(4t)), and waits (f(t) − f(t_prev)) / 1.4 ×
+    /// median, f(t_prev) = 0 before the first retry. A twin generator of the same seed gives
+    /// the same draws, so each delay is known to the nanosecond's rounding.
+    #[test]
+    fn decorrelated_v2_follows_pollys_formula_draw_by_draw() {
+        let b = decorrelated_v2(100 * MS, MAX_DELAY);
+        for seed in 0..20 {
+            let mut draws = Rng::with_seed(seed);
+            let mut f_prev = 0.0;
+            for (k, d) in run(&b, seed, 6).into_iter().enumerate() {
+                let t = k as f64 + draws.f64();
+                let f = 2f64.powf(t) * (4.0 * t).sqrt().tanh();
+                let want = (f - f_prev) / 1.4 * 0.1;
+                f_prev = f;
+                assert!(
+                    (d.as_secs_f64() - want).abs() < 2e-9,
+                    "seed {seed}, retry {}: {d:?}, formula {want} s",
+                    k + 1
+                );
+            }
+        }
+    }
+
+    /// What V2's delays add up to needs no draw: the differences telescope to f(t₆) / 1.4 ×
+    /// median, and t₆ lies in [5, 6), so with a 100 ms median the six delays sum to between
+    /// 2⁵·tanh(2√5) / 1.4 × 0.1 s = 2.2851 s and 2⁶·tanh(2√6) / 1.4 × 0.1 s = 4.5709 s; the
+    /// first alone is below 2·tanh(2) / 1.4 × 0.1 s = 137.72 ms. A memory (`aux`) ahead of the
+    /// next value gives no wait, not the cap.
+    #[test]
+    fn decorrelated_v2_delays_telescope() {
+        let b = decorrelated_v2(100 * MS, MAX_DELAY);
+        for seed in 0..200 {
+            let delays = run(&b, seed, 6);
+            let sum: f64 = delays.iter().map(Duration::as_secs_f64).sum();
+            assert!((2.2851..4.5710).contains(&sum), "seed {seed}: {sum} s");
+            assert!(
+                delays[0] < Duration::from_micros(137_719),
+                "{:?}",
+                delays[0]
+            );
+        }
+        let mut state = BackoffState {
+            retry: 1,
+            prev: Duration::ZERO,
+            aux: 1e6,
+        };
+        assert_eq!(
+            b.next_delay(&mut state, &mut Rng::with_seed(1)),
+            Duration::ZERO
+        );
+        assert!(state.aux < 2.0, "the memory moves to f(t) = {}", state.aux);
+    }
+
+    /// The integer path doubles exactly up to its last shift: retry 32 is 1 ns × 2³¹ =
+    /// 2.147483648 s, well under a 1 h cap (not the cap).
+    #[test]
+    fn exponential_doubles_exactly_through_the_31st_shift() {
+        let b = exponential(Duration::from_nanos(1), MAX_DELAY).jitter(Jitter::None);
+        assert_eq!(b.envelope(31), Duration::from_nanos(1 << 30));
+        assert_eq!(b.envelope(32), Duration::from_nanos(1 << 31));
+        let mut state = BackoffState {
+            retry: 32,
+            ..Default::default()
+        };
+        let d = b.next_delay(&mut state, &mut Rng::with_seed(1));
+        assert_eq!(d, Duration::from_nanos(2_147_483_648));
+    }
+
+    /// The limits are inclusive: 1 h itself is a valid base, cap or constant delay, and a
+    /// proportional factor of 1; a nanosecond more, or a negative factor, is named.
+    #[test]
+    fn the_limits_themselves_are_valid() {
+        let over = MAX_DELAY + Duration::from_nanos(1);
+        assert!(decorrelated(MAX_DELAY, MAX_DELAY).validate().is_ok());
+        assert!(exponential(MS, MAX_DELAY).validate().is_ok());
+        assert!(constant(MAX_DELAY).validate().is_ok());
+        assert_eq!(constant(over).validate().unwrap_err().knob(), "delay");
+        assert_eq!(
+            decorrelated(over, over).validate().unwrap_err().knob(),
+            "base"
+        );
+        assert_eq!(decorrelated(MS, over).validate().unwrap_err().knob(), "cap");
+        for f in [0.2, 1.0] {
+            let b = exponential(MS, MS).jitter(Jitter::Proportional(f));
+            assert!(b.validate().is_ok(), "{f}");
+        }
+        let negative = exponential(MS, MS).jitter(Jitter::Proportional(-0.5));
+        assert_eq!(negative.validate().unwrap_err().knob(), "jitter");
+    }
+
+    /// The generator's state stays out of logs.
+    #[test]
+    fn the_generator_debugs_without_its_state() {
+        assert_eq!(format!("{:?}", Rng::with_seed(7)), "Rng { .. }");
+    }
+
     proptest! {
         #[test]
         fn every_strategy_stays_within_its_bounds(

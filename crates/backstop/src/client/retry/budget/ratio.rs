@@ -577,6 +577,30 @@ mod tests {
         assert!(RatioBudget::builder().ratio(1.0).build().is_ok());
     }
 
+    /// The limits are inclusive: a `max_burst` of exactly 1 and a `ttl` of exactly 10 ms or one
+    /// day are valid; a nanosecond past either end of the `ttl`, or a burst just under 1, is
+    /// named.
+    #[test]
+    fn the_limits_themselves_are_valid() {
+        let day = Duration::from_secs(86_400);
+        let ns = Duration::from_nanos(1);
+        assert!(RatioBudget::builder().max_burst(1.0).build().is_ok());
+        assert!(RatioBudget::builder().ttl(day).build().is_ok());
+        assert!(
+            RatioBudget::builder()
+                .ttl(Duration::from_millis(10))
+                .build()
+                .is_ok()
+        );
+        let knob = |b: RatioBudgetBuilder| b.build().unwrap_err().knob().to_owned();
+        assert_eq!(knob(RatioBudget::builder().max_burst(0.999)), "max_burst");
+        assert_eq!(knob(RatioBudget::builder().ttl(day + ns)), "ttl");
+        assert_eq!(
+            knob(RatioBudget::builder().ttl(Duration::from_millis(10) - ns)),
+            "ttl"
+        );
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Success,
