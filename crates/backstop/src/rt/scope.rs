@@ -1,4 +1,5 @@
-//! The one guard of backstop's thread-local scopes (the current deadline, the pushback mark).
+//! The guard of the handler's deadline scope (`deadline::current`), for `Copy` values. (The
+//! pushback scope, whose value owns an `Arc`, keeps a guard of its own in `server::pushback`.)
 //!
 //! **Concurrency rule.** A scope is a value in a `thread_local!` `Cell`, set while a layer
 //! calls or polls its inner service and put back when the guard drops (panics included): each
