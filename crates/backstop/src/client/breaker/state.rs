@@ -424,6 +424,10 @@ impl Machine {
         loop {
             // Nothing records into the window while half-open, so it is already empty but for
             // calls of older generations; clear it before the new generation can be seen.
+            // Clearing before the swap is safe: from half-open, one probe only gets here per
+            // generation (closing needs `probes` successes and at most `probes` probes are
+            // taken, so two probes cannot both see the quota one short), and a reset forgets
+            // the window by definition, whatever it raced.
             self.window.clear();
             self.consecutive.store(0, Ordering::Release);
             self.slow_start_calls.store(0, Ordering::Release);

@@ -132,6 +132,14 @@ fn check(knob: &'static str, base: Duration, cap: Duration) -> Result<(), Config
 }
 
 /// Uniform in `[lo, hi]`.
+/// `nanos` as a `Duration`; the caller keeps it at or under a `Duration`'s own nanoseconds.
+fn from_nanos(nanos: u128) -> Duration {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    let secs = u64::try_from(nanos / NANOS_PER_SEC).unwrap_or(u64::MAX);
+    // The remainder is under 10^9: it fits a u32.
+    Duration::new(secs, (nanos % NANOS_PER_SEC) as u32)
+}
+
 fn uniform(rng: &mut Rng, lo: Duration, hi: Duration) -> Duration {
     if hi <= lo {
         return lo;
@@ -239,12 +247,14 @@ impl Exponential {
     fn envelope(&self, retry: u32) -> Duration {
         let shift = retry.saturating_sub(1).min(62);
         if self.multiplier == 2.0 {
-            // Exact integer arithmetic for the common case.
-            let e = self
+            // Exact integer arithmetic for the common case, in nanoseconds: base · 2^shift
+            // overflows only far above any cap (a `Duration` is under 2^94 ns; 2^62 more
+            // does not fit a u128), and then the cap is the answer.
+            return self
                 .base
-                .saturating_mul(1u32 << shift.min(31))
-                .min(self.cap);
-            return if shift > 31 { self.cap } else { e };
+                .as_nanos()
+                .checked_mul(1u128 << shift)
+                .map_or(self.cap, |n| from_nanos(n.min(self.cap.as_nanos())));
         }
         let secs = self.base.as_secs_f64() * self.multiplier.powi(shift as i32);
         Duration::try_from_secs_f64(secs).map_or(self.cap, |e| e.min(self.cap))
@@ -461,6 +471,26 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(b.next_delay(&mut state, &mut Rng::with_seed(1)), 100 * MS);
+    }
+
+    #[test]
+    fn exponential_doubles_past_the_thirty_second_retry_without_jumping_to_the_cap() {
+        // A tiny base doubles for more than 31 retries before it meets the cap: each
+        // retry's envelope is min(cap, base·2ⁿ⁻¹), never the cap early (it once was, from
+        // retry 33 on: 4.29 s, then 3600 s).
+        let b =
+            exponential(Duration::from_nanos(1), Duration::from_secs(3600)).jitter(Jitter::None);
+        for retry in [1u32, 2, 32, 33, 34, 42] {
+            let expected = Duration::from_nanos(1u64 << (retry - 1));
+            assert_eq!(b.envelope(retry), expected, "retry {retry}");
+        }
+        // 2^41 ns ≈ 2199 s < 3600 s < 2^42 ns ≈ 4398 s: retry 43 is the first at the cap.
+        assert_eq!(b.envelope(43), Duration::from_secs(3600));
+        // The largest base and shift overflow the arithmetic and answer the cap.
+        let huge = exponential(Duration::MAX, Duration::MAX).jitter(Jitter::None);
+        assert_eq!(huge.envelope(63), Duration::MAX);
+        assert_eq!(huge.envelope(u32::MAX), Duration::MAX);
+        assert_eq!(from_nanos(Duration::MAX.as_nanos()), Duration::MAX);
     }
 
     #[test]
