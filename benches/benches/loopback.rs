@@ -82,7 +82,9 @@ fn loopback(c: &mut Criterion) {
         .layer(
             backstop::client::http()
                 .timeout(Duration::from_secs(1))
-                .attempt_timeout(Duration::from_millis(500))
+                .attempt(backstop::client::attempt::AttemptBound::Fixed(
+                    Duration::from_millis(500),
+                ))
                 .build()
                 .unwrap(),
         )

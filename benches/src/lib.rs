@@ -188,7 +188,9 @@ pub fn backstop_preset_pending() -> impl Stack {
     ServiceBuilder::new()
         .layer(
             preset_1s()
-                .attempt_timeout(Duration::from_millis(500))
+                .attempt(backstop::client::attempt::AttemptBound::Fixed(
+                    Duration::from_millis(500),
+                ))
                 .build()
                 .unwrap(),
         )
@@ -297,7 +299,9 @@ pub fn backstop_preset() -> impl Stack {
     ServiceBuilder::new()
         .layer(
             preset_1s()
-                .attempt_timeout(Duration::from_millis(500))
+                .attempt(backstop::client::attempt::AttemptBound::Fixed(
+                    Duration::from_millis(500),
+                ))
                 .build()
                 .unwrap(),
         )
@@ -306,11 +310,7 @@ pub fn backstop_preset() -> impl Stack {
 
 /// The HTTP client preset with `PropagateDeadline`'s 1 s timeout.
 fn preset_1s() -> backstop::ClientBuilder<backstop::HttpClassifier> {
-    let deadline = PropagateDeadlineLayer::builder()
-        .timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    backstop::client::http().deadline(deadline)
+    backstop::client::http().timeout(Duration::from_secs(1))
 }
 
 /// The HTTP client preset with every default but the deadline's 1 s timeout: attempts bounded

@@ -4,7 +4,6 @@ use backstop::client::attempt::AttemptTimeoutLayer;
 use backstop::client::breaker::State;
 use backstop::client::overload::bulkhead::BulkheadLayer;
 use backstop::client::retry::RetryConfig;
-use backstop::deadline::PropagateDeadlineLayer;
 use backstop::{BoxError, ReplayBody};
 use bytes::Bytes;
 use http::{Request, Response};
@@ -271,17 +270,13 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             if config.per_route {
                 breaker = breaker.per_key(backstop::client::breaker::BreakerKey::Path);
             }
-            let breaker = breaker
-                .seed(config.seed)
-                .on_state_change(move |t| {
-                    if t.to == State::Open {
-                        opens.fetch_add(1, Ordering::Relaxed);
-                        let at = start.elapsed().as_micros() as u64;
-                        first_open.fetch_min(at, Ordering::Relaxed);
-                    }
-                })
-                .build()
-                .expect("valid breaker");
+            let breaker = breaker.seed(config.seed).on_state_change(move |t| {
+                if t.to == State::Open {
+                    opens.fetch_add(1, Ordering::Relaxed);
+                    let at = start.elapsed().as_micros() as u64;
+                    first_open.fetch_min(at, Ordering::Relaxed);
+                }
+            });
             let retry = RetryConfig::http().seed(config.seed);
             // A dependency that de-duplicates keys (`post`) answers a retried call from its
             // store, without doing the work again: its callers can afford as many attempts as
@@ -296,25 +291,20 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             } else {
                 retry
             };
-            let retry = retry.build().expect("valid retry policy");
-            let deadline = PropagateDeadlineLayer::builder()
-                .timeout(config.deadline)
-                .build()
-                .expect("valid deadline");
             let mut preset = backstop::client::http()
-                .deadline(deadline)
+                .timeout(config.deadline)
                 .retry(retry)
                 .breaker(breaker);
             if config.hedge {
-                preset = preset.hedging(3);
+                preset = preset.hedging(0.95, 3);
             }
             if config.keys {
                 use backstop::idempotency::{IdempotencyKeyLayer, KeyGenerator};
                 let keys = IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(config.seed));
-                preset = preset.idempotency_key_layer(keys);
+                preset = preset.idempotency_keys(keys);
             }
             if let Some(limit) = config.bulkhead {
-                preset = preset.bulkhead(BulkheadLayer::new(limit).expect("a valid limit"));
+                preset = preset.bulkhead(BulkheadLayer::builder(limit));
             }
             let preset = preset.build().expect("a valid client stack");
             let _ = config.latency.set(preset.attempt_layer().clone());

@@ -18,7 +18,7 @@
 //! });
 //!
 //! // One layer per dependency; clones share its retry budget and its breaker.
-//! let backend = backstop::client::http().attempt_timeout(Duration::from_secs(2)).build()?;
+//! let backend = backstop::client::http().timeout(Duration::from_secs(2)).build()?;
 //! let client = ServiceBuilder::new().layer(backend.clone()).service(transport);
 //!
 //! let response = client.oneshot(Request::new(String::new())).await?;
@@ -75,9 +75,10 @@
 //!
 //! - [`client::http()`], [`client::grpc()`]: the client stack as one [`ClientLayer`] (what
 //!   [`ClientBuilder::build`] returns), with
-//!   every default, tuned by replacing a part (`.retry(..)`, `.breaker(..)`,
-//!   `.deadline(..)`, `.throttle(..)`, `.bulkhead(..)`, `.attempt(..)` or
-//!   `.attempt_timeout(..)`). Attempts are bounded by the
+//!   every default, tuned by giving a part its policy (`.retry(..)`, `.breaker(..)`,
+//!   `.deadline(..)`, `.throttle(..)`, `.bulkhead(..)`, `.attempt(..)`): setters only record,
+//!   `build` makes the whole stack at once, so their order never matters (the rules:
+//!   [`ClientBuilder`]). Attempts are bounded by the
 //!   dependency's measured latency by default ([`client::attempt`]: p99 × 3, with a floor of p99 × 20 held between 250 ms and 1 s, at most 10 s), and
 //!   [`ClientLayer::latency`] shows what was measured. [`ClientBuilder::hedging`] hedges slow
 //!   idempotent requests at the measured p95, paid from the retry budget.
@@ -87,8 +88,9 @@
 //! - [`server()`]: `Deadline → Admission → Pushback`, one [`ServerLayer`] that keeps
 //!   `Error = S::Error` ([`ServerLayer::admission`] tunes or turns off admission).
 //!
-//! Short paths for the common knobs: `.timeout(d)` (the caller's deadline per call),
-//! `.max_attempts(n)`, `.attempt_timeout(d)`, `.hedging(n)`; the preset's service types are
+//! Short forms for the common knobs, which win over the same knob of a part's policy:
+//! `.timeout(d)` (the caller's deadline per call), `.max_attempts(n)`, `.hedging(quantile, n)`,
+//! `.retry_reserve(quantile)`; the preset's service types are
 //! named [`HttpClient<S>`] and [`GrpcClient<S>`], its response [`ClientResponse<B, C>`].
 //!
 //! Per request, a [`RetryOverrides`](crate::client::retry::RetryOverrides) extension turns retries

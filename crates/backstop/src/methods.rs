@@ -132,11 +132,6 @@ impl MethodsLayer {
         self.client.latency()
     }
 
-    /// The deadline propagation layer (a method's `timeout` is applied outside it).
-    pub fn deadline_layer(&self) -> &crate::deadline::PropagateDeadlineLayer {
-        self.client.deadline_layer()
-    }
-
     /// The dependency's name (`""` when unnamed).
     pub fn dependency(&self) -> &str {
         self.client.dependency()

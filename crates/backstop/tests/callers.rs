@@ -115,7 +115,9 @@ fn client(wiring: Wiring, steps: &[Step], attempt: u64, seen: &Arc<Mutex<Seen>>)
         })
         .service(scripted::<Request<ReplayBody<String>>>(steps.to_vec()));
     let preset = backstop::client::http()
-        .attempt_timeout(Duration::from_millis(attempt))
+        .attempt(backstop::client::attempt::AttemptBound::Fixed(
+            Duration::from_millis(attempt),
+        ))
         .build()
         .unwrap();
     let status = |r: Response<_>| r.status();

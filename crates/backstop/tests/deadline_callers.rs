@@ -2,7 +2,6 @@
 //! its client call, awaited, spawned, raced, in a JoinSet or FuturesUnordered, under a
 //! ConcurrencyLimit), retries within it, and POSTs that are never sent twice.
 
-use backstop::client::overload::throttle::ThrottleLayer;
 use backstop::client::retry::{ReplayBody, RetryConfig, backoff};
 use backstop::{BoxError, is_deadline_exceeded};
 use http::{Request, Response};
@@ -79,10 +78,7 @@ fn told_ms(s: &str) -> u64 {
 }
 
 fn preset() -> backstop::ClientLayer<backstop::HttpClassifier> {
-    backstop::client::http()
-        .throttle(ThrottleLayer::off())
-        .build()
-        .unwrap()
+    backstop::client::http().throttle(None).build().unwrap()
 }
 
 /// How the handler runs its call.
@@ -230,15 +226,13 @@ async fn retries_never_run_past_the_deadline() {
     let t0 = Instant::now();
     let log: Log = Arc::default();
     let client = backstop::client::http()
-        .throttle(ThrottleLayer::off())
+        .throttle(None)
         .timeout(Duration::from_secs(1))
         .retry(
             RetryConfig::http()
                 .max_attempts(10)
                 .backoff(backoff::constant(10 * MS))
-                .no_budget()
-                .build()
-                .unwrap(),
+                .no_budget(),
         )
         .build()
         .unwrap()
@@ -268,7 +262,7 @@ async fn a_retry_after_past_the_deadline_returns_at_once() {
     let t0 = Instant::now();
     let log: Log = Arc::default();
     let client = backstop::client::http()
-        .throttle(ThrottleLayer::off())
+        .throttle(None)
         .timeout(Duration::from_secs(1))
         .build()
         .unwrap()
@@ -289,18 +283,18 @@ async fn a_post_without_a_key_is_sent_once() {
     let t0 = Instant::now();
     let log: Log = Arc::default();
     let client = backstop::client::http()
-        .throttle(ThrottleLayer::off())
+        .throttle(None)
         .timeout(Duration::from_secs(5))
-        .attempt_timeout(Duration::from_millis(200))
+        .attempt(backstop::client::attempt::AttemptBound::Fixed(
+            Duration::from_millis(200),
+        ))
         .retry(
             RetryConfig::http()
                 .max_attempts(5)
                 .backoff(backoff::constant(MS))
-                .no_budget()
-                .build()
-                .unwrap(),
+                .no_budget(),
         )
-        .hedging(3)
+        .hedging(0.95, 3)
         .build()
         .unwrap()
         .layer(dep(t0, log.clone()));
@@ -348,7 +342,7 @@ async fn a_grpc_handler_cut_by_its_deadline_gets_a_whole_deadline_exceeded() {
     let t0 = Instant::now();
     let log: Log = Arc::default();
     let client = backstop::client::grpc()
-        .throttle(ThrottleLayer::off())
+        .throttle(None)
         .build()
         .unwrap()
         .layer(dep(t0, log.clone()));

@@ -73,14 +73,7 @@ async fn client_events_name_the_dependency_the_request_and_the_failure() {
     let backend = backstop::client::http()
         .name("inventory")
         .max_attempts(2)
-        .breaker(
-            BreakerConfig::http()
-                .minimum_calls(2)
-                .jitter(false)
-                .build()
-                .unwrap()
-                .named("inventory"),
-        )
+        .breaker(BreakerConfig::http().minimum_calls(2).jitter(false))
         .build()
         .unwrap();
     let client = ServiceBuilder::new().layer(backend).service(down);
@@ -109,11 +102,10 @@ async fn client_events_name_the_dependency_the_request_and_the_failure() {
     );
 }
 
-/// Naming is configuration: a keyed breaker named before it serves names the breaker of
-/// every key it adds; a breaker passed to a named stack keeps the name it was built with,
-/// and the stack's own layers take the stack's.
+/// Naming is configuration: a named stack's keyed breaker names the breaker of every key it
+/// adds, as every other layer of the stack is named.
 #[tokio::test(start_paused = true)]
-async fn a_named_keyed_breaker_names_every_key_and_a_passed_layer_keeps_its_name() {
+async fn a_named_keyed_breaker_names_every_key() {
     let events: Events = Arc::default();
     let _guard = tracing::subscriber::set_default(Recorder(events.clone()));
     let down = service_fn(|_req: Request<ReplayBody<String>>| async {
@@ -123,17 +115,14 @@ async fn a_named_keyed_breaker_names_every_key_and_a_passed_layer_keeps_its_name
     let breaker = BreakerConfig::http()
         .minimum_calls(2)
         .jitter(false)
-        .per_key(backstop::client::breaker::BreakerKey::Path)
-        .build()
-        .unwrap()
-        .named("inventory-breaker");
+        .per_key(backstop::client::breaker::BreakerKey::Path);
     let backend = backstop::client::http()
         .max_attempts(2)
         .breaker(breaker)
         .name("inventory")
         .build()
         .unwrap();
-    assert_eq!(backend.breaker_layer().name(), "inventory-breaker");
+    assert_eq!(backend.breaker_layer().name(), "inventory");
     assert_eq!(backend.retry_layer().name(), "inventory");
     let client = ServiceBuilder::new().layer(backend).service(down);
     let req = Request::get("http://inventory/item/1")
@@ -141,7 +130,7 @@ async fn a_named_keyed_breaker_names_every_key_and_a_passed_layer_keeps_its_name
         .unwrap();
     client.oneshot(req).await.unwrap();
     let opened = find(&events, "circuit breaker opened");
-    assert_eq!(opened["dependency"], "inventory-breaker");
+    assert_eq!(opened["dependency"], "inventory");
     assert_eq!(opened["key"], "/item/1");
     assert_eq!(find(&events, "not retrying")["dependency"], "inventory");
 }

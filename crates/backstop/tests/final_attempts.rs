@@ -133,7 +133,7 @@ async fn no_share_is_kept_for_a_retry_the_backoff_leaves_no_room_for() {
     );
 }
 
-/// Measured hedging (`http().hedging(2)`): no attempt follows the hedge, the last by count,
+/// Measured hedging (`http().hedging(0.95, 2)`): no attempt follows the hedge, the last by count,
 /// so it gets all that is left when it goes. Every attempt takes 900 ms under a 1 s deadline:
 /// the hedge (sent at the p95, about 62 ms in) answers within the deadline.
 #[tokio::test(start_paused = true)]
@@ -149,7 +149,7 @@ async fn the_last_hedge_gets_the_whole_deadline() {
     });
     let backend = backstop::client::http()
         .timeout(1000 * MS)
-        .hedging(2)
+        .hedging(0.95, 2)
         .build()
         .unwrap();
     let client = ServiceBuilder::new()

@@ -9,9 +9,9 @@ use backstop::ReplayBody;
 use backstop::client::ClientBuilder;
 use backstop::client::breaker::{BreakerLayer, Mode};
 use backstop::client::overload::bulkhead::BulkheadLayer;
-use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
-use backstop::client::retry::RetryOverrides;
+use backstop::client::overload::throttle::AdaptiveThrottle;
 use backstop::client::retry::hedge::Hedging;
+use backstop::client::retry::{RetryConfig, RetryOverrides};
 use backstop_test_support::{grpc_call, grpc_status};
 use http::{Request, Response};
 use std::{
@@ -77,34 +77,32 @@ async fn run(failure: Failure, deadline: bool, when: When) -> Status {
         layer = layer.max_attempts(2);
     }
     if when == When::Hedged {
-        layer = layer.hedging_with(Hedging::new(30 * MS).max_attempts(2));
+        layer = layer.retry(RetryConfig::grpc().hedging(Hedging::new(30 * MS).max_attempts(2)));
     }
     let mut first = First::Hang;
     match failure {
         Failure::BreakerOpen if retried => first = First::UnavailableThenOpen,
         Failure::BreakerOpen => {}
         Failure::Throttled => {
-            let throttle = AdaptiveThrottle::builder()
-                .max_probability(1.0)
-                .seed(7)
-                .build()
-                .unwrap();
-            for _ in 0..1000 {
-                throttle.record_request();
-            }
-            layer = layer.throttle(ThrottleLayer::with(
-                Arc::new(throttle),
-                GrpcClassifier::new(),
-            ));
+            let throttle = AdaptiveThrottle::builder().max_probability(1.0).seed(7);
+            layer = layer.throttle(Some(throttle));
         }
         Failure::BulkheadFull => {
-            layer = layer.bulkhead(BulkheadLayer::builder(1).max_wait(50 * MS).build().unwrap());
+            layer = layer.bulkhead(BulkheadLayer::builder(1).max_wait(50 * MS));
         }
         Failure::DeadlineExceeded if retried => first = First::Unavailable,
         Failure::DeadlineExceeded => {}
-        Failure::AttemptTimedOut => layer = layer.attempt_timeout(100 * MS),
+        Failure::AttemptTimedOut => {
+            layer = layer.attempt(backstop::client::attempt::AttemptBound::Fixed(100 * MS))
+        }
     }
     let layer = layer.build().unwrap();
+    if matches!(failure, Failure::Throttled) {
+        // 1000 requests and no answer: the throttle refuses all it may.
+        for _ in 0..1000 {
+            layer.throttle_layer().throttle().record_request();
+        }
+    }
     if matches!(failure, Failure::BreakerOpen) && !retried {
         layer.breaker_layer().set_mode(Mode::ForcedOpen);
     }

@@ -1,9 +1,10 @@
-//! A keyed POST through `http().idempotency_keys(true)`, hedged or retried after its attempt
+//! A keyed POST through `http().idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())`, hedged or retried after its attempt
 //! bound, against a server behind `IdempotencyLayer`: the duplicate in flight is answered 409
 //! with `Retry-After`, which never wins the race and is retried later, so the caller gets the
 //! one charge's answer. (Defects found by an outside attack on the idempotency work.)
 
 use backstop::ReplayBody;
+use backstop::client::retry::RetryConfig;
 use backstop::client::retry::hedge::Hedging;
 use backstop::idempotency::{IdempotencyLayer, MemoryStore};
 use bytes::Bytes;
@@ -76,8 +77,8 @@ async fn a_hedge_answered_409_does_not_beat_the_original() {
     let runs = Arc::new(AtomicUsize::new(0));
     let wire = charge_server(runs.clone());
     let preset = backstop::client::http()
-        .idempotency_keys(true)
-        .hedging_with(Hedging::new(Duration::from_millis(50)).max_attempts(2))
+        .idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())
+        .retry(RetryConfig::http().hedging(Hedging::new(Duration::from_millis(50)).max_attempts(2)))
         .build()
         .unwrap();
     let client = ServiceBuilder::new().layer(preset).service(wire);
@@ -102,10 +103,12 @@ async fn a_retry_after_the_attempt_bound_comes_back_for_the_stored_answer() {
         async move { handled.await.unwrap() }
     });
     let preset = backstop::client::http()
-        .idempotency_keys(true)
+        .idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())
         .timeout(Duration::from_secs(5))
         .max_attempts(5)
-        .attempt_timeout(Duration::from_millis(50))
+        .attempt(backstop::client::attempt::AttemptBound::Fixed(
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap();
     let client = ServiceBuilder::new().layer(preset).service(wire);

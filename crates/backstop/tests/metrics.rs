@@ -110,10 +110,7 @@ fn failures(recorded: &Recorded, error_type: &str) -> u64 {
 
 /// GETs `paths` through the HTTP preset named `inventory`, one attempt each, with `breaker`,
 /// from a dependency that answers 503 twice, then 200.
-async fn call_through(
-    breaker: backstop::client::breaker::BreakerLayer<HttpClassifier>,
-    paths: &[&str],
-) {
+async fn call_through(breaker: BreakerConfig<HttpClassifier>, paths: &[&str]) {
     let mut client = ServiceBuilder::new()
         .layer(
             backstop::client::http()
@@ -247,7 +244,9 @@ fn a_failure_is_counted_under_its_error_type() {
                     backstop::client::grpc()
                         .name("inventory")
                         .max_attempts(1)
-                        .attempt_timeout(Duration::from_millis(100))
+                        .attempt(backstop::client::attempt::AttemptBound::Fixed(
+                            Duration::from_millis(100),
+                        ))
                         .build()
                         .unwrap(),
                 )
@@ -318,11 +317,7 @@ fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
 #[test]
 fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
     let metrics = recorded(|| async {
-        let breaker = BreakerConfig::http()
-            .consecutive_failures(2)
-            .jitter(false)
-            .build()
-            .unwrap();
+        let breaker = BreakerConfig::http().consecutive_failures(2).jitter(false);
         call_through(breaker, &["/item/1"; 3]).await;
     });
     let state = backstop::metrics::BREAKER_STATE;
@@ -384,9 +379,7 @@ fn the_breaker_reports_half_open_between_open_and_its_probes_outcome() {
                 .consecutive_failures(2)
                 .probes(1)
                 .open_duration(Duration::from_secs(5), Duration::from_secs(60))
-                .jitter(false)
-                .build()
-                .unwrap();
+                .jitter(false);
             let calls = Arc::new(AtomicUsize::new(0));
             let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
                 let n = calls.fetch_add(1, Ordering::SeqCst);
@@ -456,7 +449,7 @@ fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines()
                     .timeout(Duration::from_millis(100))
                     // No attempt bound of its own: the deadline ends the slow call (with the
                     // preset's, the attempt would time out first, at 80 % of the deadline).
-                    .attempt(AttemptTimeoutLayer::new(AttemptBound::None).unwrap())
+                    .attempt(AttemptBound::None)
                     .build()
                     .unwrap(),
             )
@@ -500,10 +493,7 @@ fn a_grpc_attempt_timeout_is_not_an_expired_deadline() {
                 backstop::client::grpc()
                     .name("inventory")
                     .timeout(Duration::from_secs(5))
-                    .attempt(
-                        AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_millis(100)))
-                            .unwrap(),
-                    )
+                    .attempt(AttemptBound::Fixed(Duration::from_millis(100)))
                     .build()
                     .unwrap(),
             )
@@ -686,9 +676,7 @@ fn a_keyed_breaker_reports_under_its_key() {
         let breaker = backstop::client::http_breaker()
             .consecutive_failures(2)
             .jitter(false)
-            .per_key(backstop::client::breaker::BreakerKey::Path)
-            .build()
-            .unwrap();
+            .per_key(backstop::client::breaker::BreakerKey::Path);
         call_through(breaker, &["/down", "/down", "/down", "/up"]).await;
     });
     let state = backstop::metrics::BREAKER_STATE;
@@ -805,10 +793,8 @@ fn a_keyed_presets_attempt_durations_carry_the_route() {
             tokio::time::sleep(Duration::from_millis(wait)).await;
             Ok::<_, Infallible>(status(200))
         });
-        let breaker = backstop::client::http_breaker()
-            .per_key(backstop::client::breaker::BreakerKey::Path)
-            .build()
-            .unwrap();
+        let breaker =
+            backstop::client::http_breaker().per_key(backstop::client::breaker::BreakerKey::Path);
         let mut client = ServiceBuilder::new()
             .layer(
                 backstop::client::http()
@@ -848,9 +834,7 @@ fn breaker_and_client_series_join_on_the_route() {
         let config = billing_config(2);
         let breaker = backstop::client::grpc_breaker()
             .consecutive_failures(100)
-            .per_key(backstop::client::breaker::BreakerKey::Path)
-            .build()
-            .unwrap();
+            .per_key(backstop::client::breaker::BreakerKey::Path);
         let layer = backstop::client::grpc()
             .name("billing")
             .breaker(breaker)
@@ -1046,33 +1030,23 @@ fn overloaded(
 /// dependency answers again and the throttle has let go, it reads 0 (it kept the last
 /// refusal's value before).
 /// The adaptive throttle these tests share, seeded so its draws repeat.
-fn seeded_throttle() -> Arc<backstop::client::overload::throttle::AdaptiveThrottle> {
-    Arc::new(
-        backstop::client::overload::throttle::AdaptiveThrottle::builder()
-            .seed(28)
-            .build()
-            .unwrap(),
-    )
+fn seeded_throttle() -> backstop::client::overload::throttle::AdaptiveThrottleBuilder {
+    backstop::client::overload::throttle::AdaptiveThrottle::builder().seed(28)
 }
 
 /// The HTTP preset named `inventory`, one attempt, behind `throttle`, with a breaker that
 /// never opens: every call the throttle lets through is sent.
 fn throttled_inventory(
-    throttle: Arc<backstop::client::overload::throttle::AdaptiveThrottle>,
+    throttle: backstop::client::overload::throttle::AdaptiveThrottleBuilder,
 ) -> backstop::client::ClientLayer<HttpClassifier> {
     let breaker = BreakerConfig::http()
         .count_window(100_000)
-        .minimum_calls(100_000)
-        .build()
-        .unwrap();
+        .minimum_calls(100_000);
     backstop::client::http()
         .name("inventory")
         .max_attempts(1)
         .breaker(breaker)
-        .throttle(backstop::client::overload::throttle::ThrottleLayer::with(
-            throttle,
-            HttpClassifier::new(),
-        ))
+        .throttle(Some(throttle))
         .build()
         .unwrap()
 }
@@ -1080,7 +1054,8 @@ fn throttled_inventory(
 #[test]
 fn the_throttle_probability_falls_back_when_the_dependency_recovers() {
     let metrics = recorded(|| async {
-        let throttle = seeded_throttle();
+        let inventory = throttled_inventory(seeded_throttle());
+        let throttle = inventory.throttle_layer().throttle().clone();
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let fails = failing.clone();
         let dependency = service_fn(move |_req: Request<ReplayBody<String>>| {
@@ -1091,9 +1066,7 @@ fn the_throttle_probability_falls_back_when_the_dependency_recovers() {
             };
             async move { Ok::<_, Infallible>(status(code)) }
         });
-        let client = ServiceBuilder::new()
-            .layer(throttled_inventory(throttle.clone()))
-            .service(dependency);
+        let client = ServiceBuilder::new().layer(inventory).service(dependency);
         let call = || client.clone().oneshot(get_item());
         for _ in 0..300 {
             let _ = call().await;
@@ -1168,9 +1141,7 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
     let metrics = recorded(|| async {
         let bulkhead = backstop::client::overload::bulkhead::BulkheadLayer::builder(1)
             .max_queue(1)
-            .max_wait(Duration::from_millis(50))
-            .build()
-            .unwrap();
+            .max_wait(Duration::from_millis(50));
         let client = ServiceBuilder::new()
             .layer(
                 backstop::client::http()
@@ -1304,7 +1275,7 @@ fn an_admission_refusal_is_counted_under_its_route() {
 #[test]
 fn every_layer_sharing_a_throttle_reports_its_probability() {
     let metrics = recorded(|| async {
-        let shared = seeded_throttle();
+        let shared = std::sync::Arc::new(seeded_throttle().build().unwrap());
         let layer =
             |name: &str| ThrottleLayer::with(shared.clone(), HttpClassifier::new()).named(name);
         let ok = service_fn(|_req: Request<String>| async {
@@ -1396,7 +1367,9 @@ fn every_attempt_the_bound_ended_is_a_sample() {
                 backstop::client::http()
                     .name("partner")
                     .timeout(Duration::from_millis(300))
-                    .attempt_timeout(Duration::from_millis(30))
+                    .attempt(backstop::client::attempt::AttemptBound::Fixed(
+                        Duration::from_millis(30),
+                    ))
                     .build()
                     .unwrap(),
             )
@@ -1443,7 +1416,9 @@ fn a_grpc_attempt_the_bound_ended_is_deadline_exceeded() {
                 backstop::client::grpc()
                     .name("stock")
                     .timeout(Duration::from_millis(300))
-                    .attempt_timeout(Duration::from_millis(30))
+                    .attempt(backstop::client::attempt::AttemptBound::Fixed(
+                        Duration::from_millis(30),
+                    ))
                     .build()
                     .unwrap(),
             )
@@ -1558,7 +1533,7 @@ fn ends(recorded: &Recorded, name: &str) -> Vec<(String, usize)> {
 fn semconv_gives_every_local_outcome_its_error_type_and_status() {
     use backstop::client::breaker::Mode;
     use backstop::client::overload::bulkhead::BulkheadLayer;
-    use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+    use backstop::client::overload::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
     use backstop::client::retry::RetryOverrides;
     use backstop::client::retry::hedge::Hedging;
     use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, RPC_CLIENT_DURATION, SemconvLayer};
@@ -1575,16 +1550,8 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
         BulkheadFull,
     }
     use Case::*;
-    fn throttled() -> Arc<AdaptiveThrottle> {
-        let throttle = AdaptiveThrottle::builder()
-            .max_probability(1.0)
-            .seed(7)
-            .build()
-            .unwrap();
-        for _ in 0..1000 {
-            throttle.record_request();
-        }
-        Arc::new(throttle)
+    fn throttled() -> AdaptiveThrottleBuilder {
+        AdaptiveThrottle::builder().max_probability(1.0).seed(7)
     }
     // Attempt 1 hangs; later ones (a hedge) answer after 5 ms, except under `hang`.
     fn dependency(
@@ -1618,21 +1585,34 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
                 layer = layer.timeout(Duration::from_millis(ms));
             }
             match case {
-                AttemptTimedOut => layer = layer.attempt_timeout(30 * MS),
+                AttemptTimedOut => {
+                    layer = layer.attempt(backstop::client::attempt::AttemptBound::Fixed(30 * MS))
+                }
                 AttemptTimedOutNoHeader => {
-                    layer = layer.attempt_timeout(30 * MS).send_grpc_timeout(false)
+                    layer = layer
+                        .attempt(backstop::client::attempt::AttemptBound::Fixed(30 * MS))
+                        .send_grpc_timeout(false)
                 }
                 ShareCutNoHeader => layer = layer.send_grpc_timeout(false),
                 DeadlineExceeded => {}
-                HedgeLost => layer = layer.hedging_with(Hedging::new(20 * MS).max_attempts(2)),
+                HedgeLost => {
+                    let hedging = Hedging::new(20 * MS).max_attempts(2);
+                    layer = layer.retry(RetryConfig::new($classifier).hedging(hedging))
+                }
                 BreakerOpen => {}
-                Throttled => layer = layer.throttle(ThrottleLayer::with(throttled(), $classifier)),
+                Throttled => layer = layer.throttle(Some(throttled())),
                 BulkheadFull => {
-                    let bulkhead = BulkheadLayer::builder(1).max_wait(50 * MS).build().unwrap();
+                    let bulkhead = BulkheadLayer::builder(1).max_wait(50 * MS);
                     layer = layer.bulkhead(bulkhead)
                 }
             }
             let layer = layer.build().unwrap();
+            if matches!(case, Throttled) {
+                // 1000 requests and no answer: the throttle refuses all it may.
+                for _ in 0..1000 {
+                    layer.throttle_layer().throttle().record_request();
+                }
+            }
             if matches!(case, BreakerOpen) {
                 layer.breaker_layer().set_mode(Mode::ForcedOpen);
             }

@@ -1,13 +1,13 @@
 //! Misconfigured builders return errors, never panic (zero, 1 ns and `Duration::MAX`, NaN and
 //! negative ratios, counts from 0 to `u32::MAX`), and a stack that built never panics at a request.
 
-use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop::client::attempt::{Adaptive, AttemptBound};
 use backstop::client::breaker::BreakerConfig;
 use backstop::client::overload::bulkhead::BulkheadLayer;
-use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::client::overload::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
 use backstop::client::retry::budget::RatioBudget;
 use backstop::client::retry::{RetryConfig, backoff};
-use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer};
+use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder};
 use backstop::server::admission::AdmissionLayer;
 use backstop::{ClientLayer, ConfigError, HttpClassifier, ReplayBody};
 use http::{Request, Response};
@@ -21,173 +21,158 @@ const RATIOS: [f64; 8] = [f64::NAN, -1.0, 0.0, 1e-300, 0.5, 1.0, 2.0, f64::INFIN
 
 type Built = Result<ClientLayer<HttpClassifier>, ConfigError>;
 
+/// Every knob of the client builder and of the parts it takes, each value given to the
+/// builder as is: `build` checks them all (none is checked before it is given).
 fn cases() -> Vec<(String, Built)> {
     let mut v: Vec<(String, Built)> = Vec::new();
     let http = backstop::client::http;
+    let adaptive = |a: Adaptive| http().attempt(AttemptBound::Adaptive(a)).build();
+    let throttle = |t: AdaptiveThrottleBuilder| http().throttle(Some(t)).build();
+    let retry = |r: RetryConfig<HttpClassifier>| http().retry(r).build();
+    let breaker = |b: BreakerConfig<HttpClassifier>| http().breaker(b).build();
+    let deadline = |p: PropagateDeadlineLayerBuilder| http().deadline(p).build();
     for d in DURS {
         v.push((format!("timeout({d:?})"), http().timeout(d).build()));
         v.push((
-            format!("attempt_timeout({d:?})"),
-            http().attempt_timeout(d).build(),
+            format!("attempt Fixed({d:?})"),
+            http().attempt(AttemptBound::Fixed(d)).build(),
         ));
-        for layer in [
-            PropagateDeadlineLayer::builder().timeout(d).build(),
-            PropagateDeadlineLayer::builder().offset(d).build(),
-            PropagateDeadlineLayer::builder().min_remaining(d).build(),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        let p = PropagateDeadlineLayer::builder;
+        v.push((format!("deadline timeout({d:?})"), deadline(p().timeout(d))));
+        v.push((format!("deadline offset({d:?})"), deadline(p().offset(d))));
+        v.push((
+            format!("min_remaining({d:?})"),
+            deadline(p().min_remaining(d)),
+        ));
+        v.push((
+            format!("bulkhead max_wait({d:?})"),
+            http()
+                .bulkhead(BulkheadLayer::builder(1).max_wait(d))
+                .build(),
+        ));
+        v.push((
+            format!("retry hint/min/backoff({d:?})"),
+            retry(
+                RetryConfig::http()
+                    .max_hint(d)
+                    .min_attempt_time(d)
+                    .backoff(backoff::constant(d)),
+            ),
+        ));
+        v.push((
+            format!("decorrelated({d:?})"),
+            retry(RetryConfig::http().backoff(backoff::decorrelated(d, d))),
+        ));
+        v.push((
+            format!("exponential({d:?})"),
+            retry(RetryConfig::http().backoff(backoff::exponential(d, d))),
+        ));
+        if let Ok(budget) = RatioBudget::builder().ttl(d).build() {
             v.push((
-                format!("deadline(.. {d:?})"),
-                http().deadline(layer).build(),
+                format!("budget ttl({d:?})"),
+                retry(RetryConfig::http().budget(Arc::new(budget))),
             ));
-        }
-        if let Ok(b) = BulkheadLayer::builder(1).max_wait(d).build() {
-            v.push((
-                format!("bulkhead max_wait({d:?})"),
-                http().bulkhead(b).build(),
-            ));
-        }
-        let retry = RetryConfig::http()
-            .max_hint(d)
-            .min_attempt_time(d)
-            .backoff(backoff::constant(d))
-            .build();
-        if let Ok(r) = retry {
-            v.push((
-                format!("retry hint/min/backoff({d:?})"),
-                http().retry(r).build(),
-            ));
-        }
-        if let Ok(r) = RetryConfig::http()
-            .backoff(backoff::decorrelated(d, d))
-            .build()
-        {
-            v.push((format!("decorrelated({d:?})"), http().retry(r).build()));
-        }
-        if let Ok(r) = RetryConfig::http()
-            .backoff(backoff::exponential(d, d))
-            .build()
-        {
-            v.push((format!("exponential({d:?})"), http().retry(r).build()));
-        }
-        if let Ok(budget) = RatioBudget::builder().ttl(d).build()
-            && let Ok(r) = RetryConfig::http().budget(Arc::new(budget)).build()
-        {
-            v.push((format!("budget ttl({d:?})"), http().retry(r).build()));
         }
         for a in [
             Adaptive::new().ceiling(d),
             Adaptive::new().floor(d),
             Adaptive::new().min_floor(d),
         ] {
-            if let Ok(l) = AttemptTimeoutLayer::new(AttemptBound::Adaptive(a)) {
-                v.push((format!("adaptive dur({d:?})"), http().attempt(l).build()))
-            }
+            v.push((format!("adaptive dur({d:?})"), adaptive(a)));
         }
-        if let Ok(b) = BreakerConfig::http().slow_start(d).build() {
-            v.push((
-                format!("breaker slow_start({d:?})"),
-                http().breaker(b).build(),
-            ))
-        }
-        if let Ok(b) = BreakerConfig::http().open_duration(d, d).build() {
-            v.push((format!("breaker open({d:?})"), http().breaker(b).build()))
-        }
-        if let Ok(t) = AdaptiveThrottle::builder().window(d).build() {
-            v.push((
-                format!("throttle window({d:?})"),
-                http()
-                    .throttle(ThrottleLayer::with(Arc::new(t), HttpClassifier::new()))
-                    .build(),
-            ));
-        }
+        v.push((
+            format!("breaker slow_start({d:?})"),
+            breaker(BreakerConfig::http().slow_start(d)),
+        ));
+        v.push((
+            format!("breaker open({d:?})"),
+            breaker(BreakerConfig::http().open_duration(d, d)),
+        ));
+        v.push((
+            format!("throttle window({d:?})"),
+            throttle(AdaptiveThrottle::builder().window(d)),
+        ));
     }
     for n in [0u32, 1, 2, 10, 11, u32::MAX] {
         v.push((format!("max_attempts({n})"), http().max_attempts(n).build()));
-        v.push((format!("hedging({n})"), http().hedging(n).build()));
-        if let Ok(b) = BulkheadLayer::new(n) {
-            v.push((format!("bulkhead({n})"), http().bulkhead(b).build()));
-        }
-        if let Ok(b) = BulkheadLayer::builder(1).max_queue(n).build() {
-            v.push((
-                format!("bulkhead max_queue({n})"),
-                http().bulkhead(b).build(),
-            ));
-        }
-        if let Ok(b) = BreakerConfig::http()
-            .count_window(n)
-            .minimum_calls(n)
-            .consecutive_failures(n)
-            .build()
-        {
-            v.push((format!("breaker counts({n})"), http().breaker(b).build()));
-        }
+        v.push((
+            format!("hedging(0.95, {n})"),
+            http().hedging(0.95, n).build(),
+        ));
+        v.push((
+            format!("bulkhead({n})"),
+            http().bulkhead(BulkheadLayer::builder(n)).build(),
+        ));
+        v.push((
+            format!("bulkhead max_queue({n})"),
+            http()
+                .bulkhead(BulkheadLayer::builder(1).max_queue(n))
+                .build(),
+        ));
+        v.push((
+            format!("breaker counts({n})"),
+            breaker(
+                BreakerConfig::http()
+                    .count_window(n)
+                    .minimum_calls(n)
+                    .consecutive_failures(n),
+            ),
+        ));
     }
     for r in RATIOS {
-        v.push((format!("hedging_at({r})"), http().hedging_at(r, 2).build()));
+        v.push((format!("hedging({r}, 2)"), http().hedging(r, 2).build()));
         v.push((
             format!("retry_reserve({r})"),
             http().retry_reserve(Some(r)).build(),
         ));
-        if let Ok(l) = PropagateDeadlineLayer::builder().fraction(r).build() {
-            v.push((format!("fraction({r})"), http().deadline(l).build()));
-        }
+        v.push((
+            format!("fraction({r})"),
+            deadline(PropagateDeadlineLayer::builder().fraction(r)),
+        ));
         for a in [
             Adaptive::new().quantile(r),
             Adaptive::new().multiplier(r),
             Adaptive::new().step(r),
             Adaptive::new().deadline_share(r),
         ] {
-            if let Ok(l) = AttemptTimeoutLayer::new(AttemptBound::Adaptive(a)) {
-                v.push((format!("adaptive ratio({r})"), http().attempt(l).build()));
-            }
+            v.push((format!("adaptive ratio({r})"), adaptive(a)));
         }
         for b in [
-            BreakerConfig::http().failure_rate(r).build(),
-            BreakerConfig::http().open_multiplier(r).build(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            v.push((format!("breaker ratio({r})"), http().breaker(b).build()));
+            BreakerConfig::http().failure_rate(r),
+            BreakerConfig::http().open_multiplier(r),
+            BreakerConfig::http().slow_calls(Duration::from_secs(1), r),
+        ] {
+            v.push((format!("breaker ratio({r})"), breaker(b)));
         }
         for t in [
-            AdaptiveThrottle::builder().k(r).build(),
-            AdaptiveThrottle::builder().aggression(r).build(),
-            AdaptiveThrottle::builder().max_probability(r).build(),
-            AdaptiveThrottle::builder().min_rps(r).build(),
+            AdaptiveThrottle::builder().k(r),
+            AdaptiveThrottle::builder().aggression(r),
+            AdaptiveThrottle::builder().max_probability(r),
+            AdaptiveThrottle::builder().min_rps(r),
+        ] {
+            v.push((format!("throttle ratio({r})"), throttle(t)));
+        }
+        for b in [
+            RatioBudget::builder().ratio(r).build(),
+            RatioBudget::builder().max_burst(r).build(),
         ]
         .into_iter()
         .flatten()
         {
             v.push((
-                format!("throttle ratio({r})"),
-                http()
-                    .throttle(ThrottleLayer::with(Arc::new(t), HttpClassifier::new()))
-                    .build(),
+                format!("budget ratio({r})"),
+                retry(RetryConfig::http().budget(Arc::new(b))),
             ));
         }
-        for b in [
-            RatioBudget::builder().ratio(r).build(),
-            RatioBudget::builder().max_burst(r).build(),
-        ] {
-            if let Ok(b) = b
-                && let Ok(rl) = RetryConfig::http().budget(Arc::new(b)).build()
-            {
-                v.push((format!("budget ratio({r})"), http().retry(rl).build()));
-            }
-        }
-        if let Ok(rl) = RetryConfig::http()
-            .backoff(
-                backoff::exponential(Duration::from_millis(10), Duration::from_secs(1))
-                    .multiplier(r),
-            )
-            .build()
-        {
-            v.push((format!("exp multiplier({r})"), http().retry(rl).build()));
-        }
+        v.push((
+            format!("exp multiplier({r})"),
+            retry(
+                RetryConfig::http().backoff(
+                    backoff::exponential(Duration::from_millis(10), Duration::from_secs(1))
+                        .multiplier(r),
+                ),
+            ),
+        ));
     }
     v
 }

@@ -5,13 +5,13 @@
 
 use backstop::ReplayBody;
 use backstop::client::overload::bulkhead::BulkheadLayer;
-use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::client::overload::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
 use backstop::client::retry::{CallInfo, GiveUp};
 use backstop::client::{call_info, error_info};
 use backstop::deadline::Deadline;
 use backstop::prelude::*;
 use backstop::server::admission::AdmissionLayer;
-use backstop::{BulkheadFull, ClientThrottled, HttpClassifier};
+use backstop::{BulkheadFull, ClientThrottled};
 use futures_util::{StreamExt, stream::FuturesUnordered};
 use http::{Request, Response};
 use std::{
@@ -57,18 +57,13 @@ fn ok() -> Response<String> {
 
 /// A breaker that never opens in these tests, so every call it sees reaches the dependency,
 /// and whose window (of calls, not time) counts them all.
-fn patient<C: Clone>(config: BreakerConfig<C>) -> BreakerLayer<C> {
-    config
-        .count_window(100_000)
-        .minimum_calls(100_000)
-        .build()
-        .unwrap()
+fn patient<C: Clone>(config: BreakerConfig<C>) -> BreakerConfig<C> {
+    config.count_window(100_000).minimum_calls(100_000)
 }
 
 /// A throttle of its own, seeded so its draws repeat, classifying with `C`'s defaults.
-fn seeded_throttle<C: Default>() -> ThrottleLayer<C> {
-    let throttle = AdaptiveThrottle::builder().seed(28).build().unwrap();
-    ThrottleLayer::with(Arc::new(throttle), C::default())
+fn seeded_throttle() -> Option<AdaptiveThrottleBuilder> {
+    Some(AdaptiveThrottle::builder().seed(28))
 }
 
 #[test]
@@ -81,7 +76,7 @@ fn the_presets_throttle_by_default_and_limit_nothing_until_told() {
     assert!(!grpc.bulkhead_layer().is_on());
     let off = backstop::client::http()
         .name("search")
-        .throttle(ThrottleLayer::off())
+        .throttle(None)
         .build()
         .unwrap();
     assert!(!off.throttle_layer().is_on());
@@ -218,7 +213,7 @@ async fn a_full_bulkhead_refuses_a_call_that_cannot_wait_at_once_and_never_sends
     let hits = Arc::new(AtomicU32::new(0));
     let backend = backstop::client::http()
         .breaker(patient(BreakerConfig::http()))
-        .bulkhead(BulkheadLayer::new(1).unwrap())
+        .bulkhead(BulkheadLayer::builder(1))
         .build()
         .unwrap();
     let client = ServiceBuilder::new()
@@ -284,7 +279,7 @@ where
 async fn a_full_bulkhead_answers_grpc_with_a_trailers_only_unavailable() {
     let hits = Arc::new(AtomicU32::new(0));
     let backend = backstop::client::grpc()
-        .bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap())
+        .bulkhead(BulkheadLayer::builder(1).max_queue(0))
         .build()
         .unwrap();
     let client = ServiceBuilder::new()
@@ -373,7 +368,7 @@ async fn the_service_config_client_keeps_the_presets_bulkhead_for_every_method()
     let config =
         backstop::service_config::ServiceConfig::from_json(r#"{ "methodConfig": [] }"#).unwrap();
     let backend = backstop::client::grpc()
-        .bulkhead(BulkheadLayer::builder(1).max_queue(0).build().unwrap())
+        .bulkhead(BulkheadLayer::builder(1).max_queue(0))
         .service_config(config)
         .unwrap();
     let client = ServiceBuilder::new()
@@ -465,11 +460,11 @@ async fn racing_calls_to_a_healthy_dependency_never_throttle_it() {
             Ok::<_, Infallible>(backstop_test_support::reply(200))
         }
     });
-    let throttle = Arc::new(AdaptiveThrottle::builder().seed(28).build().unwrap());
     let backend = backstop::client::http()
-        .throttle(ThrottleLayer::with(throttle.clone(), HttpClassifier::new()))
+        .throttle(seeded_throttle())
         .build()
         .unwrap();
+    let throttle = backend.throttle_layer().throttle().clone();
     let client = ServiceBuilder::new().layer(backend).service(dependency);
     let mut failed = 0;
     for _ in 0..200 {
@@ -508,19 +503,15 @@ async fn local_refusals_do_not_shrink_the_bulkheads_hold_time() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         Ok::<_, Infallible>(backstop_test_support::reply(200))
     });
-    let throttle = Arc::new(
-        AdaptiveThrottle::builder()
-            .max_probability(1.0)
-            .seed(28)
-            .build()
-            .unwrap(),
-    );
     let backend = backstop::client::http()
         .breaker(patient(BreakerConfig::http()))
-        .throttle(ThrottleLayer::with(throttle.clone(), HttpClassifier::new()))
-        .bulkhead(BulkheadLayer::new(1).unwrap())
+        .throttle(Some(
+            AdaptiveThrottle::builder().max_probability(1.0).seed(28),
+        ))
+        .bulkhead(BulkheadLayer::builder(1))
         .build()
         .unwrap();
+    let throttle = backend.throttle_layer().throttle().clone();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency);

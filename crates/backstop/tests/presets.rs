@@ -1,7 +1,8 @@
 //! The presets end to end, with a mock dependency under paused time.
 
 use backstop::AttemptTimedOut;
-use backstop::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
+use backstop::client::attempt::{Adaptive, AttemptBound};
+use backstop::deadline::PropagateDeadlineLayerBuilder;
 use backstop::prelude::*;
 use backstop::{BreakerOpen, ReplayBody};
 use backstop_test_support::{Latency, adjustable as slow};
@@ -39,13 +40,7 @@ async fn an_outage_costs_the_dependency_probes_not_retries() {
         }
     });
     let backend = backstop::client::http()
-        .breaker(
-            BreakerConfig::http()
-                .minimum_calls(10)
-                .jitter(false)
-                .build()
-                .unwrap(),
-        )
+        .breaker(BreakerConfig::http().minimum_calls(10).jitter(false))
         .build()
         .unwrap();
     let mut client = ServiceBuilder::new().layer(backend.clone()).service(down);
@@ -76,9 +71,9 @@ async fn an_outage_costs_the_dependency_probes_not_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_attempt_is_a_failure_the_breaker_counts() {
-    let backend = one_attempt_two_to_open(
-        backstop::client::http().attempt_timeout(Duration::from_millis(100)),
-    );
+    let backend = one_attempt_two_to_open(backstop::client::http().attempt(
+        backstop::client::attempt::AttemptBound::Fixed(Duration::from_millis(100)),
+    ));
     let client = ServiceBuilder::new().layer(backend.clone()).service(hung());
     for _ in 0..2 {
         let err = client.clone().oneshot(get()).await.unwrap_err();
@@ -112,11 +107,8 @@ fn hung() -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>>
 }
 
 /// A deadline of `ms` milliseconds per call.
-fn deadline_of(ms: u64) -> PropagateDeadlineLayer {
-    PropagateDeadlineLayer::builder()
-        .timeout(Duration::from_millis(ms))
-        .build()
-        .unwrap()
+fn deadline_of(ms: u64) -> PropagateDeadlineLayerBuilder {
+    PropagateDeadlineLayer::builder().timeout(Duration::from_millis(ms))
 }
 
 /// One attempt per request and a breaker that opens after two failures: each timed-out
@@ -125,7 +117,7 @@ fn one_attempt_two_to_open(
     backend: backstop::ClientBuilder<backstop::HttpClassifier>,
 ) -> backstop::ClientLayer<backstop::HttpClassifier> {
     backend
-        .retry(RetryConfig::http().max_attempts(1).build().unwrap())
+        .retry(RetryConfig::http().max_attempts(1))
         .breaker(opens_after_two())
         .build()
         .unwrap()
@@ -156,11 +148,8 @@ macro_rules! load {
 }
 
 /// An adaptive bound with a 10 ms floor, so p99 × 3 shows for a 20 ms dependency.
-fn low_floor() -> AttemptTimeoutLayer {
-    AttemptTimeoutLayer::new(AttemptBound::Adaptive(
-        Adaptive::new().floor(Duration::from_millis(10)),
-    ))
-    .unwrap()
+fn low_floor() -> AttemptBound {
+    AttemptBound::Adaptive(Adaptive::new().floor(Duration::from_millis(10)))
 }
 
 #[tokio::test(start_paused = true)]
@@ -297,9 +286,7 @@ async fn the_bound_follows_a_slowing_dependency() {
         .breaker(
             BreakerConfig::http()
                 .minimum_calls(1_000_000)
-                .consecutive_failures(1_000_000)
-                .build()
-                .unwrap(),
+                .consecutive_failures(1_000_000),
         )
         .build()
         .unwrap();
@@ -469,7 +456,7 @@ fn scripted(
 /// failure, but a censored latency sample (it took at least as long as it ran).
 #[tokio::test(start_paused = true)]
 async fn measured_hedging_overtakes_a_slow_attempt_once_the_model_is_warm() {
-    let backend = backstop::client::http().hedging(2).build().unwrap();
+    let backend = backstop::client::http().hedging(0.95, 2).build().unwrap();
     // Call 0 (cold) and call 201 (warm) take 1 s; every other one 20 ms.
     let client = ServiceBuilder::new()
         .layer(backend.clone())
@@ -543,23 +530,28 @@ async fn the_short_paths_configure_the_same_stack() {
     assert!(!backstop::is_deadline_exceeded(err.as_ref()));
 }
 
-/// A setter never panics: the first knob out of range is kept, the later setters still apply,
-/// and `build` names it.
+/// A setter never panics: `build` checks every part and names the first knob out of range,
+/// in the onion's order (the deadline's before the retry policy's), whatever the order of
+/// the setters.
 #[test]
 fn max_attempts_out_of_range_names_the_knob() {
     let client = backstop::client::http()
         .max_attempts(0)
         .timeout(Duration::ZERO)
         .name("inventory");
+    assert_eq!(client.build().unwrap_err().knob(), "timeout");
+    let client = backstop::client::http().max_attempts(0).name("inventory");
     assert_eq!(client.build().unwrap_err().knob(), "max_attempts");
     let every = [
         backstop::client::http().timeout(Duration::ZERO).build(),
         backstop::client::http()
-            .attempt_timeout(Duration::ZERO)
+            .attempt(backstop::client::attempt::AttemptBound::Fixed(
+                Duration::ZERO,
+            ))
             .build(),
-        backstop::client::http().hedging(11).build(),
+        backstop::client::http().hedging(0.95, 11).build(),
         backstop::client::http().retry_reserve(Some(1.5)).build(),
-        backstop::client::http().hedging_at(1.0, 2).build(),
+        backstop::client::http().hedging(1.0, 2).build(),
     ];
     let knobs: Vec<_> = every
         .iter()
@@ -617,7 +609,9 @@ async fn an_expired_grpc_attempt_gives_up_for_the_same_reason_either_way() {
     let preset = || {
         backstop::client::grpc()
             .timeout(Duration::from_secs(1))
-            .attempt_timeout(Duration::from_millis(100))
+            .attempt(backstop::client::attempt::AttemptBound::Fixed(
+                Duration::from_millis(100),
+            ))
             .build()
             .unwrap()
     };
@@ -690,12 +684,8 @@ async fn each_response_tells_its_attempts_and_why_it_gave_up() {
 }
 
 /// A breaker that opens once two calls have failed (no jitter).
-fn opens_after_two() -> backstop::client::breaker::BreakerLayer<backstop::HttpClassifier> {
-    BreakerConfig::http()
-        .minimum_calls(2)
-        .jitter(false)
-        .build()
-        .unwrap()
+fn opens_after_two() -> BreakerConfig<backstop::HttpClassifier> {
+    BreakerConfig::http().minimum_calls(2).jitter(false)
 }
 
 /// The deadline layer leaves `grpc-timeout` to the attempt bound inside it, which writes it
@@ -749,18 +739,15 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
             .map(|v| vec![http::HeaderValue::from_str(v).unwrap()])
             .collect()
     };
-    let none = AttemptTimeoutLayer::new(AttemptBound::None).unwrap();
-    let fixed = AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_millis(300))).unwrap();
+    let none = AttemptBound::None;
+    let fixed = AttemptBound::Fixed(Duration::from_millis(300));
     let preset = || backstop::client::http().deadline(deadline_of(1_000));
 
     // No attempt bound: the deadline layer's value, as it would have written it.
-    assert_eq!(
-        sent(preset().attempt(none.clone()), 0, get()).await,
-        one(&["1S"])
-    );
+    assert_eq!(sent(preset().attempt(none), 0, get()).await, one(&["1S"]));
     // A fixed bound shorter than what is left: the bound, once.
     assert_eq!(
-        sent(preset().attempt(fixed.clone()), 0, get()).await,
+        sent(preset().attempt(fixed), 0, get()).await,
         one(&["300m"])
     );
     // The measured bound, cold: 80 % of what is left, once.
@@ -769,10 +756,7 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
     let mut req = get();
     req.headers_mut()
         .insert("grpc-timeout", http::HeaderValue::from_static("500m"));
-    assert_eq!(
-        sent(preset().attempt(none.clone()), 0, req).await,
-        one(&["500m"])
-    );
+    assert_eq!(sent(preset().attempt(none), 0, req).await, one(&["500m"]));
     // Retries: each attempt is told once (the backoff is spent from the deadline, so later
     // attempts are told less).
     let retried = sent(preset().attempt(none), 2, get()).await;
@@ -788,7 +772,7 @@ async fn every_attempt_carries_one_grpc_timeout_whatever_the_bound() {
     // The deadline layer alone still writes its own header.
     let seen = Seen::default();
     let alone = ServiceBuilder::new()
-        .layer(deadline_of(1_000))
+        .layer(deadline_of(1_000).build().unwrap())
         .service(recording(seen.clone(), 0));
     alone
         .oneshot(Request::new(ReplayBody::empty()))
@@ -819,7 +803,7 @@ fn log_normal(seed: u64, n: u32) -> Duration {
 /// the tail too short: its p99 fell to half the true one and 8 % of calls were hedged.)
 #[tokio::test(start_paused = true)]
 async fn measured_hedging_hedges_about_one_call_in_twenty() {
-    let backend = backstop::client::http().hedging(2).build().unwrap();
+    let backend = backstop::client::http().hedging(0.95, 2).build().unwrap();
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(scripted(|n| log_normal(7, n)));
@@ -869,10 +853,12 @@ async fn a_hedged_request_tells_each_attempt_once() {
     });
     let backend = backstop::client::http()
         .deadline(deadline_of(1_000))
-        .attempt(AttemptTimeoutLayer::new(AttemptBound::None).unwrap())
-        .hedging_with(backstop::client::retry::hedge::Hedging::new(
-            Duration::from_millis(50),
-        ))
+        .attempt(AttemptBound::None)
+        .retry(
+            RetryConfig::http().hedging(backstop::client::retry::hedge::Hedging::new(
+                Duration::from_millis(50),
+            )),
+        )
         .build()
         .unwrap();
     let client = ServiceBuilder::new()
@@ -1044,11 +1030,8 @@ fn a_slow_report(
 }
 
 /// The HTTP preset's breaker, one per path.
-fn path_keyed_breaker() -> backstop::client::breaker::BreakerLayer<HttpClassifier> {
-    backstop::client::http_breaker()
-        .per_key(backstop::client::breaker::BreakerKey::Path)
-        .build()
-        .unwrap()
+fn path_keyed_breaker() -> BreakerConfig<HttpClassifier> {
+    backstop::client::http_breaker().per_key(backstop::client::breaker::BreakerKey::Path)
 }
 
 /// Issue 25, 5: `/report`, 0.5 % of the calls, takes 2 s; the other routes 10 ms; a 5 s
@@ -1173,11 +1156,11 @@ async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
     let dependency = a_slow_report(Duration::from_millis(200));
     let keyed_breaker = path_keyed_breaker();
     let keyed = backstop::client::http()
-        .hedging(2)
+        .hedging(0.95, 2)
         .breaker(keyed_breaker)
         .build()
         .unwrap();
-    let single = backstop::client::http().hedging(2).build().unwrap();
+    let single = backstop::client::http().hedging(0.95, 2).build().unwrap();
     let mut attempts = Vec::new();
     for backend in [&keyed, &single] {
         let client = ServiceBuilder::new()
@@ -1201,31 +1184,31 @@ async fn a_keyed_preset_hedges_a_route_at_its_own_p95() {
     );
 }
 
-/// Changing the number of attempts (or hedging, or the reserve) on a clone of a stack that is
-/// already serving keeps one set of stats for the dependency: the clone made before keeps
-/// counting into it with its old policy, and the new clone counts into it too.
+/// A stack built again from its template with other knobs (attempts, hedging, the reserve)
+/// is a new stack: its stats start at zero and count its own calls, while the first stack
+/// and its clones keep theirs (share a stack by cloning what `build` returned).
 #[tokio::test(start_paused = true)]
-async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
+async fn a_stack_built_again_with_other_knobs_counts_its_own_calls() {
     let template = backstop::client::http()
         .name("inventory")
         // Three failures in a row would trip the throttle, which is not under test.
-        .throttle(backstop::client::overload::throttle::ThrottleLayer::off());
+        .throttle(None);
     let three = template.clone().build().unwrap();
-    let client = tower::Layer::layer(&three, answering(503));
+    let client = tower::Layer::layer(&three.clone(), answering(503));
     client.oneshot(get()).await.unwrap();
     assert_eq!(
         three.retry_layer().stats().retries,
         2,
-        "3 attempts: 2 retries"
+        "3 attempts: 2 retries, counted by every clone"
     );
 
     let two = template
         .max_attempts(2)
-        .hedging(2)
+        .hedging(0.95, 2)
         .retry_reserve(Some(0.9))
         .build()
         .unwrap();
-    assert_eq!(two.retry_layer().stats().retries, 2, "the stats go on");
+    assert_eq!(two.retry_layer().stats().retries, 0, "a new stack");
     assert_eq!(two.retry_layer().name(), "inventory");
     tower::Layer::layer(&two, answering(503))
         .oneshot(get())
@@ -1235,20 +1218,19 @@ async fn a_changed_retry_knob_keeps_the_stats_earlier_clones_count_into() {
         .oneshot(get())
         .await
         .unwrap();
-    // 2 + 1 (two attempts) + 2 (the first clone keeps three attempts).
-    assert_eq!(three.retry_layer().stats().retries, 5);
-    assert_eq!(two.retry_layer().stats().retries, 5);
+    assert_eq!(two.retry_layer().stats().retries, 1, "two attempts");
+    assert_eq!(three.retry_layer().stats().retries, 4, "2 + 2");
 }
 
 /// Naming is configuration: two stacks named from clones of one template are two
 /// dependencies (one's open breaker does not refuse the other's calls, their stats are their
-/// own); a layer passed in with a name of its own is used as passed (the caller's handle sees
-/// the stack's calls), and one passed unnamed is named as the stack.
+/// own); clones of one built stack are one dependency (a clone's calls open the breaker the
+/// other clone sees).
 #[tokio::test(start_paused = true)]
-async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept() {
+async fn stacks_named_from_one_template_share_nothing_and_clones_share_everything() {
     let template = backstop::client::http()
         .max_attempts(1)
-        .throttle(backstop::client::overload::throttle::ThrottleLayer::off())
+        .throttle(None)
         .breaker(opens_after_two());
     let inventory = template.clone().name("inventory").build().unwrap();
     let billing = template.name("billing").build().unwrap();
@@ -1268,18 +1250,17 @@ async fn stacks_named_from_one_template_share_nothing_and_a_named_layer_is_kept(
     assert_eq!(billing.breaker_layer().name(), "billing");
     assert_eq!(inventory.breaker_layer().name(), "inventory");
 
-    let mine = opens_after_two().named("shared-breaker");
     let stack = backstop::client::http()
         .name("search")
-        .breaker(mine.clone())
+        .breaker(opens_after_two())
         .build()
         .unwrap();
-    assert_eq!(stack.breaker_layer().name(), "shared-breaker");
+    let clone = stack.clone();
     let client = tower::Layer::layer(&stack, answering(503));
-    // Its two failures open it: the caller's handle sees them.
+    // Its two failures open it: the clone's handle sees them.
     let _ = client.oneshot(get()).await;
     assert_eq!(
-        mine.snapshot().state,
+        clone.breaker_layer().snapshot().state,
         backstop::client::breaker::State::Open
     );
 }
@@ -1333,9 +1314,7 @@ async fn named_stacks_from_one_template_do_not_share_the_throttle_window() {
 /// policy's default budget).
 #[tokio::test(start_paused = true)]
 async fn named_stacks_from_one_template_do_not_share_the_retry_budget() {
-    let template = backstop::client::http()
-        .max_attempts(2)
-        .throttle(backstop::client::overload::throttle::ThrottleLayer::off());
+    let template = backstop::client::http().max_attempts(2).throttle(None);
     let inventory = template.clone().name("inventory").build().unwrap();
     let billing = template.name("billing").build().unwrap();
     // Inventory answers 429 (always retryable, not a breaker failure): its retries drain
@@ -1380,22 +1359,20 @@ async fn named_stacks_from_one_template_do_not_share_the_retry_budget() {
     );
 }
 
-/// A measured hedge delay follows `name`, given before or after it: `name` gives the stack's
-/// attempt layer a new model, and `hedging_at` reads its delay from the stack's attempt
-/// layer whenever that changes (found by an outside review: a delay read off
-/// `attempt_layer()` and given to `hedging_with` read the replaced model, never trusted, and
+/// A measured hedge delay reads the model of the stack `build` makes, with `name` given
+/// before or after `hedging` (found by an outside review, when setters re-derived layers: a
+/// delay read off `attempt_layer()` read a model `name` later replaced, never trusted, and
 /// the stack never hedged).
 #[tokio::test(start_paused = true)]
 async fn a_measured_hedge_delay_follows_name_given_before_or_after_it() {
     async fn hedges_of(name_first: bool) -> u64 {
-        let stack = backstop::client::http()
-            .throttle(backstop::client::overload::throttle::ThrottleLayer::off());
+        let stack = backstop::client::http().throttle(None);
         let stack = if name_first {
             stack.name("search")
         } else {
             stack
         };
-        let stack = stack.hedging_at(0.95, 2);
+        let stack = stack.hedging(0.95, 2);
         let stack = if name_first {
             stack
         } else {
@@ -1414,68 +1391,95 @@ async fn a_measured_hedge_delay_follows_name_given_before_or_after_it() {
         stack.retry_layer().stats().hedges
     }
     assert_eq!(hedges_of(true).await, 1, "named first");
-    assert_eq!(hedges_of(false).await, 1, "named after hedging_at");
+    assert_eq!(hedges_of(false).await, 1, "named after hedging");
 }
 
-/// An attempt layer passed with a name to two stacks is used as passed, one model for both,
-/// even under keyed breakers (the stacks do not key it apart); keyed by its owner, its
-/// per-route models are shared too (found by an outside review: each stack keyed it anew, so
-/// nothing was shared).
+/// Clones of one keyed stack share its per-route latency models (one dependency, one model
+/// per route), whichever clone made the calls.
 #[tokio::test(start_paused = true)]
-async fn a_named_attempt_layer_passed_to_two_keyed_stacks_is_shared() {
-    let adaptive = || {
-        backstop::client::attempt::AttemptTimeoutLayer::new(
-            backstop::client::attempt::AttemptBound::Adaptive(
-                backstop::client::attempt::Adaptive::new(),
-            ),
-        )
-        .unwrap()
-    };
-    let template = backstop::client::http()
-        .throttle(backstop::client::overload::throttle::ThrottleLayer::off())
-        .breaker(path_keyed_breaker());
-    for keyed_by_owner in [false, true] {
-        let shared = match keyed_by_owner {
-            false => adaptive().named("search"),
-            true => adaptive()
-                .named("search")
-                .per_key(backstop::client::breaker::BreakerKey::Path, 64)
-                .unwrap(),
+async fn clones_of_a_keyed_stack_share_its_route_models() {
+    let first = backstop::client::http()
+        .throttle(None)
+        .breaker(path_keyed_breaker())
+        .name("search")
+        .build()
+        .unwrap();
+    let second = first.clone();
+    let client = ServiceBuilder::new()
+        .layer(first.clone())
+        .service(scripted(|_| Duration::from_millis(20)));
+    assert_eq!(load!(client, 50, Duration::from_millis(10)), 50);
+    assert_eq!(second.attempt_layer().keys(), first.attempt_layer().keys());
+    assert_eq!(second.attempt_layer().key_latency("/x").unwrap().count, 50);
+}
+
+/// The builder's setters record values; `build` makes the stack from all of them, so their
+/// order never matters: a short form wins over the same knob of a part's config before or
+/// after it, and the stack's classifier is the one every layer uses.
+#[tokio::test(start_paused = true)]
+async fn the_setters_order_never_changes_the_stack() {
+    let policy = || PropagateDeadlineLayer::builder().timeout(Duration::from_secs(9));
+    let retry = || RetryConfig::http().max_attempts(4);
+    let orders = [
+        backstop::client::http()
+            .timeout(Duration::from_millis(300))
+            .deadline(policy())
+            .max_attempts(2)
+            .retry(retry())
+            .breaker(path_keyed_breaker())
+            .hedging(0.95, 2)
+            .name("search"),
+        backstop::client::http()
+            .name("search")
+            .hedging(0.95, 2)
+            .breaker(path_keyed_breaker())
+            .retry(retry())
+            .max_attempts(2)
+            .deadline(policy())
+            .timeout(Duration::from_millis(300)),
+    ];
+    for builder in orders {
+        let stack = builder.attempt(AttemptBound::None).build().unwrap();
+        let policy = format!("{:?}", stack.retry_layer().config());
+        assert!(policy.contains("max_attempts: 2,"), "{policy}");
+        assert_eq!(stack.retry_layer().name(), "search");
+        assert_eq!(stack.breaker_layer().name(), "search");
+        assert!(stack.breaker_layer().is_keyed());
+        assert!(matches!(
+            stack.attempt_layer().key(),
+            Some(backstop::client::breaker::BreakerKey::Path)
+        ));
+        let (seen, dependency) = {
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let log = seen.clone();
+            let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+                log.lock()
+                    .unwrap()
+                    .push(req.headers().get("grpc-timeout").cloned());
+                async { Ok::<_, std::convert::Infallible>(Response::new(String::new())) }
+            });
+            (seen, dependency)
         };
-        let first = template.clone().attempt(shared.clone()).name("search");
-        let second = template.clone().attempt(shared.clone()).name("search");
-        let (first, second) = (first.build().unwrap(), second.build().unwrap());
-        let client = ServiceBuilder::new()
-            .layer(first.clone())
-            .service(scripted(|_| Duration::from_millis(20)));
-        assert_eq!(load!(client, 50, Duration::from_millis(10)), 50);
-        assert_eq!(
-            second.attempt_layer().keys(),
-            first.attempt_layer().keys(),
-            "keyed by its owner: {keyed_by_owner}"
-        );
-        assert_eq!(
-            second.attempt_layer().latency().count,
-            first.attempt_layer().latency().count,
-            "keyed by its owner: {keyed_by_owner}"
-        );
-        let measured = match keyed_by_owner {
-            false => second.attempt_layer().latency().count,
-            true => second.attempt_layer().key_latency("/x").unwrap().count,
-        };
-        assert_eq!(measured, 50, "keyed by its owner: {keyed_by_owner}");
+        ServiceBuilder::new()
+            .layer(stack)
+            .service(dependency)
+            .oneshot(get())
+            .await
+            .unwrap();
+        let told = seen.lock().unwrap().clone();
+        assert_eq!(told, vec![Some(http::HeaderValue::from_static("300m"))]);
     }
 }
 
 /// A measured hedge delay follows a keyed breaker given after it, which keys the stack's
-/// attempt layer (found by an outside review: `hedging_with`'s docs did not say a keyed
-/// breaker replaces the model a delay read off `attempt_layer()` reads; `hedging_at` follows).
+/// attempt layer (found by an outside review when setters re-derived layers: a delay read
+/// off `attempt_layer()` read a model a keyed breaker given later replaced).
 #[tokio::test(start_paused = true)]
 async fn a_measured_hedge_delay_follows_a_keyed_breaker_given_after_it() {
     let stack = backstop::client::http()
-        .throttle(backstop::client::overload::throttle::ThrottleLayer::off())
+        .throttle(None)
         .name("search")
-        .hedging_at(0.95, 2)
+        .hedging(0.95, 2)
         .breaker(path_keyed_breaker())
         .build()
         .unwrap();

@@ -2,7 +2,6 @@
 //! the request whose handler called it, however the handler runs it, and to no other request.
 
 use backstop::BoxError;
-use backstop::client::overload::throttle::ThrottleLayer;
 use backstop::client::retry::{ReplayBody, RetryConfig, backoff};
 use backstop::server::pushback::{PushbackLayer, retries_exhausted};
 use http::{Request, Response};
@@ -29,8 +28,8 @@ fn retry() -> RetryConfig<backstop::HttpClassifier> {
 /// decides).
 fn preset() -> backstop::ClientLayer<backstop::HttpClassifier> {
     backstop::client::http()
-        .retry(retry().build().unwrap())
-        .throttle(ThrottleLayer::off())
+        .retry(retry())
+        .throttle(None)
         .build()
         .unwrap()
 }

@@ -183,10 +183,7 @@ async fn b_reports(caller: Caller) -> (u64, Response<String>) {
     let count = Arc::new(AtomicU64::new(0));
     let c = c(count.clone());
     let retry = policy().build().unwrap().layer(c.clone());
-    let preset = backstop::client::grpc()
-        .retry(policy().build().unwrap())
-        .build()
-        .unwrap();
+    let preset = backstop::client::grpc().retry(policy()).build().unwrap();
     let limited = tower::limit::ConcurrencyLimit::new(preset.layer(c.clone()), 4);
     let buffered = tower::buffer::Buffer::new(preset.layer(c), 8);
     let handler = service_fn(move |_req: Request<String>| {

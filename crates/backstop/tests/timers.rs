@@ -26,17 +26,13 @@ proptest::proptest! {
     ) {
         let rt = backstop_test_support::paused_runtime();
         let (result, took) = rt.block_on(async {
-            let retry = RetryConfig::http()
-                .max_attempts(attempts)
-                .seed(seed)
-                .build()
-                .unwrap();
+            let retry = RetryConfig::http().max_attempts(attempts).seed(seed);
             let client = ServiceBuilder::new()
                 .layer(
                     backstop::client::http()
                         .retry(retry)
                         .timeout(Duration::from_millis(deadline))
-                        .attempt_timeout(Duration::from_millis(attempt)).build().unwrap(),
+                        .attempt(backstop::client::attempt::AttemptBound::Fixed(Duration::from_millis(attempt))).build().unwrap(),
                 )
                 .service(scripted::<Request<ReplayBody<String>>>(steps.clone()));
             let start = Instant::now();
@@ -70,7 +66,7 @@ proptest::proptest! {
         let rt = backstop_test_support::paused_runtime();
         let (status, took) = rt.block_on(async {
             let client = ServiceBuilder::new()
-                .layer(backstop::client::http().attempt_timeout(Duration::from_millis(attempt)).build().unwrap())
+                .layer(backstop::client::http().attempt(backstop::client::attempt::AttemptBound::Fixed(Duration::from_millis(attempt))).build().unwrap())
                 .service(scripted::<Request<ReplayBody<String>>>(steps.clone()));
             let handler = tower::service_fn(move |_req: Request<String>| {
                 let client = client.clone();

@@ -30,18 +30,16 @@ fn preset_keeping_50ms_off_the_wire(
         .deadline(
             PropagateDeadlineLayer::builder()
                 .timeout(200 * MS)
-                .offset(50 * MS)
-                .build()
-                .unwrap(),
+                .offset(50 * MS),
         )
         .retry(
             RetryConfig::grpc()
                 .max_attempts(max_attempts)
-                .backoff(backoff::constant(MS))
-                .build()
-                .unwrap(),
+                .backoff(backoff::constant(MS)),
         )
-        .attempt_timeout(Duration::from_secs(1))
+        .attempt(backstop::client::attempt::AttemptBound::Fixed(
+            Duration::from_secs(1),
+        ))
         .build()
         .unwrap()
 }
@@ -148,9 +146,7 @@ async fn a_silent_deadline_layer_never_lets_the_server_hear_more_than_is_left() 
         if preset {
             let client = backstop::client::grpc()
                 .timeout(100 * MS)
-                .attempt(
-                    AttemptTimeoutLayer::new(AttemptBound::Fixed(Duration::from_secs(1))).unwrap(),
-                )
+                .attempt(AttemptBound::Fixed(Duration::from_secs(1)))
                 .build()
                 .unwrap();
             tower::Layer::layer(&client, dependency)
@@ -190,7 +186,7 @@ async fn the_presets_attempt_bound_tells_the_shorter_of_its_bound_and_the_deadli
         });
         let client = backstop::client::grpc()
             .timeout(timeout)
-            .attempt(AttemptTimeoutLayer::new(AttemptBound::Fixed(300 * MS)).unwrap())
+            .attempt(AttemptBound::Fixed(300 * MS))
             .build()
             .unwrap();
         tower::Layer::layer(&client, dependency)
@@ -220,7 +216,7 @@ async fn a_call_no_retry_can_follow_gets_the_whole_deadline() {
     let service_config = backstop::client::grpc().service_config(config).unwrap();
     let once = backstop::client::grpc()
         .timeout(300 * MS)
-        .retry(RetryConfig::grpc().max_attempts(1).build().unwrap())
+        .retry(RetryConfig::grpc().max_attempts(1))
         .build()
         .unwrap();
     for which in ["service config", "max_attempts(1)"] {
@@ -258,9 +254,7 @@ async fn the_last_attempt_gets_what_is_left() {
         .retry(
             RetryConfig::http()
                 .max_attempts(2)
-                .backoff(backoff::constant(MS))
-                .build()
-                .unwrap(),
+                .backoff(backoff::constant(MS)),
         )
         .build()
         .unwrap();
@@ -284,9 +278,7 @@ async fn the_last_attempt_gets_what_is_left() {
 async fn a_preset_told_not_to_send_the_header_sends_none_yet_keeps_every_bound() {
     let silent = PropagateDeadlineLayer::builder()
         .timeout(300 * MS)
-        .send_grpc_timeout(false)
-        .build()
-        .unwrap();
+        .send_grpc_timeout(false);
     let http = backstop::client::http;
     let presets = [
         (
@@ -317,7 +309,12 @@ async fn a_preset_told_not_to_send_the_header_sends_none_yet_keeps_every_bound()
             }
         });
         let client = ServiceBuilder::new()
-            .layer(preset.attempt_timeout(100 * MS).build().unwrap())
+            .layer(
+                preset
+                    .attempt(backstop::client::attempt::AttemptBound::Fixed(100 * MS))
+                    .build()
+                    .unwrap(),
+            )
             .service(dependency);
         let req = Request::get("http://partner/v1")
             .header("grpc-timeout", "10S")

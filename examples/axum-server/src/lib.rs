@@ -58,9 +58,7 @@ pub fn app(upstream: Uri, metrics: PrometheusHandle) -> Router {
             // to cover the network.
             PropagateDeadlineLayer::builder()
                 .fraction(0.9)
-                .offset(Duration::from_millis(2))
-                .build()
-                .expect("valid outbound configuration"),
+                .offset(Duration::from_millis(2)),
         )
         .build()
         .unwrap();

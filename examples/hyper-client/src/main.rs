@@ -7,6 +7,7 @@
 //! the breaker's state.
 
 use backstop::ReplayBody;
+use backstop::client::attempt::AttemptBound;
 use bytes::Bytes;
 use clap::Parser;
 use http::Request;
@@ -32,14 +33,12 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), backstop::BoxError> {
     let args = Args::parse();
-    let deadline = backstop::deadline::PropagateDeadlineLayer::builder()
-        .timeout(Duration::from_millis(args.timeout_ms))
-        .build()?;
     let backend = backstop::client::http()
-        .deadline(deadline)
-        .attempt_timeout(Duration::from_millis(args.timeout_ms / 2))
-        .build()
-        .unwrap();
+        .timeout(Duration::from_millis(args.timeout_ms))
+        .attempt(AttemptBound::Fixed(Duration::from_millis(
+            args.timeout_ms / 2,
+        )))
+        .build()?;
     // hyper-util's client takes the retry layer's replayable body as it is.
     let transport = Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Empty<Bytes>>>();
     let mut client = ServiceBuilder::new()

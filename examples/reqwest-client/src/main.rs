@@ -30,10 +30,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
-    let deadline = backstop::deadline::PropagateDeadlineLayer::builder()
+    let backend = backstop::client::http()
         .timeout(Duration::from_millis(args.timeout_ms))
         .build()?;
-    let backend = backstop::client::http().deadline(deadline).build().unwrap();
     let mut client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(Reqwest::new(reqwest::Client::new()));

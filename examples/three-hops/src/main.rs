@@ -54,12 +54,12 @@ impl Caller {
     }
 
     fn backstop() -> Self {
-        let deadline = backstop::deadline::PropagateDeadlineLayer::builder()
+        let client = backstop::client::http()
             .timeout(Duration::from_secs(1))
             .build()
-            .expect("a valid deadline");
+            .expect("a valid client stack");
         Caller::Backstop(
-            Box::new(backstop::client::http().deadline(deadline).build().unwrap()),
+            Box::new(client),
             Client::builder(TokioExecutor::new()).build_http(),
         )
     }

@@ -7,7 +7,6 @@ use backstop::ReplayBody;
 use backstop::client::breaker::State;
 use backstop::client::retry::{Budget, GiveUp, RetryConfig, backoff};
 use backstop::client::{ClientBuilder, ClientLayer};
-use backstop::deadline::PropagateDeadlineLayer;
 use backstop::{GrpcClassifier, HttpClassifier};
 use backstop_integration::listener;
 use bytes::Bytes;
@@ -45,20 +44,11 @@ fn transport(http2: bool) -> Transport {
 
 /// A client preset with a 400 ms deadline and a fast deterministic backoff.
 fn tuned<C: Clone>(preset: ClientBuilder<C>, retry: RetryConfig<C>) -> ClientBuilder<C> {
-    preset
-        .deadline(
-            PropagateDeadlineLayer::builder()
-                .timeout(DEADLINE)
-                .build()
-                .unwrap(),
-        )
-        .retry(
-            retry
-                .backoff(backoff::constant(Duration::from_millis(5)))
-                .seed(1)
-                .build()
-                .unwrap(),
-        )
+    preset.timeout(DEADLINE).retry(
+        retry
+            .backoff(backoff::constant(Duration::from_millis(5)))
+            .seed(1),
+    )
 }
 
 /// The HTTP client preset, tuned.
@@ -622,16 +612,12 @@ async fn no_permit_leaks_after_an_outage_and_a_recovery() {
         .breaker(
             backstop::client::http_breaker()
                 .open_duration(Duration::from_millis(50), Duration::from_millis(50))
-                .jitter(false)
-                .build()
-                .unwrap(),
+                .jitter(false),
         )
         .retry(
             RetryConfig::http()
                 .backoff(backoff::constant(Duration::from_millis(5)))
-                .budget(budget.clone())
-                .build()
-                .unwrap(),
+                .budget(budget.clone()),
         )
         .build()
         .unwrap();

@@ -47,6 +47,17 @@ async fn handle(
     seen.bodies.lock().unwrap().push(body.to_bytes().to_vec());
     if attempt == 0 {
         tokio::time::sleep(SLOW).await;
+    } else {
+        // The hedge answers once the slow attempt's body is read too: the client drops the
+        // slow attempt when the hedge wins, and on a loaded machine the server could still be
+        // reading that body then (the client had sent it all: its bytes are what the
+        // assertions compare, not how fast the server reads).
+        let read_both = async {
+            while seen.bodies.lock().unwrap().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let _ = tokio::time::timeout(SLOW / 2, read_both).await;
     }
     let answer = if attempt == 0 { "slow" } else { "fast" };
     Ok(Response::new(Full::new(Bytes::from_static(

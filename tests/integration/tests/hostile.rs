@@ -134,18 +134,8 @@ async fn hostile_pushbacks_never_make_a_client_retry_or_sleep() {
         let hits = Arc::new(AtomicU64::new(0));
         let url = pushing_back(value, hits.clone()).await;
         let layer = backstop::client::http()
-            .deadline(
-                PropagateDeadlineLayer::builder()
-                    .timeout(Duration::from_millis(400))
-                    .build()
-                    .unwrap(),
-            )
-            .retry(
-                RetryConfig::http()
-                    .backoff(backoff::constant(Duration::from_millis(5)))
-                    .build()
-                    .unwrap(),
-            )
+            .deadline(PropagateDeadlineLayer::builder().timeout(Duration::from_millis(400)))
+            .retry(RetryConfig::http().backoff(backoff::constant(Duration::from_millis(5))))
             .build()
             .unwrap();
         let client = tower::ServiceBuilder::new().layer(layer.clone()).service(

@@ -6,9 +6,9 @@
 
 use backstop::ReplayBody;
 use backstop::client::overload::bulkhead::BulkheadLayer;
-use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::client::overload::throttle::AdaptiveThrottle;
 use backstop::deadline::Deadline;
-use backstop::{BulkheadFull, ClientThrottled, HttpClassifier};
+use backstop::{BulkheadFull, ClientThrottled};
 use backstop_integration::{listener, raw_say_hello};
 use bytes::Bytes;
 use example_proto::helloworld::{
@@ -75,13 +75,13 @@ async fn the_presets_throttle_refuses_and_the_refused_calls_never_reach_the_serv
     let (hits, busy) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     // An overloaded server: every call answered 429 (not accepted; never a breaker failure).
     let url = counting_server(StatusCode::TOO_MANY_REQUESTS, Duration::ZERO, &hits, &busy).await;
-    let throttle = Arc::new(AdaptiveThrottle::builder().seed(28).build().unwrap());
     let backend = backstop::client::http()
         .name("overloaded")
         .max_attempts(1)
-        .throttle(ThrottleLayer::with(throttle.clone(), HttpClassifier::new()))
+        .throttle(Some(AdaptiveThrottle::builder().seed(28)))
         .build()
         .unwrap();
+    let throttle = backend.throttle_layer().throttle().clone();
     let client = tower::ServiceBuilder::new()
         .layer(backend.clone())
         .service(transport());
@@ -122,7 +122,7 @@ async fn a_full_bulkhead_fails_fast_while_the_server_holds_its_permits() {
     let url = counting_server(StatusCode::OK, Duration::from_millis(400), &hits, &busy).await;
     let backend = backstop::client::http()
         .name("slow")
-        .bulkhead(BulkheadLayer::new(2).unwrap())
+        .bulkhead(BulkheadLayer::builder(2))
         .build()
         .unwrap();
     let client = tower::ServiceBuilder::new()

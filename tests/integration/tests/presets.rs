@@ -21,12 +21,7 @@ use tower::{Layer, util::MapRequest};
 
 fn preset() -> ClientLayer<GrpcClassifier> {
     backstop::client::grpc()
-        .deadline(
-            PropagateDeadlineLayer::builder()
-                .timeout(Duration::from_millis(800))
-                .build()
-                .unwrap(),
-        )
+        .deadline(PropagateDeadlineLayer::builder().timeout(Duration::from_millis(800)))
         .build()
         .unwrap()
 }

@@ -7,47 +7,61 @@ pub(crate) mod deadline;
 pub mod overload;
 pub mod retry;
 
-use crate::client::attempt::{Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer};
+use crate::client::attempt::{
+    Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer, MeasuredDelay,
+};
 use crate::client::breaker::{Breaker, BreakerConfig, BreakerLayer};
-use crate::client::overload::bulkhead::{Bulkhead, BulkheadLayer};
-use crate::client::overload::throttle::{Throttle, ThrottleLayer};
+use crate::client::overload::bulkhead::{Bulkhead, BulkheadLayer, BulkheadLayerBuilder};
+use crate::client::overload::throttle::{
+    AdaptiveThrottle, AdaptiveThrottleBuilder, Throttle, ThrottleLayer,
+};
 use crate::client::retry::hedge::Hedging;
 use crate::client::retry::{Retry, RetryConfig, RetryLayer};
-use crate::deadline::{PropagateDeadline, PropagateDeadlineLayer};
+use crate::deadline::{PropagateDeadline, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder};
 use crate::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 use crate::{ConfigError, GrpcClassifier, HttpClassifier, ResponseBody};
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 use tower_layer::Layer;
 
 /// The client stack's configuration, checked by [`build`](Self::build) into the
-/// [`ClientLayer`] that stacks it, as one layer:
+/// [`ClientLayer`] that stacks it, as one layer, always in this order:
 /// `PropagateDeadline → Bulkhead → Throttle → IdempotencyKey → Retry → Breaker → attempt
 /// timeout → your client` (the bulkhead limits nothing unless [`bulkhead`](Self::bulkhead)
 /// gives it a limit; the key layer stamps nothing unless
 /// [`idempotency_keys`](Self::idempotency_keys) turns it on).
 ///
-/// Made by [`http()`] or [`grpc()`] with every default, and tuned by replacing a part. Clones
-/// share the retry budget, the throttle's window, the bulkhead's permits, the breaker and the
-/// latency model, so build one per dependency and clone it into every client that calls that
-/// dependency.
+/// Made by [`http()`] or [`grpc()`] with every default, and tuned by its setters. Every setter
+/// only records a value: the layers are made once, by `build`, from everything set, so the
+/// order of the setters never matters. Three rules decide what `build` makes:
+///
+/// | rule | why |
+/// |---|---|
+/// | One classifier for the whole stack (the preset's, or [`classifier`](Self::classifier)'s); the classifier inside a [`RetryConfig`] or [`BreakerConfig`] given to [`retry`](Self::retry) or [`breaker`](Self::breaker) is not used. | The retry layer, the breaker and the throttle must agree on what a failure is, or the breaker opens on answers the retry layer calls fine. |
+/// | A short form on the builder wins over the same knob of a part's config, whatever the order: [`timeout`](Self::timeout) and [`send_grpc_timeout`](Self::send_grpc_timeout) over [`deadline`](Self::deadline)'s, [`max_attempts`](Self::max_attempts), [`hedging`](Self::hedging) and [`retry_reserve`](Self::retry_reserve) over [`retry`](Self::retry)'s. | So `.timeout(2s)` means 2 s, before or after a `.deadline(..)`. |
+/// | Every layer is made by `build` and named by [`name`](Self::name); the attempt bound's latency models are keyed as the breaker is ([`BreakerConfig::per_key`]). | One dependency, one name on every metric; each route bounded, hedged and given its reserve from its own latency, as it gets its own breaker. |
+///
+/// Clones of the [`ClientLayer`] share the retry budget, the throttle's window, the
+/// bulkhead's permits, the breaker and the latency model, so build one per dependency and
+/// clone it into every client that calls that dependency; two `build`s are two dependencies
+/// (they share nothing but a [`RetryConfig::budget`] you gave both).
 ///
 /// # Overload: the throttle on, the bulkhead off
 ///
-/// The presets' [`ThrottleLayer`] ([adaptive throttling](crate::client::overload::throttle), on by
-/// default) refuses, locally and at once, a share of first attempts while the dependency
+/// The presets' adaptive throttle ([`backstop::client::overload::throttle`](crate::client::overload::throttle),
+/// on by default) refuses, locally and at once, a share of first attempts while the dependency
 /// accepts fewer than half of the calls it is sent (`K` = 2 over 30 s): it costs nothing
 /// while the dependency is healthy (it refuses nothing while half its calls succeed, so an
 /// ordinary error rate never trips it), needs no number only the user knows, and is what
 /// keeps an overloaded dependency's queue short enough to answer anyone in time. It sits
 /// outside the retry layer, so the retry budget keeps governing retries and a refused call
-/// buffers no body. Turn it off with `.throttle(ThrottleLayer::off())`.
+/// buffers no body. Turn it off with `.throttle(None)`.
 ///
-/// The [`BulkheadLayer`] (a limit on calls in flight, their wait bounded by the deadline) is
+/// The bulkhead (a limit on calls in flight, their wait bounded by the deadline) is
 /// **off** by default: its one useful number is the dependency's capacity in calls in flight
 /// (its rate × its latency, by Little's law), which only its owner knows, and a generous
 /// guess would bind only when it is already too late while costing every call a
 /// compare-and-swap on one word all cores share. Give it a limit with
-/// `.bulkhead(BulkheadLayer::new(64)?)`.
+/// `.bulkhead(BulkheadLayer::builder(64))`.
 ///
 /// Both refusals are local rejections ([`Outcome::Rejected`](crate::Outcome)):
 /// never sent, never retried, never a breaker failure. An HTTP caller gets
@@ -56,48 +70,28 @@ use tower_layer::Layer;
 /// [`BulkheadFull`](crate::BulkheadFull); a gRPC caller a trailers-only UNAVAILABLE
 /// with `grpc-retry-pushback-ms: -1`.
 ///
-/// Its setters never panic: a value out of range (a zero timeout, 11 attempts) is kept, with
-/// the knob it belongs to, for [`build`](ClientBuilder::build), which returns it as a
-/// [`ConfigError`]. Only what `build` returns is a [`Layer`]: an unchecked stack cannot be
-/// layered, nor handed to `backstop::reqwest::BackstopMiddleware`.
+/// Setters never panic and never fail: `build` checks every part and returns the first
+/// value out of range (a zero timeout, 11 attempts) as a [`ConfigError`] naming its knob.
+/// Only what `build` returns is a [`Layer`]: an unchecked stack cannot be layered, nor handed
+/// to `backstop::reqwest::BackstopMiddleware`.
 #[derive(Debug, Clone)]
 pub struct ClientBuilder<C> {
-    deadline: PropagateDeadlineLayer,
-    bulkhead: BulkheadLayer,
-    throttle: ThrottleLayer<C>,
+    classifier: C,
+    name: Option<Arc<str>>,
+    deadline: PropagateDeadlineLayerBuilder,
+    timeout: Option<Duration>,
+    send_grpc_timeout: Option<bool>,
+    bulkhead: Option<BulkheadLayerBuilder>,
+    throttle: Option<AdaptiveThrottleBuilder>,
     keys: IdempotencyKeyLayer,
-    retry: RetryLayer<C>,
-    breaker: BreakerLayer<C>,
-    /// The attempt layer the stack uses: `own_attempt`, keyed as the breaker is when the
-    /// breaker is keyed and `own_attempt` has no key of its own ([`ClientBuilder::breaker`]).
-    attempt: AttemptTimeoutLayer,
-    /// The attempt layer as given ([`ClientBuilder::attempt`]) or the default.
-    own_attempt: AttemptTimeoutLayer,
-    hedging: Option<Hedge>,
-    /// The quantile of the attempt layer's model a retry must have left
-    /// ([`ClientBuilder::retry_reserve`]), kept so replacing the retry or attempt layer keeps it.
+    retry: RetryConfig<C>,
+    max_attempts: Option<u32>,
+    /// `(quantile, max_attempts)`: hedge after the measured quantile.
+    hedging: Option<(f64, u32)>,
+    /// The quantile of the measured latency a retry must have left.
     reserve: Option<f64>,
-    /// The dependency's name ([`ClientBuilder::name`]).
-    name: Option<std::sync::Arc<str>>,
-    /// Which layers were passed in named: used as given, never renamed.
-    passed: Passed,
-    /// The first misconfiguration a setter met, kept for [`ClientBuilder::build`]: setters
-    /// never panic.
-    error: Option<ConfigError>,
-}
-
-/// Which of a [`ClientBuilder`]'s layers the user passed in with a name of their own: kept
-/// exactly as given (the stack never renames or rebuilds a layer that may be shared with
-/// another stack). The others (the stack's own, and those passed in unnamed) take the
-/// stack's name.
-#[derive(Debug, Clone, Copy, Default)]
-struct Passed {
-    deadline: bool,
-    bulkhead: bool,
-    throttle: bool,
-    retry: bool,
-    breaker: bool,
-    attempt: bool,
+    breaker: BreakerConfig<C>,
+    attempt: AttemptBound,
 }
 
 /// The service [`http()`] builds around a transport `S`: name it in a struct field or axum
@@ -175,44 +169,28 @@ pub fn error_info(
     crate::find::<crate::client::retry::RetryError>(err).map(crate::client::retry::RetryError::info)
 }
 
-/// How the preset hedges, kept so replacing the retry or attempt layer keeps it.
-#[derive(Debug, Clone)]
-enum Hedge {
-    /// Up to `max_attempts` attempts, each after the measured `quantile`, read from the
-    /// stack's attempt layer whenever it changes.
-    Measured {
-        quantile: f64,
-        max_attempts: u32,
-    },
-    Custom(Hedging),
-}
-
 /// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], the bulkhead off,
-/// [`ThrottleLayer::http`] (adaptive throttling with its defaults; why on, and the bulkhead
+/// [`AdaptiveThrottle::new`] (adaptive throttling with its defaults; why on, and the bulkhead
 /// off: [`ClientBuilder`]), [`RetryConfig::http`] (3 attempts, decorrelated jitter, the 10 %
 /// ratio budget), the breaker of [`http_breaker`], and attempts bounded by measured latency
 /// ([`Adaptive`]: p99 × 3, from a floor of p99 × 20 held
 /// between 250 ms and 1 s to 10 s, 10 s until 100 calls are measured; see
 /// [`timeout`](crate::client::attempt)).
 pub fn http() -> ClientBuilder<HttpClassifier> {
-    ClientBuilder::new(
-        RetryConfig::http().build().expect("the defaults are valid"),
-        http_breaker().build().expect("the defaults are valid"),
-    )
-    .retry_reserve(Some(0.5))
-    .throttle(ThrottleLayer::http())
+    ClientBuilder::new(HttpClassifier::new())
+        .breaker(http_breaker())
+        .retry_reserve(Some(0.5))
+        .throttle(Some(AdaptiveThrottle::builder()))
 }
 
-/// The preset for gRPC dependencies: as [`http()`] with [`ThrottleLayer::grpc`],
+/// The preset for gRPC dependencies: as [`http()`] with
 /// [`RetryConfig::grpc`] and [`grpc_breaker`] (status codes from trailers-only responses and
 /// trailers).
 pub fn grpc() -> ClientBuilder<GrpcClassifier> {
-    ClientBuilder::new(
-        RetryConfig::grpc().build().expect("the defaults are valid"),
-        grpc_breaker().build().expect("the defaults are valid"),
-    )
-    .retry_reserve(Some(0.5))
-    .throttle(ThrottleLayer::grpc())
+    ClientBuilder::new(GrpcClassifier::new())
+        .breaker(grpc_breaker())
+        .retry_reserve(Some(0.5))
+        .throttle(Some(AdaptiveThrottle::builder()))
 }
 
 /// The breaker of the [`http()`] preset, to tune and pass to [`ClientBuilder::breaker`]:
@@ -260,123 +238,65 @@ const OPEN_BASE: Duration = Duration::from_secs(1);
 /// The presets' longest open time: see [`http_breaker`].
 const OPEN_MAX: Duration = Duration::from_secs(3);
 
-impl<C> ClientBuilder<C> {
-    /// A client stack from its retry and breaker layers (deadline propagation with its
-    /// defaults, attempts bounded by measured latency with the [`Adaptive`] defaults). The
-    /// throttle and the bulkhead are off (a throttle needs a classifier of the stack's
-    /// kind: [`http()`] and [`grpc()`] add theirs); add them with
-    /// [`throttle`](Self::throttle) and [`bulkhead`](Self::bulkhead).
-    pub fn new(retry: RetryLayer<C>, breaker: BreakerLayer<C>) -> Self {
-        // Layers passed in with a name are kept as passed (see `name`).
-        let passed = Passed {
-            retry: !retry.name().is_empty(),
-            breaker: !breaker.name().is_empty(),
-            ..Passed::default()
-        };
-        let attempt = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
-            .expect("the defaults are valid");
+impl<C: Clone> ClientBuilder<C> {
+    /// A client stack that classifies with `classifier`: deadline propagation with its
+    /// defaults, [`RetryConfig::new`] and [`BreakerConfig::new`] (their defaults), attempts
+    /// bounded by measured latency with the [`Adaptive`] defaults, no throttle, no bulkhead,
+    /// no retry reserve. [`http()`] and [`grpc()`] are this with the presets' tuning.
+    pub fn new(classifier: C) -> Self {
         Self {
-            deadline: PropagateDeadlineLayer::new(),
-            bulkhead: BulkheadLayer::off(),
-            throttle: ThrottleLayer::off(),
+            retry: RetryConfig::new(classifier.clone()),
+            breaker: BreakerConfig::new(classifier.clone()),
+            classifier,
+            name: None,
+            deadline: PropagateDeadlineLayer::builder(),
+            timeout: None,
+            send_grpc_timeout: None,
+            bulkhead: None,
+            throttle: None,
             keys: IdempotencyKeyLayer::off(),
-            retry,
-            breaker,
-            attempt: attempt.clone(),
-            own_attempt: attempt,
+            max_attempts: None,
             hedging: None,
             reserve: None,
-            name: None,
-            passed,
-            error: None,
-        }
-        .rekeyed()
-    }
-
-    /// Keys the attempt layer's latency models as the breaker's breakers are keyed (same
-    /// [`BreakerKey`](crate::client::breaker::BreakerKey), same `max_keys`), unless the attempt
-    /// layer has a key of its own or was passed in with a name (used as passed): decided here, when the stack is configured, never per
-    /// request. A route then gets its own bound, hedge delay and retry reserve, as it gets its
-    /// own breaker.
-    fn rekeyed(mut self) -> Self {
-        self.attempt = match (self.own_attempt.key(), self.breaker.key()) {
-            // A layer passed in with a name is used as passed (it may be another stack's).
-            (None, Some((key, max_keys))) if !self.passed.attempt => {
-                match self.own_attempt.per_key(key.clone(), max_keys) {
-                    Ok(keyed) => keyed,
-                    Err(e) => return self.failed(e),
-                }
-            }
-            _ => self.own_attempt.clone(),
-        };
-        self
-    }
-
-    /// Keeps the first misconfiguration for [`build`](Self::build); the stack is left as it
-    /// was before the setter that met it.
-    fn failed(mut self, error: ConfigError) -> Self {
-        self.error.get_or_insert(error);
-        self
-    }
-
-    /// Checks the configuration: `Ok` with the stack as a [`ClientLayer`] (the only form of it
-    /// that is a [`Layer`]), or the first knob a setter refused (setters never panic; they keep
-    /// the error for here). A stack that was not checked cannot be layered, so a
-    /// misconfiguration is an error where the stack is built, never a panic at a request.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    ///
-    /// let err = backstop::client::http()
-    ///     .timeout(Duration::ZERO)
-    ///     .max_attempts(2)
-    ///     .build()
-    ///     .unwrap_err();
-    /// assert_eq!(err.knob(), "timeout");
-    /// assert!(backstop::client::http().max_attempts(2).build().is_ok());
-    /// ```
-    ///
-    /// An unchecked stack is not a layer, so this does not compile (11 attempts would be
-    /// out of range; before `build` existed as the only way in, it panicked at the first
-    /// request):
-    ///
-    /// ```compile_fail
-    /// use http::{Request, Response};
-    /// use tower::{ServiceBuilder, service_fn};
-    ///
-    /// let transport = service_fn(|_: Request<backstop::ReplayBody<String>>| async {
-    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-    /// });
-    /// let client = ServiceBuilder::new()
-    ///     .layer(backstop::client::http().max_attempts(11))
-    ///     .service(transport);
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// The first [`ConfigError`] a setter met, naming its knob.
-    pub fn build(self) -> Result<ClientLayer<C>, ConfigError> {
-        match self.error {
-            Some(error) => Err(error),
-            None => Ok(ClientLayer { stack: self }),
+            attempt: AttemptBound::Adaptive(Adaptive::new()),
         }
     }
 
-    /// Names the dependency: every event and metric of the stack's layers carries it as
-    /// `dependency` (with the request's method and path, the attempt, and the status or
-    /// error, for events). A stack left unnamed is allowed; its events carry
-    /// `dependency = ""`.
+    /// The stack with another classifier (for every layer: the rules in [`ClientBuilder`]),
+    /// e.g. a [`GrpcClassifier`] that retries more codes:
     ///
-    /// Naming is configuration, so call it before the stack serves: every layer of the stack
-    /// that has no name of its own (the stack's defaults, the layers [`timeout`](Self::timeout)
-    /// and [`attempt_timeout`](Self::attempt_timeout) build, and a layer you passed in
-    /// unnamed) is built again under the name, with state of its own (each layer's `named`).
-    /// Two stacks named from clones of one template are two dependencies: they share nothing
-    /// the stack made itself (breaker, latency model, retry budget, throttle, permits), only
-    /// what you gave explicitly to be shared (a [`RetryConfig::budget`], a throttle built
-    /// [`with`](ThrottleLayer::with) an `AdaptiveThrottle` of yours). A layer you passed in
-    /// with a name of its own is used exactly as you passed it, name and state: name a layer
-    /// yourself to share it between stacks.
+    /// ```
+    /// use backstop::{Code, GrpcClassifier};
+    ///
+    /// let classifier = GrpcClassifier::new().retryable_codes([Code::Unavailable, Code::Aborted]);
+    /// let client = backstop::client::grpc().classifier(classifier).build()?;
+    /// # let _ = client;
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn classifier<D: Clone>(self, classifier: D) -> ClientBuilder<D> {
+        ClientBuilder {
+            retry: self.retry.classifier(classifier.clone()),
+            breaker: self.breaker.classifier(classifier.clone()),
+            classifier,
+            name: self.name,
+            deadline: self.deadline,
+            timeout: self.timeout,
+            send_grpc_timeout: self.send_grpc_timeout,
+            bulkhead: self.bulkhead,
+            throttle: self.throttle,
+            keys: self.keys,
+            max_attempts: self.max_attempts,
+            hedging: self.hedging,
+            reserve: self.reserve,
+            attempt: self.attempt,
+        }
+    }
+
+    /// Names the dependency: every layer the stack makes carries it, so every event and
+    /// metric of the stack says `dependency` (with the request's method and path, the
+    /// attempt, and the status or error, for events). A stack left unnamed is allowed; its
+    /// events carry `dependency = ""`.
     ///
     /// ```
     /// let template = backstop::client::http().max_attempts(2);
@@ -388,60 +308,14 @@ impl<C> ClientBuilder<C> {
     /// # Ok::<(), backstop::ConfigError>(())
     /// ```
     #[must_use]
-    pub fn name(mut self, name: &str) -> Self
-    where
-        C: Clone,
-    {
+    pub fn name(mut self, name: &str) -> Self {
         self.name = Some(name.into());
-        let passed = self.passed;
-        if !passed.deadline {
-            self.deadline = self.deadline.named(name);
-        }
-        if !passed.bulkhead {
-            self.bulkhead = self.bulkhead.named(name);
-        }
-        if !passed.throttle {
-            self.throttle = self.throttle.named(name);
-        }
-        if !passed.retry {
-            self.retry = self.retry.named(name);
-        }
-        if !passed.breaker {
-            self.breaker = self.breaker.named(name);
-        }
-        if !passed.attempt {
-            self.own_attempt = self.own_attempt.named(name);
-        }
-        // Hedging and the reserve read the new latency model.
-        self.rekeyed().rehedge()
-    }
-
-    /// A layer passed in, as the stack uses it: as given when it has a name of its own
-    /// (`true`), else named as the stack when the stack has a name.
-    fn adopt<L>(
-        &self,
-        layer: L,
-        name_of: impl Fn(&L) -> &str,
-        named: impl FnOnce(&L, &str) -> L,
-    ) -> (L, bool) {
-        if !name_of(&layer).is_empty() {
-            return (layer, true);
-        }
-        (self.own(layer, named), false)
-    }
-
-    /// `layer`, named as the stack is, for a layer the stack builds itself.
-    fn own<L>(&self, layer: L, named: impl FnOnce(&L, &str) -> L) -> L {
-        match &self.name {
-            Some(name) => named(&layer, name),
-            None => layer,
-        }
+        self
     }
 
     /// Gives every call at most `timeout` (or what is left of an inherited deadline, if less),
-    /// sent to the server in `grpc-timeout`: the short form of
-    /// `.deadline(PropagateDeadlineLayer::builder().timeout(timeout).build()?)`, with the
-    /// deadline layer's other knobs at their defaults.
+    /// sent to the server in `grpc-timeout`; wins over the timeout of
+    /// [`deadline`](Self::deadline)'s policy.
     ///
     /// ```
     /// use std::time::Duration;
@@ -452,73 +326,46 @@ impl<C> ClientBuilder<C> {
     ///
     /// # Errors
     ///
-    /// Kept for [`build`](Self::build): `timeout` is zero (every call would fail at once).
+    /// [`build`](Self::build) refuses a zero `timeout` (every call would fail at once).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        match PropagateDeadlineLayer::builder()
-            .timeout(timeout)
-            .send_grpc_timeout(self.deadline.sends_grpc_timeout())
-            .build()
-        {
-            Ok(deadline) => {
-                self.deadline = self.own(deadline, PropagateDeadlineLayer::named);
-                self.passed.deadline = false;
-            }
-            Err(e) => return self.failed(e),
-        }
+        self.timeout = Some(timeout);
         self
     }
 
-    /// Attempts per request, the first included (default 3): the short form of rebuilding the
-    /// retry policy with [`RetryConfig::max_attempts`] ([`RetryLayer::with_config`]). Keeps the
-    /// policy's other knobs, its budget, and the layer's stats and name: a clone made before
-    /// keeps counting into the same stats, with the old policy.
+    /// The deadline propagation policy: a [`fraction`](PropagateDeadlineLayerBuilder::fraction)
+    /// of what is left, an [`offset`](PropagateDeadlineLayerBuilder::offset) kept back for the
+    /// network, a [`min_remaining`](PropagateDeadlineLayerBuilder::min_remaining) below which a
+    /// call is not sent. What the stack decides for it: it writes no `grpc-timeout` itself;
+    /// the attempt bound, innermost, does, for each attempt, less the offset (one writer per
+    /// attempt, so a retry tells the time really left), and the layer puts the deadline on
+    /// the request for the layers inside.
     ///
-    /// # Errors
+    /// ```
+    /// use backstop::deadline::PropagateDeadlineLayer;
+    /// use std::time::Duration;
     ///
-    /// Kept for [`build`](Self::build): `n` is not in `1..=10`.
+    /// let client = backstop::client::grpc()
+    ///     .deadline(PropagateDeadlineLayer::builder().offset(Duration::from_millis(5)))
+    ///     .timeout(Duration::from_secs(1))
+    ///     .build()?;
+    /// # let _ = client;
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
     #[must_use]
-    pub fn max_attempts(mut self, n: u32) -> Self
-    where
-        C: Clone,
-    {
-        match self
-            .retry
-            .with_config(self.retry.config().clone().max_attempts(n))
-        {
-            Ok(retry) => self.retry = retry,
-            Err(e) => return self.failed(e),
-        }
-        self.rehedge()
-    }
-
-    /// Replaces the deadline propagation (e.g. a per-call `timeout` or a `fraction`). A
-    /// layer built with [`send_grpc_timeout(false)`](crate::deadline::PropagateDeadlineLayerBuilder::send_grpc_timeout)
-    /// turns the header off for the whole stack, as [`send_grpc_timeout`](Self::send_grpc_timeout)
-    /// does. Its timeout, fraction, offset and `min_remaining` apply as given; one thing the
-    /// stack decides for it: it writes no `grpc-timeout` itself, the attempt bound innermost
-    /// does, for each attempt, less this layer's offset (one writer per attempt, so a retry
-    /// tells the time really left), and the layer puts the deadline on the request for the
-    /// layers inside.
-    #[must_use]
-    pub fn deadline(mut self, layer: PropagateDeadlineLayer) -> Self {
-        let (layer, passed) = self.adopt(
-            layer,
-            PropagateDeadlineLayer::name,
-            PropagateDeadlineLayer::named,
-        );
-        (self.deadline, self.passed.deadline) = (layer, passed);
+    pub fn deadline(mut self, policy: PropagateDeadlineLayerBuilder) -> Self {
+        self.deadline = policy;
         self
     }
 
     /// Whether calls tell the dependency their deadline in `grpc-timeout` (default: they
-    /// do). Turn it off for third-party HTTP APIs, which have no business knowing your
-    /// internal deadlines (and may log or reject an unknown header): no attempt carries the
-    /// header, and one the caller put on the request is removed. Nothing else changes: each
-    /// call is still bounded by its deadline, each attempt by its bound, retries still fit
-    /// before the deadline, and each attempt carries its deadline on the request as a
-    /// [`Deadline`](crate::deadline::Deadline) extension (the attempt's own end when its bound
-    /// ends first, with a deadline or without one).
+    /// do); wins over [`deadline`](Self::deadline)'s. Turn it off for third-party HTTP APIs,
+    /// which have no business knowing your internal deadlines (and may log or reject an
+    /// unknown header): no attempt carries the header, and one the caller put on the request
+    /// is removed. Nothing else changes: each call is still bounded by its deadline, each
+    /// attempt by its bound, retries still fit before the deadline, and each attempt carries
+    /// its deadline on the request as a [`Deadline`](crate::deadline::Deadline) extension
+    /// (the attempt's own end when its bound ends first, with a deadline or without one).
     ///
     /// To tell such an API the deadline in a header of its own, read that extension in a
     /// layer between the preset and the transport, where it is the attempt's deadline:
@@ -559,194 +406,147 @@ impl<C> ClientBuilder<C> {
     /// ```
     #[must_use]
     pub fn send_grpc_timeout(mut self, send: bool) -> Self {
-        self.deadline = self.deadline.send_grpc_timeout(send);
+        self.send_grpc_timeout = Some(send);
         self
     }
 
-    /// Replaces the retry layer (hedging, when set, is kept).
+    /// Attempts per request, the first included (default 3); wins over
+    /// [`retry`](Self::retry)'s [`RetryConfig::max_attempts`].
+    ///
+    /// # Errors
+    ///
+    /// [`build`](Self::build) refuses `n` outside `1..=10`.
     #[must_use]
-    pub fn retry(mut self, layer: RetryLayer<C>) -> Self
-    where
-        C: Clone,
-    {
-        let (layer, passed) = self.adopt(layer, RetryLayer::name, RetryLayer::named);
-        (self.retry, self.passed.retry) = (layer, passed);
-        self.rehedge()
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
     }
 
-    /// Replaces the breaker. A keyed breaker ([`BreakerConfig::per_key`]) keys the attempt
-    /// layer's latency models the same way, unless that layer has a key of its own
-    /// ([`AttemptTimeoutLayer::per_key`]) or was passed in with a name (used as passed, so it
-    /// can be shared: key it yourself): each route is then bounded, hedged and given a
-    /// retry reserve from its own measured latency, so a rare slow route is not cut at the
-    /// bound the fast ones set (see [`backstop::client::attempt`](crate::client::attempt)).
-    #[must_use]
-    pub fn breaker(mut self, layer: BreakerLayer<C>) -> Self
-    where
-        C: Clone,
-    {
-        let (layer, passed) = self.adopt(layer, BreakerLayer::name, BreakerLayer::named);
-        (self.breaker, self.passed.breaker) = (layer, passed);
-        self.rekeyed().rehedge()
-    }
-
-    /// Replaces the adaptive throttle (on in the presets: [`ClientBuilder`] says why), e.g. a
-    /// tuned [`AdaptiveThrottle`](crate::client::overload::throttle::AdaptiveThrottle) or one shared
-    /// by two stacks, or [`ThrottleLayer::off`] to turn it off.
+    /// The retry policy: backoff, budget, idempotency rule, replay limit, hint cap, seed (the
+    /// presets: [`RetryConfig::new`]'s defaults). Its classifier is not used (the stack's
+    /// is: [`ClientBuilder`]'s rules), and the builder's short forms win over its knobs.
     ///
     /// ```
-    /// use backstop::client::overload::throttle::ThrottleLayer;
+    /// use backstop::client::retry::{RetryConfig, backoff};
+    /// use std::time::Duration;
     ///
-    /// let client = backstop::client::http().name("search").throttle(ThrottleLayer::off()).build()?;
-    /// assert!(!client.throttle_layer().is_on());
+    /// let client = backstop::client::http()
+    ///     .retry(RetryConfig::http().backoff(backoff::constant(Duration::from_millis(50))))
+    ///     .build()?;
+    /// # let _ = client;
     /// # Ok::<(), backstop::ConfigError>(())
     /// ```
     #[must_use]
-    pub fn throttle(mut self, layer: ThrottleLayer<C>) -> Self
-    where
-        C: Clone,
-    {
-        let (layer, passed) = self.adopt(layer, ThrottleLayer::name, ThrottleLayer::named);
-        (self.throttle, self.passed.throttle) = (layer, passed);
+    pub fn retry(mut self, policy: RetryConfig<C>) -> Self {
+        self.retry = policy;
         self
     }
 
-    /// Caps the calls in flight to the dependency with a [`BulkheadLayer`] (off in the
-    /// presets: [`ClientBuilder`] says why): a call that cannot get a permit before its
-    /// deadline is refused at once, never sent. A user call holds one permit across its
-    /// retries. [`BulkheadLayer::off`] turns it off again.
+    /// The breaker's policy (the presets: [`http_breaker`] or [`grpc_breaker`]). Its
+    /// classifier is not used (the stack's is). A keyed breaker ([`BreakerConfig::per_key`])
+    /// keys the attempt bound's latency models the same way: each route is then bounded,
+    /// hedged and given a retry reserve from its own measured latency, so a rare slow route
+    /// is not cut at the bound the fast ones set (see
+    /// [`backstop::client::attempt`](crate::client::attempt)).
+    #[must_use]
+    pub fn breaker(mut self, policy: BreakerConfig<C>) -> Self {
+        self.breaker = policy;
+        self
+    }
+
+    /// The adaptive throttle (on in the presets: [`ClientBuilder`] says why), tuned, or
+    /// `None` to turn it off.
+    ///
+    /// ```
+    /// use backstop::client::overload::throttle::AdaptiveThrottle;
+    ///
+    /// let off = backstop::client::http().name("search").throttle(None).build()?;
+    /// assert!(!off.throttle_layer().is_on());
+    /// let gentle = backstop::client::http().throttle(Some(AdaptiveThrottle::builder().k(3.0)));
+    /// # let _ = gentle;
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn throttle(mut self, throttle: Option<AdaptiveThrottleBuilder>) -> Self {
+        self.throttle = throttle;
+        self
+    }
+
+    /// Caps the calls in flight to the dependency (off in the presets: [`ClientBuilder`]
+    /// says why): a call that cannot get a permit before its deadline is refused at once,
+    /// never sent. A user call holds one permit across its retries.
     ///
     /// ```
     /// use backstop::client::overload::bulkhead::BulkheadLayer;
     ///
-    /// let client = backstop::client::http().name("search").bulkhead(BulkheadLayer::new(64)?).build()?;
+    /// let client = backstop::client::http().name("search").bulkhead(BulkheadLayer::builder(64)).build()?;
     /// assert_eq!(client.bulkhead_layer().max_concurrency(), 64);
     /// # Ok::<(), backstop::ConfigError>(())
     /// ```
     #[must_use]
-    pub fn bulkhead(mut self, layer: BulkheadLayer) -> Self {
-        let (layer, passed) = self.adopt(layer, BulkheadLayer::name, BulkheadLayer::named);
-        (self.bulkhead, self.passed.bulkhead) = (layer, passed);
+    pub fn bulkhead(mut self, bulkhead: BulkheadLayerBuilder) -> Self {
+        self.bulkhead = Some(bulkhead);
         self
     }
 
-    /// Bounds each attempt by a fixed `timeout` instead of measured latency, inside the
-    /// breaker: an attempt that times out is a failure the breaker counts and the retry layer
-    /// may retry (if the request is idempotent), within the request's deadline. A new latency
-    /// model comes with it.
+    /// How each attempt is bounded, inside the breaker (default: by measured latency,
+    /// [`Adaptive`]'s defaults): an attempt that times out is a failure the breaker counts
+    /// and the retry layer may retry (if the request is idempotent), within the request's
+    /// deadline. [`AttemptBound::Fixed`] for a fixed bound, [`AttemptBound::None`] for none;
+    /// hedging and the retry reserve read the latency model all three keep.
+    ///
+    /// ```
+    /// use backstop::client::attempt::AttemptBound;
+    /// use std::time::Duration;
+    ///
+    /// let client = backstop::client::http().attempt(AttemptBound::Fixed(Duration::from_millis(300)));
+    /// # let _ = client;
+    /// ```
     ///
     /// # Errors
     ///
-    /// Kept for [`build`](Self::build): `timeout` is zero (every attempt would fail).
+    /// [`build`](Self::build) refuses a bound [`AttemptBound`] says is invalid (a zero fixed
+    /// bound, an adaptive knob out of range).
     #[must_use]
-    pub fn attempt_timeout(self, timeout: Duration) -> Self
-    where
-        C: Clone,
-    {
-        match AttemptTimeoutLayer::new(AttemptBound::Fixed(timeout)) {
-            Ok(layer) => self.attempt(layer),
-            Err(e) => self.failed(e),
-        }
+    pub fn attempt(mut self, bound: AttemptBound) -> Self {
+        self.attempt = bound;
+        self
     }
 
-    /// Replaces the attempt bound and its latency model (tuned [`Adaptive`] knobs, a fixed
-    /// bound, or none). Measured hedging, when set, then reads the new model. A layer with a
-    /// name of its own is used as passed, and so is not keyed after a keyed breaker: give it
-    /// its key with [`AttemptTimeoutLayer::per_key`] to share per-route models between stacks.
-    #[must_use]
-    pub fn attempt(mut self, layer: AttemptTimeoutLayer) -> Self
-    where
-        C: Clone,
-    {
-        let (layer, passed) =
-            self.adopt(layer, AttemptTimeoutLayer::name, AttemptTimeoutLayer::named);
-        (self.own_attempt, self.passed.attempt) = (layer, passed);
-        self.rekeyed().rehedge()
-    }
-
-    /// Hedges slow requests: while an attempt is slower than the dependency's measured p95,
-    /// another copy is sent, up to `max_attempts` in all, and the first answer that commits
-    /// wins (the rules: [`backstop::client::retry::hedge`](crate::client::retry::hedge)). Only requests the retry policy's
-    /// idempotency rule allows are hedged (for gRPC, opt in with
+    /// Hedges slow requests: while an attempt is slower than the measured `quantile` of the
+    /// dependency's latency (0.95 is a good start; 0.99 hedges fewer calls, later), another
+    /// copy is sent, up to `max_attempts` in all, and the first answer that commits wins (the
+    /// rules: [`backstop::client::retry::hedge`](crate::client::retry::hedge)). Only requests
+    /// the retry policy's idempotency rule allows are hedged (for gRPC, opt in with
     /// [`Idempotency::All`](crate::client::retry::Idempotency::All) when every method of the
     /// dependency is safe to run twice), a copy goes beside an attempt in flight only once
     /// the body is complete in the replay buffer (a hedge due before waits for it), and every
-    /// hedge takes a token from the retry budget, so retries and hedges
-    /// together stay within its ratio. No hedge goes before the latency model is trusted
-    /// (100 calls in its window).
+    /// hedge takes a token from the retry budget, so retries and hedges together stay within
+    /// its ratio. No hedge goes before the latency model is trusted (100 calls in its window).
+    /// Wins over [`retry`](Self::retry)'s [`RetryConfig::hedging`] (a fixed delay goes there).
     ///
     /// ```
-    /// let client = backstop::client::http().hedging(2);
+    /// let client = backstop::client::http().hedging(0.95, 2);
     /// # let _ = client;
     /// ```
     ///
     /// # Errors
     ///
-    /// Kept for [`build`](Self::build): `max_attempts` is not in `2..=10`.
+    /// [`build`](Self::build) refuses `max_attempts` outside `2..=10` and `quantile` outside
+    /// (0, 1).
     #[must_use]
-    pub fn hedging(self, max_attempts: u32) -> Self
-    where
-        C: Clone,
-    {
-        self.hedging_at(0.95, max_attempts)
+    pub fn hedging(mut self, quantile: f64, max_attempts: u32) -> Self {
+        self.hedging = Some((quantile, max_attempts));
+        self
     }
 
-    /// Hedges as [`hedging`](Self::hedging) does, after the measured `quantile` of the
-    /// dependency's latency instead of its p95 (0.99: fewer calls hedged, later). The delay
-    /// is read from the stack's attempt layer when the stack is configured, so it follows a
-    /// replaced attempt layer, [`name`](Self::name) and a keyed [`breaker`](Self::breaker).
-    ///
-    /// ```
-    /// let client = backstop::client::http().hedging_at(0.99, 2).name("search");
-    /// # let _ = client;
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Kept for [`build`](Self::build): `max_attempts` is not in `2..=10`, or `quantile` is
-    /// not in (0, 1).
-    #[must_use]
-    pub fn hedging_at(mut self, quantile: f64, max_attempts: u32) -> Self
-    where
-        C: Clone,
-    {
-        self.hedging = Some(Hedge::Measured {
-            quantile,
-            max_attempts,
-        });
-        self.rehedge()
-    }
-
-    /// Hedges as `hedging` says (e.g. a fixed delay). A delay read off
-    /// [`attempt_layer`](ClientLayer::attempt_layer) ([`AttemptTimeoutLayer::hedge_delay`]) reads
-    /// that layer's model, which [`name`](Self::name), [`attempt`](Self::attempt) and a keyed
-    /// [`breaker`](Self::breaker) replace: for a measured quantile, use
-    /// [`hedging_at`](Self::hedging_at), which follows them.
-    ///
-    /// # Errors
-    ///
-    /// Kept for [`build`](Self::build): `hedging` is invalid (its `max_attempts` outside
-    /// `2..=10`).
-    #[must_use]
-    pub fn hedging_with(mut self, hedging: Hedging) -> Self
-    where
-        C: Clone,
-    {
-        self.hedging = Some(Hedge::Custom(hedging));
-        self.rehedge()
-    }
-
-    /// A retry is started only if, after its backoff, the `quantile` of the attempt layer's
-    /// measured latency is still left of the deadline ([`RetryConfig::reserve`] with
-    /// [`AttemptTimeoutLayer::retry_reserve`]); `None`: no reserve, only the retry policy's
-    /// `min_attempt_time`. The presets use `Some(0.5)`: with a dependency whose median call
-    /// takes 1 s, a failure with 300 ms left is returned at once
-    /// ([`GiveUp::Reserve`](crate::client::retry::GiveUp::Reserve)) instead of a retry that would
-    /// time out and count as one more failure of the breaker. Nothing is asked for until the
-    /// model is trusted. The retry layer is handed the attempt layer's model here, when the
-    /// stack is built, as measured hedging is; replacing either layer keeps the setting. The
-    /// retry layer gets the reserve through [`RetryLayer::with_config`] (its budget, stats and
-    /// name kept).
+    /// A retry is started only if, after its backoff, the `quantile` of the measured latency
+    /// is still left of the deadline; `None`: no measured reserve (the retry policy's own
+    /// [`RetryConfig::reserve`], if it has one, and its `min_attempt_time`). The presets use
+    /// `Some(0.5)`: with a dependency whose median call takes 1 s, a failure with 300 ms left
+    /// is returned at once ([`GiveUp::Reserve`](crate::client::retry::GiveUp::Reserve))
+    /// instead of a retry that would time out and count as one more failure of the breaker.
+    /// Nothing is asked for until the model is trusted.
     ///
     /// ```
     /// let client = backstop::client::http().retry_reserve(Some(0.9));
@@ -755,93 +555,137 @@ impl<C> ClientBuilder<C> {
     ///
     /// # Errors
     ///
-    /// Kept for [`build`](Self::build): `quantile` is not in (0, 1).
+    /// [`build`](Self::build) refuses a `quantile` outside (0, 1).
     #[must_use]
-    pub fn retry_reserve(mut self, quantile: Option<f64>) -> Self
-    where
-        C: Clone,
-    {
-        if let Some(q) = quantile
-            && let Err(e) = self.attempt.retry_reserve(q)
-        {
-            return self.failed(e);
-        }
-        if self.reserve.is_some() && quantile.is_none() {
-            match self
-                .retry
-                .with_config(self.retry.config().clone().no_reserve())
-            {
-                Ok(retry) => self.retry = retry,
-                Err(e) => return self.failed(e),
-            }
-        }
+    pub fn retry_reserve(mut self, quantile: Option<f64>) -> Self {
         self.reserve = quantile;
-        self.rehedge()
-    }
-
-    /// Applies the hedging and reserve settings to the current retry layer.
-    fn rehedge(mut self) -> Self
-    where
-        C: Clone,
-    {
-        if self.hedging.is_none() && self.reserve.is_none() {
-            return self;
-        }
-        let mut policy = self.retry.config().clone();
-        match &self.hedging {
-            None => {}
-            Some(Hedge::Custom(h)) => policy = policy.hedging(h.clone()),
-            Some(Hedge::Measured {
-                quantile,
-                max_attempts,
-            }) => match self.attempt.hedge_delay(*quantile) {
-                Ok(delay) => {
-                    policy = policy.hedging(Hedging::new(delay).max_attempts(*max_attempts))
-                }
-                Err(e) => return self.failed(e),
-            },
-        }
-        if let Some(q) = self.reserve {
-            match self.attempt.retry_reserve(q) {
-                Ok(reserve) => policy = policy.reserve(reserve),
-                Err(e) => return self.failed(e),
-            }
-        }
-        match self.retry.with_config(policy) {
-            Ok(retry) => self.retry = retry,
-            Err(e) => return self.failed(e),
-        }
         self
     }
 
-    /// The reserve a retry must have left, as a handle to the attempt layer's model, when
-    /// [`retry_reserve`](Self::retry_reserve) is set (for the service config's retry layers).
-    #[cfg(feature = "service-config")]
-    pub(crate) fn measured_reserve(&self) -> Option<crate::client::attempt::MeasuredDelay> {
-        self.reserve.map(|q| {
-            self.attempt
-                .retry_reserve(q)
-                .expect("checked when it was set")
+    /// Checks every part and makes the stack: `Ok` with the stack as a [`ClientLayer`] (the
+    /// only form of it that is a [`Layer`]), or the first value out of range, naming its
+    /// knob. A stack that was not checked cannot be layered, so a misconfiguration is an
+    /// error where the stack is built, never a panic at a request.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let err = backstop::client::http()
+    ///     .timeout(Duration::ZERO)
+    ///     .max_attempts(2)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.knob(), "timeout");
+    /// assert!(backstop::client::http().max_attempts(2).build().is_ok());
+    /// ```
+    ///
+    /// An unchecked stack is not a layer, so this does not compile (11 attempts would be
+    /// out of range):
+    ///
+    /// ```compile_fail
+    /// use http::{Request, Response};
+    /// use tower::{ServiceBuilder, service_fn};
+    ///
+    /// let transport = service_fn(|_: Request<backstop::ReplayBody<String>>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// });
+    /// let client = ServiceBuilder::new()
+    ///     .layer(backstop::client::http().max_attempts(11))
+    ///     .service(transport);
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`] of the parts, checked in the onion's order (deadline,
+    /// bulkhead, throttle, retry, breaker, attempt bound, hedging, reserve).
+    pub fn build(self) -> Result<ClientLayer<C>, ConfigError> {
+        let name = self.name.as_deref();
+        // The deadline: the policy, with the builder's short forms over it.
+        let mut policy = self.deadline;
+        if let Some(timeout) = self.timeout {
+            policy = policy.timeout(timeout);
+        }
+        if let Some(send) = self.send_grpc_timeout {
+            policy = policy.send_grpc_timeout(send);
+        }
+        let mut deadline = policy.build()?;
+        let mut bulkhead = match self.bulkhead {
+            Some(b) => b.build()?,
+            None => BulkheadLayer::off(),
+        };
+        let mut throttle = match self.throttle {
+            Some(t) => ThrottleLayer::with(Arc::new(t.build()?), self.classifier.clone()),
+            None => ThrottleLayer::off(),
+        };
+        let mut retry = self.retry.classifier(self.classifier.clone());
+        if let Some(n) = self.max_attempts {
+            retry = retry.max_attempts(n);
+        }
+        retry.validate()?;
+        let mut breaker = self.breaker.classifier(self.classifier).build()?;
+        let mut attempt = AttemptTimeoutLayer::new(self.attempt)?;
+        if let Some(name) = name {
+            deadline = deadline.named(name);
+            bulkhead = bulkhead.named(name);
+            throttle = throttle.named(name);
+            breaker = breaker.named(name);
+            attempt = attempt.named(name);
+        }
+        // The attempt bound's models keyed as the breaker's breakers are: each route its own
+        // bound, hedge delay and reserve.
+        if let Some((key, max_keys)) = breaker.key() {
+            attempt = attempt.per_key(key.clone(), max_keys)?;
+        }
+        // Hedging and the reserve read the attempt bound's model, made just above.
+        if let Some((quantile, max_attempts)) = self.hedging {
+            let delay = attempt.hedge_delay(quantile)?;
+            retry = retry.hedging(Hedging::new(delay).max_attempts(max_attempts));
+        }
+        let reserve = match self.reserve {
+            Some(quantile) => Some(attempt.retry_reserve(quantile)?),
+            None => None,
+        };
+        if let Some(reserve) = &reserve {
+            retry = retry.reserve(reserve.clone());
+        }
+        let mut retry = retry.build()?;
+        if let Some(name) = name {
+            retry = retry.named(name);
+        }
+        // One writer of each attempt's `grpc-timeout`, decided here: the attempt bound,
+        // innermost, from the deadline each attempt carries on the request (less the deadline
+        // layer's offset); the deadline and retry layers write none. No writer at all when
+        // the deadline layer says the header is not to be sent. The attempt bound keeps its
+        // share of the deadline for a retry only where one could be sent: after the retry
+        // layer's least backoff, before the deadline less the offset.
+        let offset = deadline.offset();
+        let wait = retry.config().least_retry_wait().saturating_add(offset);
+        attempt = attempt.retry_wait(wait);
+        if deadline.sends_grpc_timeout() {
+            attempt = attempt.write_grpc_timeout(offset);
+        }
+        Ok(ClientLayer {
+            name: self.name,
+            outer: deadline.send_grpc_timeout(false),
+            deadline,
+            bulkhead,
+            throttle,
+            keys: self.keys,
+            retry: retry.grpc_timeout_written_inside(offset),
+            breaker,
+            attempt,
+            reserve,
         })
-    }
-
-    /// The least time a retry of this stack waits before it is sent, for the attempt bound:
-    /// the retry layer's least first backoff, and the offset the retry's deadline is told
-    /// less.
-    pub(crate) fn retry_wait(&self) -> Duration {
-        self.retry
-            .config()
-            .least_retry_wait()
-            .saturating_add(self.deadline.offset())
     }
 }
 
 impl ClientBuilder<HttpClassifier> {
     /// Says the dependency de-duplicates `Idempotency-Key`s (it runs behind
     /// [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer) or keeps the same
-    /// promise), and stamps a fresh key (128 random bits from the OS) on each POST and PATCH
-    /// that has none, once per logical call, outside the retry layer: every attempt of a call
-    /// carries the same key. Off by default.
+    /// promise), and stamps a fresh key on each POST and PATCH that has none, once per logical
+    /// call, outside the retry layer: every attempt of a call carries the same key. Off by
+    /// default; `IdempotencyKeyLayer::new()` turns it on (128 random bits from the OS per
+    /// key), [`IdempotencyKeyLayer::off`] off again.
     ///
     /// What changes: a keyed request is one the retry policy's
     /// [`Idempotency::Standard`](crate::client::retry::Idempotency::Standard) rule allows, so a POST
@@ -864,25 +708,18 @@ impl ClientBuilder<HttpClassifier> {
     /// [`IdempotencyLayer`]: crate::idempotency::IdempotencyLayer
     ///
     /// ```
-    /// let payments = backstop::client::http().name("payments").idempotency_keys(true).build()?;
-    /// assert!(payments.key_layer().is_on());
+    /// use backstop::idempotency::IdempotencyKeyLayer;
+    ///
+    /// let payments = backstop::client::http()
+    ///     .name("payments")
+    ///     .idempotency_keys(IdempotencyKeyLayer::new())
+    ///     .build()?;
+    /// # let _ = payments;
     /// # Ok::<(), backstop::ConfigError>(())
     /// ```
     #[must_use]
-    pub fn idempotency_keys(mut self, dedups: bool) -> Self {
-        self.keys = if dedups {
-            IdempotencyKeyLayer::new()
-        } else {
-            IdempotencyKeyLayer::off()
-        };
-        self
-    }
-
-    /// As [`idempotency_keys(true)`](Self::idempotency_keys) with a key layer of your own
-    /// (other methods, or a seeded generator in tests).
-    #[must_use]
-    pub fn idempotency_key_layer(mut self, layer: IdempotencyKeyLayer) -> Self {
-        self.keys = layer;
+    pub fn idempotency_keys(mut self, keys: IdempotencyKeyLayer) -> Self {
+        self.keys = keys;
         self
     }
 }
@@ -903,70 +740,73 @@ impl ClientBuilder<HttpClassifier> {
 /// ```
 #[derive(Debug, Clone)]
 pub struct ClientLayer<C> {
-    stack: ClientBuilder<C>,
+    name: Option<Arc<str>>,
+    /// As configured (whether the header is sent, its offset).
+    deadline: PropagateDeadlineLayer,
+    /// The stack's outermost layer: `deadline`, writing no header (the attempt bound does).
+    outer: PropagateDeadlineLayer,
+    bulkhead: BulkheadLayer,
+    throttle: ThrottleLayer<C>,
+    keys: IdempotencyKeyLayer,
+    retry: RetryLayer<C>,
+    breaker: BreakerLayer<C>,
+    attempt: AttemptTimeoutLayer,
+    reserve: Option<MeasuredDelay>,
 }
 
 impl<C> ClientLayer<C> {
     /// The attempt bound's layer: [`latency`](AttemptTimeoutLayer::latency) is the
     /// dependency's measured latency, [`current_bound`](AttemptTimeoutLayer::current_bound)
-    /// the bound an attempt gets now.
+    /// the bound an attempt gets now, [`key_latency`](AttemptTimeoutLayer::key_latency) a
+    /// route's.
     pub fn attempt_layer(&self) -> &AttemptTimeoutLayer {
-        &self.stack.attempt
+        &self.attempt
     }
 
     /// The dependency's measured latency: count and quantiles over the model's window.
     pub fn latency(&self) -> crate::latency::LatencySnapshot {
-        self.stack.attempt.latency()
+        self.attempt.latency()
     }
 
-    /// The dependency's name: the stack's ([`name`](ClientBuilder::name)), else its retry layer's
-    /// (`""` when neither is named).
+    /// The dependency's name ([`name`](ClientBuilder::name); `""` when unnamed).
     pub fn dependency(&self) -> &str {
-        self.stack
-            .name
-            .as_deref()
-            .unwrap_or_else(|| self.stack.retry.name())
-    }
-
-    /// The key-stamping layer (off unless [`idempotency_keys`](ClientBuilder::idempotency_keys) or
-    /// [`idempotency_key_layer`](ClientBuilder::idempotency_key_layer) turned it on).
-    pub fn key_layer(&self) -> &IdempotencyKeyLayer {
-        &self.stack.keys
-    }
-
-    /// The deadline propagation layer.
-    pub fn deadline_layer(&self) -> &PropagateDeadlineLayer {
-        &self.stack.deadline
+        self.name.as_deref().unwrap_or_default()
     }
 
     /// The bulkhead (off unless [`bulkhead`](ClientBuilder::bulkhead) gave it a limit), for its
     /// [`in_flight`](BulkheadLayer::in_flight) and [`waiting`](BulkheadLayer::waiting) counts.
     pub fn bulkhead_layer(&self) -> &BulkheadLayer {
-        &self.stack.bulkhead
+        &self.bulkhead
     }
 
     /// The adaptive throttle, for its [`throttle`](ThrottleLayer::throttle)'s probability and
     /// refusals.
     pub fn throttle_layer(&self) -> &ThrottleLayer<C> {
-        &self.stack.throttle
+        &self.throttle
     }
 
     /// The retry layer, for its [`stats`](RetryLayer::stats).
     pub fn retry_layer(&self) -> &RetryLayer<C> {
-        &self.stack.retry
+        &self.retry
     }
 
     /// The breaker, for its [`snapshot`](BreakerLayer::snapshot) and manual modes (a keyed
     /// breaker's routes are in [`keys`](BreakerLayer::keys); its `snapshot` is the overflow
     /// breaker's).
     pub fn breaker_layer(&self) -> &BreakerLayer<C> {
-        &self.stack.breaker
+        &self.breaker
+    }
+
+    /// The deadline layer as configured (for the service config's stack).
+    #[cfg(feature = "service-config")]
+    pub(crate) fn deadline_layer(&self) -> &PropagateDeadlineLayer {
+        &self.deadline
     }
 
     /// The reserve a retry must have left (for the service config's retry layers).
     #[cfg(feature = "service-config")]
-    pub(crate) fn measured_reserve(&self) -> Option<crate::client::attempt::MeasuredDelay> {
-        self.stack.measured_reserve()
+    pub(crate) fn measured_reserve(&self) -> Option<MeasuredDelay> {
+        self.reserve.clone()
     }
 }
 
@@ -976,33 +816,17 @@ impl<S, C> Layer<S> for ClientLayer<C> {
     >;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let stack = &self.stack;
-        // One writer of each attempt's `grpc-timeout`, decided here: the attempt bound,
-        // innermost, from the deadline each attempt carries on the request (less the deadline
-        // layer's offset); the deadline and retry layers write none. No writer at all when
-        // the deadline layer says the header is not to be sent.
-        // The attempt bound keeps its share of the deadline for a retry only where one could
-        // be sent: after the retry layer's least backoff, before the deadline less the offset.
-        let attempt = stack.attempt.retry_wait(stack.retry_wait());
-        let inner = if stack.deadline.sends_grpc_timeout() {
-            attempt
-                .write_grpc_timeout(stack.deadline.offset())
-                .layer(inner)
-        } else {
-            attempt.layer(inner)
-        };
-        let inner = stack.breaker.layer(inner);
-        let inner = stack
-            .retry
-            .grpc_timeout_written_inside(stack.deadline.offset())
-            .layer(inner);
+        // The onion `build` made, outermost last.
+        let inner = self.attempt.layer(inner);
+        let inner = self.breaker.layer(inner);
+        let inner = self.retry.layer(inner);
         // Outside the retry layer: one key per logical call, the same on every attempt.
-        let inner = stack.keys.layer(inner);
+        let inner = self.keys.layer(inner);
         // Outside the retry layer, inside the deadline (which gives the bulkhead its wait's
         // end): a refused call costs no key, no body copy and no retry state, and a call holds
         // one permit across its retries.
-        let inner = stack.throttle.layer(inner);
-        let inner = stack.bulkhead.layer(inner);
-        stack.deadline.send_grpc_timeout(false).layer(inner)
+        let inner = self.throttle.layer(inner);
+        let inner = self.bulkhead.layer(inner);
+        self.outer.layer(inner)
     }
 }

@@ -156,7 +156,7 @@
 //! request refused on arrival; keep the layer outside the handler's own layers. On the
 //! client:
 //! `IdempotencyKeyLayer → Retry → …` (the `backstop::client` presets do this with
-//! `.idempotency_keys(true)`).
+//! `.idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())`).
 //!
 //! # Feature flags
 //!
