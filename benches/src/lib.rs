@@ -386,10 +386,8 @@ pub fn backstop_deadline() -> impl Stack {
 
 /// A breaker forced open: every call is refused (the failure path of an open breaker).
 pub fn backstop_open_breaker() -> impl Stack {
-    let layer = BreakerConfig::http()
-        .mode(backstop::client::breaker::Mode::ForcedOpen)
-        .build()
-        .unwrap();
+    let layer = BreakerConfig::http().build().unwrap();
+    layer.set_mode(backstop::client::breaker::Mode::ForcedOpen);
     ServiceBuilder::new().layer(layer).service(bare())
 }
 

@@ -329,11 +329,8 @@ async fn a_mode_set_at_run_time_applies_to_keys_added_later() {
     assert_eq!(modes, [Mode::Normal; 4]);
 
     // A layer built forced open and switched to normal: new keys are normal.
-    let layer = config()
-        .mode(Mode::ForcedOpen)
-        .per_key(BreakerKey::Path)
-        .build()
-        .unwrap();
+    let layer = config().per_key(BreakerKey::Path).build().unwrap();
+    layer.set_mode(Mode::ForcedOpen);
     let mut service = layer.layer(dependency());
     assert_eq!(send(&mut service, "http://svc/a").await, None);
     layer.set_mode(Mode::Normal);

@@ -52,12 +52,7 @@ fn cases() -> Vec<(String, Built)> {
         ));
         v.push((
             format!("retry hint/min/backoff({d:?})"),
-            retry(
-                RetryConfig::http()
-                    .max_hint(d)
-                    .min_attempt_time(d)
-                    .backoff(backoff::constant(d)),
-            ),
+            retry(RetryConfig::http().backoff(backoff::constant(d))),
         ));
         v.push((
             format!("decorrelated({d:?})"),
@@ -73,11 +68,7 @@ fn cases() -> Vec<(String, Built)> {
                 retry(RetryConfig::http().budget(Arc::new(budget))),
             ));
         }
-        for a in [
-            Adaptive::new().ceiling(d),
-            Adaptive::new().floor(d),
-            Adaptive::new().min_floor(d),
-        ] {
+        for a in [Adaptive::new().ceiling(d), Adaptive::new().floor(d)] {
             v.push((format!("adaptive dur({d:?})"), adaptive(a)));
         }
         v.push((
@@ -132,23 +123,19 @@ fn cases() -> Vec<(String, Built)> {
         for a in [
             Adaptive::new().quantile(r),
             Adaptive::new().multiplier(r),
-            Adaptive::new().step(r),
             Adaptive::new().deadline_share(r),
         ] {
             v.push((format!("adaptive ratio({r})"), adaptive(a)));
         }
         for b in [
             BreakerConfig::http().failure_rate(r),
-            BreakerConfig::http().open_multiplier(r),
             BreakerConfig::http().slow_calls(Duration::from_secs(1), r),
         ] {
             v.push((format!("breaker ratio({r})"), breaker(b)));
         }
         for t in [
             AdaptiveThrottle::builder().k(r),
-            AdaptiveThrottle::builder().aggression(r),
             AdaptiveThrottle::builder().max_probability(r),
-            AdaptiveThrottle::builder().min_rps(r),
         ] {
             v.push((format!("throttle ratio({r})"), throttle(t)));
         }

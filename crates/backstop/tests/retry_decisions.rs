@@ -293,19 +293,19 @@ async fn a_hostile_retry_after_never_outlives_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn no_retry_is_started_that_cannot_finish_before_the_deadline() {
-    let layer = policy().min_attempt_time(5 * MS).build().unwrap();
-    // 14 ms left: 10 ms of backoff + 5 ms of attempt do not fit.
-    let mut h = start(layer.clone(), get_within(14 * MS));
+    let layer = policy().build().unwrap();
+    // 10.9 ms left: 10 ms of backoff + the 1 ms an attempt needs at least do not fit.
+    let mut h = start(layer.clone(), get_within(Duration::from_micros(10_900)));
     h.answer(503).await;
     assert_eq!(h.done().unwrap().status(), 503);
     assert_eq!(layer.stats().gave_up(GiveUp::Deadline), 1);
-    // 15 ms left: they do.
-    let mut h = start(layer, get_within(15 * MS));
+    // 11 ms left: they do.
+    let mut h = start(layer, get_within(11 * MS));
     h.answer(503).await;
     h.advance(10 * MS).await;
     let retry = h.answer(200).await;
-    // The retry's grpc-timeout is what is left: 5 ms.
-    assert_eq!(retry.headers()["grpc-timeout"], "5000000n");
+    // The retry's grpc-timeout is what is left: 1 ms.
+    assert_eq!(retry.headers()["grpc-timeout"], "1000000n");
     assert_eq!(h.done().unwrap().status(), 200);
 }
 

@@ -15,7 +15,6 @@ fn seeded() -> Arc<AdaptiveThrottle> {
     Arc::new(
         AdaptiveThrottle::builder()
             .window(Duration::from_secs(10))
-            .buckets(10)
             .max_probability(0.9)
             .seed(11)
             .build()

@@ -7,9 +7,9 @@ pub(crate) mod deadline;
 pub mod overload;
 pub mod retry;
 
-use crate::client::attempt::{
-    Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer, MeasuredDelay,
-};
+#[cfg(feature = "service-config")]
+use crate::client::attempt::MeasuredDelay;
+use crate::client::attempt::{Adaptive, AttemptBound, AttemptTimeout, AttemptTimeoutLayer};
 use crate::client::breaker::{Breaker, BreakerConfig, BreakerLayer};
 use crate::client::overload::bulkhead::{Bulkhead, BulkheadLayer, BulkheadLayerBuilder};
 use crate::client::overload::throttle::{
@@ -542,7 +542,7 @@ impl<C: Clone> ClientBuilder<C> {
 
     /// A retry is started only if, after its backoff, the `quantile` of the measured latency
     /// is still left of the deadline; `None`: no measured reserve (the retry policy's own
-    /// [`RetryConfig::reserve`], if it has one, and its `min_attempt_time`). The presets use
+    /// [`RetryConfig::reserve`], if it has one, and the fixed 1 ms). The presets use
     /// `Some(0.5)`: with a dependency whose median call takes 1 s, a failure with 300 ms left
     /// is returned at once ([`GiveUp::Reserve`](crate::client::retry::GiveUp::Reserve))
     /// instead of a retry that would time out and count as one more failure of the breaker.
@@ -667,6 +667,7 @@ impl<C: Clone> ClientBuilder<C> {
         Ok(ClientLayer {
             name: self.name,
             outer: deadline.send_grpc_timeout(false),
+            #[cfg(feature = "service-config")]
             deadline,
             bulkhead,
             throttle,
@@ -674,6 +675,7 @@ impl<C: Clone> ClientBuilder<C> {
             retry: retry.grpc_timeout_written_inside(offset),
             breaker,
             attempt,
+            #[cfg(feature = "service-config")]
             reserve,
         })
     }
@@ -741,7 +743,8 @@ impl ClientBuilder<HttpClassifier> {
 #[derive(Debug, Clone)]
 pub struct ClientLayer<C> {
     name: Option<Arc<str>>,
-    /// As configured (whether the header is sent, its offset).
+    /// As configured (whether the header is sent, its offset), for the service config's stack.
+    #[cfg(feature = "service-config")]
     deadline: PropagateDeadlineLayer,
     /// The stack's outermost layer: `deadline`, writing no header (the attempt bound does).
     outer: PropagateDeadlineLayer,
@@ -751,6 +754,8 @@ pub struct ClientLayer<C> {
     retry: RetryLayer<C>,
     breaker: BreakerLayer<C>,
     attempt: AttemptTimeoutLayer,
+    /// The reserve the retry layer was given, for the service config's retry layers.
+    #[cfg(feature = "service-config")]
     reserve: Option<MeasuredDelay>,
 }
 

@@ -22,6 +22,7 @@ pub(crate) mod name;
 pub(crate) mod scope;
 pub(crate) mod stripe;
 pub(crate) mod sync;
+pub(crate) mod table;
 pub(crate) mod tick;
 pub(crate) mod timer;
 

@@ -11,7 +11,7 @@
 //!   of their own that everything else ignores.
 //!
 //! Parsing never panics and never overflows: absurd delays are kept as they are (saturating),
-//! and the retry layer clamps them by its `max_hint` and by the remaining deadline, so a hostile
+//! and the retry layer clamps them to 30 s and by the remaining deadline, so a hostile
 //! hint can never make a client sleep past its deadline.
 
 use crate::wire::grpc::GRPC_RETRY_PUSHBACK_MS;

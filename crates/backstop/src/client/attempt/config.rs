@@ -5,7 +5,18 @@ use std::time::Duration;
 
 /// How long it takes a stale bound (the model emptied by an idle spell) to double on its way
 /// to the ceiling; see the [module docs](crate::client::attempt).
-pub const STALE_DOUBLING: Duration = Duration::from_secs(60);
+pub(crate) const STALE_DOUBLING: Duration = Duration::from_secs(60);
+
+/// How many times the measured quantile the floor is (fixed: a knob once): the largest step
+/// of latency, as a multiple of what was measured, absorbed rather than cut as a hang (a step
+/// is cut at first like a hang, and the breaker counts every cut attempt). The lab's `hang`,
+/// `brownout` and `drift` scenarios chose 20.
+const STEP: f64 = 20.0;
+
+/// The lowest the measured floor goes (fixed: a knob once; a lower `floor` still wins): the
+/// shortest bound of any dependency, however fast, so a 10 ms dependency's hang is cut after
+/// 250 ms, not after 200 ms of noise.
+const MIN_FLOOR: Duration = Duration::from_millis(250);
 
 /// How each attempt is bounded.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -20,8 +31,8 @@ pub enum AttemptBound {
 }
 
 /// `clamp(quantile × multiplier, the floor, ceiling)` of the dependency's measured latency,
-/// where the floor follows the model: `quantile × step`, between `min_floor` and `floor`; see
-/// the [module docs](crate::client::attempt) for the defaults and why.
+/// where the floor follows the model: `quantile × 20`, between 250 ms and `floor` (fixed but
+/// for `floor`); see the [module docs](crate::client::attempt) for the defaults and why.
 ///
 /// ```
 /// use backstop::client::attempt::Adaptive;
@@ -42,8 +53,6 @@ pub struct Adaptive {
     pub(super) quantile: f64,
     multiplier: f64,
     floor: Duration,
-    min_floor: Duration,
-    step: f64,
     ceiling: Duration,
     pub(super) deadline_share: f64,
 }
@@ -62,8 +71,6 @@ impl Adaptive {
             quantile: 0.99,
             multiplier: 3.0,
             floor: Duration::from_secs(1),
-            min_floor: Duration::from_millis(250),
-            step: 20.0,
             ceiling: Duration::from_secs(10),
             deadline_share: 0.8,
         }
@@ -84,28 +91,12 @@ impl Adaptive {
     }
 
     /// The highest the floor goes (default 1 s; more than zero, at most 1 h): the shortest bound of a
-    /// dependency whose quantile × `step` is above it. A floor of 10 ms makes the bound
+    /// dependency whose quantile × 20 is above it; a floor below 250 ms is the floor of every
+    /// dependency, however fast. A floor of 10 ms makes the bound
     /// p99 × 3 for any dependency slower than 3.3 ms.
     #[must_use]
     pub fn floor(mut self, floor: Duration) -> Self {
         self.floor = floor;
-        self
-    }
-
-    /// The lowest the floor goes (default 250 ms; more than zero; a `floor` below it wins):
-    /// the shortest bound of any dependency, however fast.
-    #[must_use]
-    pub fn min_floor(mut self, min_floor: Duration) -> Self {
-        self.min_floor = min_floor;
-        self
-    }
-
-    /// How many times the quantile the floor is (default 20; at least 1): the largest step
-    /// of latency, as a multiple of what was measured, that is absorbed rather than cut as a
-    /// hang (a step is cut at first like a hang, and the breaker counts every cut attempt).
-    #[must_use]
-    pub fn step(mut self, step: f64) -> Self {
-        self.step = step;
         self
     }
 
@@ -135,8 +126,8 @@ impl Adaptive {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `quantile`, `multiplier`, `deadline_share`, `step`, `floor`,
-    /// `min_floor` or `ceiling`.
+    /// A [`ConfigError`] naming `quantile`, `multiplier`, `deadline_share`, `floor` or
+    /// `ceiling`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(self.quantile >= 0.5 && self.quantile < 1.0) {
             return Err(ConfigError::new(
@@ -156,12 +147,6 @@ impl Adaptive {
                 format!("must be in (0, 1], got {}", self.deadline_share),
             ));
         }
-        if !(self.step >= 1.0 && self.step.is_finite()) {
-            return Err(ConfigError::new(
-                "step",
-                format!("must be at least 1, got {}", self.step),
-            ));
-        }
         if self.floor.is_zero() || self.floor > Duration::from_secs(3600) {
             return Err(ConfigError::new(
                 "floor",
@@ -170,9 +155,6 @@ impl Adaptive {
                     self.floor
                 ),
             ));
-        }
-        if self.min_floor.is_zero() {
-            return Err(ConfigError::new("min_floor", "must be greater than zero"));
         }
         if self.ceiling < self.floor || self.ceiling > Duration::from_secs(3600) {
             return Err(ConfigError::new(
@@ -189,7 +171,7 @@ impl Adaptive {
     /// The bound for a measured quantile and its age (zero while the model is trusted; see
     /// [`LatencyModel::quantile_aged`](crate::latency::LatencyModel::quantile_aged)):
     /// the quantile doubled for every [`STALE_DOUBLING`] of age, times `multiplier`, clamped
-    /// between the floor (the quantile × `step`, within `min_floor` and `floor`) and the
+    /// between the floor (the quantile × [`STEP`], within [`MIN_FLOOR`] and `floor`) and the
     /// ceiling.
     pub(super) fn bound(&self, measured: Option<(Duration, Duration)>) -> Duration {
         let Some((q, age)) = measured else {
@@ -202,13 +184,13 @@ impl Adaptive {
         }
         let q = scaled(q, doublings.exp2());
         // The floor follows the model, within `min_floor` and `floor` (the lower wins).
-        let floor = scaled(q, self.step).max(self.min_floor).min(self.floor);
+        let floor = scaled(q, STEP).max(MIN_FLOOR).min(self.floor);
         scaled(q, self.multiplier).clamp(floor, self.ceiling)
     }
 }
 
-/// `d × factor`, saturated at `Duration::MAX` (`mul_f64` panics past it: a `multiplier` or
-/// `step` of 1e300 is a valid knob).
+/// `d × factor`, saturated at `Duration::MAX` (`mul_f64` panics past it: a `multiplier` of
+/// 1e300 is a valid knob).
 fn scaled(d: Duration, factor: f64) -> Duration {
     Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(Duration::MAX)
 }

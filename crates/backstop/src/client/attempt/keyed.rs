@@ -1,87 +1,52 @@
 //! A latency model per key ([`AttemptTimeoutLayer::per_key`](super::AttemptTimeoutLayer::per_key)):
-//! a bounded table of per-key [`Shared`]s, each built from the layer's own.
+//! the per-route table ([`crate::rt::table`]) of per-key [`Shared`]s, each built from the
+//! layer's own.
 //!
 //! # Bounds
 //!
 //! At most `max_keys` models (default 64, as the breaker's keyed table), each about 4 KiB
 //! (the model's histograms), plus the key's text and a table slot. A key met when the table
-//! is full takes the place of the key that has gone longest without a call, if that key has
-//! gone [`KEY_IDLE`] without one; otherwise its calls use the layer's own model (the
-//! overflow), as do calls the key function gives no key. Nothing is evicted while there is
-//! room: a rare route keeps its samples, however old, and its bound decays from them (see
-//! the [module docs](super)). After [`KEY_IDLE`] a model's aged bound is the ceiling and its
-//! hedge delay and reserve are `None`, as a fresh model's: evicting it changes no bound.
+//! is full takes the place of the keys that have gone [`KEY_IDLE`] without a call; when
+//! none has, its calls use the layer's own model (the overflow), as do calls the key
+//! function gives no key. Nothing is evicted while there is room: a rare route keeps its
+//! samples, however old, and its bound decays from them (see the [module docs](super)).
+//! After [`KEY_IDLE`] a model's aged bound is the ceiling and its hedge delay and reserve are
+//! `None`, as a fresh model's: evicting it changes no bound.
 //!
 //! # Concurrency rule
 //!
-//! As the breaker's keyed table: calls to a key that exists read an immutable snapshot of
-//! the table (`arc-swap`: no lock, but for the entry's last-use stamp, written at most once
-//! a millisecond, only forward, by an atomic maximum). Adding a key copies the table under a
-//! mutex, checks again under it that no other call added the key first (two calls racing for
-//! a new key share one model), evicts the longest-idle key if the table is full and it may
-//! go, and publishes the copy. When none may, it notes when one could, and until then new
-//! keys go to the overflow without the mutex. An attempt holds its model (an `Arc`) until it
-//! ends, so an evicted model lives on until its last attempt has recorded. A loom model
-//! checks an add and an eviction racing a lookup.
+//! The table's ([`crate::rt::table`]): lookups of a key that exists take no lock; adding a
+//! key takes the table's grow mutex. An attempt holds its model (an `Arc`) until it ends, so
+//! an evicted model lives on until its last attempt has recorded. The delay slots' quantiles
+//! are a mutex taken only when a measured delay is made (at build time). A loom model checks
+//! an add and an eviction racing a lookup.
 
 use super::shared::Shared;
 use crate::RouteKey;
 use crate::rt::stripe::Handles;
+use crate::rt::sync::Mutex;
+use crate::rt::table::{Slot, Table};
 use http::{Method, Uri};
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
 
-use crate::rt::sync::{AtomicU64, Mutex, Ordering};
-
 /// How long a key's model must have gone without a call before a new key may take its place
-/// in a full table: 20 doublings of its aged bound ([`STALE_DOUBLING`](super::STALE_DOUBLING),
+/// in a full table: 20 doublings of its aged bound ([`STALE_DOUBLING`](super::config::STALE_DOUBLING),
 /// which reach the ceiling) after its samples left a window of up to 10 minutes.
-pub const KEY_IDLE: Duration = Duration::from_secs(30 * 60);
+pub(crate) const KEY_IDLE: Duration = Duration::from_secs(30 * 60);
 
 /// How many distinct quantiles of measured delays (hedge delays, retry reserves) are cached
 /// per key; a delay of a further quantile reads the key's model each time.
 pub(super) const DELAY_SLOTS: usize = 4;
 
-/// The published table (`arc-swap`), or under loom a mutex around the `Arc`, so the model
-/// checks the protocol around it (arc-swap itself is not loom-aware).
-#[cfg(not(loom))]
-type Swap<T> = arc_swap::ArcSwap<T>;
-
-#[cfg(loom)]
-struct Swap<T>(Mutex<Arc<T>>);
-
-#[cfg(loom)]
-impl<T> Swap<T> {
-    fn new(value: Arc<T>) -> Self {
-        Self(Mutex::new(value))
-    }
-
-    fn load(&self) -> Arc<T> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn load_full(&self) -> Arc<T> {
-        self.load()
-    }
-
-    fn store(&self, value: Arc<T>) {
-        *self.0.lock().unwrap() = value;
-    }
-}
-
-/// One key's model, its cached delays, and when a call last used it.
+/// One key's model and its cached delays.
 pub(super) struct Entry {
     pub(super) shared: Arc<Shared>,
     pub(super) handles: Handles<Shared>,
-    /// Milliseconds since the layer's origin at the last call (written at most once a
-    /// millisecond, and only forward).
-    last_used: AtomicU64,
     /// A measured delay's cached word per quantile slot (see `MeasuredDelay`; a cache, std's
     /// atomics even under loom).
     pub(super) delays: [std::sync::atomic::AtomicU64; DELAY_SLOTS],
 }
-
-type Table = HashMap<Box<str>, Arc<Entry>>;
 
 /// The models of a keyed layer.
 pub(super) struct Keyed {
@@ -89,12 +54,7 @@ pub(super) struct Keyed {
     /// The layer's own model: each key's is built from it (same bound, window, origin and
     /// name), and it takes the overflow.
     base: Arc<Shared>,
-    table: Swap<Table>,
-    grow: Mutex<()>,
-    pub(super) max_keys: usize,
-    pub(super) idle_ms: u64,
-    /// While the table is full: the earliest millisecond at which a key may be evicted.
-    full_until: AtomicU64,
+    table: Table<Entry>,
     /// The quantiles (as bits) given a delay slot, in order.
     quantiles: Mutex<Vec<u64>>,
 }
@@ -103,8 +63,7 @@ impl std::fmt::Debug for Keyed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Keyed")
             .field("key", &self.key)
-            .field("keys", &self.table.load().len())
-            .field("max_keys", &self.max_keys)
+            .field("table", &self.table)
             .finish_non_exhaustive()
     }
 }
@@ -114,13 +73,17 @@ impl Keyed {
         Self {
             key,
             base,
-            table: Swap::new(Arc::new(HashMap::new())),
-            grow: Mutex::new(()),
-            max_keys,
-            idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
-            full_until: AtomicU64::new(0),
+            table: Table::new(max_keys, idle, ()),
             quantiles: Mutex::new(Vec::new()),
         }
+    }
+
+    pub(super) fn max_keys(&self) -> usize {
+        self.table.max_keys()
+    }
+
+    pub(super) fn idle(&self) -> Duration {
+        self.table.idle()
     }
 
     fn now_ms(&self) -> u64 {
@@ -131,75 +94,33 @@ impl Keyed {
     /// key, or the table is full of keys that may not be evicted yet (the layer's own model
     /// takes it).
     #[inline(never)]
-    pub(super) fn entry(&self, method: &Method, uri: &Uri) -> Option<Arc<Entry>> {
+    pub(super) fn entry(&self, method: &Method, uri: &Uri) -> Option<Arc<Slot<Entry>>> {
         let key = self.key.of(method, uri)?;
         self.entry_at(&key, self.now_ms())
     }
 
     /// `key`'s entry at `now` (milliseconds since the layer's origin).
-    pub(super) fn entry_at(&self, key: &str, now: u64) -> Option<Arc<Entry>> {
-        if let Some(entry) = self.table.load().get(key) {
-            if entry.last_used.load(Ordering::Relaxed) < now {
-                entry.last_used.fetch_max(now, Ordering::Relaxed);
+    pub(super) fn entry_at(&self, key: &str, now: u64) -> Option<Arc<Slot<Entry>>> {
+        let make = |_: &()| {
+            let shared = Arc::new(self.base.for_key(crate::route::key_label(&self.key), key));
+            Entry {
+                handles: Handles::uncopied(&shared),
+                shared,
+                delays: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(0)),
             }
-            return Some(entry.clone());
-        }
-        if now < self.full_until.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.add(key, now)
+        };
+        // A model is never busy: once idle it may go.
+        self.table.entry_at(key, now, make, |_| 0)
     }
 
     /// `key`'s entry if it has one now (nothing added, no use stamped).
-    pub(super) fn get(&self, key: &str) -> Option<Arc<Entry>> {
-        self.table.load().get(key).cloned()
+    pub(super) fn get(&self, key: &str) -> Option<Arc<Slot<Entry>>> {
+        self.table.get(key)
     }
 
     /// Every key now, sorted.
     pub(super) fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self.table.load().keys().map(|k| k.to_string()).collect();
-        keys.sort_unstable();
-        keys
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn add(&self, key: &str, now: u64) -> Option<Arc<Entry>> {
-        let _grow = self.grow.lock().unwrap_or_else(|e| e.into_inner());
-        let table = self.table.load_full();
-        if let Some(entry) = table.get(key) {
-            return Some(entry.clone()); // added by a call that raced this one
-        }
-        let mut next = (*table).clone();
-        if next.len() >= self.max_keys {
-            // Full: the key idle longest goes, once it has been idle for `idle_ms`.
-            let oldest = next
-                .iter()
-                .map(|(k, e)| (e.last_used.load(Ordering::Relaxed), k))
-                .min()
-                .map(|(at, k)| (at, k.clone()));
-            match oldest {
-                Some((at, k)) if now > at.saturating_add(self.idle_ms) => {
-                    next.remove(&k);
-                }
-                Some((at, _)) => {
-                    let until = at.saturating_add(self.idle_ms).saturating_add(1);
-                    self.full_until.store(until, Ordering::Relaxed);
-                    return None;
-                }
-                None => return None, // max_keys is at least 1; not reached
-            }
-        }
-        let shared = Arc::new(self.base.for_key(crate::route::key_label(&self.key), key));
-        let entry = Arc::new(Entry {
-            handles: Handles::uncopied(&shared),
-            shared,
-            last_used: AtomicU64::new(now),
-            delays: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(0)),
-        });
-        next.insert(key.into(), entry.clone());
-        self.table.store(Arc::new(next));
-        Some(entry)
+        self.table.keys()
     }
 
     /// The delay slot of `quantile`, shared by every measured delay of that quantile; `None`
@@ -238,7 +159,6 @@ mod tests {
         assert!(k.entry_at("/b", 10).is_some());
         // Full, and nobody idle long enough: the overflow, without the lock until /a may go.
         assert!(k.entry_at("/c", 1_000).is_none());
-        assert_eq!(k.full_until.load(Ordering::Relaxed), idle + 1);
         assert!(k.entry_at("/c", idle).is_none());
         // The same key keeps its model while it is in the table.
         assert!(Arc::ptr_eq(&k.entry_at("/a", 20).unwrap(), &a));

@@ -84,7 +84,7 @@ impl AttemptTimeoutLayer {
     /// name); until it is trusted the key's attempts get the cold-start bound (the ceiling,
     /// capped by the deadline's share), never the bound of other keys. This layer's own model
     /// takes requests without a key and, while a table of `max_keys` models is full of keys
-    /// used in the last [`KEY_IDLE`](super::KEY_IDLE), new keys; see the [module docs](super)
+    /// used in the last 30 min, new keys; see the [module docs](super)
     /// for the rule and why.
     ///
     /// ```
@@ -175,8 +175,8 @@ impl AttemptTimeoutLayer {
             Arc::new(Keyed::new(
                 keyed.key.clone(),
                 shared.clone(),
-                keyed.max_keys,
-                Duration::from_millis(keyed.idle_ms),
+                keyed.max_keys(),
+                keyed.idle(),
             ))
         });
         Self {

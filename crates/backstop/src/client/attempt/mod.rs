@@ -7,7 +7,7 @@
 //! [`AttemptBound::Adaptive`] (the presets' default): `clamp(p99 × 3, floor, ceiling)` from
 //! the dependency's own [`LatencyModel`](crate::latency::LatencyModel), re-read at
 //! most every 100 ms, where the floor follows the model too, `clamp(p99 × 20, 250 ms, 1 s)`
-//! ([`Adaptive::step`], [`Adaptive::min_floor`], [`Adaptive::floor`]), and the ceiling is
+//! (20 and 250 ms fixed, [`Adaptive::floor`] a knob), and the ceiling is
 //! 10 s by default; never more than 80 % of what is left of the
 //! request's deadline ([`Adaptive::deadline_share`]): an attempt to a dependency slower than
 //! its callers' deadlines then times out before the deadline, a failure the breaker counts,
@@ -33,7 +33,7 @@
 //! minute says nothing new about the dependency: the bound then comes from the samples the
 //! model still holds, however old
 //! ([`LatencyModel::quantile_aged`](crate::latency::LatencyModel::quantile_aged)),
-//! doubled for every minute ([`STALE_DOUBLING`]) since they left the window, and clamped as
+//! doubled for every minute since they left the window, and clamped as
 //! usual: 60 ms for a 20 ms dependency becomes 85 ms after 30 s of silence past the window,
 //! 120 ms after a minute, the 10 s ceiling after about nine. Once traffic is back and the
 //! window holds 100 samples again, the bound is the fresh one. Before, one POST's
@@ -62,8 +62,8 @@
 //! (and a 10 ms dependency's after 250 ms). The floor never goes above 1 s, so a dependency
 //! whose p99 is 50 ms or more keeps the floor of 1 s it had, and a dependency whose p99 is
 //! above 333 ms is bounded by p99 × 3 alone (the storm lab's `hang`, `brownout` and `drift`
-//! scenarios chose these numbers; BENCHMARKS.md has the runs). Lower the floor (`floor`, which caps the measured one, or `step` and
-//! `min_floor`) for a dependency whose latency you know to be steady.
+//! scenarios chose these numbers; BENCHMARKS.md has the runs). Lower the floor (`floor`, which caps the measured one) for a dependency
+//! whose latency you know to be steady.
 //!
 //! # A model per key, keyed as the breaker is
 //!
@@ -83,7 +83,7 @@
 //!   model (the overflow), as a keyed breaker's overflow breaker takes them.
 //! - **The table is bounded**: at most `max_keys` models (about 4 KiB each). A key is evicted
 //!   only to make room for a new one, the one idle longest, and only once it has gone
-//!   [`KEY_IDLE`] (30 min) without a call: by then its aged bound is the ceiling and its delays
+//!   30 min (fixed) without a call: by then its aged bound is the ceiling and its delays
 //!   are `None`, what a fresh model gives, so evicting it changes no bound. The breaker evicts
 //!   an idle key after 5 min; a rare route's model would lose its aged samples too early at
 //!   that pace.
@@ -124,9 +124,8 @@ mod layer;
 mod service;
 mod shared;
 
-pub use config::{Adaptive, AttemptBound, STALE_DOUBLING};
+pub use config::{Adaptive, AttemptBound};
 pub use future::AttemptTimeoutFuture;
-pub use keyed::KEY_IDLE;
 pub use layer::{AttemptTimeoutLayer, MeasuredDelay};
 pub use service::AttemptTimeout;
 
@@ -149,12 +148,6 @@ mod tests {
                 "multiplier",
             ),
             (AttemptBound::Adaptive(a().floor(Duration::ZERO)), "floor"),
-            (
-                AttemptBound::Adaptive(a().min_floor(Duration::ZERO)),
-                "min_floor",
-            ),
-            (AttemptBound::Adaptive(a().step(0.5)), "step"),
-            (AttemptBound::Adaptive(a().step(f64::INFINITY)), "step"),
             (
                 AttemptBound::Adaptive(a().deadline_share(0.0)),
                 "deadline_share",
@@ -210,10 +203,7 @@ mod tests {
         assert_eq!(a.bound(fresh(50)), Duration::from_secs(1));
         assert_eq!(a.bound(fresh(200)), Duration::from_secs(1));
         assert_eq!(a.bound(fresh(500)), Duration::from_millis(1500));
-        let tuned = a.step(5.0).min_floor(Duration::from_millis(50));
-        assert_eq!(tuned.bound(fresh(5)), Duration::from_millis(50));
-        assert_eq!(tuned.bound(fresh(20)), Duration::from_millis(100));
-        // A floor below `min_floor` wins.
+        // A floor below 250 ms wins.
         let low = a.floor(Duration::from_millis(10));
         assert_eq!(low.bound(fresh(1)), Duration::from_millis(10));
         assert_eq!(low.bound(fresh(50)), Duration::from_millis(150));

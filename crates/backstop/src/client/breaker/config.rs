@@ -23,11 +23,11 @@ pub(crate) type Hook = Arc<dyn Fn(&Transition) + Send + Sync>;
 /// | `minimum_calls` | 20 calls in the window before any rate counts |
 /// | `consecutive_failures` | off |
 /// | `probes` | 3 half-open probes, all must succeed |
-/// | `open_duration` | 5 s, × `open_multiplier` (2) per consecutive re-open, at most 300 s |
+/// | `open_duration` | 5 s, doubling per consecutive re-open (fixed), at most 300 s |
 /// | `jitter` | on: equal jitter, each open time uniform in `[d/2, d]` |
 /// | `count_throttled` | off: a throttled call (HTTP 429, gRPC RESOURCE_EXHAUSTED) counts for nothing |
 /// | `slow_start` | off |
-/// | `mode` | [`Mode::Normal`] |
+/// | mode | [`Mode::Normal`]; change it at run time with [`BreakerLayer::set_mode`](crate::client::breaker::BreakerLayer::set_mode) |
 #[derive(Clone)]
 pub struct BreakerConfig<C> {
     pub(crate) classifier: C,
@@ -58,6 +58,12 @@ enum WindowKind {
     Time { length: Duration, buckets: u32 },
     Count(u32),
 }
+
+/// How the open time grows per consecutive re-open (fixed: a knob once). Doubling reaches the
+/// longest open time in a few re-opens of a dependency that stays down, while one that comes
+/// back after a short outage is probed again within about twice the first open time; the
+/// longest time is the knob ([`BreakerConfig::open_duration`]).
+const OPEN_MULTIPLIER: f64 = 2.0;
 
 impl<C: fmt::Debug> fmt::Debug for BreakerConfig<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -119,7 +125,7 @@ impl<C> BreakerConfig<C> {
             probes: 3,
             open_base: Duration::from_secs(5),
             open_max: Duration::from_secs(300),
-            open_multiplier: 2.0,
+            open_multiplier: OPEN_MULTIPLIER,
             jitter: true,
             count_throttled: false,
             seed: None,
@@ -215,20 +221,13 @@ impl<C> BreakerConfig<C> {
         self
     }
 
-    /// The open time: `base` the first time (default 5 s), multiplied by
-    /// [`open_multiplier`](Self::open_multiplier) at each consecutive re-open (a failed probe),
-    /// at most `max` (default 300 s, at most one day). Back to `base` once the breaker closes.
+    /// The open time: `base` the first time (default 5 s), doubled at each consecutive re-open
+    /// (a failed probe), at most `max` (default 300 s, at most one day). Back to `base` once
+    /// the breaker closes.
     #[must_use]
     pub fn open_duration(mut self, base: Duration, max: Duration) -> Self {
         self.open_base = base;
         self.open_max = max;
-        self
-    }
-
-    /// How the open time grows per consecutive re-open, at least 1 (default 2).
-    #[must_use]
-    pub fn open_multiplier(mut self, multiplier: f64) -> Self {
-        self.open_multiplier = multiplier;
         self
     }
 
@@ -264,13 +263,6 @@ impl<C> BreakerConfig<C> {
     #[must_use]
     pub fn slow_start(mut self, length: Duration) -> Self {
         self.slow_start = Some(length);
-        self
-    }
-
-    /// The mode the breaker starts in (default [`Mode::Normal`]).
-    #[must_use]
-    pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
         self
     }
 
@@ -381,15 +373,6 @@ impl<C> BreakerConfig<C> {
                 ),
             ));
         }
-        if !(self.open_multiplier.is_finite() && self.open_multiplier >= 1.0) {
-            return Err(ConfigError::new(
-                "open_multiplier",
-                format!(
-                    "must be finite and at least 1, got {}",
-                    self.open_multiplier
-                ),
-            ));
-        }
         if let Some(length) = self.slow_start
             && (length.is_zero() || length > DAY)
         {
@@ -483,7 +466,6 @@ impl<C> BreakerConfig<C> {
     /// - `consecutive_failures` is zero;
     /// - `probes` is not in 1..=1000;
     /// - `open_duration`'s base is zero, its max is below the base or above one day;
-    /// - `open_multiplier` is below 1 or not finite;
     /// - `time_window` has 0 or more than 1000 buckets, or buckets shorter than 1 ms;
     /// - `count_window` is not in 1..=100 000;
     /// - `slow_start` is zero or longer than one day;
@@ -543,8 +525,6 @@ mod tests {
             knob(c().open_duration(ms(10), Duration::from_secs(86_401))),
             "open_duration"
         );
-        assert_eq!(knob(c().open_multiplier(0.5)), "open_multiplier");
-        assert_eq!(knob(c().open_multiplier(f64::INFINITY)), "open_multiplier");
         assert_eq!(knob(c().time_window(ms(10), 0)), "time_window");
         assert_eq!(knob(c().time_window(ms(10), 11)), "time_window");
         assert_eq!(knob(c().time_window(ms(10_000), 1001)), "time_window");

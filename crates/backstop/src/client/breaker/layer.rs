@@ -81,7 +81,10 @@ impl<C> BreakerLayer<C> {
     /// layer ([`BreakerConfig::per_key`]): the client presets key their attempt layer's
     /// latency models the same way.
     pub fn key(&self) -> Option<(&crate::client::breaker::BreakerKey, usize)> {
-        self.shared.keyed.as_ref().map(|k| (&k.key, k.max_keys))
+        self.shared
+            .keyed
+            .as_ref()
+            .map(|k| (&k.key, k.table.max_keys()))
     }
 
     /// Every key's breaker now, by key (sorted), for a keyed layer; empty otherwise. The

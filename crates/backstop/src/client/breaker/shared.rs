@@ -9,10 +9,9 @@
 use crate::client::breaker::config::Hook;
 use crate::client::breaker::key::BreakerKey;
 use crate::client::breaker::state::{Admission, Machine, Tally};
-use crate::client::breaker::sync::{AtomicU64, Swap};
 use crate::client::breaker::{BreakerConfig, Mode, State, Transition};
 use crate::rt::stripe;
-use std::collections::HashMap;
+use crate::rt::table::Table;
 use std::{fmt, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
@@ -320,36 +319,21 @@ pub struct Snapshot {
     pub shared_bytes: usize,
 }
 
-/// One key's breaker and when a call last used it.
+/// One key's breaker (its entry in the per-route table).
 pub(crate) struct Entry<C> {
     pub(crate) shared: Arc<Shared<C>>,
     pub(crate) handles: Handles<C>,
-    /// Milliseconds since the table was built, at the last call (written at most once a
-    /// millisecond, and only forward).
-    pub(crate) last_used: AtomicU64,
 }
 
-pub(crate) type Table<C> = HashMap<Box<str>, Arc<Entry<C>>>;
-
-/// The breakers of a keyed layer.
+/// The breakers of a keyed layer, in the per-route table ([`crate::rt::table`]).
 pub(crate) struct Keyed<C> {
     pub(crate) key: BreakerKey,
     /// What each new key's breaker is built from (the layer's config, unkeyed).
     pub(crate) template: BreakerConfig<C>,
-    pub(crate) table: Swap<Table<C>>,
-    /// Taken to add a key and by the layer's run-time setters (never by a call to a key that
-    /// exists): what those setters changed, that a key added later must start with.
-    pub(crate) grow: crate::client::breaker::sync::Mutex<RunTime>,
-    pub(crate) max_keys: usize,
-    /// `idle_keys_after`, in milliseconds.
-    pub(crate) idle_ms: u64,
+    /// The table, its run-time state what the layer's run-time setters changed, that a key
+    /// added later must start with.
+    pub(crate) table: Table<Entry<C>, RunTime>,
     pub(crate) start: Instant,
-    /// While the table is full: the earliest millisecond at which a key can be evicted (the
-    /// earliest of the keys' idle and open times seen by the last scan; last uses only grow
-    /// and a breaker only opens for longer, so none can be evicted before; a reset clears
-    /// it). Until then a new key goes to the overflow breaker at once, without the lock or a
-    /// scan of the table.
-    pub(crate) full_until: AtomicU64,
 }
 
 /// What the layer's run-time setter ([`set_mode`](crate::client::breaker::BreakerLayer::set_mode)) changed
@@ -365,8 +349,7 @@ impl<C> fmt::Debug for Keyed<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Keyed")
             .field("key", &self.key)
-            .field("keys", &self.table.load().len())
-            .field("max_keys", &self.max_keys)
+            .field("table", &self.table)
             .finish_non_exhaustive()
     }
 }
@@ -380,15 +363,15 @@ impl<C> Keyed<C> {
     ) -> Self {
         Self {
             key,
-            grow: crate::client::breaker::sync::Mutex::new(RunTime {
-                mode: template.mode,
-            }),
+            table: Table::new(
+                max_keys,
+                idle,
+                RunTime {
+                    mode: template.mode,
+                },
+            ),
             template,
-            table: Swap::new(Arc::new(HashMap::new())),
-            max_keys,
-            idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
             start: Instant::now(),
-            full_until: AtomicU64::new(0),
         }
     }
 }

@@ -47,7 +47,7 @@ pub(crate) enum Wire {
 /// really left when the attempt is sent, `min(deadline, wire) − now`, where `wire` is what the
 /// caller told the server (an outer `PropagateDeadline`'s header, keeping its offset, or a
 /// header the caller set). A retry is scheduled only if it can be sent with at least
-/// `min_attempt_time` left on the wire. (An attempt bound inside the breaker, the
+/// 1 ms left on the wire. (An attempt bound inside the breaker, the
 /// `AttemptTimeout`, shortens an attempt's header further.)
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bounds {

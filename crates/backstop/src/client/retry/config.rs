@@ -116,23 +116,35 @@ impl Idempotency {
     }
 }
 
+/// The least time a retry or a hedge must have left of its deadline, once its wait is over,
+/// to be sent (fixed: a knob once, which no user had a reason to set). Under a millisecond no
+/// dependency answers, and the attempt would only add load; a longer floor is a
+/// [`reserve`](RetryConfig::reserve) (a `Duration` is a fixed one), which the presets measure.
+pub(crate) const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(1);
+
+/// The longest wait a server's `Retry-After` or `grpc-retry-pushback-ms` is honoured for;
+/// a longer one is clamped to it, and the deadline clamps it further (fixed: a knob once). A
+/// server cannot park a caller without a deadline for hours, and 30 s is past any overload
+/// a retry could still help with.
+pub(crate) const MAX_HINT: Duration = Duration::from_secs(30);
+
 /// What a [`RetryLayer`](crate::client::retry::RetryLayer) does: presets [`RetryConfig::http`] and [`RetryConfig::grpc`], tuned
 /// with the knob methods and validated by [`build`](RetryConfig::build).
 ///
 /// Defaults of both presets: 3 attempts (the first included), [`backoff::decorrelated`]
 /// from 25 ms to 1 s, a [`RatioBudget`] with its defaults (10 %, 10 s, 10/s reserve), no
-/// per-attempt timeout, `min_attempt_time` 1 ms, `max_replay_bytes` 64 KiB,
-/// [`Idempotency::Standard`], server hints honoured up to 30 s.
+/// per-attempt timeout, `max_replay_bytes` 64 KiB, [`Idempotency::Standard`]. Fixed: a
+/// retry or a hedge is sent only with at least 1 ms of the deadline left once its wait is over
+/// (a longer floor is a [`reserve`](Self::reserve)), and a server's `Retry-After` or pushback
+/// is honoured up to 30 s (and never past the deadline).
 #[derive(Debug, Clone)]
 pub struct RetryConfig<C> {
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Arc<dyn Backoff>,
     pub(crate) budget: Option<Arc<dyn Budget>>,
     pub(crate) classifier: C,
-    pub(crate) min_attempt_time: Duration,
     pub(crate) max_replay_bytes: usize,
     pub(crate) idempotency: Idempotency,
-    pub(crate) max_hint: Duration,
     pub(crate) seed: Option<u64>,
     pub(crate) hedging: Option<crate::client::retry::hedge::Hedging>,
     pub(crate) reserve: Option<Arc<dyn RetryReserve>>,
@@ -169,10 +181,8 @@ impl<C> RetryConfig<C> {
             )),
             budget: Some(Arc::new(RatioBudget::new())),
             classifier,
-            min_attempt_time: Duration::from_millis(1),
             max_replay_bytes: 64 * 1024,
             idempotency: Idempotency::Standard,
-            max_hint: Duration::from_secs(30),
             seed: None,
             hedging: None,
             reserve: None,
@@ -231,10 +241,8 @@ impl<C> RetryConfig<C> {
             backoff: self.backoff,
             budget: self.budget,
             classifier,
-            min_attempt_time: self.min_attempt_time,
             max_replay_bytes: self.max_replay_bytes,
             idempotency: self.idempotency,
-            max_hint: self.max_hint,
             seed: self.seed,
             hedging: self.hedging,
             reserve: self.reserve,
@@ -244,31 +252,16 @@ impl<C> RetryConfig<C> {
         }
     }
 
-    /// A retry is only started if at least this much of the deadline is left once the wait is
-    /// over (default 1 ms; at most 1 h, checked by [`build`](Self::build)).
-    #[must_use]
-    pub fn min_attempt_time(mut self, min: Duration) -> Self {
-        self.min_attempt_time = min;
-        self
-    }
-
     /// A retry is only started if, once the wait is over, at least what `reserve` says is
     /// left of the deadline: the time the dependency's calls usually take, so a retry that
-    /// could not finish is not sent only to time out (default: none, only
-    /// [`min_attempt_time`](Self::min_attempt_time)). The client presets pass the
+    /// could not finish is not sent only to time out (default: none, only the
+    /// fixed 1 ms; a `Duration` is a fixed reserve). The client presets pass the
     /// dependency's measured p50 (`AttemptTimeoutLayer::retry_reserve(0.5)`): with a median of 1 s and 260 ms left, the failure is returned at
     /// once, given up for [`GiveUp::Reserve`](crate::client::retry::GiveUp::Reserve). A reserve of `None`
     /// (a latency model not yet trusted) asks for nothing.
     #[must_use]
     pub fn reserve(mut self, reserve: impl RetryReserve + 'static) -> Self {
         self.reserve = Some(Arc::new(reserve));
-        self
-    }
-
-    /// No reserve: only `min_attempt_time` must fit (the default).
-    #[must_use]
-    pub fn no_reserve(mut self) -> Self {
-        self.reserve = None;
         self
     }
 
@@ -284,14 +277,6 @@ impl<C> RetryConfig<C> {
     #[must_use]
     pub fn idempotency(mut self, idempotency: Idempotency) -> Self {
         self.idempotency = idempotency;
-        self
-    }
-
-    /// The longest server-requested wait honoured; a longer `Retry-After` or pushback is
-    /// clamped to it (default 30 s). The remaining deadline bounds it further.
-    #[must_use]
-    pub fn max_hint(mut self, max: Duration) -> Self {
-        self.max_hint = max;
         self
     }
 
@@ -347,15 +332,6 @@ impl<C> RetryConfig<C> {
                 ),
             ));
         }
-        if self.min_attempt_time > Duration::from_secs(3600) {
-            return Err(ConfigError::new(
-                "min_attempt_time",
-                format!(
-                    "must be at most 1h (more turns retries off under any deadline), got {:?}",
-                    self.min_attempt_time
-                ),
-            ));
-        }
         if let Some(hedging) = &self.hedging
             && !(2..=MAX_ATTEMPTS_LIMIT).contains(&hedging.max_attempts)
         {
@@ -378,8 +354,7 @@ impl<C> RetryConfig<C> {
     ///
     /// A [`ConfigError`] naming the knob when a knob of the backoff is out of its range
     /// ([`Backoff::validate`](crate::client::retry::backoff::Backoff::validate)), `max_attempts` is 0 or
-    /// more than 10, `min_attempt_time` is longer than 1 h, or `hedging.max_attempts` is not
-    /// in 2..=10.
+    /// more than 10, or `hedging.max_attempts` is not in 2..=10.
     pub fn build(self) -> Result<crate::client::retry::RetryLayer<C>, ConfigError> {
         self.validate()?;
         Ok(crate::client::retry::RetryLayer::from_policy(self))
@@ -418,18 +393,6 @@ mod tests {
             assert_eq!(err.knob(), "max_attempts");
         }
         assert!(RetryConfig::grpc().max_attempts(10).build().is_ok());
-        let err = RetryConfig::http()
-            .min_attempt_time(Duration::MAX)
-            .build()
-            .unwrap_err();
-        assert_eq!(err.knob(), "min_attempt_time");
-        assert!(err.to_string().contains("at most 1h"), "{err}");
-        assert!(
-            RetryConfig::http()
-                .min_attempt_time(Duration::from_secs(3600))
-                .build()
-                .is_ok()
-        );
         // Every backoff knob out of range is named.
         use crate::client::retry::backoff::{decorrelated, decorrelated_v2, exponential};
         let max = Duration::MAX;

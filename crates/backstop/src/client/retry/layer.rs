@@ -141,7 +141,7 @@ impl<C> RetryLayer<C> {
     /// writes every attempt's `grpc-timeout` as the request's deadline less `offset` (the
     /// attempt bound, under a deadline layer that writes none and has that `offset`: how the
     /// client presets are built). Its services write no header; they put each attempt's
-    /// deadline on the request, and send a retry or a hedge only if `min_attempt_time` fits
+    /// deadline on the request, and send a retry or a hedge only if 1 ms fits
     /// before what the server will be told, the deadline less `offset`, as they do when they
     /// read that off a header.
     #[must_use]

@@ -52,7 +52,7 @@
 //!    `Idempotency-Key` header);
 //! 4. the server did not say "do not retry" (`grpc-retry-pushback-ms` negative or malformed);
 //! 5. the body can be replayed (at most `max_replay_bytes` read, default 64 KiB);
-//! 6. the wait, plus `min_attempt_time`, fits before the deadline *on the wire*: the earlier of
+//! 6. the wait, plus 1 ms (fixed), fits before the deadline *on the wire*: the earlier of
 //!    the request's deadline (request extension or [`backstop::deadline::current`](crate::deadline::current)) and what
 //!    the server was told (an outer `PropagateDeadline`'s `grpc-timeout`, offset included, or
 //!    a header the caller set) — a retry that could not be sent with time left is never
@@ -62,7 +62,7 @@
 //!    - a `Retry-After`: at least that long (RFC 9110), or the [backoff] if longer;
 //!    - otherwise the [backoff].
 //!
-//!    Server hints are clamped by `max_hint` (30 s). With a
+//!    Server hints are clamped to 30 s. With a
 //!    [`reserve`](RetryConfig::reserve) (the client presets: the dependency's measured p50),
 //!    the wait plus the reserve must fit there too, or the failure is returned at once,
 //!    given up for [`GiveUp::Reserve`] rather than [`GiveUp::Deadline`]: the retry could be
@@ -160,6 +160,7 @@ pub use backoff::Backoff;
 pub use body::RetryBody;
 pub use budget::{Budget, GrpcThrottle, GrpcThrottleBuilder, RatioBudget, RatioBudgetBuilder};
 pub use config::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryConfig, RetryOverrides};
+pub(crate) use config::{MAX_HINT, MIN_ATTEMPT_TIME};
 pub use error::RetryError;
 pub use future::ResponseFuture;
 pub use info::{Attempt, CallInfo};

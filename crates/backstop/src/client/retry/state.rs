@@ -274,22 +274,22 @@ impl<S, B, C> RetryState<S, B, C> {
                 |s| crate::rt::mix::splitmix(s, self.number),
             ))
         });
-        let wait =
-            match hint {
-                // gRPC A6: retry in exactly n ms, and the backoff starts over after it.
-                Some(ServerHint::Pushback(asked)) => {
-                    self.backoff = BackoffState::default();
-                    asked.min(policy.max_hint)
-                }
-                // RFC 9110 `Retry-After`: the least to wait; the backoff may say longer.
-                Some(ServerHint::RetryAfter(asked)) => asked
-                    .min(policy.max_hint)
-                    .max(next_backoff(policy, &mut self.backoff, rng)),
-                _ => next_backoff(policy, &mut self.backoff, rng),
-            };
+        let wait = match hint {
+            // gRPC A6: retry in exactly n ms, and the backoff starts over after it.
+            Some(ServerHint::Pushback(asked)) => {
+                self.backoff = BackoffState::default();
+                asked.min(crate::client::retry::MAX_HINT)
+            }
+            // RFC 9110 `Retry-After`: the least to wait; the backoff may say longer.
+            Some(ServerHint::RetryAfter(asked)) => asked
+                .min(crate::client::retry::MAX_HINT)
+                .max(next_backoff(policy, &mut self.backoff, rng)),
+            _ => next_backoff(policy, &mut self.backoff, rng),
+        };
         if let Some(send_by) = self.bounds.send_by() {
             let start = Instant::now().checked_add(wait);
-            let earliest = start.and_then(|t| t.checked_add(policy.min_attempt_time));
+            let earliest =
+                start.and_then(|t| t.checked_add(crate::client::retry::MIN_ATTEMPT_TIME));
             if earliest.is_none_or(|t| t > send_by) {
                 return Err(GiveUp::Deadline);
             }

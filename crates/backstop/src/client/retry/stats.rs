@@ -19,7 +19,7 @@ pub enum GiveUp {
     NotIdempotent,
     /// The server asked for no retry (`grpc-retry-pushback-ms` negative or malformed).
     Hint,
-    /// The wait plus `min_attempt_time` does not fit in the remaining deadline.
+    /// The wait plus 1 ms does not fit in the remaining deadline.
     Deadline,
     /// The wait plus the reserve ([`RetryConfig::reserve`](crate::client::retry::RetryConfig::reserve): in
     /// the client presets, the dependency's measured p50) does not fit in the remaining

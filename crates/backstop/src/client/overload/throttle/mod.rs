@@ -15,10 +15,12 @@
 //!
 //! With `K = 2` (the default) a client refuses nothing while the dependency accepts at
 //! least half of its calls, and then lets it see about `K ×` what it accepts: enough to
-//! notice it recover, never the whole surge. Envoy's admission control adds the options
-//! kept here: which outcomes count as accepted, an aggression exponent
-//! (`p^(1 / aggression)`), a maximum rejection probability, and a minimum request rate
-//! below which nothing is refused.
+//! notice it recover, never the whole surge. From Envoy's admission control it keeps a
+//! maximum rejection probability (a knob) and a minimum request rate below which nothing is
+//! refused (fixed at one request a second over the window: a client with a few calls in
+//! flight and little history would otherwise count its pending calls as refusals). Envoy's
+//! aggression exponent and accept predicate were knobs once and are gone: `K` says how
+//! eager the throttle is, and what counts as accepted is the rule below.
 //!
 //! # Semantics
 //!
@@ -27,7 +29,7 @@
 //!   is known, with its accept (counted when sent, the calls in flight would read as refused:
 //!   a dependency answering in 1 s at 100 calls a second would show 100 requests and no
 //!   accept for its first second, and be throttled); a call whose result is an accepted
-//!   outcome is an accept (default:
+//!   outcome is an accept (the dependency answered:
 //!   [`Outcome::Success`] and [`Outcome::Ignored`], i.e. the dependency answered, a caller
 //!   error included; a gRPC stream whose status is in its trailers counts as accepted when
 //!   its headers arrive: the server took it). A call dropped before its answer is a request
@@ -43,7 +45,7 @@
 //!   the breaker closed; counted as
 //!   accepted, the throttle acts on what the dependency itself answers: overload, which
 //!   the breaker (opening on a dependency that is down) does not see.
-//! - **Window.** `window` (default 30 s) in `buckets` (default 30) time buckets, a striped
+//! - **Window.** `window` (default 30 s) in 30 time buckets, a striped
 //!   ring: an old bucket is forgotten whole as the window slides.
 //! - **Recovery.** Refusals count as requests, so once the dependency answers every call
 //!   again the probability p falls by the rule's own step, to about 1 − K × (1 − p) per
@@ -100,9 +102,9 @@ use tokio::time::Instant;
 /// Ticks of the cached probability per bucket.
 const TICKS_PER_BUCKET: u64 = 10;
 
-/// The default accepted outcomes: the dependency answered ([`Outcome::Success`], or
+/// The accepted outcomes: the dependency answered ([`Outcome::Success`], or
 /// [`Outcome::Ignored`], a caller error such as HTTP 4xx).
-pub fn answered(outcome: &Outcome) -> bool {
+pub(crate) fn answered(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Success | Outcome::Ignored)
 }
 
@@ -129,7 +131,6 @@ pub struct AdaptiveThrottle {
     buckets: u64,
     tick_nanos: u64,
     k: f64,
-    inverse_aggression: f64,
     max_probability: f64,
     min_requests: f64,
     accept: fn(&Outcome) -> bool,
@@ -148,13 +149,16 @@ pub struct AdaptiveThrottle {
     gauges: std::sync::Mutex<Vec<metrics::Gauge>>,
 }
 
+/// Below this many requests a second over the window nothing is refused (fixed: a knob once):
+/// a client with a few calls in flight and little history would otherwise count its pending
+/// calls as refusals; 1 a second is 30 requests in the default window.
+const MIN_RPS: f64 = 1.0;
+
 /// Builds an [`AdaptiveThrottle`]: setters take any value, [`build`](Self::build) checks.
 #[derive(Debug, Clone)]
 pub struct AdaptiveThrottleBuilder {
     k: f64,
-    aggression: f64,
     max_probability: f64,
-    min_rps: f64,
     window: Duration,
     buckets: u32,
     accept: fn(&Outcome) -> bool,
@@ -162,7 +166,7 @@ pub struct AdaptiveThrottleBuilder {
 }
 
 impl AdaptiveThrottle {
-    /// A throttle with the defaults: `K` = 2, aggression 1, at most 90 % refused, acting from
+    /// A throttle with the defaults: `K` = 2, at most 90 % refused, acting from
     /// 1 request a second, a 30 s window in 30 buckets, successes and caller errors accepted.
     pub fn new() -> Self {
         Self::builder().build().expect("the defaults are valid")
@@ -172,9 +176,7 @@ impl AdaptiveThrottle {
     pub fn builder() -> AdaptiveThrottleBuilder {
         AdaptiveThrottleBuilder {
             k: 2.0,
-            aggression: 1.0,
             max_probability: 0.9,
-            min_rps: 1.0,
             window: Duration::from_secs(30),
             buckets: 30,
             accept: answered,
@@ -288,7 +290,6 @@ impl AdaptiveThrottle {
             requests,
             accepts,
             self.k,
-            self.inverse_aggression,
             self.max_probability,
             self.min_requests,
         )
@@ -332,28 +333,13 @@ impl Default for AdaptiveThrottle {
     }
 }
 
-/// The SRE rule with Envoy's refinements: `max(0, (requests − k × accepts) / (requests + 1))
-/// ^ inverse_aggression`, capped at `max`, 0 below `min_requests`.
-fn probability(
-    requests: f64,
-    accepts: f64,
-    k: f64,
-    inverse_aggression: f64,
-    max: f64,
-    min_requests: f64,
-) -> f64 {
+/// The SRE rule with Envoy's cap and floor: `max(0, (requests − k × accepts) / (requests + 1))`,
+/// capped at `max`, 0 below `min_requests`.
+fn probability(requests: f64, accepts: f64, k: f64, max: f64, min_requests: f64) -> f64 {
     if requests < min_requests || requests == 0.0 {
         return 0.0;
     }
     let p = ((requests - k * accepts) / (requests + 1.0)).max(0.0);
-    if p == 0.0 {
-        return 0.0;
-    }
-    let p = if inverse_aggression == 1.0 {
-        p
-    } else {
-        p.powf(inverse_aggression)
-    };
     p.min(max)
 }
 
@@ -367,28 +353,11 @@ impl AdaptiveThrottleBuilder {
         self
     }
 
-    /// Envoy's aggression (default 1, in [1, 10]): the probability is raised to
-    /// `1 / aggression`, so above 1 refusals start sooner and climb faster.
-    #[must_use]
-    pub fn aggression(mut self, aggression: f64) -> Self {
-        self.aggression = aggression;
-        self
-    }
-
     /// The most calls ever refused, in (0, 1] (default 0.9): some calls always go, so the
     /// throttle sees a recovery.
     #[must_use]
     pub fn max_probability(mut self, max: f64) -> Self {
         self.max_probability = max;
-        self
-    }
-
-    /// Below this many requests a second over the window nothing is refused (default 1: 30
-    /// requests in the default window). A client with a few calls in flight and little
-    /// history would otherwise count its pending calls as refusals.
-    #[must_use]
-    pub fn min_rps(mut self, rps: f64) -> Self {
-        self.min_rps = rps;
         self
     }
 
@@ -399,18 +368,13 @@ impl AdaptiveThrottleBuilder {
         self
     }
 
-    /// The window's buckets (default 30, in 1..=1000, each at least 1 ms): the window slides
-    /// a bucket at a time.
+    /// The window's buckets (30, in 1..=1000, each at least 1 ms): the window slides a bucket
+    /// at a time (fixed for users: a knob once; the crate's tests set fewer, to reach a
+    /// bucket's reuse in few steps).
     #[must_use]
-    pub fn buckets(mut self, buckets: u32) -> Self {
+    #[cfg(test)]
+    pub(crate) fn buckets(mut self, buckets: u32) -> Self {
         self.buckets = buckets;
-        self
-    }
-
-    /// Which outcomes count as accepted (default [`answered`]: successes and caller errors).
-    #[must_use]
-    pub fn accept_if(mut self, accept: fn(&Outcome) -> bool) -> Self {
-        self.accept = accept;
         self
     }
 
@@ -425,9 +389,8 @@ impl AdaptiveThrottleBuilder {
     ///
     /// # Errors
     ///
-    /// When `k` is below 1 (or NaN), `aggression` is not in [1, 10], `max_probability` not
-    /// in (0, 1], `min_rps` negative (or NaN), `window` outside 100 ms to 1 hour, or
-    /// `buckets` outside 1..=1000 or making buckets shorter than 1 ms.
+    /// When `k` is below 1 (or NaN), `max_probability` not in (0, 1], or `window` outside
+    /// 100 ms to 1 hour.
     pub fn build(self) -> Result<AdaptiveThrottle, ConfigError> {
         if !(self.k >= 1.0 && self.k.is_finite()) {
             return Err(ConfigError::new(
@@ -435,22 +398,10 @@ impl AdaptiveThrottleBuilder {
                 format!("must be at least 1, got {}", self.k),
             ));
         }
-        if !(1.0..=10.0).contains(&self.aggression) {
-            return Err(ConfigError::new(
-                "aggression",
-                format!("must be in [1, 10], got {}", self.aggression),
-            ));
-        }
         if !(self.max_probability > 0.0 && self.max_probability <= 1.0) {
             return Err(ConfigError::new(
                 "max_probability",
                 format!("must be in (0, 1], got {}", self.max_probability),
-            ));
-        }
-        if !(self.min_rps >= 0.0 && self.min_rps.is_finite()) {
-            return Err(ConfigError::new(
-                "min_rps",
-                format!("must be zero or more, got {}", self.min_rps),
             ));
         }
         if self.window < Duration::from_millis(100) || self.window > Duration::from_secs(3600) {
@@ -478,9 +429,8 @@ impl AdaptiveThrottleBuilder {
             buckets: u64::from(self.buckets),
             tick_nanos: (bucket_nanos / TICKS_PER_BUCKET).max(1),
             k: self.k,
-            inverse_aggression: 1.0 / self.aggression,
             max_probability: self.max_probability,
-            min_requests: self.min_rps * self.window.as_secs_f64(),
+            min_requests: MIN_RPS * self.window.as_secs_f64(),
             accept: self.accept,
             seed: self.seed,
             sequence: AtomicU64::new(0),
@@ -501,16 +451,15 @@ mod tests {
     #[test]
     fn the_rule_in_numbers() {
         // SRE: nothing refused while accepts ≥ requests / K.
-        assert_eq!(probability(100.0, 50.0, 2.0, 1.0, 1.0, 0.0), 0.0);
-        assert_eq!(probability(100.0, 60.0, 2.0, 1.0, 1.0, 0.0), 0.0);
-        assert!((probability(100.0, 0.0, 2.0, 1.0, 1.0, 0.0) - 100.0 / 101.0).abs() < 1e-12);
-        assert!((probability(100.0, 25.0, 2.0, 1.0, 1.0, 0.0) - 50.0 / 101.0).abs() < 1e-12);
-        // The cap, the minimum rate, the aggression.
-        assert_eq!(probability(100.0, 0.0, 2.0, 1.0, 0.9, 0.0), 0.9);
-        assert_eq!(probability(99.0, 0.0, 2.0, 1.0, 1.0, 100.0), 0.0);
-        let p = probability(100.0, 25.0, 2.0, 0.5, 1.0, 0.0);
-        assert!((p - (50.0f64 / 101.0).sqrt()).abs() < 1e-12);
-        assert_eq!(probability(0.0, 0.0, 2.0, 1.0, 1.0, 0.0), 0.0);
+        assert_eq!(probability(100.0, 50.0, 2.0, 1.0, 0.0), 0.0);
+        assert_eq!(probability(100.0, 60.0, 2.0, 1.0, 0.0), 0.0);
+        assert!((probability(100.0, 0.0, 2.0, 1.0, 0.0) - 100.0 / 101.0).abs() < 1e-12);
+        assert!((probability(100.0, 25.0, 2.0, 1.0, 0.0) - 50.0 / 101.0).abs() < 1e-12);
+        // The cap, the minimum rate.
+        assert_eq!(probability(100.0, 0.0, 2.0, 0.9, 0.0), 0.9);
+        assert_eq!(probability(99.0, 0.0, 2.0, 1.0, 100.0), 0.0);
+        assert_eq!(probability(100.0, 0.0, 2.0, 1.0, 100.0), 100.0 / 101.0);
+        assert_eq!(probability(0.0, 0.0, 2.0, 1.0, 0.0), 0.0);
     }
 
     #[test]
@@ -519,11 +468,8 @@ mod tests {
         let knob = |r: Result<AdaptiveThrottle, ConfigError>| r.unwrap_err().knob().to_owned();
         assert_eq!(knob(b().k(0.5).build()), "k");
         assert_eq!(knob(b().k(f64::NAN).build()), "k");
-        assert_eq!(knob(b().aggression(0.5).build()), "aggression");
-        assert_eq!(knob(b().aggression(11.0).build()), "aggression");
         assert_eq!(knob(b().max_probability(0.0).build()), "max_probability");
         assert_eq!(knob(b().max_probability(1.5).build()), "max_probability");
-        assert_eq!(knob(b().min_rps(-1.0).build()), "min_rps");
         assert_eq!(
             knob(b().window(Duration::from_millis(10)).build()),
             "window"

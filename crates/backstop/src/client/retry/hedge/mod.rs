@@ -31,15 +31,15 @@
 //!   the delay, is not read short from the winners alone.
 //! - **Retryable failures** (A6's "non-fatal codes": the classifier's retryable set) send the
 //!   next hedge at once; `grpc-retry-pushback-ms: n` sends it in exactly `n` ms, and a
-//!   `Retry-After` after that long (both clamped by `max_hint`, as for retries), and no hedge
+//!   `Retry-After` after that long (both clamped to 30 s, as for retries), and no hedge
 //!   goes before a wait the server asked for is over, whatever the hedging delay says; a wait
-//!   that does not leave `min_attempt_time` before the deadline stops hedging at once, and a
+//!   that does not leave 1 ms before the deadline stops hedging at once, and a
 //!   negative pushback stops it too. When no attempt is left in flight and no hedge will be
 //!   sent, the last failure is returned.
 //! - **The budget.** Every hedge takes a token from the same [`Budget`](crate::client::retry::Budget) as
 //!   retries, so retries and hedges together stay within its ratio; no token, no hedge. A
 //!   success deposits once per request. Failures reach the budget as they do for retries.
-//! - **The deadline.** No hedge is sent without `min_attempt_time` left on the wire; each
+//! - **The deadline.** No hedge is sent without 1 ms left on the wire; each
 //!   hedge's `grpc-timeout` says the time really left, and gRPC hedges carry
 //!   `grpc-previous-rpc-attempts` (the number of attempts sent before it). The deadline ends
 //!   the call whatever it waits for — an attempt, the next hedge's time, or a service that is

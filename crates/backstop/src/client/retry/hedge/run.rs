@@ -124,7 +124,7 @@ impl<S, B, C> RetryState<S, B, C> {
                     // A pushback says exactly when, a `Retry-After` the least wait (RFC 9110):
                     // the failure's shortcut (at once) makes both the same.
                     (_, Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked))) => {
-                        Judged::HedgeAfter(asked.min(self.shared.policy.max_hint))
+                        Judged::HedgeAfter(asked.min(crate::client::retry::MAX_HINT))
                     }
                     _ => Judged::HedgeAfter(Duration::ZERO),
                 }
@@ -162,7 +162,7 @@ impl<S, B, C> RetryState<S, B, C> {
         }
         if let Some(send_by) = self.bounds.send_by()
             && now
-                .checked_add(policy.min_attempt_time)
+                .checked_add(crate::client::retry::MIN_ATTEMPT_TIME)
                 .is_none_or(|t| t > send_by)
         {
             hedges.stop(Some(GiveUp::Deadline));
@@ -252,7 +252,7 @@ impl<S, B, C> RetryState<S, B, C> {
     /// Schedules the next hedge after a retryable failure: at once (A6), or when the wait the
     /// server asked for is over (a pushback's exactly, a `Retry-After`'s at least), and from
     /// then on no hedge goes before the end of that wait. A wait that does not leave
-    /// `min_attempt_time` before the deadline on the wire ends hedging at once, as it gives a
+    /// 1 ms before the deadline on the wire ends hedging at once, as it gives a
     /// retry up.
     fn hedge_after<F, T>(&self, hedges: &mut Hedges<F, T>, wait: Duration) {
         if hedges.stopped {
@@ -271,7 +271,7 @@ impl<S, B, C> RetryState<S, B, C> {
         let at = hedges.hold.map_or(at, |hold| at.max(hold));
         if let Some(send_by) = send_by
             && at
-                .checked_add(self.shared.policy.min_attempt_time)
+                .checked_add(crate::client::retry::MIN_ATTEMPT_TIME)
                 .is_none_or(|t| t > send_by)
         {
             hedges.stop(Some(GiveUp::Deadline));
