@@ -111,16 +111,10 @@ fn request_deadline<B>(req: &Request<B>) -> Option<Instant> {
         .extensions()
         .get::<crate::deadline::Deadline>()
         .map(|d| d.instant());
-    // A deadline layer that writes its header carries the deadline there. The names of a
-    // small map are compared first: cheaper than hashing a custom name for the many requests
-    // without it.
-    let headers = req.headers();
-    let name = crate::wire::grpc::GRPC_TIMEOUT;
-    if headers.keys_len() <= 8 && !headers.keys().any(|n| *n == name) {
-        return carried;
-    }
-    let told = headers
-        .get(name)
+    // A deadline layer that writes its header carries the deadline there.
+    let told = req
+        .headers()
+        .get(crate::wire::grpc::GRPC_TIMEOUT)
         .and_then(|v| crate::wire::grpc_timeout::decode_header(v).ok())
         .and_then(|left| Instant::now().checked_add(left));
     // The earlier of the two: neither may say more time than the other allows.
