@@ -121,11 +121,17 @@ where
         };
         // What the server is told: the request's own header (an outer `PropagateDeadline`'s,
         // or the caller's), read off the request. Without a local deadline, it is the deadline.
-        let wire = req
-            .headers()
-            .get(GRPC_TIMEOUT)
-            .and_then(|v| grpc_timeout::decode_header(v).ok())
-            .and_then(|t| Instant::now().checked_add(t));
+        // In a preset's stack (`Inside`, decided when it is built) there is none to read: its
+        // deadline layer, outside, took a caller's header off the request and carries the
+        // deadline in the extension.
+        let wire = match self.header {
+            crate::client::retry::bounds::Wire::Inside(_) => None,
+            _ => req
+                .headers()
+                .get(GRPC_TIMEOUT)
+                .and_then(|v| grpc_timeout::decode_header(v).ok())
+                .and_then(|t| Instant::now().checked_add(t)),
+        };
         let deadline = local.or(wire.map(Deadline::at));
         // A layer inside will tell the server the deadline less its offset.
         let wire = match (self.header, deadline) {
