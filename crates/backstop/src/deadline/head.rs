@@ -1,10 +1,9 @@
-//! What both deadline layers read from a request's headers, in one pass.
+//! What both deadline layers read from a request's headers.
 
 use crate::is_grpc;
 use crate::wire::grpc::GRPC_TIMEOUT;
-use crate::wire::grpc::is_grpc_content_type;
 use crate::wire::grpc_timeout;
-use http::{HeaderMap, HeaderValue, header::CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue};
 use std::time::Duration;
 
 /// The shorter of two optional durations.
@@ -24,27 +23,14 @@ pub(crate) struct Head {
 }
 
 impl Head {
-    /// One pass over a small header map (most requests carry a handful of headers): comparing
-    /// names is cheaper than hashing them for two lookups. A large map is looked up.
+    /// The request's `content-type` and `grpc-timeout` values.
     pub(crate) fn read(headers: &HeaderMap) -> Self {
-        let mut head = Head::default();
-        if headers.keys_len() > 8 {
-            head.grpc = is_grpc(headers);
-            for value in headers.get_all(GRPC_TIMEOUT) {
-                head.timeout_value(value);
-            }
-            return head;
-        }
-        let mut typed = false;
-        for (name, value) in headers {
-            if *name == CONTENT_TYPE {
-                if !typed {
-                    head.grpc = is_grpc_content_type(value);
-                    typed = true;
-                }
-            } else if *name == GRPC_TIMEOUT {
-                head.timeout_value(value);
-            }
+        let mut head = Head {
+            grpc: is_grpc(headers),
+            ..Head::default()
+        };
+        for value in headers.get_all(GRPC_TIMEOUT) {
+            head.timeout_value(value);
         }
         head
     }

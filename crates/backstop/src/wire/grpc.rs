@@ -192,8 +192,7 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers.get(CONTENT_TYPE).is_some_and(is_grpc_content_type)
 }
 
-/// Whether a `content-type` value is gRPC's, by the rules of [`is_grpc`](crate::is_grpc) (for the layers that
-/// read every header in one pass).
+/// Whether a `content-type` value is gRPC's, by the rules of [`is_grpc`](crate::is_grpc).
 pub(crate) fn is_grpc_content_type(value: &HeaderValue) -> bool {
     const TYPE: &[u8] = b"application/grpc";
     let ct = value.as_bytes();

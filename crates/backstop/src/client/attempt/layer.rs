@@ -379,7 +379,8 @@ impl AttemptTimeoutLayer {
     /// `offset`. For a stack whose outer deadline layer leaves the header to this one, as the
     /// client presets build theirs: `PropagateDeadlineLayer::send_grpc_timeout(false)` outside
     /// (with this `offset`), the retry layer's `grpc_timeout_written_inside(offset)` between.
-    /// One header write per attempt, decided when the stack is built.
+    /// One header write per attempt, decided when the stack is built; and no header read, the
+    /// deadline layer having taken a caller's off the request.
     #[must_use]
     pub(crate) fn write_grpc_timeout(&self, offset: Duration) -> Self {
         Self {

@@ -57,7 +57,7 @@ where
         // room).
         let told = told.or_else(|| {
             let deadline = match handle.capped_by_deadline() {
-                true => request_deadline(&req),
+                true => request_deadline(&req, self.writes),
                 false => None,
             };
             let now = Instant::now();
@@ -105,22 +105,23 @@ fn carry_end<B>(req: &mut Request<B>, end: Instant) {
 /// The request's deadline, if it carries one: the earlier of its `Deadline` extension (an
 /// outer `PropagateDeadline` that leaves the header to this layer, or the retry layer) and
 /// what its `grpc-timeout` says is left.
+///
+/// `writes` is the layer's own: a layer that writes every attempt's header (a preset's) finds
+/// none to read. The stack that made it so took a caller's header off the request in its
+/// deadline layer, outside, and the retry layer between writes none.
 #[inline]
-fn request_deadline<B>(req: &Request<B>) -> Option<Instant> {
+fn request_deadline<B>(req: &Request<B>, writes: Option<Duration>) -> Option<Instant> {
     let carried = req
         .extensions()
         .get::<crate::deadline::Deadline>()
         .map(|d| d.instant());
-    // A deadline layer that writes its header carries the deadline there. The names of a
-    // small map are compared first: cheaper than hashing a custom name for the many requests
-    // without it.
-    let headers = req.headers();
-    let name = crate::wire::grpc::GRPC_TIMEOUT;
-    if headers.keys_len() <= 8 && !headers.keys().any(|n| *n == name) {
+    if writes.is_some() {
         return carried;
     }
-    let told = headers
-        .get(name)
+    // A deadline layer that writes its header carries the deadline there.
+    let told = req
+        .headers()
+        .get(crate::wire::grpc::GRPC_TIMEOUT)
         .and_then(|v| crate::wire::grpc_timeout::decode_header(v).ok())
         .and_then(|left| Instant::now().checked_add(left));
     // The earlier of the two: neither may say more time than the other allows.
@@ -152,7 +153,7 @@ fn write_attempt_grpc_timeout<B>(
     use crate::wire::grpc_timeout;
     // Needed to write the header, or to cap an adaptive bound.
     let deadline = if writes.is_some() || shared.capped_by_deadline() {
-        request_deadline(req)
+        request_deadline(req, writes)
     } else {
         None
     };

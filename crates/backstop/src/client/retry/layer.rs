@@ -143,7 +143,8 @@ impl<C> RetryLayer<C> {
     /// client presets are built). Its services write no header; they put each attempt's
     /// deadline on the request, and send a retry or a hedge only if 1 ms fits
     /// before what the server will be told, the deadline less `offset`, as they do when they
-    /// read that off a header.
+    /// read that off a header. They read no `grpc-timeout` off the request: that deadline
+    /// layer, outside, took a caller's header off it.
     #[must_use]
     pub(crate) fn grpc_timeout_written_inside(&self, offset: Duration) -> Self {
         Self {

@@ -11,7 +11,7 @@ use crate::deadline::{Deadline, current};
 use crate::wire::grpc::GRPC_TIMEOUT;
 use crate::wire::grpc_timeout;
 use crate::{BoxError, Classify, Outcome, Retryable};
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -62,16 +62,6 @@ impl<S, C> Retry<S, C> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-}
-
-/// The request's own `grpc-timeout`. The names of a small map are scanned first (comparing
-/// names is cheaper than hashing a custom one, and most requests carry a handful of headers,
-/// without this one); a large map, or a hit, is looked up.
-fn caller_timeout(headers: &HeaderMap) -> Option<&HeaderValue> {
-    if headers.keys_len() <= 8 && !headers.keys().any(|name| *name == GRPC_TIMEOUT) {
-        return None;
-    }
-    headers.get(GRPC_TIMEOUT)
 }
 
 impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S, C>
@@ -131,9 +121,17 @@ where
         };
         // What the server is told: the request's own header (an outer `PropagateDeadline`'s,
         // or the caller's), read off the request. Without a local deadline, it is the deadline.
-        let wire = caller_timeout(req.headers())
-            .and_then(|v| grpc_timeout::decode_header(v).ok())
-            .and_then(|t| Instant::now().checked_add(t));
+        // In a preset's stack (`Inside`, decided when it is built) there is none to read: its
+        // deadline layer, outside, took a caller's header off the request and carries the
+        // deadline in the extension.
+        let wire = match self.header {
+            crate::client::retry::bounds::Wire::Inside(_) => None,
+            _ => req
+                .headers()
+                .get(GRPC_TIMEOUT)
+                .and_then(|v| grpc_timeout::decode_header(v).ok())
+                .and_then(|t| Instant::now().checked_add(t)),
+        };
         let deadline = local.or(wire.map(Deadline::at));
         // A layer inside will tell the server the deadline less its offset.
         let wire = match (self.header, deadline) {
