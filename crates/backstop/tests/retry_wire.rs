@@ -104,7 +104,7 @@ async fn every_attempt_says_the_time_really_left_whoever_wrote_the_header() {
     send.send_response(status(0, None));
     call.await.unwrap().unwrap();
 
-    // The same with a request of many headers (the header is then looked up, not scanned).
+    // The same with a request of many headers (the header found among them).
     let layer = retrying_every_10ms();
     let (mock, mut handle) = mock::pair::<Req, Response<String>>();
     let mut req = grpc();
