@@ -184,8 +184,6 @@ const IDEMPOTENCY: &[KeyedRow] = &[
             .wait_in_flight(d)
             .build()
     }),
-    ("store_timeout", |d| keyed().store_timeout(d).build()),
-    ("retry_after", |d| keyed().retry_after(d).build()),
 ];
 
 /// Factors of the same class (a `Duration` times a user's number, `mul_f64` panicking past
