@@ -120,7 +120,7 @@ pub struct ClientConfig {
     /// measured.
     pub latency: Arc<std::sync::OnceLock<AttemptTimeoutLayer>>,
     /// Whether the dependency de-duplicates `Idempotency-Key`s (`post`: backstop's client
-    /// stamps keys, seeded).
+    /// stamps keys: random, so no run depends on which).
     pub keys: bool,
 }
 
@@ -299,9 +299,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                 preset = preset.hedging(0.95, 3);
             }
             if config.keys {
-                use backstop::idempotency::{IdempotencyKeyLayer, KeyGenerator};
-                let keys = IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(config.seed));
-                preset = preset.idempotency_keys(keys);
+                preset = preset.idempotency_keys(true);
             }
             if let Some(limit) = config.bulkhead {
                 preset = preset.bulkhead(BulkheadLayer::builder(limit));

@@ -28,14 +28,13 @@ fn slow_handler(calls: Arc<AtomicU64>) -> impl Dependency<Request<String>> {
     })
 }
 
-fn layer() -> AdmissionLayer {
-    AdmissionLayer::builder().min_samples(20).build().unwrap()
-}
+/// Answers a model holds before its need is trusted (the layer's fixed 100).
+const TRUSTED_FROM: usize = 100;
 
 #[tokio::test(start_paused = true)]
 async fn a_request_that_cannot_finish_in_time_is_refused_without_running_the_handler() {
     let calls = Arc::new(AtomicU64::new(0));
-    let admission = layer();
+    let admission = AdmissionLayer::new();
     let server = DeadlineLayer::new().layer(admission.layer(slow_handler(calls.clone())));
     // Cold: even a request with 100 ms left runs (and times out).
     let response = server
@@ -47,10 +46,14 @@ async fn a_request_that_cannot_finish_in_time_is_refused_without_running_the_han
     assert_eq!(calls.load(Ordering::Relaxed), 1);
     // The handler ran and was cut by its deadline: it may have done its work.
     assert!(response.extensions().get::<NotExecuted>().is_none());
-    // Twenty measured answers of 200 ms, without deadlines.
-    for _ in 0..20 {
+    // A hundred measured answers of 200 ms, without deadlines (20 s: inside the window); one
+    // short of them the route is still cold.
+    for _ in 0..TRUSTED_FROM - 1 {
         server.clone().oneshot(http_request(None)).await.unwrap();
     }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(admission.need("/"), None, "99 answers: not trusted yet");
+    server.clone().oneshot(http_request(None)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let need = admission.need("/").unwrap();
     assert!((190..=210).contains(&need.as_millis()), "{need:?}");
@@ -96,8 +99,13 @@ async fn a_request_that_cannot_finish_in_time_is_refused_without_running_the_han
 #[tokio::test(start_paused = true)]
 async fn a_handler_dropped_before_it_answers_is_not_measured() {
     let calls = Arc::new(AtomicU64::new(0));
-    let admission = AdmissionLayer::builder().min_samples(1).build().unwrap();
+    let admission = AdmissionLayer::new();
     let server = admission.layer(slow_handler(calls.clone()));
+    // One answer short of trust: a single measured sample more would make the need known.
+    for _ in 0..TRUSTED_FROM - 1 {
+        server.clone().oneshot(http_request(None)).await.unwrap();
+    }
+    let measured = calls.load(Ordering::Relaxed);
     // Polled once, then dropped; raced and lost in select!; through a Buffer, then dropped.
     let mut call = tokio_test::task::spawn(server.clone().oneshot(http_request(None)));
     tokio_test::assert_pending!(call.poll());
@@ -112,7 +120,11 @@ async fn a_handler_dropped_before_it_answers_is_not_measured() {
     task.abort();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(admission.need("/"), None, "nothing measured");
-    assert_eq!(calls.load(Ordering::Relaxed), 3);
+    assert_eq!(calls.load(Ordering::Relaxed), measured + 3);
+    // The next answer is the hundredth measured one.
+    server.clone().oneshot(http_request(None)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(admission.need("/").is_some());
 }
 
 /// A handler that never answers (a queue nobody drains), counting its calls.
@@ -127,9 +139,9 @@ fn stuck_handler(calls: Arc<AtomicU64>) -> impl Dependency<Request<String>> {
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_before_its_deadline_is_not_measured() {
     let calls = Arc::new(AtomicU64::new(0));
-    let admission = layer();
+    let admission = AdmissionLayer::new();
     let server = DeadlineLayer::new().layer(admission.layer(stuck_handler(calls.clone())));
-    for _ in 0..20 {
+    for _ in 0..TRUSTED_FROM {
         let call = server.clone().oneshot(http_request(Some("1S")));
         // The client leaves after 10 ms of a 1 s deadline.
         assert!(
@@ -139,7 +151,7 @@ async fn a_request_dropped_before_its_deadline_is_not_measured() {
         );
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(calls.load(Ordering::Relaxed), 20);
+    assert_eq!(calls.load(Ordering::Relaxed), TRUSTED_FROM as u64);
     assert_eq!(admission.need("/"), None, "nothing was measured");
 }
 
@@ -151,15 +163,15 @@ async fn a_call_that_panics_leaves_admission_as_it_was() {
     use backstop_test_support::{call_catching, panicking};
     use std::sync::atomic::AtomicBool;
     let panics = Arc::new(AtomicBool::new(true));
-    let mut service = AdmissionLayer::builder()
-        .min_samples(1)
-        .build()
-        .unwrap()
-        .layer(panicking::<Request<String>>(panics.clone()));
+    let admission = AdmissionLayer::new();
+    let mut service = admission.layer(panicking::<Request<String>>(panics.clone()));
     assert!(call_catching(&mut service, http_request(Some("1S"))).is_err());
     panics.store(false, Ordering::SeqCst);
-    for _ in 0..3 {
+    for _ in 0..TRUSTED_FROM {
         let response = service.clone().oneshot(http_request(Some("1S"))).await;
         assert_eq!(response.unwrap().status(), 200);
     }
+    // Every one of them was measured (the panicked call was not): the route is trusted now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(admission.need("/").is_some());
 }

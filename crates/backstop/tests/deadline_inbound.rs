@@ -41,21 +41,27 @@ async fn seen(layer: DeadlineLayer, req: Request<String>) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn grpc_timeout_becomes_the_handlers_deadline() {
-    // 800 ms requested, less the 1 ms lead.
+    // 800 ms requested, less the 1 ms lead (a constant: tonic's own timer must lose).
     assert_eq!(
         seen(DeadlineLayer::new(), grpc_request(Some("800m"))).await,
         "799"
     );
-    let no_lead = DeadlineLayer::builder()
-        .lead(Duration::ZERO)
-        .build()
-        .unwrap();
     assert_eq!(
-        seen(no_lead.clone(), http_request(Some("2S"))).await,
-        "2000"
+        seen(DeadlineLayer::new(), http_request(Some("2S"))).await,
+        "1999"
     );
     // Leading zeros are fine.
-    assert_eq!(seen(no_lead, http_request(Some("00000003S"))).await, "3000");
+    assert_eq!(
+        seen(DeadlineLayer::new(), http_request(Some("00000003S"))).await,
+        "2999"
+    );
+    // A timeout no longer than the lead leaves nothing: refused on arrival.
+    let spent = DeadlineLayer::new()
+        .layer(reporter())
+        .oneshot(grpc_request(Some("1000u")))
+        .await
+        .unwrap();
+    assert_eq!(spent.headers()["grpc-status"], "4");
 }
 
 #[tokio::test(start_paused = true)]
@@ -98,7 +104,6 @@ async fn huge_timeouts_without_max_do_not_panic() {
 async fn millis_header_is_read_and_the_shorter_wins() {
     let layer = DeadlineLayer::builder()
         .millis_header("x-envoy-expected-rq-timeout-ms")
-        .lead(Duration::ZERO)
         .build()
         .unwrap();
     let req = |grpc: Option<&str>, ms: &str| {
@@ -107,9 +112,10 @@ async fn millis_header_is_read_and_the_shorter_wins() {
             .insert("x-envoy-expected-rq-timeout-ms", ms.parse().unwrap());
         req
     };
-    assert_eq!(seen(layer.clone(), req(None, "250")).await, "250");
-    assert_eq!(seen(layer.clone(), req(Some("1S"), "250")).await, "250");
-    assert_eq!(seen(layer.clone(), req(Some("100m"), "250")).await, "100");
+    // The shorter of the two, less the 1 ms lead.
+    assert_eq!(seen(layer.clone(), req(None, "250")).await, "249");
+    assert_eq!(seen(layer.clone(), req(Some("1S"), "250")).await, "249");
+    assert_eq!(seen(layer.clone(), req(Some("100m"), "250")).await, "99");
     let bad = seen(layer, req(None, "2.5")).await;
     assert_eq!(bad, "malformed grpc-timeout");
 }
@@ -119,11 +125,7 @@ async fn the_shortest_of_repeated_headers_wins() {
     let mut req = http_request(Some("5S"));
     req.headers_mut()
         .append("grpc-timeout", "300m".parse().unwrap());
-    let layer = DeadlineLayer::builder()
-        .lead(Duration::ZERO)
-        .build()
-        .unwrap();
-    assert_eq!(seen(layer, req).await, "300");
+    assert_eq!(seen(DeadlineLayer::new(), req).await, "299");
 }
 
 #[tokio::test(start_paused = true)]
@@ -157,29 +159,36 @@ async fn malformed_header_is_rejected_without_calling_the_service() {
     }
 }
 
+/// A malformed header is never read as absent: a default timeout does not stand in for it
+/// (the caller asked for a bound this server cannot read), and the service is not called.
 #[tokio::test(start_paused = true)]
-async fn malformed_header_can_be_ignored() {
+async fn a_malformed_header_is_refused_even_with_a_default() {
     let layer = DeadlineLayer::builder()
-        .ignore_malformed()
         .default_timeout(Duration::from_millis(700))
         .build()
         .unwrap();
     assert_eq!(
         seen(layer.clone(), http_request(Some("bogus"))).await,
-        "700"
+        "malformed grpc-timeout"
     );
-    let no_default = DeadlineLayer::builder().ignore_malformed().build().unwrap();
-    assert_eq!(seen(no_default, http_request(Some("bogus"))).await, "none");
+    assert_eq!(seen(layer, http_request(None)).await, "700");
 }
 
 #[tokio::test(start_paused = true)]
 async fn zero_or_too_little_left_is_rejected_at_once() {
     let layer = DeadlineLayer::builder()
         .min_remaining(Duration::from_millis(10))
-        .lead(Duration::ZERO)
         .build()
         .unwrap();
-    for (timeout, rejected) in [("0n", true), ("0S", true), ("9m", true), ("10m", false)] {
+    // What is left is the header's timeout less the 1 ms lead: 10 ms asked leaves 9.
+    let cases = [
+        ("0n", true),
+        ("0S", true),
+        ("9m", true),
+        ("10m", true),
+        ("11m", false),
+    ];
+    for (timeout, rejected) in cases {
         let (service, mut handle) =
             mock::spawn_layer::<Request<String>, Response<String>, _>(layer.clone());
         let mut service = service.into_inner();
@@ -361,7 +370,6 @@ fn configuration_is_validated_and_names_the_knob() {
                 .min_remaining(2 * s),
             "min_remaining",
         ),
-        (DeadlineLayer::builder().lead(2 * s), "lead"),
         (
             DeadlineLayer::builder().millis_header("bad header"),
             "millis_header",
@@ -381,7 +389,6 @@ fn configuration_is_validated_and_names_the_knob() {
             .max(2 * s)
             .default_timeout(2 * s)
             .min_remaining(Duration::from_millis(1))
-            .lead(s)
             .build()
             .is_ok()
     );

@@ -18,7 +18,6 @@ use backstop::client::{ClientBuilder, ClientLayer};
 use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer};
 use backstop::idempotency::{IdempotencyConfig, IdempotencyLayer, MemoryStore};
 use backstop::latency::LatencyModel;
-use backstop::server::admission::AdmissionLayer;
 use backstop::{ConfigError, HttpClassifier, ReplayBody, ServerLayer};
 use bytes::Bytes;
 use http::{Request, Response};
@@ -147,10 +146,6 @@ fn deadline(layer: Result<DeadlineLayer, ConfigError>) -> Result<ServerLayer, Co
     Ok(backstop::server().deadline(layer?))
 }
 
-fn admission(layer: Result<AdmissionLayer, ConfigError>) -> Result<ServerLayer, ConfigError> {
-    Ok(backstop::server().admission(layer?))
-}
-
 const SERVER: &[ServerRow] = &[
     ("max", |d| deadline(DeadlineLayer::builder().max(d).build())),
     ("default_timeout", |d| {
@@ -158,18 +153,6 @@ const SERVER: &[ServerRow] = &[
     }),
     ("min_remaining", |d| {
         deadline(DeadlineLayer::builder().min_remaining(d).build())
-    }),
-    ("lead", |d| {
-        deadline(DeadlineLayer::builder().lead(d).build())
-    }),
-    ("min_need", |d| {
-        admission(AdmissionLayer::builder().min_need(d).min_samples(1).build())
-    }),
-    ("fixed", |d| {
-        admission(AdmissionLayer::builder().fixed(d).build())
-    }),
-    ("window", |d| {
-        admission(AdmissionLayer::builder().window(d).min_samples(1).build())
     }),
 ];
 
@@ -194,8 +177,6 @@ const IDEMPOTENCY: &[KeyedRow] = &[
             .wait_in_flight(d)
             .build()
     }),
-    ("store_timeout", |d| keyed().store_timeout(d).build()),
-    ("retry_after", |d| keyed().retry_after(d).build()),
 ];
 
 /// Factors of the same class (a `Duration` times a user's number, `mul_f64` panicking past

@@ -61,18 +61,18 @@ impl Store for Broken {
 #[tokio::test(start_paused = true)]
 async fn a_store_that_is_down_fails_closed_with_retry_after() {
     for store in [Broken::Down, Broken::Slow] {
-        let h = Harness::with(IdempotencyLayer::builder(store), |c| {
-            c.retry_after(Duration::from_millis(1500))
-        });
+        let h = Harness::new(store);
         let started = tokio::time::Instant::now();
         let r = h.post("/ok", Some("k"), "").await;
         assert_problem(&r, 503);
-        assert_eq!(r.headers()["retry-after"], "2");
+        assert_eq!(r.headers()["retry-after"], "1", "the fixed 1 s");
         assert_eq!(h.runs(), 0, "{store:?}: the handler did not run");
-        assert!(
-            started.elapsed() <= Duration::from_secs(1),
-            "bounded by store_timeout"
-        );
+        let waited = started.elapsed();
+        match store {
+            Broken::Down => assert!(waited < Duration::from_secs(1), "answered at once"),
+            // A store that never answers is given the fixed 1 s, not a moment less or more.
+            Broken::Slow => assert_eq!(waited, Duration::from_secs(1)),
+        }
     }
 }
 
@@ -88,19 +88,26 @@ async fn fail_open_runs_the_handler_without_de_duplication() {
 
 #[tokio::test(start_paused = true)]
 async fn a_store_full_of_claims_in_flight_refuses_with_503() {
-    let store = MemoryStore::builder()
-        .shards(1)
-        .max_entries(1)
-        .build()
-        .unwrap();
+    // One record in each of the 16 shards.
+    let store = MemoryStore::builder().max_entries(16).build().unwrap();
     let h = Harness::new(store.clone());
-    let original = tokio::spawn(h.send(post("/slow", Some("a"), "")));
+    // 400 slow requests in flight: every shard gets a claim (the chance that one of 16 shards
+    // gets none of 400 random keys is 16 × (15/16)^400, below 1e-10); the rest are refused.
+    let originals: Vec<_> = (0..400)
+        .map(|i| tokio::spawn(h.send(post("/slow", Some(&format!("a{i}")), ""))))
+        .collect();
     tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(store.len(), 16, "a claim in every shard");
     assert_problem(&h.post("/ok", Some("b"), "").await, 503);
-    original.await.unwrap().unwrap();
-    // Once answered, the record of `a` may be evicted for `b`.
+    let mut statuses = Vec::new();
+    for original in originals {
+        statuses.push(original.await.unwrap().unwrap().status().as_u16());
+    }
+    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), 16);
+    assert_eq!(statuses.iter().filter(|&&s| s == 503).count(), 400 - 16);
+    // Once answered, a record may be evicted for `b`.
     assert_eq!(h.post("/ok", Some("b"), "").await.status(), 201);
-    assert_eq!(store.len(), 1);
+    assert_eq!(store.len(), 16);
 }
 
 #[tokio::test(start_paused = true)]
@@ -219,7 +226,7 @@ async fn never_run_again(h: &Harness, path: &str) {
 
 #[tokio::test(start_paused = true)]
 async fn an_answer_larger_than_a_memory_store_shard_is_sent_whole_and_never_run_again() {
-    // 16 shards of 4 KiB; the answer is 8 KiB, below `max_response_bytes` (1 MiB).
+    // 16 shards of 4 KiB; the answer is 8 KiB, below `max_body_bytes` (1 MiB).
     let store = MemoryStore::builder().max_bytes(64 << 10).build().unwrap();
     let h = Harness::with(IdempotencyLayer::builder(store), |c| {
         c.lock_timeout(Duration::from_millis(500))
@@ -285,17 +292,15 @@ impl Store for LateClaim {
     }
 }
 
-/// A layer with a 1 s `store_timeout` over a memory store whose first claim lands `delay`
-/// after it is sent.
+/// A layer (its store timeout is the fixed 1 s) over a memory store whose first claim lands
+/// `delay` after it is sent.
 fn late_claim(delay: Duration) -> Harness {
     let store = LateClaim {
         inner: MemoryStore::new(),
         delay,
         first: Arc::new(std::sync::atomic::AtomicBool::new(true)),
     };
-    Harness::with(IdempotencyLayer::builder(store), |c| {
-        c.store_timeout(Duration::from_secs(1))
-    })
+    Harness::new(store)
 }
 
 #[tokio::test(start_paused = true)]
@@ -314,7 +319,7 @@ async fn a_claim_that_lands_after_its_store_timeout_does_not_block_the_retry() {
     assert_eq!(h.runs(), 1);
 }
 
-/// Found by the outside attack (issue 37, 14): a claim that lands after its `store_timeout`
+/// Found by the outside attack (issue 37, 14): a claim that lands after the store timeout (1 s)
 /// was released, but not one whose request was dropped while the claim was on its way (a deadline layer
 /// outside, `server()` in the documented `Deadline → IdempotencyLayer` order, or the caller
 /// leaving): the claim lands, nobody releases it, and the retry of a request whose handler

@@ -203,15 +203,28 @@ async fn a_refusal_before_the_handler_releases_the_key_with_the_idempotency_laye
         store.clone(),
         charges.clone(),
     );
-    // Admission: this route needs 5 s, the request has 1 s.
+    // Admission: this route measured 5 s (a hundred answers, the most recent of its window,
+    // trust it), the request has 1 s.
+    let admission = AdmissionLayer::new();
+    let trainer = tower::Layer::layer(
+        &admission,
+        service_fn(|_req: Request<String>| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }),
+    );
+    futures_util::future::join_all((0..100).map(|_| {
+        trainer
+            .clone()
+            .oneshot(Request::post("/ok").body(String::new()).unwrap())
+    }))
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let need = admission.need("/ok").expect("trusted");
+    assert!(need >= Duration::from_millis(4900), "{need:?}");
     let refusing = stack(
         Order::IdempotencyOutside,
-        backstop::server().admission(
-            AdmissionLayer::builder()
-                .fixed(Duration::from_secs(5))
-                .build()
-                .unwrap(),
-        ),
+        backstop::server().admission(admission),
         store,
         charges.clone(),
     );

@@ -1,4 +1,4 @@
-//! A keyed POST through `http().idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())`, hedged or retried after its attempt
+//! A keyed POST through `http().idempotency_keys(true)`, hedged or retried after its attempt
 //! bound, against a server behind `IdempotencyLayer`: the duplicate in flight is answered 409
 //! with `Retry-After`, which never wins the race and is retried later, so the caller gets the
 //! one charge's answer. (Defects found by an outside attack on the idempotency work.)
@@ -77,7 +77,7 @@ async fn a_hedge_answered_409_does_not_beat_the_original() {
     let runs = Arc::new(AtomicUsize::new(0));
     let wire = charge_server(runs.clone());
     let preset = backstop::client::http()
-        .idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())
+        .idempotency_keys(true)
         .retry(RetryConfig::http().hedging(Hedging::new(Duration::from_millis(50)).max_attempts(2)))
         .build()
         .unwrap();
@@ -103,7 +103,7 @@ async fn a_retry_after_the_attempt_bound_comes_back_for_the_stored_answer() {
         async move { handled.await.unwrap() }
     });
     let preset = backstop::client::http()
-        .idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())
+        .idempotency_keys(true)
         .timeout(Duration::from_secs(5))
         .max_attempts(5)
         .attempt(backstop::client::attempt::AttemptBound::Fixed(

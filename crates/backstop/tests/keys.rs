@@ -3,7 +3,6 @@
 //! the caller set and idempotent methods are left alone.
 
 use backstop::ReplayBody;
-use backstop::idempotency::{IdempotencyKeyLayer, KeyGenerator};
 use http::{Request, Response};
 use std::sync::{Arc, Mutex};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -58,7 +57,7 @@ fn post() -> Request<String> {
 #[tokio::test(start_paused = true)]
 async fn a_keyed_post_is_retried_with_the_same_key() {
     let preset = backstop::client::http()
-        .idempotency_keys(IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(7)))
+        .idempotency_keys(true)
         .build()
         .unwrap();
     let (status, seen) = call(preset, post()).await;
@@ -84,7 +83,7 @@ async fn without_the_knob_a_post_gets_no_key_and_no_retry() {
     assert_eq!(seen, vec![None]);
     let (status, seen) = call(
         backstop::client::http()
-            .idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::off())
+            .idempotency_keys(false)
             .build()
             .unwrap(),
         post(),
@@ -96,7 +95,7 @@ async fn without_the_knob_a_post_gets_no_key_and_no_retry() {
 #[tokio::test(start_paused = true)]
 async fn each_call_gets_its_own_key_and_the_callers_key_is_kept() {
     let preset = backstop::client::http()
-        .idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())
+        .idempotency_keys(true)
         .build()
         .unwrap();
     let (_, a) = call(preset.clone(), post()).await;
@@ -113,7 +112,7 @@ async fn each_call_gets_its_own_key_and_the_callers_key_is_kept() {
 #[tokio::test(start_paused = true)]
 async fn idempotent_methods_get_no_key() {
     let preset = backstop::client::http()
-        .idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())
+        .idempotency_keys(true)
         .build()
         .unwrap();
     let put = Request::put("http://payments/x")

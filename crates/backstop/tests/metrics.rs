@@ -634,15 +634,19 @@ fn a_response_body_cut_by_the_server_deadline_is_counted_under_its_route() {
 
 /// The server's `route` values are bounded, as the admission layer keys its models: a path
 /// hashed into a slot another path holds is counted without `route`, so clients sending a
-/// thousand paths make at most `routes` series.
+/// thousand paths make at most `routes` series. The preset's deadline layer takes its count
+/// from the admission layer, whichever is set last.
 #[test]
 fn the_servers_routes_are_bounded_by_its_slots() {
     let metrics = recorded(|| async {
-        let deadline = backstop::deadline::DeadlineLayer::builder()
+        let admission = backstop::server::admission::AdmissionLayer::builder()
             .routes(4)
             .build()
             .unwrap();
-        let server = ServiceBuilder::new().layer(deadline).service(service_fn(
+        let preset = backstop::server()
+            .admission(admission)
+            .deadline(backstop::deadline::DeadlineLayer::new());
+        let server = ServiceBuilder::new().layer(preset).service(service_fn(
             |_req: Request<String>| async { Ok::<_, Infallible>(status(200)) },
         ));
         for n in 0..1_000 {

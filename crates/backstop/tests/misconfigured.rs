@@ -274,7 +274,6 @@ async fn no_server_config_panics() {
     for d in DURS {
         for (n, b) in [
             ("max", DeadlineLayer::builder().max(d).build()),
-            ("lead", DeadlineLayer::builder().lead(d).build()),
             (
                 "min_remaining",
                 DeadlineLayer::builder().min_remaining(d).build(),
@@ -291,17 +290,14 @@ async fn no_server_config_panics() {
                 ));
             }
         }
-        for (n, b) in [
-            ("fixed", AdmissionLayer::builder().fixed(d).build()),
-            ("min_need", AdmissionLayer::builder().min_need(d).build()),
-            ("window", AdmissionLayer::builder().window(d).build()),
-        ] {
-            if let Ok(l) = b {
-                layers.push((
-                    format!("admission {n}({d:?})"),
-                    backstop::server().admission(l),
-                ));
-            }
+        // `min_remaining` with admission off: a fixed need.
+        if let Ok(l) = DeadlineLayer::builder().min_remaining(d).build() {
+            layers.push((
+                format!("deadline min_remaining({d:?}), admission off"),
+                backstop::server()
+                    .deadline(l)
+                    .admission(AdmissionLayer::off()),
+            ));
         }
     }
     for r in RATIOS {
@@ -312,10 +308,10 @@ async fn no_server_config_panics() {
             ));
         }
     }
-    for n in [0u64, 1, u64::MAX] {
-        if let Ok(l) = AdmissionLayer::builder().min_samples(n).build() {
+    for n in [0usize, 1, 1024, usize::MAX] {
+        if let Ok(l) = AdmissionLayer::builder().routes(n).build() {
             layers.push((
-                format!("admission min_samples({n})"),
+                format!("admission routes({n})"),
                 backstop::server().admission(l),
             ));
         }

@@ -7,7 +7,7 @@
 //!
 //! The server loses the first answer of every key (as a connection reset after the work
 //! would): the charge was made, the client saw a 503. The client preset stamps one
-//! `Idempotency-Key` per call (`.idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())`), so it retries the POST with the
+//! `Idempotency-Key` per call (`.idempotency_keys(true)`), so it retries the POST with the
 //! same key, and `IdempotencyLayer` answers the retry with the stored answer instead of
 //! charging again.
 
@@ -139,7 +139,7 @@ async fn charge(url: &str, calls: usize) -> Result<(), backstop::BoxError> {
         .layer(
             backstop::client::http()
                 .name("payments")
-                .idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())
+                .idempotency_keys(true)
                 .build()
                 .unwrap(),
         )

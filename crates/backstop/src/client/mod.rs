@@ -50,7 +50,7 @@ use tower_layer::Layer;
 /// The presets' adaptive throttle ([`backstop::client::overload::throttle`](crate::client::overload::throttle),
 /// on by default) refuses, locally and at once, a share of first attempts while the dependency
 /// accepts fewer than half of the calls it is sent (`K` = 2 over 30 s): it costs nothing
-/// while the dependency is healthy (it refuses nothing while half its calls succeed, so an
+/// while the dependency is healthy (it refuses nothing while more than half its calls are answered, so an
 /// ordinary error rate never trips it), needs no number only the user knows, and is what
 /// keeps an overloaded dependency's queue short enough to answer anyone in time. It sits
 /// outside the retry layer, so the retry budget keeps governing retries and a refused call
@@ -89,9 +89,18 @@ pub struct ClientBuilder<C> {
     /// `(quantile, max_attempts)`: hedge after the measured quantile.
     hedging: Option<(f64, u32)>,
     /// The quantile of the measured latency a retry must have left.
-    reserve: Option<f64>,
+    reserve: Reserve,
     breaker: BreakerConfig<C>,
     attempt: AttemptBound,
+}
+
+/// The measured reserve a retry must have left: the presets' default, or the user's.
+#[derive(Debug, Clone, Copy)]
+enum Reserve {
+    /// The presets': this quantile, unless the retry policy has a reserve of its own.
+    Preset(f64),
+    /// [`ClientBuilder::retry_reserve`]'s: wins over the retry policy's.
+    Set(Option<f64>),
 }
 
 /// The service [`http()`] builds around a transport `S`: name it in a struct field or axum
@@ -179,7 +188,7 @@ pub fn error_info(
 pub fn http() -> ClientBuilder<HttpClassifier> {
     ClientBuilder::new(HttpClassifier::new())
         .breaker(http_breaker())
-        .retry_reserve(Some(0.5))
+        .preset_reserve()
         .throttle(Some(AdaptiveThrottle::builder()))
 }
 
@@ -189,7 +198,7 @@ pub fn http() -> ClientBuilder<HttpClassifier> {
 pub fn grpc() -> ClientBuilder<GrpcClassifier> {
     ClientBuilder::new(GrpcClassifier::new())
         .breaker(grpc_breaker())
-        .retry_reserve(Some(0.5))
+        .preset_reserve()
         .throttle(Some(AdaptiveThrottle::builder()))
 }
 
@@ -257,9 +266,16 @@ impl<C: Clone> ClientBuilder<C> {
             keys: IdempotencyKeyLayer::off(),
             max_attempts: None,
             hedging: None,
-            reserve: None,
+            reserve: Reserve::Set(None),
             attempt: AttemptBound::Adaptive(Adaptive::new()),
         }
+    }
+
+    /// The presets' reserve: the measured median, unless the retry policy given has a
+    /// reserve of its own.
+    fn preset_reserve(mut self) -> Self {
+        self.reserve = Reserve::Preset(0.5);
+        self
     }
 
     /// The stack with another classifier (for every layer: the rules in [`ClientBuilder`]),
@@ -422,9 +438,12 @@ impl<C: Clone> ClientBuilder<C> {
         self
     }
 
-    /// The retry policy: backoff, budget, idempotency rule, replay limit, hint cap, seed (the
+    /// The retry policy: backoff, budget, idempotency rule, replay limit, reserve, seed (the
     /// presets: [`RetryConfig::new`]'s defaults). Its classifier is not used (the stack's
-    /// is: [`ClientBuilder`]'s rules), and the builder's short forms win over its knobs.
+    /// is: [`ClientBuilder`]'s rules), nor its `send_grpc_timeout` (the stack has one
+    /// `grpc-timeout` writer, the attempt bound, which the builder's
+    /// [`send_grpc_timeout`](Self::send_grpc_timeout) governs), and the builder's short forms
+    /// win over its knobs.
     ///
     /// ```
     /// use backstop::client::retry::{RetryConfig, backoff};
@@ -542,8 +561,9 @@ impl<C: Clone> ClientBuilder<C> {
 
     /// A retry is started only if, after its backoff, the `quantile` of the measured latency
     /// is still left of the deadline; `None`: no measured reserve (the retry policy's own
-    /// [`RetryConfig::reserve`], if it has one, and the fixed 1 ms). The presets use
-    /// `Some(0.5)`: with a dependency whose median call takes 1 s, a failure with 300 ms left
+    /// [`RetryConfig::reserve`], if it has one, and the fixed 1 ms). Wins over the retry
+    /// policy's reserve. The presets use 0.5 unless the retry policy you give has a reserve
+    /// of its own (then that one): with a dependency whose median call takes 1 s, a failure with 300 ms left
     /// is returned at once ([`GiveUp::Reserve`](crate::client::retry::GiveUp::Reserve))
     /// instead of a retry that would time out and count as one more failure of the breaker.
     /// Nothing is asked for until the model is trusted.
@@ -558,7 +578,7 @@ impl<C: Clone> ClientBuilder<C> {
     /// [`build`](Self::build) refuses a `quantile` outside (0, 1).
     #[must_use]
     pub fn retry_reserve(mut self, quantile: Option<f64>) -> Self {
-        self.reserve = quantile;
+        self.reserve = Reserve::Set(quantile);
         self
     }
 
@@ -596,8 +616,9 @@ impl<C: Clone> ClientBuilder<C> {
     ///
     /// # Errors
     ///
-    /// The first [`ConfigError`] of the parts, checked in the onion's order (deadline,
-    /// bulkhead, throttle, retry, breaker, attempt bound, hedging, reserve).
+    /// The first [`ConfigError`] of the parts, checked in this order: deadline, bulkhead,
+    /// throttle, retry policy (`max_attempts` included), breaker, attempt bound, hedging,
+    /// reserve.
     pub fn build(self) -> Result<ClientLayer<C>, ConfigError> {
         let name = self.name.as_deref();
         // The deadline: the policy, with the builder's short forms over it.
@@ -633,15 +654,25 @@ impl<C: Clone> ClientBuilder<C> {
         }
         // The attempt bound's models keyed as the breaker's breakers are: each route its own
         // bound, hedge delay and reserve.
-        if let Some((key, max_keys)) = breaker.key() {
-            attempt = attempt.per_key(key.clone(), max_keys)?;
+        // The same keys on the same clock: a key idle as long as the breaker's may make room
+        // in both tables, so a route with a breaker of its own has a model of its own (but
+        // while its breaker is held open: one table for both is still to come).
+        if let (Some((key, max_keys)), Some(idle)) = (breaker.key(), breaker.key_idle()) {
+            attempt = attempt.per_key_idle(key.clone(), max_keys, idle)?;
         }
-        // Hedging and the reserve read the attempt bound's model, made just above.
+        // Hedging and the reserve read the attempt bound's model, made just above. The retry
+        // policy, hedging included, is checked before the reserve (the onion's order of the
+        // errors `build` reports).
         if let Some((quantile, max_attempts)) = self.hedging {
             let delay = attempt.hedge_delay(quantile)?;
             retry = retry.hedging(Hedging::new(delay).max_attempts(max_attempts));
         }
-        let reserve = match self.reserve {
+        retry.validate()?;
+        let quantile = match self.reserve {
+            Reserve::Set(quantile) => quantile,
+            Reserve::Preset(quantile) => retry.reserve.is_none().then_some(quantile),
+        };
+        let reserve = match quantile {
             Some(quantile) => Some(attempt.retry_reserve(quantile)?),
             None => None,
         };
@@ -684,10 +715,9 @@ impl<C: Clone> ClientBuilder<C> {
 impl ClientBuilder<HttpClassifier> {
     /// Says the dependency de-duplicates `Idempotency-Key`s (it runs behind
     /// [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer) or keeps the same
-    /// promise), and stamps a fresh key on each POST and PATCH that has none, once per logical
-    /// call, outside the retry layer: every attempt of a call carries the same key. Off by
-    /// default; `IdempotencyKeyLayer::new()` turns it on (128 random bits from the OS per
-    /// key), [`IdempotencyKeyLayer::off`] off again.
+    /// promise), and stamps a fresh key (128 random bits from the OS) on each POST and PATCH
+    /// that has none, once per logical call, outside the retry layer: every attempt of a call
+    /// carries the same key. Off by default.
     ///
     /// What changes: a keyed request is one the retry policy's
     /// [`Idempotency::Standard`](crate::client::retry::Idempotency::Standard) rule allows, so a POST
@@ -710,18 +740,17 @@ impl ClientBuilder<HttpClassifier> {
     /// [`IdempotencyLayer`]: crate::idempotency::IdempotencyLayer
     ///
     /// ```
-    /// use backstop::idempotency::IdempotencyKeyLayer;
-    ///
-    /// let payments = backstop::client::http()
-    ///     .name("payments")
-    ///     .idempotency_keys(IdempotencyKeyLayer::new())
-    ///     .build()?;
+    /// let payments = backstop::client::http().name("payments").idempotency_keys(true).build()?;
     /// # let _ = payments;
     /// # Ok::<(), backstop::ConfigError>(())
     /// ```
     #[must_use]
-    pub fn idempotency_keys(mut self, keys: IdempotencyKeyLayer) -> Self {
-        self.keys = keys;
+    pub fn idempotency_keys(mut self, dedups: bool) -> Self {
+        self.keys = if dedups {
+            IdempotencyKeyLayer::new()
+        } else {
+            IdempotencyKeyLayer::off()
+        };
         self
     }
 }

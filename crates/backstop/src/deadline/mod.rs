@@ -73,9 +73,9 @@
 //! For each request:
 //! 1. The requested timeout is the shortest `grpc-timeout` value (and the
 //!    [milliseconds header](DeadlineLayerBuilder::millis_header), if configured). A malformed
-//!    value is answered at once with gRPC INTERNAL "malformed grpc-timeout" or HTTP 400, unless
-//!    [`ignore_malformed`](DeadlineLayerBuilder::ignore_malformed) is set.
-//! 2. A requested timeout is reduced by the [`lead`](DeadlineLayerBuilder::lead) (1 ms); with
+//!    value is answered at once with gRPC INTERNAL "malformed grpc-timeout" or HTTP 400, as
+//!    gRPC's own servers answer it (a caller whose bound cannot be read is not run unbounded).
+//! 2. A requested timeout is reduced by a fixed **lead of 1 ms** (see "Under tonic"); with
 //!    none, the [`default_timeout`](DeadlineLayerBuilder::default_timeout) applies; with neither,
 //!    the request has no deadline and passes through untouched. The result is clamped to
 //!    [`max`](DeadlineLayerBuilder::max).
@@ -104,7 +104,7 @@
 //! without `HandleErrorLayer`.
 //!
 //! **Under tonic.** tonic's server also reads `grpc-timeout` and answers CANCELLED (1) when its
-//! own timer fires. Its timer is armed just before this layer sees the request; the `lead`
+//! own timer fires. Its timer is armed just before this layer sees the request; the 1 ms lead
 //! makes this layer's deadline earlier than tonic's, and tonic polls the service before its
 //! timer, so the client sees DEADLINE_EXCEEDED every time. Do not also set tonic's
 //! `Server::timeout` shorter than your deadlines: use [`max`](DeadlineLayerBuilder::max).

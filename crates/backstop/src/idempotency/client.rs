@@ -2,74 +2,35 @@
 //!
 //! # Concurrency
 //!
-//! Clones of a layer share its generator. The OS generator (the default) has no state here;
-//! a seeded generator (tests) is one `fastrand::Rng` behind a mutex held for one draw, so
-//! a seed gives the same keys in the same order of calls.
+//! Clones of a layer share nothing: each key is 128 bits drawn from the OS's generator, which
+//! keeps no state here.
 
 use crate::idempotency::key::{IDEMPOTENCY_KEY, format_key};
 use http::{Method, Request};
-use std::{
-    fmt,
-    sync::{Arc, Mutex},
-    task::{Context, Poll},
-};
+use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// Where keys come from: the OS's generator (unguessable), or a seeded one for tests.
-#[derive(Clone)]
-pub struct KeyGenerator(Source);
-
-#[derive(Clone)]
-enum Source {
-    Os,
-    Seeded(Arc<Mutex<fastrand::Rng>>),
+/// 128 random bits from the operating system's generator: a key no one can guess, unique
+/// across a fleet (also each claim's token on the server). The OS generator fails only where
+/// there is none; bits from the process's own generator are still unique, if guessable.
+pub(crate) fn random_bits() -> u128 {
+    let mut bytes = [0; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        return fastrand::u128(..);
+    }
+    u128::from_le_bytes(bytes)
 }
 
-impl fmt::Debug for KeyGenerator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.0 {
-            Source::Os => "KeyGenerator::Os",
-            Source::Seeded(_) => "KeyGenerator::Seeded",
-        })
-    }
+/// Whether a request of `method` gets a key: POST and PATCH, the methods RFC 9110 (§9.2.2)
+/// does not define as idempotent. The others are idempotent by definition, so the retry
+/// layer retries them without a key, and a server needs none to run them twice safely.
+fn keyed(method: &Method) -> bool {
+    method == Method::POST || method == Method::PATCH
 }
 
-impl KeyGenerator {
-    /// 128 bits from the operating system's generator per key.
-    pub fn os() -> Self {
-        Self(Source::Os)
-    }
-
-    /// 128 bits from a generator seeded with `seed` (tests: keys are guessable).
-    pub fn seeded(seed: u64) -> Self {
-        Self(Source::Seeded(Arc::new(Mutex::new(
-            fastrand::Rng::with_seed(seed),
-        ))))
-    }
-
-    /// The next key's 128 bits.
-    pub fn next_bits(&self) -> u128 {
-        match &self.0 {
-            Source::Os => {
-                let mut bytes = [0; 16];
-                // The OS generator fails only where there is none; a key from the process's
-                // own generator is still unique, if guessable.
-                if getrandom::fill(&mut bytes).is_err() {
-                    return fastrand::u128(..);
-                }
-                u128::from_le_bytes(bytes)
-            }
-            Source::Seeded(rng) => rng
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .u128(..),
-        }
-    }
-}
-
-/// Stamps `Idempotency-Key: "<32 hex digits>"` on each request of its methods (POST and
-/// PATCH by default) that has no key, and leaves a key the caller set alone.
+/// Stamps `Idempotency-Key: "<32 hex digits>"` (128 random bits from the OS) on each POST and
+/// PATCH that has no key, and leaves a key the caller set, and every other method, alone.
 ///
 /// Put it outside the retry layer: each logical call gets one key, and every attempt and
 /// hedge of it carries that key, so a server behind
@@ -77,13 +38,13 @@ impl KeyGenerator {
 /// retry layer retries and hedges: stamp keys only for a server that de-duplicates.
 ///
 /// ```
-/// use backstop::idempotency::{IdempotencyKeyLayer, KeyGenerator};
+/// use backstop::idempotency::IdempotencyKeyLayer;
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let svc = ServiceBuilder::new()
-///     .layer(IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(1)))
+///     .layer(IdempotencyKeyLayer::new())
 ///     .service(service_fn(|req: http::Request<()>| async move {
 ///         Ok::<_, std::convert::Infallible>(req.headers().get("idempotency-key").cloned())
 ///     }));
@@ -93,8 +54,7 @@ impl KeyGenerator {
 /// ```
 #[derive(Debug, Clone)]
 pub struct IdempotencyKeyLayer {
-    methods: Arc<[Method]>,
-    generator: KeyGenerator,
+    on: bool,
 }
 
 impl Default for IdempotencyKeyLayer {
@@ -104,36 +64,14 @@ impl Default for IdempotencyKeyLayer {
 }
 
 impl IdempotencyKeyLayer {
-    /// Keys on POST and PATCH, from the OS generator.
+    /// Keys on POST and PATCH, 128 random bits from the OS each.
     pub fn new() -> Self {
-        Self {
-            methods: Arc::new([Method::POST, Method::PATCH]),
-            generator: KeyGenerator::os(),
-        }
+        Self { on: true }
     }
 
     /// A layer that stamps nothing (a stack that may turn keys on later keeps its type).
     pub fn off() -> Self {
-        Self::new().methods([])
-    }
-
-    /// The methods that get keys.
-    #[must_use]
-    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.methods = methods.into_iter().collect();
-        self
-    }
-
-    /// Where keys come from.
-    #[must_use]
-    pub fn generator(mut self, generator: KeyGenerator) -> Self {
-        self.generator = generator;
-        self
-    }
-
-    /// Whether the layer stamps any method.
-    pub fn is_on(&self) -> bool {
-        !self.methods.is_empty()
+        Self { on: false }
     }
 }
 
@@ -185,9 +123,8 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> S::Future {
-        if self.layer.methods.contains(req.method()) && !req.headers().contains_key(IDEMPOTENCY_KEY)
-        {
-            let key = format_key(self.layer.generator.next_bits());
+        if self.layer.on && keyed(req.method()) && !req.headers().contains_key(IDEMPOTENCY_KEY) {
+            let key = format_key(random_bits());
             req.headers_mut().insert(IDEMPOTENCY_KEY, key);
         }
         self.inner.call(req)
@@ -212,7 +149,7 @@ mod tests {
 
     #[tokio::test]
     async fn posts_and_patches_get_a_fresh_key_each() {
-        let layer = IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(3));
+        let layer = IdempotencyKeyLayer::new();
         let a = key_of(&layer, Request::post("/").body(()).unwrap())
             .await
             .unwrap();
@@ -225,16 +162,9 @@ mod tests {
             "{a}"
         );
         let parsed =
-            crate::idempotency::parse_key(&http::HeaderValue::from_str(&a).unwrap(), 255).unwrap();
+            crate::idempotency::key::parse_key(&http::HeaderValue::from_str(&a).unwrap(), 255)
+                .unwrap();
         assert_eq!(parsed.len(), 32);
-        // The same seed, the same keys.
-        let again = IdempotencyKeyLayer::new().generator(KeyGenerator::seeded(3));
-        assert_eq!(
-            key_of(&again, Request::post("/").body(()).unwrap())
-                .await
-                .unwrap(),
-            a
-        );
     }
 
     #[tokio::test]
@@ -265,7 +195,6 @@ mod tests {
 
     #[test]
     fn os_keys_differ() {
-        let g = KeyGenerator::os();
-        assert_ne!(g.next_bits(), g.next_bits());
+        assert_ne!(random_bits(), random_bits());
     }
 }

@@ -9,7 +9,25 @@ use std::{fmt, sync::Arc, time::Duration};
 /// Who is calling, read from the request head (an API key, a tenant, a verified user id):
 /// the scope of the keys (one caller's key, sent by another, is a different key there) and
 /// part of the fingerprint.
-pub type Identity = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
+pub(crate) type Identity = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
+
+/// The longest key accepted: 255 bytes (400 above). The draft
+/// (draft-ietf-httpapi-idempotency-key-header) sets no limit and recommends a UUID (36
+/// characters); 255 holds a UUID, a ULID or a hex digest with room for a client's own
+/// prefix, and bounds what a key adds to every record's name in the store.
+pub(crate) const MAX_KEY_LEN: usize = 255;
+/// The `Retry-After` of the 503 of a failing store and of the 409 of a duplicate in flight:
+/// 1 s. RFC 9110 §10.2.3 says it in whole seconds; 1 is the shortest that is not "now" (0
+/// would send the retry straight back into the same outage or the same claim), and the
+/// caller's own backoff and deadline stretch it as they need: a later hint would hold a
+/// caller whose original answers in milliseconds for a second or more.
+pub(crate) const RETRY_AFTER_SECS: u64 = 1;
+/// The longest a store operation may take before it counts as a store failure: 1 s. A
+/// healthy store answers in microseconds (memory) or a round trip (Redis); a store 1 s late
+/// is failing, and the request is refused (503) or run without de-duplication
+/// (`fail_open`) while its caller, whose deadline is seconds, still waits for it.
+/// `RedisStore::connect` times out its connection's commands at the same 1 s.
+pub(crate) const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The layer's settings, shared by its clones.
 pub(crate) struct Settings<St> {
@@ -19,15 +37,9 @@ pub(crate) struct Settings<St> {
     pub(crate) ttl: Duration,
     pub(crate) lock_timeout: Duration,
     pub(crate) wait_in_flight: Option<Duration>,
-    pub(crate) max_key_len: usize,
     pub(crate) max_body_bytes: usize,
-    pub(crate) max_response_bytes: usize,
-    pub(crate) store_timeout: Duration,
     pub(crate) fail_open: bool,
-    pub(crate) retry_after: Duration,
     pub(crate) identity: Option<Identity>,
-    /// Draws each claim's token.
-    pub(crate) ids: crate::idempotency::KeyGenerator,
 }
 
 /// How an [`IdempotencyLayer`] answers keyed requests. Made by
@@ -40,13 +52,13 @@ pub(crate) struct Settings<St> {
 /// | `ttl` (how long an answer is replayed) | 24 h |
 /// | `lock_timeout` (how long a claim holds while its handler runs, or when no one completes it) | 60 s |
 /// | `wait_in_flight` (how long a duplicate waits for the original's answer) | none: 409 at once |
-/// | `max_key_len` | 255 bytes |
-/// | `max_body_bytes` (request body buffered to fingerprint it; 413 above) | 1 MiB |
-/// | `max_response_bytes` (answers above are not stored) | 1 MiB |
-/// | `store_timeout` (each store operation) | 1 s |
+/// | `max_body_bytes` (the largest body buffered, either way: a request body above it is 413, an answer above it is sent, not stored) | 1 MiB |
 /// | `fail_open` | `false`: store down → 503 with `Retry-After`, the handler does not run |
-/// | `retry_after` (sent with that 503, and with the 409 of a duplicate in flight) | 1 s |
 /// | `identity` | none |
+///
+/// Fixed, with the reason at each constant: a key is at most **255 bytes** (400 above); a
+/// store operation slower than **1 s** is a store failure; the 503 of a failing store and the
+/// 409 of a duplicate in flight say `Retry-After: 1`.
 pub struct IdempotencyConfig<St> {
     settings: Settings<St>,
 }
@@ -66,12 +78,8 @@ impl<St> fmt::Debug for Settings<St> {
             .field("ttl", &self.ttl)
             .field("lock_timeout", &self.lock_timeout)
             .field("wait_in_flight", &self.wait_in_flight)
-            .field("max_key_len", &self.max_key_len)
             .field("max_body_bytes", &self.max_body_bytes)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .field("store_timeout", &self.store_timeout)
             .field("fail_open", &self.fail_open)
-            .field("retry_after", &self.retry_after)
             .field("identity", &self.identity.is_some())
             .finish()
     }
@@ -87,14 +95,9 @@ impl<St: Store> IdempotencyConfig<St> {
                 ttl: Duration::from_secs(24 * 60 * 60),
                 lock_timeout: Duration::from_secs(60),
                 wait_in_flight: None,
-                max_key_len: 255,
                 max_body_bytes: 1 << 20,
-                max_response_bytes: 1 << 20,
-                store_timeout: Duration::from_secs(1),
                 fail_open: false,
-                retry_after: Duration::from_secs(1),
                 identity: None,
-                ids: crate::idempotency::KeyGenerator::os(),
             },
         }
     }
@@ -139,33 +142,16 @@ impl<St: Store> IdempotencyConfig<St> {
         self
     }
 
-    /// The longest key accepted (400 above).
-    #[must_use]
-    pub fn max_key_len(mut self, n: usize) -> Self {
-        self.settings.max_key_len = n;
-        self
-    }
-
-    /// The longest request body buffered to fingerprint a keyed request (413 above).
+    /// The largest body the layer holds in memory, each way (default 1 MiB). A keyed
+    /// request's body is buffered to fingerprint it: a longer one is answered 413. An answer
+    /// is buffered to store it: a longer one (or one longer than the store's own bound,
+    /// [`Store::max_record_bytes`]) is sent through but not stored (a warning is logged), and
+    /// the key keeps a record that its request ran: a duplicate is answered 409 (no
+    /// `Retry-After`) for `ttl`, and the handler does not run again. Raise it for an API whose
+    /// bodies are larger.
     #[must_use]
     pub fn max_body_bytes(mut self, n: usize) -> Self {
         self.settings.max_body_bytes = n;
-        self
-    }
-
-    /// The longest answer stored (the store's own bound, [`Store::max_record_bytes`], may
-    /// be lower): a longer one is sent through but not stored (a warning is logged), and the key keeps a record that its request ran: a duplicate is answered
-    /// 409 (no `Retry-After`) for `ttl`, and the handler does not run again.
-    #[must_use]
-    pub fn max_response_bytes(mut self, n: usize) -> Self {
-        self.settings.max_response_bytes = n;
-        self
-    }
-
-    /// The longest a store operation may take before it counts as a store failure.
-    #[must_use]
-    pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.store_timeout = timeout;
         self
     }
 
@@ -175,13 +161,6 @@ impl<St: Store> IdempotencyConfig<St> {
     #[must_use]
     pub fn fail_open(mut self, open: bool) -> Self {
         self.settings.fail_open = open;
-        self
-    }
-
-    /// The `Retry-After` of the 503 sent when the store fails (whole seconds, rounded up).
-    #[must_use]
-    pub fn retry_after(mut self, after: Duration) -> Self {
-        self.settings.retry_after = after;
         self
     }
 
@@ -202,24 +181,18 @@ impl<St: Store> IdempotencyConfig<St> {
     /// # Errors
     ///
     /// - `methods` empty;
-    /// - `ttl`, `lock_timeout` or `store_timeout` zero;
+    /// - `ttl` or `lock_timeout` zero;
     /// - `ttl` or `lock_timeout` longer than the store can honour ([`Store::max_expiry`]:
     ///   about 146 million years for Redis; the memory store takes any, `Duration::MAX`
     ///   meaning "never expires");
     /// - `wait_in_flight` not below `lock_timeout`;
-    /// - `max_key_len` outside `1..=8192`;
-    /// - `max_body_bytes` or `max_response_bytes` zero;
-    /// - `retry_after` zero or above 1 h.
+    /// - `max_body_bytes` zero.
     pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
         let s = &self.settings;
         if s.methods.is_empty() {
             return Err(ConfigError::new("methods", "must name at least one method"));
         }
-        for (knob, value) in [
-            ("ttl", s.ttl),
-            ("lock_timeout", s.lock_timeout),
-            ("store_timeout", s.store_timeout),
-        ] {
+        for (knob, value) in [("ttl", s.ttl), ("lock_timeout", s.lock_timeout)] {
             if value.is_zero() {
                 return Err(ConfigError::new(knob, "must be above zero"));
             }
@@ -249,25 +222,8 @@ impl<St: Store> IdempotencyConfig<St> {
                 ),
             ));
         }
-        if !(1..=8192).contains(&s.max_key_len) {
-            return Err(ConfigError::new(
-                "max_key_len",
-                format!("must be in 1..=8192, got {}", s.max_key_len),
-            ));
-        }
-        for (knob, value) in [
-            ("max_body_bytes", s.max_body_bytes),
-            ("max_response_bytes", s.max_response_bytes),
-        ] {
-            if value == 0 {
-                return Err(ConfigError::new(knob, "must be above zero"));
-            }
-        }
-        if s.retry_after.is_zero() || s.retry_after > Duration::from_secs(3600) {
-            return Err(ConfigError::new(
-                "retry_after",
-                format!("must be in (0, 1 h], got {:?}", s.retry_after),
-            ));
+        if s.max_body_bytes == 0 {
+            return Err(ConfigError::new("max_body_bytes", "must be above zero"));
         }
         Ok(IdempotencyLayer::from_settings(Arc::new(self.settings)))
     }
@@ -291,20 +247,10 @@ mod tests {
             "lock_timeout"
         );
         assert_eq!(
-            knob(b().store_timeout(Duration::ZERO).build()),
-            "store_timeout"
-        );
-        assert_eq!(
             knob(b().wait_in_flight(Duration::from_secs(60)).build()),
             "wait_in_flight"
         );
-        assert_eq!(knob(b().max_key_len(0).build()), "max_key_len");
         assert_eq!(knob(b().max_body_bytes(0).build()), "max_body_bytes");
-        assert_eq!(
-            knob(b().max_response_bytes(0).build()),
-            "max_response_bytes"
-        );
-        assert_eq!(knob(b().retry_after(Duration::ZERO).build()), "retry_after");
         assert!(b().build().is_ok());
     }
 }

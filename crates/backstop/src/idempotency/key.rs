@@ -10,10 +10,10 @@ pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("ide
 /// Why an `Idempotency-Key` header was refused (answered 400).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum KeyError {
+pub(crate) enum KeyError {
     /// The key is empty (`""` or a blank header).
     Empty,
-    /// The key is longer than the layer's `max_key_len`.
+    /// The key is longer than 255 bytes.
     TooLong,
     /// The key has a byte that is not printable ASCII, or is a malformed string (an
     /// unterminated quote, a backslash not before `"` or `\`).
@@ -39,7 +39,7 @@ impl std::error::Error for KeyError {}
 
 /// The key in a header value: the content of a structured-field string (escapes undone), or
 /// the value itself when it is not quoted (a bare token, surrounding spaces dropped).
-pub fn parse_key(value: &HeaderValue, max_len: usize) -> Result<String, KeyError> {
+pub(crate) fn parse_key(value: &HeaderValue, max_len: usize) -> Result<String, KeyError> {
     let raw = value.as_bytes().trim_ascii();
     let key = if let Some(inner) = raw.strip_prefix(b"\"") {
         let mut key = Vec::with_capacity(inner.len());

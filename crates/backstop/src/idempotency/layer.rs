@@ -43,11 +43,6 @@ impl<St: Store> IdempotencyLayer<St> {
     pub(crate) fn from_settings(settings: Arc<Settings<St>>) -> Self {
         Self { settings }
     }
-
-    /// The store.
-    pub fn store(&self) -> &St {
-        &self.settings.store
-    }
 }
 
 impl<S, St> Layer<S> for IdempotencyLayer<St> {

@@ -2,7 +2,7 @@
 //!
 //! # Concurrency
 //!
-//! Keys are spread over shards by a hash; each shard is a `HashMap` behind its own mutex, held
+//! Keys are spread over 16 shards by a hash; each shard is a `HashMap` behind its own mutex, held
 //! only for one operation's map update (no `.await`, no I/O, no allocation beyond the entry)
 //! so a lock is the simplest correct tool: every operation on a key is serialised with every
 //! other operation on that key, which is exactly the promise of [`Store`]: **for one key, at
@@ -14,7 +14,7 @@
 //! # Bounds
 //!
 //! At most `max_entries` records and `max_bytes` of stored answers (split evenly over the
-//! shards). An expired record is dropped when its key is next touched, or when its shard is
+//! 16 shards). An expired record is dropped when its key is next touched, or when its shard is
 //! full. When a shard is full of live records, the completed answer closest to expiry goes
 //! first (the dedup window of that key ends early); claims in flight are never evicted, and
 //! a shard full of them refuses new claims ([`StoreErrorKind::Full`]), which the layer
@@ -32,6 +32,13 @@ use std::{
     sync::Arc,
     time::Duration,
 };
+
+/// Shards, each behind its own lock: 16. A lock is held for one map update (no I/O, no
+/// `.await`), so two requests wait on each other only when their keys share a shard and they
+/// arrive within that update; 16 is more than the cores a server gives its handlers, so that
+/// is rare, and few enough that a shard's share of `max_bytes` (4 MiB of the default 64 MiB)
+/// still holds a large answer.
+pub(crate) const SHARDS: usize = 16;
 
 /// Milliseconds since the store was made: the store's clock, a parameter of every table
 /// operation so tests and the loom model drive time themselves.
@@ -223,12 +230,12 @@ struct Inner {
     shard_bytes: usize,
 }
 
-/// Bounds of a [`MemoryStore`]: defaults 100 000 records, 64 MiB of answers, 16 shards.
+/// Bounds of a [`MemoryStore`]: defaults 100 000 records, 64 MiB of answers (over 16 shards,
+/// each with a 16th of both).
 #[derive(Debug, Clone)]
 pub struct MemoryStoreBuilder {
     max_entries: usize,
     max_bytes: usize,
-    shards: usize,
 }
 
 impl Default for MemoryStore {
@@ -248,7 +255,6 @@ impl MemoryStore {
         MemoryStoreBuilder {
             max_entries: 100_000,
             max_bytes: 64 << 20,
-            shards: 16,
         }
     }
 
@@ -300,7 +306,8 @@ fn lock(shard: &Mutex<Shard>) -> loom::sync::MutexGuard<'_, Shard> {
 }
 
 impl MemoryStoreBuilder {
-    /// Most records held (claims and answers), 100 000 by default.
+    /// Most records held (claims and answers), 100 000 by default, at least 16 (one per
+    /// shard).
     #[must_use]
     pub fn max_entries(mut self, n: usize) -> Self {
         self.max_entries = n;
@@ -317,52 +324,38 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// Shards (independent locks), 16 by default.
-    #[must_use]
-    pub fn shards(mut self, n: usize) -> Self {
-        self.shards = n;
-        self
-    }
-
     /// The store.
     ///
     /// # Errors
     ///
-    /// - `shards` outside `1..=1024`;
-    /// - `max_entries` below `shards` (each shard holds at least one record);
-    /// - `max_bytes` below 1 KiB per shard.
+    /// - `max_entries` below 16 (each shard holds at least one record);
+    /// - `max_bytes` below 16 KiB (1 KiB per shard).
     pub fn build(self) -> Result<MemoryStore, ConfigError> {
-        if !(1..=1024).contains(&self.shards) {
-            return Err(ConfigError::new(
-                "shards",
-                format!("must be in 1..=1024, got {}", self.shards),
-            ));
-        }
-        if self.max_entries < self.shards {
+        if self.max_entries < SHARDS {
             return Err(ConfigError::new(
                 "max_entries",
                 format!(
-                    "must be at least `shards` ({}), got {}",
-                    self.shards, self.max_entries
+                    "must be at least {SHARDS} (one per shard), got {}",
+                    self.max_entries
                 ),
             ));
         }
-        if self.max_bytes < self.shards * 1024 {
+        if self.max_bytes < SHARDS * 1024 {
             return Err(ConfigError::new(
                 "max_bytes",
                 format!(
                     "must be at least 1 KiB per shard ({} bytes), got {}",
-                    self.shards * 1024,
+                    SHARDS * 1024,
                     self.max_bytes
                 ),
             ));
         }
-        let entries = self.max_entries.div_ceil(self.shards);
-        let bytes = self.max_bytes.div_ceil(self.shards);
+        let entries = self.max_entries.div_ceil(SHARDS);
+        let bytes = self.max_bytes.div_ceil(SHARDS);
         let hasher = RandomState::new();
         Ok(MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..self.shards)
+                shards: (0..SHARDS)
                     .map(|_| Mutex::new(Shard::new(entries, bytes)))
                     .collect(),
                 hasher,
@@ -522,9 +515,12 @@ mod tests {
     #[test]
     fn every_rule_names_its_knob() {
         let err = |b: MemoryStoreBuilder| b.build().unwrap_err().knob().to_owned();
-        assert_eq!(err(MemoryStore::builder().shards(0)), "shards");
-        assert_eq!(err(MemoryStore::builder().shards(2000)), "shards");
-        assert_eq!(err(MemoryStore::builder().max_entries(3)), "max_entries");
-        assert_eq!(err(MemoryStore::builder().max_bytes(100)), "max_bytes");
+        assert_eq!(err(MemoryStore::builder().max_entries(15)), "max_entries");
+        assert_eq!(
+            err(MemoryStore::builder().max_bytes(16 * 1024 - 1)),
+            "max_bytes"
+        );
+        let least = MemoryStore::builder().max_entries(16).max_bytes(16 * 1024);
+        assert!(least.build().is_ok());
     }
 }

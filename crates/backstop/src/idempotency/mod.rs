@@ -48,8 +48,8 @@
 //! carries an `Idempotency-Key` (a structured-field string, `"…"`, per
 //! draft-ietf-httpapi-idempotency-key-header; a bare token is accepted too), in this order:
 //!
-//! 1. The key is checked: empty, longer than `max_key_len` (255), not printable ASCII, or
-//!    repeated → **400**. A request without a key runs as usual, unless the layer is set to
+//! 1. The key is checked: empty, longer than 255 bytes, not printable ASCII, or repeated →
+//!    **400**. A request without a key runs as usual, unless the layer is set to
 //!    `require_key` → **400**.
 //! 2. The body is buffered, at most `max_body_bytes` (1 MiB) → **413** above, and the
 //!    request's fingerprint taken: SHA-256 over method, path and query, the caller's
@@ -65,7 +65,7 @@
 //!    holds the claim as long. If the key already holds
 //!    - a record of a different fingerprint → **422** (the key was reused for another
 //!      request);
-//!    - a claim in flight → **409** with `Retry-After` (`retry_after`: backstop's client
+//!    - a claim in flight → **409** with `Retry-After: 1` (backstop's client
 //!      classifiers read it as "come back later", so a retry or a hedge of the call is sent
 //!      again later and never wins the race with the original), or, with
 //!      `wait_in_flight`, the original's answer once
@@ -101,7 +101,7 @@
 //!    a record that the request ran, and a duplicate is answered **409** without
 //!    `Retry-After` (coming back later will not help; the handler never runs twice for the
 //!    key): a handler error (`Err`), a **panic** (in `call` or in its future), an answer
-//!    larger than `max_response_bytes` (1 MiB) or than the store can hold
+//!    larger than `max_body_bytes` (1 MiB) or than the store can hold
 //!    ([`Store::max_record_bytes`]: a memory-store shard's share of its bytes), one with
 //!    trailers, or one whose body fails (each sent whole to its caller, with a warning
 //!    logged), and a keyed future **dropped** while the handler runs (the caller left, a
@@ -111,8 +111,8 @@
 //!    `Idempotency → Deadline` stores.
 //!    A claim no one completes (the process died, the store failed at the end) expires after
 //!    `lock_timeout` (60 s).
-//! 6. When the store fails or takes longer than `store_timeout` (1 s), the request is
-//!    answered **503** with `Retry-After` and the handler does not run (fail closed), unless
+//! 6. When the store fails or takes longer than 1 s, the request is answered **503** with
+//!    `Retry-After: 1` and the handler does not run (fail closed), unless
 //!    `fail_open` is set. A claim whose answer never came (it timed out, failed, or the
 //!    request was dropped while it was on its way) may still land in the store: the layer
 //!    releases it (its token is the layer's) once it has, so the retry runs. A failure
@@ -156,7 +156,7 @@
 //! request refused on arrival; keep the layer outside the handler's own layers. On the
 //! client:
 //! `IdempotencyKeyLayer → Retry → …` (the `backstop::client` presets do this with
-//! `.idempotency_keys(backstop::idempotency::IdempotencyKeyLayer::new())`).
+//! `.idempotency_keys(true)`).
 //!
 //! # Feature flags
 //!
@@ -180,9 +180,10 @@ pub(crate) mod sync;
 pub(crate) mod loom_tests;
 
 pub use body::IdempotencyBody;
-pub use client::{IdempotencyKey, IdempotencyKeyLayer, KeyGenerator};
-pub use config::{IdempotencyConfig, Identity};
-pub use key::{IDEMPOTENCY_KEY, KeyError, parse_key};
+pub use client::{IdempotencyKey, IdempotencyKeyLayer};
+pub use config::IdempotencyConfig;
+pub use key::IDEMPOTENCY_KEY;
+pub(crate) use key::KeyError;
 pub use layer::IdempotencyLayer;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use record::{Fingerprint, StoredResponse};

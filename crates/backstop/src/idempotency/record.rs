@@ -16,7 +16,7 @@ pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
     /// The fingerprint of a request (`identity` is `None` when no identity is configured).
-    pub fn of(
+    pub(crate) fn of(
         method: &http::Method,
         path_and_query: &str,
         identity: Option<&str>,

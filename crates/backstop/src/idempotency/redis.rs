@@ -12,8 +12,8 @@
 //!
 //! # Failures
 //!
-//! A Redis that is down, restarted or slow is a [`StoreError`] (the layer's `store_timeout`
-//! bounds a slow one): the layer fails closed (503) and the handler does not run. The
+//! A Redis that is down, restarted or slow is a [`StoreError`] (the layer waits at most 1 s
+//! for each command): the layer fails closed (503) and the handler does not run. The
 //! connection reconnects by itself. A Redis restarted **without persistence** has lost its
 //! claims and answers: a retry of a request answered before the restart runs again. Run
 //! Redis with `appendonly yes` where that matters.

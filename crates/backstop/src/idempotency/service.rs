@@ -2,7 +2,7 @@
 
 use crate::deadline::Deadline;
 use crate::idempotency::body::IdempotencyBody;
-use crate::idempotency::config::Settings;
+use crate::idempotency::config::{MAX_KEY_LEN, RETRY_AFTER_SECS, STORE_TIMEOUT, Settings};
 use crate::idempotency::key::{IDEMPOTENCY_KEY, parse_key};
 use crate::idempotency::problem::Problem;
 use crate::idempotency::record;
@@ -173,7 +173,7 @@ where
                     BAD_KEY,
                 ));
             }
-            (Some(value), None) => match parse_key(value, s.max_key_len) {
+            (Some(value), None) => match parse_key(value, MAX_KEY_LEN) {
                 Ok(key) => key,
                 Err(e) => return ready(count(Problem::BadKey(e), BAD_KEY)),
             },
@@ -198,20 +198,15 @@ fn ready<F, RB: Body, E>(problem: Problem) -> ResponseFuture<F, RB, E> {
 }
 
 impl<St: Store> Settings<St> {
-    /// A store operation bounded by `store_timeout`.
+    /// A store operation bounded by [`STORE_TIMEOUT`].
     async fn timed<T>(
         &self,
         op: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.store_timeout, op).await {
+        match tokio::time::timeout(STORE_TIMEOUT, op).await {
             Ok(result) => result,
             Err(elapsed) => Err(StoreError::new(StoreErrorKind::Timeout, elapsed)),
         }
-    }
-
-    /// `retry_after` in whole seconds, rounded up (as `Retry-After` says it).
-    fn retry_after_secs(&self) -> u64 {
-        self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0)
     }
 
     /// Replaces the claim of `token` with `record`; when the store cannot keep it (full, too
@@ -248,7 +243,7 @@ impl<St: Store> Settings<St> {
 
     fn store_down<B: Body>(&self) -> Response<IdempotencyBody<B>> {
         count(
-            Problem::StoreDown(self.retry_after_secs()).into_response(),
+            Problem::StoreDown(RETRY_AFTER_SECS).into_response(),
             STORE_ERROR,
         )
     }
@@ -280,13 +275,13 @@ impl<St: Store> Settings<St> {
             }
             let Some(until) = waited_until else {
                 return count(
-                    Problem::InFlight(self.retry_after_secs()).into_response(),
+                    Problem::InFlight(RETRY_AFTER_SECS).into_response(),
                     IN_FLIGHT,
                 );
             };
             if crate::rt::timer::after(tokio::time::Instant::now(), pause) > until {
                 return count(
-                    Problem::InFlight(self.retry_after_secs()).into_response(),
+                    Problem::InFlight(RETRY_AFTER_SECS).into_response(),
                     IN_FLIGHT,
                 );
             }
@@ -297,7 +292,7 @@ impl<St: Store> Settings<St> {
                 // Released (the original failed): this request may run, when retried.
                 Ok(None) => {
                     return count(
-                        Problem::InFlight(self.retry_after_secs()).into_response(),
+                        Problem::InFlight(RETRY_AFTER_SECS).into_response(),
                         IN_FLIGHT,
                     );
                 }
@@ -481,7 +476,7 @@ where
     let key = scoped(&key, s.identity.is_some(), identity.as_deref());
     let request = Request::from_parts(parts, B::from(bytes));
 
-    let token = Token::new(s.ids.next_bits(), fingerprint);
+    let token = Token::new(crate::idempotency::client::random_bits(), fingerprint);
     let token = match claim(&s, &key, token, lock).await {
         Ok(Claim::Acquired(token)) => token,
         Ok(Claim::Held(record)) => return Ok(s.held(&key, fingerprint, record).await),
@@ -535,15 +530,12 @@ where
     }
 
     let (parts, mut body) = response.into_parts();
-    // The largest body to store: `max_response_bytes`, and what the store can hold of a
+    // The largest body to store: `max_body_bytes`, and what the store can hold of a
     // record with these headers (a larger one is not offered to it).
-    let limit = s
-        .store
-        .max_record_bytes()
-        .map_or(s.max_response_bytes, |most| {
-            s.max_response_bytes
-                .min(most.saturating_sub(record::head_size(&parts.headers)))
-        });
+    let limit = s.store.max_record_bytes().map_or(s.max_body_bytes, |most| {
+        s.max_body_bytes
+            .min(most.saturating_sub(record::head_size(&parts.headers)))
+    });
     let mut buf = BytesMut::new();
     // Read the answer whole to store it; when it cannot be kept, the caller still gets all of
     // it (what was read, then the rest of the body, its error or its trailers) and the key
@@ -632,7 +624,7 @@ where
     Ok(Response::from_parts(parts, body))
 }
 
-/// Claims `key` with `token`, bounded by `store_timeout`. A claim whose answer never came (it
+/// Claims `key` with `token`, bounded by [`STORE_TIMEOUT`]. A claim whose answer never came (it
 /// timed out, the store failed) may still land, and would block every retry until the lock
 /// timeout although the handler never ran: a task of its own waits for it (at most the lock
 /// timeout) and releases the token's claim, best effort. The token is the layer's, so the
@@ -654,7 +646,7 @@ async fn claim<St: Store>(
         lock,
     };
     let sent = landing.sent.as_mut().expect("set above");
-    match tokio::time::timeout(s.store_timeout, sent.as_mut()).await {
+    match tokio::time::timeout(STORE_TIMEOUT, sent.as_mut()).await {
         Ok(Ok(claim)) => {
             landing.sent = None;
             landing.key.clear();

@@ -77,7 +77,7 @@ pub struct StoreError {
 pub enum StoreErrorKind {
     /// The store could not be reached or answered an error.
     Unavailable,
-    /// The store did not answer within the layer's `store_timeout`.
+    /// The store did not answer within the layer's 1 s.
     Timeout,
     /// The store is full of claims in flight (the memory store's bounds): nothing can be
     /// evicted without losing a claim.

@@ -37,7 +37,14 @@ use tower_layer::Layer;
 /// those would be cancelled by their deadline part-way through, and the work would go to
 /// nobody. A request without a deadline is always admitted. It needs no number only the user
 /// knows, so the preset turns it on; [`admission`](Self::admission) tunes it (a higher
-/// quantile refuses more) or turns it off ([`AdmissionLayer::off`]).
+/// quantile refuses more, more routes keep more models) or turns it off
+/// ([`AdmissionLayer::off`]). A least time every request must have left, measured or not, is
+/// the deadline layer's `min_remaining`.
+///
+/// The admission layer's [`routes`](crate::server::admission::AdmissionLayerBuilder::routes)
+/// also bound the `route` label of the deadline layer's `backstop.deadline.expired` series:
+/// the preset gives its deadline layer as many route slots as its admission layer has,
+/// whichever of [`deadline`](Self::deadline) and [`admission`](Self::admission) is set last.
 ///
 /// # Carrying the deadline into a handler's calls
 ///
@@ -155,12 +162,14 @@ pub struct ServerLayer {
 /// # }
 /// ```
 pub fn server() -> ServerLayer {
+    let admission = AdmissionLayer::new();
     ServerLayer {
         deadline: DeadlineLayer::builder()
             .max(MAX_DEADLINE)
             .build()
-            .expect("the defaults are valid"),
-        admission: AdmissionLayer::new(),
+            .expect("the defaults are valid")
+            .with_routes(admission.routes()),
+        admission,
     }
 }
 
@@ -168,17 +177,19 @@ pub fn server() -> ServerLayer {
 const MAX_DEADLINE: Duration = Duration::from_secs(3600);
 
 impl ServerLayer {
-    /// Replaces the deadline layer (another `max`, a `default_timeout`, a milliseconds
-    /// header…); its `max` replaces the preset's 1 hour cap.
+    /// Replaces the deadline layer (another `max`, a `default_timeout`, a `min_remaining`, a
+    /// milliseconds header); its `max` replaces the preset's 1 hour cap. Its metrics name as
+    /// many routes as the preset's admission layer keeps models.
     #[must_use]
     pub fn deadline(mut self, layer: DeadlineLayer) -> Self {
-        self.deadline = layer;
+        self.deadline = layer.with_routes(self.admission.routes());
         self
     }
 
-    /// Replaces deadline-aware admission (another quantile, a `min_need`, a fixed need), or
-    /// turns it off with [`AdmissionLayer::off`]. Clones of one layer share its latency
-    /// models: give each server (each set of routes) its own.
+    /// Replaces deadline-aware admission (another quantile, more routes), or turns it off
+    /// with [`AdmissionLayer::off`]. Clones of one layer share its latency models: give each
+    /// server (each set of routes) its own. The deadline layer's metrics follow its count of
+    /// routes.
     ///
     /// ```
     /// use backstop::server::admission::AdmissionLayer;
@@ -189,6 +200,7 @@ impl ServerLayer {
     /// ```
     #[must_use]
     pub fn admission(mut self, layer: AdmissionLayer) -> Self {
+        self.deadline = self.deadline.with_routes(layer.routes());
         self.admission = layer;
         self
     }

@@ -160,11 +160,6 @@ pub struct Pushback<S> {
 }
 
 impl<S> Pushback<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S) -> Self {
-        Self { inner }
-    }
-
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner

@@ -103,23 +103,24 @@ impl AttemptTimeoutLayer {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `max_keys` unless it is in `1..=4096`.
+    /// A [`ConfigError`] naming `max_keys` unless it is in `1..=10000` (the breaker's bound).
     pub fn per_key(&self, key: RouteKey, max_keys: usize) -> Result<Self, ConfigError> {
         self.per_key_idle(key, max_keys, KEY_IDLE)
     }
 
     /// [`per_key`](Self::per_key) with another idle time before a key may be evicted (the
     /// tests' and the loom models').
-    pub(super) fn per_key_idle(
+    pub(crate) fn per_key_idle(
         &self,
         key: RouteKey,
         max_keys: usize,
         idle: Duration,
     ) -> Result<Self, ConfigError> {
-        if !(1..=4096).contains(&max_keys) {
+        // The breaker's bound: the client builder keys this layer as its breaker.
+        if !(1..=10_000).contains(&max_keys) {
             return Err(ConfigError::new(
                 "max_keys",
-                format!("must be in 1..=4096, got {max_keys}"),
+                format!("must be in 1..=10000, got {max_keys}"),
             ));
         }
         Ok(Self {

@@ -87,6 +87,12 @@ impl<C> BreakerLayer<C> {
             .map(|k| (&k.key, k.table.max_keys()))
     }
 
+    /// How long a keyed breaker's key goes without a call before it may make room (the
+    /// client builder gives its attempt bound's table the same time).
+    pub(crate) fn key_idle(&self) -> Option<std::time::Duration> {
+        self.shared.keyed.as_ref().map(|k| k.table.idle())
+    }
+
     /// Every key's breaker now, by key (sorted), for a keyed layer; empty otherwise. The
     /// calls no key's breaker took are in [`snapshot`](Self::snapshot) (the overflow breaker).
     pub fn keys(&self) -> Vec<(String, Snapshot)> {

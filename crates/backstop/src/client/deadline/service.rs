@@ -80,6 +80,12 @@ where
         let head = Head::read(req.headers());
         let grpc = head.grpc;
         let Some((deadline, remaining)) = self.config.deadline(now, &head, &req) else {
+            // No deadline: a `grpc-timeout` the caller put on the request did not parse (a
+            // valid one is a deadline). It is not passed on: the stack is the header's one
+            // writer, and a server would refuse the call for it.
+            if head.malformed {
+                req.headers_mut().remove(GRPC_TIMEOUT);
+            }
             return PropagateFuture::unbounded(self.inner.call(req), grpc);
         };
         // Three significant digits, rounded down (at most 1 % short): consecutive calls send

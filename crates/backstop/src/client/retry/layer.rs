@@ -82,38 +82,13 @@ impl<C> RetryLayer<C> {
         &self.shared.policy
     }
 
-    /// The same layer's counters, name, route, metrics and `grpc-timeout` writing (unless the
-    /// policy changes [`RetryConfig::send_grpc_timeout`]), with another policy (checked as
-    /// [`RetryConfig::build`] checks it; its route is not read, the layer keeps its own):
-    /// what this layer and its clones count and report goes on across the change, and the
-    /// layers cloned before it keep the old policy. Give it a config derived from
-    /// [`config`](Self::config) to change one knob:
-    ///
-    /// ```
-    /// use backstop::client::retry::RetryConfig;
-    ///
-    /// let retry = RetryConfig::http().build()?.named("search");
-    /// let fewer = retry.with_config(retry.config().clone().max_attempts(2))?;
-    /// assert_eq!(fewer.name(), "search");
-    /// assert!(retry.with_config(RetryConfig::http().max_attempts(11)).is_err());
-    /// # Ok::<(), backstop::ConfigError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`RetryConfig::build`].
-    pub fn with_config(&self, policy: RetryConfig<C>) -> Result<Self, crate::ConfigError> {
-        policy.validate()?;
-        // Who writes `grpc-timeout` follows the new policy, except in a stack that writes it
-        // inside (a preset's), which stays so.
-        let mut derived = Self::with_ledger(policy, self.shared.ledger.clone());
-        if let Wire::Inside(_) = self.header {
-            derived.header = self.header;
+    pub(crate) fn from_policy(mut policy: RetryConfig<C>) -> Self {
+        // Each layer built from a config has a default budget of its own: a config cloned
+        // (or a client builder cloned as a template) and built twice makes two budgets, as
+        // two dependencies want. A budget given with `RetryConfig::budget` stays shared.
+        if policy.own_budget {
+            policy.budget = Some(Arc::new(crate::client::retry::budget::RatioBudget::new()));
         }
-        Ok(derived)
-    }
-
-    pub(crate) fn from_policy(policy: RetryConfig<C>) -> Self {
         let ledger = Ledger::new(DependencyName::default(), policy.route.clone());
         Self::with_ledger(policy, Arc::new(ledger))
     }

@@ -16,17 +16,16 @@ use std::{sync::Arc, time::Duration};
 #[derive(Debug)]
 pub(crate) struct Shared<C> {
     pub(crate) policy: RetryConfig<C>,
-    /// What outlives a change of policy ([`RetryLayer::with_config`](crate::client::retry::RetryLayer::with_config)).
+    /// What the layer and its clones count and report.
     pub(crate) ledger: Arc<Ledger>,
     /// What the policy's classifier makes of an attempt timeout (`AttemptTimedOut`): asked
     /// once, by the first call.
     pub(crate) timeout_retryable: std::sync::OnceLock<crate::Retryable>,
 }
 
-/// What a retry layer keeps when its policy is replaced: the counters, the dependency's name,
+/// What a retry layer and its clones count and report: the counters, the dependency's name,
 /// the route and the metric handles that carry them. One per layer built from a config (or
-/// [named](crate::client::retry::RetryLayer::named)); shared by the layers
-/// [`RetryLayer::with_config`](crate::client::retry::RetryLayer::with_config) derives from it.
+/// [named](crate::client::retry::RetryLayer::named)); shared by its clones.
 #[derive(Debug)]
 pub(crate) struct Ledger {
     pub(crate) stats: Stats,

@@ -338,6 +338,8 @@ impl<S, B, C> RetryState<S, B, C> {
             self.shared.meter_budget();
         }
         self.attempts -= 1;
+        // Refunded here: the drop below must not refund it again.
+        self.next = None;
     }
 
     pub(crate) fn next_request(&mut self) -> Option<Request<ReplayBody<B>>> {
@@ -406,4 +408,19 @@ pub(crate) fn refusal(
         return Some(GiveUp::NotReplayable);
     }
     None
+}
+
+/// A retry decided (its budget token withdrawn, the body taken over for it) and never sent,
+/// because the call was dropped in its backoff or while it waited for the service: the token
+/// goes back, as [`Budget::refund`](crate::client::retry::Budget::refund) promises (found by
+/// an outside attack: a `select!` that dropped the call mid-backoff cost the budget a token).
+impl<S, B, C> Drop for RetryState<S, B, C> {
+    fn drop(&mut self) {
+        if self.next.is_some()
+            && let Some(budget) = &self.shared.policy.budget
+        {
+            budget.refund();
+            self.shared.meter_budget();
+        }
+    }
 }

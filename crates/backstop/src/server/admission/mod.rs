@@ -17,14 +17,16 @@
 //!    passes, and its handler's latency is measured. (The layer reads the request only, not
 //!    [`current()`](crate::deadline::current): that is for handlers.)
 //! 2. **The need**: the route's measured handler latency at the [`quantile`](AdmissionLayerBuilder::quantile)
-//!    (default the median, p50), at least [`min_need`](AdmissionLayerBuilder::min_need)
-//!    (default 0); or a [`fixed`](AdmissionLayerBuilder::fixed) need instead of measuring.
+//!    (default the median, p50). A least need that holds whatever was measured (or a fixed
+//!    one, with admission [`off`](AdmissionLayer::off)) is the deadline layer's
+//!    [`min_remaining`](crate::deadline::DeadlineLayerBuilder::min_remaining), which refuses
+//!    before this layer is reached: together they refuse below the larger of the two.
 //!    A route is the request's path (for gRPC, `/package.Service/Method`), hashed into one of
 //!    [`routes`](AdmissionLayerBuilder::routes) models (default 16). A model measures one
 //!    route, the first to arrive there; a route whose model another route holds is admitted
 //!    and not measured, so no route is refused for another's latency (raise `routes` for a
-//!    service with many). A model is trusted once it holds [`min_samples`](AdmissionLayerBuilder::min_samples)
-//!    samples (default 100) of its [`window`](AdmissionLayerBuilder::window) (default 30 s);
+//!    service with many). A model is trusted once it holds **100 samples** of its last
+//!    **30 s** (the fixed window of every model; the constants' comments say why those);
 //!    until then (**cold start**) every request is admitted. The need is read from the model
 //!    at most every 100 ms and cached.
 //! 3. **The rule**: remaining deadline < need → refused with DEADLINE_EXCEEDED
@@ -44,10 +46,8 @@
 //!    without them). BENCHMARKS.md has the numbers.
 //!
 //! Metric (feature `metrics`): `backstop.admission.rejections`, labelled `route` with the path
-//! whose model refused (with a fixed need, which keeps no models, the path that holds the
-//! refused request's slot, claimed then): at most [`routes`](AdmissionLayerBuilder::routes)
-//! values, whatever paths clients send; a path whose slot another holds is counted without
-//! `route`.
+//! whose model refused: at most [`routes`](AdmissionLayerBuilder::routes) values, whatever
+//! paths clients send.
 //!
 //! # Ordering
 //!
@@ -82,6 +82,18 @@ use tower_layer::Layer;
 const TICK: Duration = Duration::from_millis(100);
 /// The cached value of an untrusted model: admit.
 const UNTRUSTED: u64 = u32::MAX as u64;
+/// Each model's window: the need follows the handler's latency over the last 30 s. Long
+/// enough to hold [`MIN_SAMPLES`] answers of a route served a few times a second; short
+/// enough that a route which got slower (or recovered) is judged by its new latency within
+/// half a minute, before a deadline-bound caller's retries have all been spent on it.
+const WINDOW: Duration = Duration::from_secs(30);
+/// Answers a model holds before its need is trusted: 100. The median of 100 samples lies
+/// between the 40th and the 60th percentile of the handler's latency 95 % of the time (a
+/// binomial(100, 0.5) is within ±10 of 50), close enough to refuse on; fewer would let a
+/// handful of slow first answers (a cold cache, a connection being made) refuse a route.
+const MIN_SAMPLES: u64 = 100;
+/// The routes a layer keeps models for unless told otherwise.
+const DEFAULT_ROUTES: usize = 16;
 
 /// Refuses requests whose remaining deadline is below their route's measured need (see the
 /// [module docs](self)).
@@ -92,9 +104,10 @@ const UNTRUSTED: u64 = u32::MAX as u64;
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
 ///
+/// // Refused: a request with less than 5 ms left, or less than its route's p90.
 /// let server = ServiceBuilder::new()
-///     .layer(DeadlineLayer::new())
-///     .layer(AdmissionLayer::builder().quantile(0.9).min_need(Duration::from_millis(5)).build().unwrap())
+///     .layer(DeadlineLayer::builder().min_remaining(Duration::from_millis(5)).build().unwrap())
+///     .layer(AdmissionLayer::builder().quantile(0.9).build().unwrap())
 ///     .service(tower::service_fn(|_req: http::Request<String>| async {
 ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
 ///     }));
@@ -109,23 +122,23 @@ pub struct AdmissionLayer {
 #[derive(Debug, Clone)]
 pub struct AdmissionLayerBuilder {
     quantile: f64,
-    min_need: Duration,
-    fixed: Option<Duration>,
     routes: usize,
-    window: Duration,
-    min_samples: u64,
+    /// [`AdmissionLayer::off`]: no models, a need of zero.
+    off: bool,
 }
 
 #[derive(Debug)]
 pub(crate) struct Shared {
     start: Instant,
     quantile: f64,
-    min_need_us: u64,
-    fixed_us: Option<u64>,
+    /// [`AdmissionLayer::off`]: a need of zero, nothing measured.
+    off: bool,
+    /// The count of route slots (the deadline layer of `server()` labels as many).
+    routes: usize,
     /// The routes: each model measures the path that holds its slot (claimed by the first
     /// request hashed there); another path hashed there is admitted unmeasured.
     slots: RouteSlots,
-    /// One per slot, or none with a fixed need.
+    /// One per slot, or none when off.
     models: Box<[Route]>,
     /// `backstop.admission.rejections`, per slot.
     #[cfg(feature = "metrics")]
@@ -140,7 +153,8 @@ struct Route {
 }
 
 impl AdmissionLayer {
-    /// The defaults: p50 of each route's handler latency over 30 s, trusted from 100 samples.
+    /// The defaults: p50 of each of 16 routes' handler latency over 30 s, trusted from 100
+    /// samples.
     pub fn new() -> Self {
         Self::builder().build().expect("the defaults are valid")
     }
@@ -149,18 +163,17 @@ impl AdmissionLayer {
     pub fn builder() -> AdmissionLayerBuilder {
         AdmissionLayerBuilder {
             quantile: 0.5,
-            min_need: Duration::ZERO,
-            fixed: None,
-            routes: 16,
-            window: Duration::from_secs(30),
-            min_samples: 100,
+            routes: DEFAULT_ROUTES,
+            off: false,
         }
     }
 
-    /// A layer that refuses nothing and measures nothing (a fixed need of zero): every
-    /// request passes (its response body wrapped, so the stack's type stays the same). For a
-    /// stack whose type has admission in it, such as the `server()` preset, to turn
-    /// it off.
+    /// A layer that refuses nothing and measures nothing (a need of zero): every request
+    /// passes (its response body wrapped, so the stack's type stays the same). For a stack
+    /// whose type has admission in it, such as the `server()` preset, to turn it off. A
+    /// fixed need instead of a measured one is the deadline layer's
+    /// [`min_remaining`](crate::deadline::DeadlineLayerBuilder::min_remaining) with admission
+    /// off.
     ///
     /// ```
     /// use backstop::server::admission::AdmissionLayer;
@@ -169,16 +182,23 @@ impl AdmissionLayer {
     /// assert_eq!(AdmissionLayer::off().need("/any"), Some(Duration::ZERO));
     /// ```
     pub fn off() -> Self {
-        Self::builder()
-            .fixed(Duration::ZERO)
-            .build()
-            .expect("a valid need")
+        AdmissionLayerBuilder {
+            off: true,
+            ..Self::builder()
+        }
+        .build()
+        .expect("the defaults are valid")
     }
 
     /// What a request to `path` needs now: `None` while its model is not trusted (admitted).
     pub fn need(&self, path: &str) -> Option<Duration> {
         let us = self.shared.need_us(self.shared.route(path), Instant::now());
         (us != UNTRUSTED).then(|| Duration::from_micros(us))
+    }
+
+    /// The count of route slots.
+    pub(crate) fn routes(&self) -> usize {
+        self.shared.routes
     }
 }
 
@@ -197,40 +217,13 @@ impl AdmissionLayerBuilder {
         self
     }
 
-    /// The least a request must have left, whatever was measured (default 0).
-    #[must_use]
-    pub fn min_need(mut self, min_need: Duration) -> Self {
-        self.min_need = min_need;
-        self
-    }
-
-    /// A fixed need instead of a measured one (no models are kept).
-    #[must_use]
-    pub fn fixed(mut self, need: Duration) -> Self {
-        self.fixed = Some(need);
-        self
-    }
-
     /// Latency models, each measuring the first route whose path hashes to it (default 16,
     /// 1..=1024; 4 KiB each); a route whose model another holds is admitted unmeasured. Also
-    /// the bound on the `route` values of the layer's metric (see the [module docs](self)).
+    /// the bound on the `route` values of the layer's metric (see the [module docs](self)),
+    /// and, in the `server()` preset, of the deadline layer's.
     #[must_use]
     pub fn routes(mut self, routes: usize) -> Self {
         self.routes = routes;
-        self
-    }
-
-    /// The models' window (default 30 s; see [`LatencyModel`]).
-    #[must_use]
-    pub fn window(mut self, window: Duration) -> Self {
-        self.window = window;
-        self
-    }
-
-    /// Samples a model needs before it is trusted (default 100).
-    #[must_use]
-    pub fn min_samples(mut self, min_samples: u64) -> Self {
-        self.min_samples = min_samples;
         self
     }
 
@@ -238,27 +231,12 @@ impl AdmissionLayerBuilder {
     ///
     /// # Errors
     ///
-    /// When `quantile` is not in (0, 1), `min_need` or `fixed` exceeds an hour, `routes` is
-    /// not in 1..=1024, or the model's `window` / `min_samples` are invalid (as
-    /// [`LatencyModel`]'s builder says).
+    /// When `quantile` is not in (0, 1) or `routes` is not in 1..=1024.
     pub fn build(self) -> Result<AdmissionLayer, ConfigError> {
         if !(self.quantile > 0.0 && self.quantile < 1.0) {
             return Err(ConfigError::new(
                 "quantile",
                 format!("must be in (0, 1), got {}", self.quantile),
-            ));
-        }
-        let hour = Duration::from_secs(3600);
-        if self.min_need > hour {
-            return Err(ConfigError::new(
-                "min_need",
-                format!("must be at most 1 hour, got {:?}", self.min_need),
-            ));
-        }
-        if self.fixed.is_some_and(|f| f > hour) {
-            return Err(ConfigError::new(
-                "fixed",
-                format!("must be at most 1 hour, got {:?}", self.fixed),
             ));
         }
         if !(1..=1024).contains(&self.routes) {
@@ -267,13 +245,13 @@ impl AdmissionLayerBuilder {
                 format!("must be in 1..=1024, got {}", self.routes),
             ));
         }
-        let routes = if self.fixed.is_some() { 0 } else { self.routes };
+        let routes = if self.off { 0 } else { self.routes };
         let models = (0..routes)
             .map(|_| {
                 Ok(Route {
                     model: LatencyModel::builder()
-                        .window(self.window)
-                        .min_samples(self.min_samples)
+                        .window(WINDOW)
+                        .min_samples(MIN_SAMPLES)
                         .build()?,
                     cached: TickCache::new(),
                 })
@@ -283,8 +261,8 @@ impl AdmissionLayerBuilder {
             shared: Arc::new(Shared {
                 start: Instant::now(),
                 quantile: self.quantile,
-                min_need_us: self.min_need.as_micros() as u64,
-                fixed_us: self.fixed.map(|f| f.as_micros() as u64),
+                off: self.off,
+                routes: self.routes,
                 slots: RouteSlots::new(self.routes),
                 models,
                 #[cfg(feature = "metrics")]
@@ -308,8 +286,8 @@ impl Shared {
     }
 
     /// The model of `path`: the slot it holds (see [`RouteSlots`]); `usize::MAX`, admitted
-    /// and unmeasured, with a fixed need or when another path holds the slot, so a route is
-    /// never refused for another route's latency.
+    /// and unmeasured, when off or when another path holds the slot, so a route is never
+    /// refused for another route's latency.
     pub(crate) fn route(&self, path: &str) -> usize {
         if self.models.is_empty() {
             return usize::MAX;
@@ -317,15 +295,11 @@ impl Shared {
         self.slots.slot(path).unwrap_or(usize::MAX)
     }
 
-    /// Counts a refusal of `path`, whose model is `route`, under the path that holds its slot
-    /// (a fixed need keeps no models: the slot is claimed here).
+    /// Counts a refusal of `path` under its model's slot, `route` (only a measured route is
+    /// refused, so it holds one).
     #[cfg(feature = "metrics")]
     pub(crate) fn count_refusal(&self, route: usize, path: &str) {
-        let slot = if route < self.slots.len() {
-            Some(route)
-        } else {
-            self.slots.slot(path)
-        };
+        let slot = (route < self.slots.len()).then_some(route);
         self.rejections.increment(slot, path, |route| {
             crate::rt::metrics::describe();
             let name = crate::metrics::ADMISSION_REJECTIONS;
@@ -339,8 +313,8 @@ impl Shared {
     /// The need of `route`'s requests in µs (`UNTRUSTED`: admit).
     #[inline]
     pub(crate) fn need_us(&self, route: usize, now: Instant) -> u64 {
-        if let Some(fixed) = self.fixed_us {
-            return fixed.max(self.min_need_us);
+        if self.off {
+            return 0;
         }
         let Some(r) = self.models.get(route) else {
             return UNTRUSTED;
@@ -357,9 +331,7 @@ impl Shared {
     #[inline(never)]
     fn refresh(&self, r: &Route, now_us: u64, tick: u64) -> u64 {
         let need = match r.model.quantile(self.quantile, now_us) {
-            Some(q) => (q.as_micros() as u64)
-                .max(self.min_need_us)
-                .min(UNTRUSTED - 1),
+            Some(q) => (q.as_micros() as u64).min(UNTRUSTED - 1),
             None => UNTRUSTED,
         };
         u64::from(r.cached.publish(tick, need as u32))
@@ -395,25 +367,20 @@ mod tests {
         let knob = |r: Result<AdmissionLayer, ConfigError>| r.unwrap_err().knob().to_owned();
         assert_eq!(knob(b().quantile(0.0).build()), "quantile");
         assert_eq!(knob(b().quantile(1.0).build()), "quantile");
-        assert_eq!(
-            knob(b().min_need(Duration::from_secs(4000)).build()),
-            "min_need"
-        );
-        assert_eq!(knob(b().fixed(Duration::from_secs(4000)).build()), "fixed");
         assert_eq!(knob(b().routes(0).build()), "routes");
         assert_eq!(knob(b().routes(2000).build()), "routes");
-        assert!(b().min_samples(0).build().is_err());
         assert!(b().build().is_ok());
+        assert!(b().routes(1024).build().is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_need_follows_the_route_once_trusted() {
-        let layer = AdmissionLayer::builder().min_samples(10).build().unwrap();
+        let layer = AdmissionLayer::new();
         let shared = &layer.shared;
         let (fast, slow) = (shared.route("/fast"), shared.route("/slow"));
         assert_ne!(fast, slow, "these two paths hash apart");
         let now = Instant::now();
-        for _ in 0..9 {
+        for _ in 0..MIN_SAMPLES - 1 {
             shared.record(slow, Duration::from_millis(200), now);
         }
         assert_eq!(layer.need("/slow"), None, "cold: admitted");
@@ -429,12 +396,31 @@ mod tests {
     }
 
     #[test]
-    fn a_fixed_need_keeps_no_model() {
-        let layer = AdmissionLayer::builder()
-            .fixed(Duration::from_millis(50))
-            .build()
-            .unwrap();
+    fn off_keeps_no_model_and_refuses_nothing() {
+        let layer = AdmissionLayer::off();
         assert!(!layer.shared.measures());
-        assert_eq!(layer.need("/any"), Some(Duration::from_millis(50)));
+        assert_eq!(layer.need("/any"), Some(Duration::ZERO));
+        let route = layer.shared.route("/any");
+        assert!(!layer.shared.refuses(route, Duration::ZERO, Instant::now()));
+        assert_eq!(
+            layer.routes(),
+            DEFAULT_ROUTES,
+            "the deadline layer's labels follow"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_model_forgets_what_is_older_than_its_window() {
+        let layer = AdmissionLayer::new();
+        let shared = &layer.shared;
+        let slow = shared.route("/slow");
+        for _ in 0..MIN_SAMPLES {
+            shared.record(slow, Duration::from_millis(200), Instant::now());
+        }
+        tokio::time::advance(TICK).await;
+        assert!(layer.need("/slow").is_some(), "trusted");
+        // Past the window, the samples are gone: cold again, every request admitted.
+        tokio::time::advance(2 * WINDOW).await;
+        assert_eq!(layer.need("/slow"), None);
     }
 }

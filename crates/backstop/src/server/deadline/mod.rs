@@ -23,10 +23,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower_layer::Layer;
 
-/// Largest accepted `lead`: it is a safety margin, not a budget.
-const MAX_LEAD: Duration = Duration::from_secs(1);
-/// The paths a layer's metrics name, by default: the admission layer's models.
-const DEFAULT_ROUTES: usize = 16;
+/// How much earlier than the caller's header says this server gives up: 1 ms, on deadlines
+/// read from headers only. tonic's server arms its own `grpc-timeout` timer a moment before
+/// this layer sees the request, and answers CANCELLED (1) when it fires; a deadline 1 ms
+/// earlier than the header's makes this layer's timer fire first (or in the same timer tick,
+/// where it is polled first), so the client sees DEADLINE_EXCEEDED (4). The moment between the
+/// two is microseconds (a header parse and a poll), so 1 ms covers it with room, and costs a
+/// handler 1 ms of a deadline that is at least milliseconds long (`grpc-timeout`'s finest
+/// useful unit for a call over a network). The loopback tests
+/// `the_servers_answer_beats_tonics_own_timer` and
+/// `a_tonic_client_sees_deadline_exceeded_every_time_never_cancelled` run it against tonic.
+pub(crate) const LEAD: Duration = Duration::from_millis(1);
+/// The paths a layer's metrics name: the admission layer's default count of models. The
+/// `server()` preset gives its deadline layer the count of its admission layer instead (see
+/// [`ServerLayer`](crate::ServerLayer)), so one knob, `AdmissionLayerBuilder::routes`, bounds
+/// the `route` values of both layers' series.
+#[cfg(feature = "metrics")]
+pub(crate) const DEFAULT_ROUTES: usize = 16;
 
 /// Reads the caller's deadline on a server, enforces it, and hands it to the handler.
 ///
@@ -43,19 +56,15 @@ pub(crate) struct InboundConfig {
     pub(crate) default: Option<Duration>,
     pub(crate) min_remaining: Duration,
     pub(crate) millis_header: Option<HeaderName>,
-    pub(crate) reject_malformed: bool,
-    pub(crate) lead: Duration,
     /// `backstop.deadline.expired{side="server"}`, per route.
     #[cfg(feature = "metrics")]
     pub(crate) expired: Arc<ServerMeters>,
 }
 
 impl DeadlineLayer {
-    /// The default lead: 1 ms.
-    pub const DEFAULT_LEAD: Duration = Duration::from_millis(1);
-
     /// Reads `grpc-timeout`, rejects a malformed one, and applies no `max`, no `default` and no
-    /// `min_remaining`; `lead` is [`DEFAULT_LEAD`](Self::DEFAULT_LEAD).
+    /// `min_remaining`. A deadline read from a header starts 1 ms earlier than the header
+    /// says (the [crate docs](crate#inbound-deadlinelayer) say why).
     pub fn new() -> Self {
         Self {
             config: InboundConfig {
@@ -63,8 +72,6 @@ impl DeadlineLayer {
                 default: None,
                 min_remaining: Duration::ZERO,
                 millis_header: None,
-                reject_malformed: true,
-                lead: Self::DEFAULT_LEAD,
                 #[cfg(feature = "metrics")]
                 expired: Arc::new(ServerMeters::new(DEFAULT_ROUTES)),
             },
@@ -76,8 +83,21 @@ impl DeadlineLayer {
         DeadlineLayerBuilder {
             config: Self::new().config,
             millis_header: None,
-            routes: DEFAULT_ROUTES,
         }
+    }
+
+    /// The layer with its metrics' route slots counted again: `routes` of them (the
+    /// `server()` preset gives it its admission layer's count).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn with_routes(mut self, routes: usize) -> Self {
+        self.config.expired = Arc::new(ServerMeters::new(routes));
+        self
+    }
+
+    /// Without the `metrics` feature there are no route slots to count.
+    #[cfg(not(feature = "metrics"))]
+    pub(crate) fn with_routes(self, _routes: usize) -> Self {
+        self
     }
 }
 
@@ -121,7 +141,6 @@ impl<S> Layer<S> for DeadlineLayer {
 pub struct DeadlineLayerBuilder {
     config: InboundConfig,
     millis_header: Option<String>,
-    routes: usize,
 }
 
 impl DeadlineLayerBuilder {
@@ -142,7 +161,12 @@ impl DeadlineLayerBuilder {
     }
 
     /// Rejects a request at once (DEADLINE_EXCEEDED / 504, without calling the service) when
-    /// less than this is left of its deadline on arrival.
+    /// less than this is left of its deadline on arrival: the least time any request of this
+    /// server needs, whatever was measured. With deadline-aware
+    /// [admission](crate::server::admission) inside (the `server()` preset), a request is so
+    /// refused below the larger of this and its route's measured need; with admission off
+    /// ([`AdmissionLayer::off`](crate::server::admission::AdmissionLayer::off)), this is a
+    /// fixed need. Default 0: only a deadline already passed is refused.
     #[must_use]
     pub fn min_remaining(mut self, min_remaining: Duration) -> Self {
         self.config.min_remaining = min_remaining;
@@ -158,51 +182,15 @@ impl DeadlineLayerBuilder {
         self
     }
 
-    /// Treats a malformed timeout header as absent instead of rejecting the request
-    /// (INTERNAL "malformed grpc-timeout" / 400 by default).
-    #[must_use]
-    pub fn ignore_malformed(mut self) -> Self {
-        self.config.reject_malformed = false;
-        self
-    }
-
-    /// How much earlier than the caller's header says this server gives up (default 1 ms,
-    /// at most 1 s; applies only to deadlines read from headers).
-    ///
-    /// The margin makes this layer's own answer (DEADLINE_EXCEEDED) reach the client before a
-    /// transport's timer does: tonic's server arms its own `grpc-timeout` timer a moment before
-    /// this layer sees the request and answers CANCELLED when it fires. With a lead at least as
-    /// long as that moment, this layer's timer fires first (or in the same timer tick, where it
-    /// is polled first), so the client sees 4, not 1.
-    #[must_use]
-    pub fn lead(mut self, lead: Duration) -> Self {
-        self.config.lead = lead;
-        self
-    }
-
-    /// How many routes the layer's metrics name (default 16, 1..=1024), as the admission
-    /// layer keys its models: a request's path (for gRPC, `/package.Service/Method`) is hashed
-    /// into one of `routes` slots, the first path there holds it and labels the slot's
-    /// `backstop.deadline.expired{side="server"}` series with `route`; a path whose slot
-    /// another holds is counted without `route`. So a server's series are bounded whatever
-    /// paths its clients send. Raise it for a service with many routes.
-    #[must_use]
-    pub fn routes(mut self, routes: usize) -> Self {
-        self.routes = routes;
-        self
-    }
-
     /// Validates the configuration.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming the knob when:
-    /// - `routes` is not in 1..=1024;
     /// - `max` or `default_timeout` is zero;
     /// - `default_timeout` is longer than `max`;
     /// - `min_remaining` is not shorter than `max` or than `default_timeout` (every request
     ///   would be rejected);
-    /// - `lead` is longer than 1 s;
     /// - `millis_header` is not a valid header name, or is `grpc-timeout`.
     pub fn build(self) -> Result<DeadlineLayer, ConfigError> {
         let mut config = self.config;
@@ -233,22 +221,6 @@ impl DeadlineLayerBuilder {
                     ),
                 ));
             }
-        }
-        if !(1..=1024).contains(&self.routes) {
-            return Err(ConfigError::new(
-                "routes",
-                format!("must be in 1..=1024, got {}", self.routes),
-            ));
-        }
-        #[cfg(feature = "metrics")]
-        {
-            config.expired = Arc::new(ServerMeters::new(self.routes));
-        }
-        if config.lead > MAX_LEAD {
-            return Err(ConfigError::new(
-                "lead",
-                format!("{:?} is longer than 1s", config.lead),
-            ));
         }
         if let Some(name) = self.millis_header {
             let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
@@ -283,7 +255,9 @@ impl InboundConfig {
                 }
             }
         }
-        if malformed && self.reject_malformed {
+        // A malformed value is refused, as gRPC's own servers refuse it (INTERNAL): a caller
+        // whose deadline cannot be read would otherwise run without the bound it asked for.
+        if malformed {
             return Err(Rejection::MalformedTimeout);
         }
         Ok(timeout)
@@ -297,7 +271,7 @@ impl InboundConfig {
         headers: &HeaderMap,
     ) -> Result<Option<Deadline>, Rejection> {
         let timeout = match self.requested(head, headers)? {
-            Some(t) => Some(t.saturating_sub(self.lead)),
+            Some(t) => Some(t.saturating_sub(LEAD)),
             None => self.default,
         };
         let Some(timeout) = timeout.map(|t| self.max.map_or(t, |max| t.min(max))) else {

@@ -15,11 +15,6 @@ pub struct DeadlineService<S> {
 }
 
 impl<S> DeadlineService<S> {
-    /// Wraps `inner` with the default configuration of [`DeadlineLayer::new`](crate::deadline::DeadlineLayer::new).
-    pub fn new(inner: S) -> Self {
-        Self::from_config(inner, crate::deadline::DeadlineLayer::new().config)
-    }
-
     pub(crate) fn from_config(inner: S, config: InboundConfig) -> Self {
         Self { inner, config }
     }
