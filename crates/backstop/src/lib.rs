@@ -96,7 +96,8 @@
 //! Per request, a [`RetryOverrides`](crate::client::retry::RetryOverrides) extension turns retries
 //! off, declares the request idempotent (or not), caps its attempts or turns hedging off.
 //!
-//! Plain `.layer(X::new(..))` stays first-class, and [`ServiceBuilderExt`] names each layer.
+//! Every layer is a plain tower `Layer`: `.layer(X)` in a `ServiceBuilder`, in the order the
+//! presets use or your own.
 //!
 //! # Errors
 //!
@@ -219,7 +220,6 @@ pub mod classify;
 pub mod client;
 pub mod deadline;
 mod error;
-mod ext;
 pub mod idempotency;
 pub mod latency;
 #[cfg(feature = "service-config")]
@@ -246,7 +246,6 @@ pub use error::{
     AttemptTimedOut, BoxError, BreakerOpen, BulkheadFull, ClientThrottled, ConfigError,
     DeadlineExceeded, find, is_deadline_exceeded,
 };
-pub use ext::ServiceBuilderExt;
 pub use route::{KeyFn, RouteKey};
 pub(crate) use rt::attempt::FinalAttempt;
 pub use server::{ServerLayer, server};
@@ -276,7 +275,6 @@ pub fn is_attempt_timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
 
 /// The names most stacks need, in one import: `use backstop::prelude::*;`.
 pub mod prelude {
-    pub use crate::ServiceBuilderExt;
     pub use crate::client::attempt::{Adaptive, AttemptBound, AttemptTimeoutLayer};
     pub use crate::client::breaker::{BreakerConfig, BreakerLayer, Mode, State};
     pub use crate::client::overload::{bulkhead::BulkheadLayer, throttle::ThrottleLayer};

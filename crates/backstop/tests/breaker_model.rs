@@ -2,7 +2,8 @@
 //! run through the real layer (tower-test mocks, paused time) and through a plain reference
 //! model of the state machine; both must agree on every admission and every state.
 
-use backstop::client::breaker::{BreakerConfig, BreakerOpen, State};
+use backstop::BreakerOpen;
+use backstop::client::breaker::{BreakerConfig, State};
 use http::{Request, Response};
 use proptest::prelude::*;
 use std::{collections::VecDeque, task::Poll, time::Duration};

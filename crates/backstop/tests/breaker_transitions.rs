@@ -1,7 +1,8 @@
 //! Every transition of the breaker, with mock services under paused time.
 
+use backstop::BreakerOpen;
 use backstop::client::breaker::{
-    Breaker, BreakerConfig, BreakerLayer, BreakerOpen, Mode, Reason, State, Transition,
+    Breaker, BreakerConfig, BreakerLayer, Mode, Reason, State, Transition,
 };
 use backstop::{BoxError, GrpcClassifier, HttpClassifier, Rejection};
 use backstop_test_support::{Handle, MS, Mock, S, get, grpc_call, grpc_reply, reply};

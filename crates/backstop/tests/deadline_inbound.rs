@@ -315,7 +315,7 @@ async fn a_streamed_http_body_fails_at_the_deadline() {
     assert_pending!(next.poll());
     advance(Duration::from_millis(99)).await;
     let err = assert_ready!(next.poll()).unwrap().unwrap_err();
-    assert!(backstop::deadline::is_deadline_exceeded(err.as_ref()));
+    assert!(backstop::is_deadline_exceeded(err.as_ref()));
 }
 
 #[tokio::test(start_paused = true)]
@@ -517,7 +517,7 @@ async fn a_body_still_streaming_past_the_deadline_is_cut() {
         };
         match cut {
             Ok(frame) => assert_eq!(frame.into_trailers().unwrap()["grpc-status"], "4"),
-            Err(e) => assert!(!grpc && backstop::deadline::is_deadline_exceeded(e.as_ref())),
+            Err(e) => assert!(!grpc && backstop::is_deadline_exceeded(e.as_ref())),
         }
         assert!(body.is_expired(), "{grpc} {size:?}");
     }

@@ -1,9 +1,7 @@
 //! `PropagateDeadlineLayer` driven with mock services under paused time.
 
-use backstop::Rejection;
-use backstop::deadline::{
-    Deadline, DeadlineBody, PropagateDeadlineLayer, current, is_deadline_exceeded,
-};
+use backstop::deadline::{Deadline, DeadlineBody, PropagateDeadlineLayer, current};
+use backstop::{Rejection, is_deadline_exceeded};
 use backstop_test_support::*;
 use bytes::Bytes;
 use http::{Request, Response};

@@ -7,7 +7,8 @@
 //! would otherwise hang (paused time only moves to registered timers); with the guard, it fails.
 
 use backstop::BoxError;
-use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer, current, is_deadline_exceeded};
+use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer, current};
+use backstop::is_deadline_exceeded;
 use backstop_test_support::{http_request, script_answer, scripted, step};
 use http::{Request, Response};
 use std::{

@@ -86,15 +86,15 @@ async fn a_timed_out_attempt_is_a_failure_the_breaker_counts() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_extension_methods_stack_the_same_layers() {
+async fn the_primitives_stack_as_plain_layers() {
     let ok = service_fn(|_req: Request<ReplayBody<String>>| async {
         Ok::<_, std::convert::Infallible>(Response::new(String::new()))
     });
     let breaker = BreakerConfig::http().build().unwrap();
     let client = ServiceBuilder::new()
-        .propagate_deadline(PropagateDeadlineLayer::new())
-        .retries(RetryConfig::http().build().unwrap())
-        .breaker(breaker.clone())
+        .layer(PropagateDeadlineLayer::new())
+        .layer(RetryConfig::http().build().unwrap())
+        .layer(breaker.clone())
         .service(ok);
     let response = client.oneshot(get()).await.unwrap();
     assert_eq!(response.status(), 200);

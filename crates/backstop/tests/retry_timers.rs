@@ -8,7 +8,8 @@
 //! would otherwise hang (paused time only moves to registered timers); with the guard, it fails.
 
 use backstop::client::retry::{ReplayBody, RetryConfig};
-use backstop::deadline::{Deadline, DeadlineLayer, is_deadline_exceeded};
+use backstop::deadline::{Deadline, DeadlineLayer};
+use backstop::is_deadline_exceeded;
 use http::{Request, Response};
 use std::{
     convert::Infallible,

@@ -2,7 +2,8 @@
 //! down and comes back. The breaker's clock is tokio's: the test jumps it over the open time
 //! (`pause`, `advance`, `resume`) instead of sleeping.
 
-use backstop::client::breaker::{BreakerConfig, BreakerOpen, State};
+use backstop::BreakerOpen;
+use backstop::client::breaker::{BreakerConfig, State};
 use backstop_integration::listener;
 use bytes::Bytes;
 use http::{Request, StatusCode};

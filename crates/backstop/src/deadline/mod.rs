@@ -184,13 +184,10 @@ pub(crate) mod scope;
 pub(crate) mod value;
 
 pub use crate::client::deadline::{
-    PropagateDeadline, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder, PropagateFuture,
+    PropagateDeadline, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder,
 };
 pub use crate::deadline::value::Deadline;
-pub use crate::server::deadline::{
-    DeadlineLayer, DeadlineLayerBuilder, DeadlineService, ResponseFuture,
-};
+pub use crate::server::deadline::{DeadlineLayer, DeadlineLayerBuilder, DeadlineService};
 pub use crate::wire::grpc_timeout::MalformedTimeout;
-pub use crate::{DeadlineExceeded, is_deadline_exceeded};
 pub use body::DeadlineBody;
-pub use scope::{DeadlineFutureExt, Scoped, current};
+pub use scope::{DeadlineFutureExt, current};

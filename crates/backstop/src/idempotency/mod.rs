@@ -189,5 +189,5 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use record::{Fingerprint, StoredResponse};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
-pub use service::{IDEMPOTENT_REPLAYED, Idempotency, ResponseFuture};
+pub use service::{IDEMPOTENT_REPLAYED, Idempotency};
 pub use store::{Claim, Record, Store, StoreError, StoreErrorKind, StoreFuture, Token};

@@ -125,7 +125,7 @@ mod service;
 mod shared;
 
 pub use config::{Adaptive, AttemptBound};
-pub use future::AttemptTimeoutFuture;
+pub(crate) use future::AttemptTimeoutFuture;
 pub use layer::{AttemptTimeoutLayer, MeasuredDelay};
 pub use service::AttemptTimeout;
 

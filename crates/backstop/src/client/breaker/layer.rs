@@ -189,7 +189,7 @@ impl<C> BreakerLayer<C> {
     /// Asks the breaker to let one call through, for code that calls its dependency without
     /// tower: a database or cache driver, a hand-written loop. The [`CallPermit`] records the
     /// call's outcome when you give it (or nothing if it is dropped, as a cancelled call);
-    /// an open breaker answers [`BreakerOpen`](crate::client::breaker::BreakerOpen) at once, with the time
+    /// an open breaker answers [`BreakerOpen`](crate::BreakerOpen) at once, with the time
     /// left open when it is known. Same breaker, same rules, same window as the [`Breaker`]
     /// services this layer builds (a keyed layer's: the breaker of calls with no key).
     ///
@@ -219,12 +219,12 @@ impl<C> BreakerLayer<C> {
     ///
     /// # Errors
     ///
-    /// [`BreakerOpen`](crate::client::breaker::BreakerOpen) while the breaker refuses calls: open, half-open
+    /// [`BreakerOpen`](crate::BreakerOpen) while the breaker refuses calls: open, half-open
     /// with every probe slot taken, in slow start, or forced open.
-    pub fn try_acquire(&self) -> Result<CallPermit<C>, crate::client::breaker::BreakerOpen> {
+    pub fn try_acquire(&self) -> Result<CallPermit<C>, crate::BreakerOpen> {
         match Permit::admit(self.handles.current()) {
             Ok(permit) => Ok(CallPermit { permit }),
-            Err(retry_after) => Err(crate::client::breaker::BreakerOpen::new(retry_after)),
+            Err(retry_after) => Err(crate::BreakerOpen::new(retry_after)),
         }
     }
 

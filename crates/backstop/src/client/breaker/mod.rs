@@ -58,7 +58,7 @@
 //! byte per call of a count window) and never grows with traffic.
 //!
 //! **Open**: every call fails at once, without reaching the dependency, with
-//! [`BreakerOpen`] whose `retry_after` says when the open time
+//! [`BreakerOpen`](crate::BreakerOpen) whose `retry_after` says when the open time
 //! ends. A gRPC request (`content-type: application/grpc`, see [`is_grpc`](crate::is_grpc)) gets a trailers-only
 //! `UNAVAILABLE` response with `grpc-retry-pushback-ms` instead, because a gRPC client such
 //! as tonic turns an error from its transport into UNKNOWN; the response carries
@@ -153,10 +153,8 @@ pub(crate) mod word;
 #[cfg(all(test, loom))]
 pub(crate) mod loom_tests;
 
-pub use crate::BreakerOpen;
 pub use body::BreakerBody;
 pub use config::BreakerConfig;
-pub use future::ResponseFuture;
 pub use key::BreakerKey;
 pub use layer::BreakerLayer;
 pub use permit::CallPermit;

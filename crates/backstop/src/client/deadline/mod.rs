@@ -5,7 +5,7 @@
 mod future;
 mod service;
 
-pub use future::PropagateFuture;
+pub(crate) use future::PropagateFuture;
 pub use service::PropagateDeadline;
 
 use crate::ConfigError;

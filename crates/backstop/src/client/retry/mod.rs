@@ -162,7 +162,6 @@ pub use budget::{Budget, GrpcThrottle, GrpcThrottleBuilder, RatioBudget, RatioBu
 pub use config::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryConfig, RetryOverrides};
 pub(crate) use config::{MAX_HINT, MIN_ATTEMPT_TIME};
 pub use error::RetryError;
-pub use future::ResponseFuture;
 pub use info::{Attempt, CallInfo};
 pub use layer::RetryLayer;
 pub use replay::{BodyFailedEarlier, BodySuperseded, ReplayBody};

@@ -67,7 +67,7 @@
 mod future;
 mod service;
 
-pub use future::AdmissionFuture;
+pub(crate) use future::AdmissionFuture;
 pub use service::Admission;
 
 use crate::ConfigError;

@@ -5,7 +5,7 @@
 mod future;
 mod service;
 
-pub use future::ResponseFuture;
+pub(crate) use future::ResponseFuture;
 pub use service::DeadlineService;
 
 #[cfg(feature = "metrics")]

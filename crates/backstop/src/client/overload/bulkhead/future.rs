@@ -1,4 +1,5 @@
-use super::{BulkheadFull, Refusal, Shared, semaphore::Waiter};
+use super::{Refusal, Shared, semaphore::Waiter};
+use crate::BulkheadFull;
 use crate::rt::timer::LazySleep;
 use crate::{BoxError, Rejection, ResponseBody};
 use http::Response;

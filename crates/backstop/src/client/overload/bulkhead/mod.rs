@@ -40,7 +40,7 @@
 //! permit on); nothing waits for a dropped call.
 //!
 //! **What the caller sees.** A refused call is never sent: an HTTP caller gets the error
-//! [`BulkheadFull`] (its [`knob`](BulkheadFull::knob) says which rule), a gRPC caller
+//! [`BulkheadFull`](crate::BulkheadFull) (its [`knob`](crate::BulkheadFull::knob) says which rule), a gRPC caller
 //! UNAVAILABLE "bulkhead full" with `grpc-retry-pushback-ms: -1` (trailers-only), carrying
 //! [`Rejection::BulkheadFull`](crate::Rejection) in its extensions. Classifiers report
 //! it as [`Outcome::Rejected`](crate::Outcome): never retried, never a breaker failure.
@@ -103,10 +103,9 @@ mod future;
 mod semaphore;
 mod service;
 
-pub use future::BulkheadFuture;
+pub(crate) use future::BulkheadFuture;
 pub use service::Bulkhead;
 
-pub use crate::BulkheadFull;
 use crate::ConfigError;
 use crate::rt::DependencyName;
 use semaphore::Semaphore;

@@ -84,7 +84,7 @@ mod future;
 mod layer;
 mod service;
 
-pub use future::ThrottleFuture;
+pub(crate) use future::ThrottleFuture;
 pub use layer::ThrottleLayer;
 pub use service::Throttle;
 
