@@ -95,14 +95,17 @@ async fn throttled_and_ignored_outcomes_count_as_the_service_counts_them() {
     assert_eq!(breaker.snapshot().state, State::Closed);
     assert_eq!(breaker.snapshot().calls, 0);
 
+    // A caller who wants a rate limit counted records it as the failure it means to them.
     let counting = BreakerConfig::http()
         .count_window(10)
         .minimum_calls(4)
-        .count_throttled(true)
         .build()
         .unwrap();
     for _ in 0..4 {
-        counting.try_acquire().unwrap().record(throttled);
+        counting
+            .try_acquire()
+            .unwrap()
+            .record(Outcome::failure(Retryable::Always));
     }
     assert_eq!(counting.snapshot().state, State::Open);
 }

@@ -55,7 +55,10 @@ impl Harness<GrpcClassifier> {
     }
 }
 
-impl Harness<HttpClassifier> {
+impl<C> Harness<C>
+where
+    C: backstop::Classify<Response<String>> + Clone + Send + Sync + 'static,
+{
     /// One call answered by the dependency with `status`; the response status, or the error.
     async fn call(&mut self, status: u16) -> Result<u16, BoxError> {
         self.handle.allow(1);
@@ -68,7 +71,9 @@ impl Harness<HttpClassifier> {
         send.send_response(reply(status));
         future.await.map(|r| r.status().as_u16())
     }
+}
 
+impl Harness<HttpClassifier> {
     /// One call that the breaker must refuse without reaching the dependency.
     async fn refused(&mut self) -> BreakerOpen {
         self.handle.allow(1);
@@ -158,8 +163,8 @@ async fn ignored_and_rejected_results_never_count() {
 }
 
 /// A rate limit (429) is honoured through its `Retry-After`, not by closing the dependency
-/// off: 25 throttled calls leave the breaker closed and uncounted; with `count_throttled` the
-/// same calls open it.
+/// off: 25 throttled calls leave the breaker closed and uncounted; with a classifier that
+/// calls a 429 a failure (what `count_throttled(true)` was) the same calls open it.
 #[tokio::test(start_paused = true)]
 async fn throttled_calls_count_for_nothing_unless_asked() {
     let mut h = harness(http());
@@ -172,7 +177,7 @@ async fn throttled_calls_count_for_nothing_unless_asked() {
         (State::Closed, 0, 0)
     );
 
-    let mut h = harness(http().count_throttled(true));
+    let mut h = harness(http().classifier(ThrottledFails(HttpClassifier::new())));
     for _ in 0..4 {
         assert_eq!(h.call(429).await.unwrap(), 429);
     }
@@ -712,4 +717,20 @@ async fn clones_share_one_breaker_and_memory_is_fixed() {
     assert_eq!(h.layer.snapshot().shared_bytes, before);
     // A word per bucket per core (at most 16 cores) plus a few words: a few KiB at most.
     assert!(before < 8 * 1024, "{before} bytes of shared state");
+}
+
+/// The HTTP classifier, with a rate limit (429) called a failure.
+#[derive(Debug, Clone)]
+struct ThrottledFails(HttpClassifier);
+
+impl<B> backstop::Classify<Response<B>> for ThrottledFails {
+    fn classify(
+        &self,
+        result: Result<&Response<B>, &(dyn std::error::Error + 'static)>,
+    ) -> backstop::Outcome {
+        match self.0.classify(result) {
+            backstop::Outcome::Throttled { retryable, .. } => backstop::Outcome::failure(retryable),
+            outcome => outcome,
+        }
+    }
 }

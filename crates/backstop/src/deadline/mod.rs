@@ -136,7 +136,7 @@
 //! trailers-only DEADLINE_EXCEEDED response (so a tonic client gets
 //! `Status::deadline_exceeded`, as grpc-go and grpc-java clients do locally) carrying
 //! [`Rejection::DeadlineExceeded`](crate::Rejection) in its extensions; for any other
-//! request, as the error [`DeadlineExceeded`] (find it with [`is_deadline_exceeded`]). The
+//! request, as the error [`DeadlineExceeded`](crate::DeadlineExceeded) (find it with [`is_deadline_exceeded`](crate::is_deadline_exceeded)). The
 //! same holds for the local failures of the layers inside, with a deadline or without one: a
 //! gRPC call whose error carries one of backstop's own
 //! ([`Rejection::of`](crate::Rejection::of): an attempt out of its bound, an open

@@ -25,7 +25,7 @@ pub(crate) type Hook = Arc<dyn Fn(&Transition) + Send + Sync>;
 /// | `probes` | 3 half-open probes, all must succeed |
 /// | `open_duration` | 5 s, doubling per consecutive re-open (fixed), at most 300 s |
 /// | `jitter` | on: equal jitter, each open time uniform in `[d/2, d]` |
-/// | `count_throttled` | off: a throttled call (HTTP 429, gRPC RESOURCE_EXHAUSTED) counts for nothing |
+/// | a throttled call (HTTP 429, gRPC RESOURCE_EXHAUSTED) | counts for nothing (fixed): a rate limit says "slower", not "down", and is honoured through its `Retry-After` or pushback; to count it, give the breaker a classifier that calls it a failure |
 /// | `slow_start` | off |
 /// | mode | [`Mode::Normal`]; change it at run time with [`BreakerLayer::set_mode`](crate::client::breaker::BreakerLayer::set_mode) |
 #[derive(Clone)]
@@ -41,7 +41,6 @@ pub struct BreakerConfig<C> {
     open_max: Duration,
     open_multiplier: f64,
     jitter: bool,
-    pub(crate) count_throttled: bool,
     seed: Option<u64>,
     slow_start: Option<Duration>,
     pub(crate) mode: Mode,
@@ -79,7 +78,6 @@ impl<C: fmt::Debug> fmt::Debug for BreakerConfig<C> {
             .field("open_max", &self.open_max)
             .field("open_multiplier", &self.open_multiplier)
             .field("jitter", &self.jitter)
-            .field("count_throttled", &self.count_throttled)
             .field("seed", &self.seed)
             .field("slow_start", &self.slow_start)
             .field("mode", &self.mode)
@@ -127,7 +125,6 @@ impl<C> BreakerConfig<C> {
             open_max: Duration::from_secs(300),
             open_multiplier: OPEN_MULTIPLIER,
             jitter: true,
-            count_throttled: false,
             seed: None,
             slow_start: None,
             mode: Mode::Normal,
@@ -154,7 +151,6 @@ impl<C> BreakerConfig<C> {
             open_max: self.open_max,
             open_multiplier: self.open_multiplier,
             jitter: self.jitter,
-            count_throttled: self.count_throttled,
             seed: self.seed,
             slow_start: self.slow_start,
             mode: self.mode,
@@ -236,17 +232,6 @@ impl<C> BreakerConfig<C> {
     #[must_use]
     pub fn jitter(mut self, jitter: bool) -> Self {
         self.jitter = jitter;
-        self
-    }
-
-    /// Whether a throttled call ([`Outcome::Throttled`](crate::Outcome::Throttled): HTTP
-    /// 429, gRPC RESOURCE_EXHAUSTED) counts as a failure (default `false`: it counts for
-    /// nothing). A rate limit says "slower", not "down": it is honoured through its
-    /// `Retry-After` or pushback, where counting it would close the dependency off for the
-    /// breaker's open time, growing with each re-open, far beyond what the server asked for.
-    #[must_use]
-    pub fn count_throttled(mut self, count: bool) -> Self {
-        self.count_throttled = count;
         self
     }
 

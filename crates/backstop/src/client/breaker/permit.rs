@@ -61,10 +61,6 @@ impl<C> Permit<C> {
                 failure: true,
                 slow,
             },
-            Outcome::Throttled { .. } if self.handle.count_throttled => Tally::Counted {
-                failure: true,
-                slow,
-            },
             Outcome::Throttled { .. } | Outcome::Rejected | Outcome::Ignored => Tally::Nothing,
         };
         self.handle
@@ -128,9 +124,9 @@ impl<C> Permit<C> {
 /// [`BreakerLayer::try_acquire`](crate::client::breaker::BreakerLayer::try_acquire).
 ///
 /// Give it the call's outcome with [`success`](Self::success), [`failure`](Self::failure) or
-/// [`record`](Self::record) (any [`Outcome`]: a [throttled](Outcome::Throttled) one counts as a
-/// failure only with [`BreakerConfig::count_throttled`](crate::client::breaker::BreakerConfig::count_throttled), an [ignored](Outcome::Ignored) one
-/// not at all). Dropped without an outcome, it counts as a cancelled call: nothing, a probe
+/// [`record`](Self::record) (any [`Outcome`]: a [throttled](Outcome::Throttled) or an
+/// [ignored](Outcome::Ignored) one counts for nothing; record a rate limit you want counted as
+/// a failure). Dropped without an outcome, it counts as a cancelled call: nothing, a probe
 /// slot given back, or a slow call when slow-call detection is on and the call had run that
 /// long.
 #[must_use = "a permit records nothing until it is given the call's outcome"]

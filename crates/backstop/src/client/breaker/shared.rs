@@ -27,8 +27,6 @@ pub(crate) struct Shared<C> {
     pub(crate) classifier: C,
     start: Instant,
     pub(crate) slow: Option<Duration>,
-    /// Whether throttled calls count as failures.
-    pub(crate) count_throttled: bool,
     hook: Option<Hook>,
     /// Transitions to open since the breaker was built.
     opens: std::sync::atomic::AtomicU64,
@@ -117,7 +115,6 @@ impl<C> Shared<C> {
             slow: config.slow_duration(),
             classifier: config.classifier,
             start: Instant::now(),
-            count_throttled: config.count_throttled,
             hook: config.hook,
             opens: std::sync::atomic::AtomicU64::new(0),
             name: config.name,
