@@ -234,16 +234,16 @@ pub const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", 
 /// it), `transport` (no status: a connection or protocol error, a body that broke off).
 pub const ERROR_TYPES: [&str; 3] = ["status", "timeout", "transport"];
 
-/// The check of a docs table against [`CATALOG`], for this module's test and the
-/// README test (hidden: no semver promise).
-#[doc(hidden)]
-pub mod doc_table {
+/// The check of a docs table against [`CATALOG`], for this module's tests (the module docs'
+/// table and the README's).
+#[cfg(test)]
+mod doc_table {
     use super::{CATALOG, Kind};
 
     /// Panics unless the rows of `markdown` that document a metric (a table row whose first
     /// cell is a backstop metric's name) are the catalog's, in its order, each with its kind
     /// and exactly its labels (`—` for none). `what` names the document in the message.
-    pub fn check(markdown: &str, what: &str) {
+    pub(super) fn check(markdown: &str, what: &str) {
         let rows: Vec<Vec<&str>> = markdown
             .lines()
             .map(str::trim_start)
@@ -298,5 +298,13 @@ mod tests {
             .map(|l| format!("{}\n", l.trim_start()))
             .collect();
         super::doc_table::check(&docs, "the metrics module docs");
+    }
+
+    /// The README's metrics table lists what backstop records: every metric of the catalog,
+    /// in its order, with its kind and exactly its labels.
+    #[test]
+    fn the_readme_table_is_the_catalog() {
+        let readme = include_str!("../../../README.md");
+        super::doc_table::check(readme, "README.md");
     }
 }

@@ -864,15 +864,6 @@ fn breaker_and_client_series_join_on_the_route() {
     );
 }
 
-/// The README's metrics table lists what backstop records: every metric of the catalog, in
-/// its order, with its kind and exactly its labels.
-#[test]
-fn the_readme_table_is_the_catalog() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("the workspace README");
-    backstop::metrics::doc_table::check(&readme, "README.md");
-}
-
 /// A histogram's samples, for `name` with exactly these labels.
 fn histogram(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
     match value(recorded, name, labels) {
