@@ -1673,44 +1673,7 @@ async fn a_full_bulkhead_answers_a_grpc_call_locally() {
 /// by its bound) names the dependency.
 #[tokio::test(start_paused = true)]
 async fn every_event_of_a_named_stack_names_its_dependency() {
-    use tracing::{
-        Event, Metadata, Subscriber,
-        field::{Field, Visit},
-        span,
-    };
-    type Events = Arc<Mutex<Vec<(String, std::collections::BTreeMap<String, String>)>>>;
-    struct Recorder(Events);
-    struct Fields<'a>(&'a mut std::collections::BTreeMap<String, String>);
-    impl Visit for Fields<'_> {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            self.0.insert(field.name().to_owned(), format!("{value:?}"));
-        }
-        fn record_str(&mut self, field: &Field, value: &str) {
-            self.0.insert(field.name().to_owned(), value.to_owned());
-        }
-    }
-    impl Subscriber for Recorder {
-        fn enabled(&self, _: &Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
-            span::Id::from_u64(1)
-        }
-        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
-        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
-        fn event(&self, event: &Event<'_>) {
-            let mut fields = std::collections::BTreeMap::new();
-            event.record(&mut Fields(&mut fields));
-            self.0
-                .lock()
-                .unwrap()
-                .push((event.metadata().target().to_owned(), fields));
-        }
-        fn enter(&self, _: &span::Id) {}
-        fn exit(&self, _: &span::Id) {}
-    }
-    let events: Events = Arc::default();
-    let _guard = tracing::subscriber::set_default(Recorder(events.clone()));
+    let (events, _guard) = backstop_test_support::record_events();
     let stack = backstop::client::http()
         .name("payments")
         .breaker(path_keyed(4).consecutive_failures(3).jitter(false))
@@ -1739,7 +1702,8 @@ async fn every_event_of_a_named_stack_names_its_dependency() {
     let events = events.lock().unwrap().clone();
     let mut unnamed = Vec::new();
     let mut messages = std::collections::BTreeSet::new();
-    for (target, fields) in &events {
+    for fields in &events {
+        let target = fields.get("target").map(String::as_str).unwrap_or_default();
         if !target.starts_with("backstop") {
             continue;
         }

@@ -4,67 +4,13 @@
 
 use backstop::ReplayBody;
 use backstop::prelude::*;
+use backstop_test_support::{find_event as find, record_events};
 use http::{Request, Response};
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
-use tracing::{
-    Event, Metadata, Subscriber,
-    field::{Field, Visit},
-    span,
-};
-
-/// Every event: its message and its fields, as text.
-type Events = Arc<Mutex<Vec<HashMap<String, String>>>>;
-
-struct Recorder(Events);
-
-struct Fields<'a>(&'a mut HashMap<String, String>);
-
-impl Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-impl Subscriber for Recorder {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
-        span::Id::from_u64(1)
-    }
-    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
-    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let mut fields = HashMap::new();
-        fields.insert("level".to_owned(), event.metadata().level().to_string());
-        event.record(&mut Fields(&mut fields));
-        self.0.lock().unwrap().push(fields);
-    }
-    fn enter(&self, _: &span::Id) {}
-    fn exit(&self, _: &span::Id) {}
-}
-
-fn find(events: &Events, message: &str) -> HashMap<String, String> {
-    events
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|e| e.get("message").map(String::as_str) == Some(message))
-        .cloned()
-        .unwrap_or_else(|| panic!("no {message:?} event in {:?}", events.lock().unwrap()))
-}
 
 #[tokio::test(start_paused = true)]
 async fn client_events_name_the_dependency_the_request_and_the_failure() {
-    let events: Events = Arc::default();
-    let _guard = tracing::subscriber::set_default(Recorder(events.clone()));
+    let (events, _guard) = record_events();
     let down = service_fn(|_req: Request<ReplayBody<String>>| async {
         let response = Response::builder().status(503).body(String::new());
         Ok::<_, std::convert::Infallible>(response.unwrap())
@@ -106,8 +52,7 @@ async fn client_events_name_the_dependency_the_request_and_the_failure() {
 /// adds, as every other layer of the stack is named.
 #[tokio::test(start_paused = true)]
 async fn a_named_keyed_breaker_names_every_key() {
-    let events: Events = Arc::default();
-    let _guard = tracing::subscriber::set_default(Recorder(events.clone()));
+    let (events, _guard) = record_events();
     let down = service_fn(|_req: Request<ReplayBody<String>>| async {
         let response = Response::builder().status(503).body(String::new());
         Ok::<_, std::convert::Infallible>(response.unwrap())
@@ -137,8 +82,7 @@ async fn a_named_keyed_breaker_names_every_key() {
 
 #[tokio::test(start_paused = true)]
 async fn the_server_deadline_layer_tells_what_it_rejects() {
-    let events: Events = Arc::default();
-    let _guard = tracing::subscriber::set_default(Recorder(events.clone()));
+    let (events, _guard) = record_events();
     let handler = service_fn(|_req: Request<String>| async {
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
         Ok::<_, std::convert::Infallible>(Response::new(String::new()))

@@ -404,3 +404,62 @@ fn futures_ready<S: Service<Req>, Req>(service: &mut S) {
         "the service is ready"
     );
 }
+
+/// The events a test recorded: each one's fields by name, with its `level` and `target`.
+pub type Events = Arc<std::sync::Mutex<Vec<std::collections::HashMap<String, String>>>>;
+
+/// Records every `tracing` event of this thread into the returned list until the guard is
+/// dropped (a `current_thread` runtime's tasks included).
+pub fn record_events() -> (Events, tracing::subscriber::DefaultGuard) {
+    let events: Events = Arc::default();
+    let guard = tracing::subscriber::set_default(EventRecorder(events.clone()));
+    (events, guard)
+}
+
+/// The first recorded event whose `message` is `message`.
+///
+/// # Panics
+///
+/// When none was recorded.
+pub fn find_event(events: &Events, message: &str) -> std::collections::HashMap<String, String> {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|e| e.get("message").map(String::as_str) == Some(message))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {message:?} event in {:?}", events.lock().unwrap()))
+}
+
+struct EventRecorder(Events);
+
+struct Fields<'a>(&'a mut std::collections::HashMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl tracing::Subscriber for EventRecorder {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = std::collections::HashMap::new();
+        fields.insert("level".to_owned(), event.metadata().level().to_string());
+        fields.insert("target".to_owned(), event.metadata().target().to_owned());
+        event.record(&mut Fields(&mut fields));
+        self.0.lock().unwrap().push(fields);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}

@@ -679,7 +679,8 @@ impl<C: Clone> ClientBuilder<C> {
         if let Some(reserve) = &reserve {
             retry = retry.reserve(reserve.clone());
         }
-        let mut retry = retry.build()?;
+        // Checked above, hedging included: built without checking it a third time.
+        let mut retry = RetryLayer::from_policy(retry);
         if let Some(name) = name {
             retry = retry.named(name);
         }
