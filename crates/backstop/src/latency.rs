@@ -26,8 +26,9 @@
 //!
 //! Recording is one relaxed atomic add on the sample's bucket, plus one load of the
 //! sub-window's tag; no lock. The first recorder of a new sub-window swaps its tag in and
-//! clears its counters (each with a swap, so the old epoch's counts never survive); a sample recorded into that sub-window while it is being cleared may be
-//! lost, and a sample that read the old tag just before may land in the new sub-window. Both
+//! clears its counters (each with a swap, so the old epoch's counts never survive; a slot's
+//! first sub-window has none to clear); a sample recorded into a reused sub-window while it is
+//! being cleared may be lost, and a sample that read the old tag just before may land in the new sub-window. Both
 //! are bounded by the calls in flight at the instant of a rotation, every 15 s by default: the
 //! quantiles are estimates, never bounds that anything relies on for safety. Readers sum the
 //! counters without a lock; a read racing records sees some of them.
@@ -155,9 +156,12 @@ impl LatencyModel {
             if current > epoch + 1 {
                 return; // a late sample of a sub-window already reused: dropped
             }
+            // A slot never used (tag 0) holds no counts: nothing to clear, so the first
+            // sub-window loses no sample to a clear racing its other recorders.
             if tag
                 .compare_exchange(current, epoch + 1, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
+                && current != 0
             {
                 for count in self.slot_counts(slot) {
                     count.swap(0, Ordering::Relaxed);
