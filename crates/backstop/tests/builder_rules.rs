@@ -705,6 +705,51 @@ async fn an_open_routes_breaker_is_not_evicted_while_open_and_comes_back_fresh()
     );
 }
 
+/// Was a defect (the last finding of the builder's outside attack), fixed: "a breaker held
+/// open keeps its key while the latency model table may evict that route's model". An open
+/// breaker lets none of its route's calls reach the model, so the model went idle and a new
+/// route took its place; the route's probe after the open time was then bounded by a fresh
+/// model (the ceiling), not by its own latency. The model now stays while its breaker is open,
+/// and goes with it.
+#[tokio::test(start_paused = true)]
+async fn a_route_held_open_keeps_its_latency_model_while_open() {
+    let stack = backstop::client::http()
+        .breaker(one_route_table())
+        .throttle(None)
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let (_, dep) = dependency(|_, path| match path {
+        "/a" => (Some(10 * MS), status(503)),
+        _ => (Some(MS), status(200)),
+    });
+    let client = ServiceBuilder::new().layer(stack.clone()).service(dep);
+    for _ in 0..2 {
+        client.clone().oneshot(get("/a")).await.unwrap();
+    }
+    assert_eq!(
+        stack.breaker_layer().key_snapshot("/a").unwrap().state,
+        State::Open
+    );
+    assert_eq!(stack.attempt_layer().key_latency("/a").unwrap().count, 2);
+    // Idle past both tables' second, but open: /b finds no room in either.
+    tokio::time::advance(5 * S).await;
+    client.clone().oneshot(get("/b")).await.unwrap();
+    assert_eq!(stack.attempt_layer().keys(), ["/a"]);
+    assert_eq!(stack.attempt_layer().key_latency("/a").unwrap().count, 2);
+    // Past its open time both make room for /b at once.
+    tokio::time::advance(61 * S).await;
+    client.clone().oneshot(get("/b")).await.unwrap();
+    let breakers: Vec<String> = stack
+        .breaker_layer()
+        .keys()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(breakers, ["/b"]);
+    assert_eq!(stack.attempt_layer().keys(), breakers);
+}
+
 /// A route whose latency model was evicted (30 min idle, its place wanted) and is called again
 /// gets a fresh model: its old samples are gone.
 #[tokio::test(start_paused = true)]

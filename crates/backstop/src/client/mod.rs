@@ -619,7 +619,10 @@ impl<C: Clone> ClientBuilder<C> {
     /// The first [`ConfigError`] of the parts, checked in this order: deadline, bulkhead,
     /// throttle, retry policy (`max_attempts` included), breaker, attempt bound, hedging,
     /// reserve.
-    pub fn build(self) -> Result<ClientLayer<C>, ConfigError> {
+    pub fn build(self) -> Result<ClientLayer<C>, ConfigError>
+    where
+        C: Send + Sync + 'static,
+    {
         let name = self.name.as_deref();
         // The deadline: the policy, with the builder's short forms over it.
         let mut policy = self.deadline;
@@ -655,10 +658,11 @@ impl<C: Clone> ClientBuilder<C> {
         // The attempt bound's models keyed as the breaker's breakers are: each route its own
         // bound, hedge delay and reserve.
         // The same keys on the same clock: a key idle as long as the breaker's may make room
-        // in both tables, so a route with a breaker of its own has a model of its own (but
-        // while its breaker is held open: one table for both is still to come).
+        // in both tables, and a key whose breaker is open stays in both (its calls are refused
+        // before they reach the model), so a route with a breaker of its own has a model of
+        // its own.
         if let (Some((key, max_keys)), Some(idle)) = (breaker.key(), breaker.key_idle()) {
-            attempt = attempt.per_key_idle(key.clone(), max_keys, idle)?;
+            attempt = attempt.per_key_idle(key.clone(), max_keys, idle, breaker.key_busy())?;
         }
         // Hedging and the reserve read the attempt bound's model, made just above. The retry
         // policy, hedging included, is checked before the reserve (the onion's order of the

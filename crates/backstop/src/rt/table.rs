@@ -54,6 +54,11 @@ impl<T> Swap<T> {
     }
 }
 
+/// How much longer a key must stay in a table, called or not (milliseconds; 0: it may go once
+/// idle), as another table keyed the same way says: a table whose keys see only the calls
+/// another one lets through asks it before evicting.
+pub(crate) type KeyBusy = Arc<dyn Fn(&str) -> u64 + Send + Sync>;
+
 /// One key's entry, and when a call last used it.
 pub(crate) struct Slot<E> {
     value: E,
@@ -118,15 +123,15 @@ impl<E, G> Table<E, G> {
 
     /// `key`'s entry at `now` (milliseconds on the caller's clock, which must only grow),
     /// made by `make` under the grow lock if it has none; `None` when the table is full of
-    /// entries that may not go yet. `busy_ms` says how much longer an entry must stay
-    /// whatever its last use (0: it may go once idle).
+    /// entries that may not go yet. `busy_ms` says how much longer the entry of a key must
+    /// stay whatever its last use (0: it may go once idle).
     #[inline]
     pub(crate) fn entry_at(
         &self,
         key: &str,
         now: u64,
         make: impl FnOnce(&G) -> E,
-        busy_ms: impl Fn(&E) -> u64,
+        busy_ms: impl Fn(&str, &E) -> u64,
     ) -> Option<Arc<Slot<E>>> {
         if let Some(slot) = self.map.load().get(key) {
             if slot.last_used.load(Ordering::Relaxed) < now {
@@ -147,7 +152,7 @@ impl<E, G> Table<E, G> {
         key: &str,
         now: u64,
         make: impl FnOnce(&G) -> E,
-        busy_ms: impl Fn(&E) -> u64,
+        busy_ms: impl Fn(&str, &E) -> u64,
     ) -> Option<Arc<Slot<E>>> {
         let run_time = self.run_time();
         let map = self.map.load_full();
@@ -165,7 +170,7 @@ impl<E, G> Table<E, G> {
                     .load(Ordering::Relaxed)
                     .saturating_add(self.idle_ms)
                     .saturating_add(1);
-                let busy = busy_ms(&slot.value);
+                let busy = busy_ms(k, &slot.value);
                 if now >= idle_at && busy == 0 {
                     continue; // it goes
                 }
@@ -238,7 +243,7 @@ mod tests {
         Table::new(max_keys, Duration::from_millis(100), ())
     }
 
-    fn idle(_: &u32) -> u64 {
+    fn idle(_: &str, _: &u32) -> u64 {
         0
     }
 
@@ -265,7 +270,7 @@ mod tests {
         let t = table(1);
         t.entry_at("/a", 0, |_| 1, idle).unwrap();
         // /a is idle at 101 but busy for 500 ms more: it stays until 601.
-        assert!(t.entry_at("/b", 101, |_| 2, |_| 500).is_none());
+        assert!(t.entry_at("/b", 101, |_| 2, |_, _| 500).is_none());
         assert_eq!(t.full_until(), 601);
         t.forget_full();
         assert!(t.entry_at("/b", 601, |_| 2, idle).is_some());
@@ -286,7 +291,7 @@ mod tests {
     fn an_entry_starts_with_the_run_time_state() {
         let t: Table<u32, u32> = Table::new(4, Duration::from_secs(1), 7);
         *t.run_time() = 8;
-        assert_eq!(**t.entry_at("/a", 0, |g| *g, |_| 0).unwrap(), 8);
+        assert_eq!(**t.entry_at("/a", 0, |g| *g, |_, _| 0).unwrap(), 8);
         let entries = t.entries();
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].0, "/a");

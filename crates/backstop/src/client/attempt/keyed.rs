@@ -25,7 +25,7 @@ use super::shared::Shared;
 use crate::RouteKey;
 use crate::rt::stripe::Handles;
 use crate::rt::sync::Mutex;
-use crate::rt::table::{Slot, Table};
+use crate::rt::table::{KeyBusy, Slot, Table};
 use http::{Method, Uri};
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
@@ -55,6 +55,10 @@ pub(super) struct Keyed {
     /// name), and it takes the overflow.
     base: Arc<Shared>,
     table: Table<Entry>,
+    /// How much longer a key must stay whatever its last call (the client builder's breaker,
+    /// keyed the same way: an open breaker lets no call reach its route's model, which must
+    /// not go for that).
+    busy: Option<KeyBusy>,
     /// The quantiles (as bits) given a delay slot, in order.
     quantiles: Mutex<Vec<u64>>,
 }
@@ -69,11 +73,18 @@ impl std::fmt::Debug for Keyed {
 }
 
 impl Keyed {
-    pub(super) fn new(key: RouteKey, base: Arc<Shared>, max_keys: usize, idle: Duration) -> Self {
+    pub(super) fn new(
+        key: RouteKey,
+        base: Arc<Shared>,
+        max_keys: usize,
+        idle: Duration,
+        busy: Option<KeyBusy>,
+    ) -> Self {
         Self {
             key,
             base,
             table: Table::new(max_keys, idle, ()),
+            busy,
             quantiles: Mutex::new(Vec::new()),
         }
     }
@@ -84,6 +95,10 @@ impl Keyed {
 
     pub(super) fn idle(&self) -> Duration {
         self.table.idle()
+    }
+
+    pub(super) fn busy(&self) -> Option<KeyBusy> {
+        self.busy.clone()
     }
 
     fn now_ms(&self) -> u64 {
@@ -109,8 +124,10 @@ impl Keyed {
                 delays: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(0)),
             }
         };
-        // A model is never busy: once idle it may go.
-        self.table.entry_at(key, now, make, |_| 0)
+        // A model is busy only while its route's breaker is (the builder's link): otherwise
+        // it may go once idle.
+        let busy = |key: &str, _: &Entry| self.busy.as_ref().map_or(0, |busy| busy(key));
+        self.table.entry_at(key, now, make, busy)
     }
 
     /// `key`'s entry if it has one now (nothing added, no use stamped).
@@ -204,7 +221,7 @@ mod loom_tests {
         loom::model(|| {
             let layer = AttemptTimeoutLayer::new(AttemptBound::Adaptive(Adaptive::new()))
                 .unwrap()
-                .per_key_idle(RouteKey::Path, 1, Duration::from_millis(5))
+                .per_key_idle(RouteKey::Path, 1, Duration::from_millis(5), None)
                 .unwrap();
             let k = layer.keyed.clone().unwrap();
             let a = k.entry_at("/a", 0).unwrap();

@@ -105,16 +105,18 @@ impl AttemptTimeoutLayer {
     ///
     /// A [`ConfigError`] naming `max_keys` unless it is in `1..=10000` (the breaker's bound).
     pub fn per_key(&self, key: RouteKey, max_keys: usize) -> Result<Self, ConfigError> {
-        self.per_key_idle(key, max_keys, KEY_IDLE)
+        self.per_key_idle(key, max_keys, KEY_IDLE, None)
     }
 
-    /// [`per_key`](Self::per_key) with another idle time before a key may be evicted (the
-    /// tests' and the loom models').
+    /// [`per_key`](Self::per_key) with another idle time before a key may be evicted, and
+    /// what says how much longer a key must stay whatever its last call (the client builder
+    /// keys this layer as its breaker, with the breaker's idle time and open keys).
     pub(crate) fn per_key_idle(
         &self,
         key: RouteKey,
         max_keys: usize,
         idle: Duration,
+        busy: Option<crate::rt::table::KeyBusy>,
     ) -> Result<Self, ConfigError> {
         // The breaker's bound: the client builder keys this layer as its breaker.
         if !(1..=10_000).contains(&max_keys) {
@@ -129,6 +131,7 @@ impl AttemptTimeoutLayer {
                 self.shared.clone(),
                 max_keys,
                 idle,
+                busy,
             ))),
             ..self.clone()
         })
@@ -178,6 +181,7 @@ impl AttemptTimeoutLayer {
                 shared.clone(),
                 keyed.max_keys(),
                 keyed.idle(),
+                keyed.busy(),
             ))
         });
         Self {

@@ -80,9 +80,8 @@ impl<C: Clone> Keyed<C> {
         };
         // An open breaker with open time left stays, called or not: a fresh breaker in its
         // place would let calls through to a route its breaker refuses.
-        let open_left_ms =
-            |entry: &Entry<C>| entry.shared.open_left_us().unwrap_or(0).div_ceil(1000);
-        self.table.entry_at(key, now, make, open_left_ms)
+        self.table
+            .entry_at(key, now, make, |_, entry| Self::open_left_ms(entry))
     }
 
     #[cfg(loom)]
@@ -97,6 +96,21 @@ impl<C: Clone> Keyed<C> {
 }
 
 impl<C> Keyed<C> {
+    /// How much longer `entry` must stay in the table: while its breaker is open, the open
+    /// time it has left (milliseconds, rounded up).
+    fn open_left_ms(entry: &Entry<C>) -> u64 {
+        entry.shared.open_left_us().unwrap_or(0).div_ceil(1000)
+    }
+
+    /// How much longer `key` must stay in the table, called or not (0 when it has no breaker
+    /// or its breaker is not open): the client builder gives this to its attempt bound's
+    /// table, so a route whose breaker is held open keeps its latency model too.
+    pub(crate) fn busy_ms(&self, key: &str) -> u64 {
+        self.table
+            .get(key)
+            .map_or(0, |entry| Self::open_left_ms(&entry))
+    }
+
     /// Closes every breaker: `overflow` and every key's, which can then go as soon as idle.
     pub(crate) fn reset(&self, overflow: &Shared<C>) {
         overflow.reset();

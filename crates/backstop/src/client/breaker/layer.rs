@@ -93,6 +93,20 @@ impl<C> BreakerLayer<C> {
         self.shared.keyed.as_ref().map(|k| k.table.idle())
     }
 
+    /// For a keyed layer: how much longer a key must stay in a table keyed as this one,
+    /// called or not (the open time its breaker has left). The client builder gives it to
+    /// its attempt bound, so a route whose breaker is held open keeps its latency model.
+    pub(crate) fn key_busy(&self) -> Option<crate::rt::table::KeyBusy>
+    where
+        C: Send + Sync + 'static,
+    {
+        self.shared.keyed.as_ref()?;
+        let shared = self.shared.clone();
+        Some(Arc::new(move |key: &str| {
+            shared.keyed.as_ref().map_or(0, |keyed| keyed.busy_ms(key))
+        }))
+    }
+
     /// Every key's breaker now, by key (sorted), for a keyed layer; empty otherwise. The
     /// calls no key's breaker took are in [`snapshot`](Self::snapshot) (the overflow breaker).
     pub fn keys(&self) -> Vec<(String, Snapshot)> {
