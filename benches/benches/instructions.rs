@@ -18,6 +18,7 @@
 //! and, with a dependency that answers after one pending poll as a real transport does (each
 //! layer then arms its timer), `pending-bare`, `pending-bare-timeout`, `pending-tower-timeout`,
 //! `pending-tower`, `pending-deadline`, `pending-full`, `pending-preset`,
+//! `pending-resilience-stack`,
 //! `pending-server-timeout`.
 
 use backstop_benches::{
@@ -26,8 +27,8 @@ use backstop_benches::{
     backstop_full_pending, backstop_preset, backstop_preset_adaptive, backstop_preset_pending,
     backstop_retry, backstop_server, backstop_server_pending, backstop_throttle, bare,
     bare_pending, request, request_with_timeout, resilience_breaker, resilience_breaker_count,
-    resilience_stack, tower_concurrency_limit, tower_load_shed, tower_stack, tower_stack_pending,
-    tower_timeout, tower_timeout_pending,
+    resilience_stack, resilience_stack_pending, tower_concurrency_limit, tower_load_shed,
+    tower_stack, tower_stack_pending, tower_timeout, tower_timeout_pending,
 };
 use std::hint::black_box;
 use tower::{Service, ServiceExt};
@@ -93,6 +94,7 @@ fn main() {
             "pending-deadline" => drive(backstop_deadline_pending(), n).await,
             "pending-full" => drive(backstop_full_pending(), n).await,
             "pending-preset" => drive(backstop_preset_pending(), n).await,
+            "pending-resilience-stack" => drive(resilience_stack_pending(), n).await,
             "pending-server-timeout" => {
                 drive_with(backstop_server_pending(), n, request_with_timeout).await
             }

@@ -340,6 +340,23 @@ impl Clone for Cloneable {
 /// tower-resilience's time-limiter (1 s) + retry (3 attempts) + circuit breaker (count window
 /// of 100, 50 %, 20 calls minimum): the nearest thing it has to backstop's client preset.
 pub fn resilience_stack() -> impl Stack {
+    resilience_around(bare())
+}
+
+/// [`resilience_stack`] around [`bare_pending`]: its time limiter arms its timer.
+pub fn resilience_stack_pending() -> impl Stack {
+    resilience_around(bare_pending())
+}
+
+/// [`resilience_stack`]'s layers around `dependency`.
+fn resilience_around<S>(dependency: S) -> impl Stack
+where
+    S: Service<Request<String>, Response = Response<String>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     use tower_resilience_circuitbreaker::{
         CircuitBreakerError, CircuitBreakerLayer, SlidingWindowType,
     };
@@ -367,7 +384,7 @@ pub fn resilience_stack() -> impl Stack {
         .layer(breaker)
         .layer(limiter)
         .map_request(|c: Cloneable| c.0)
-        .service(bare())
+        .service(dependency)
 }
 
 /// `tower::timeout` (1 s) alone.
