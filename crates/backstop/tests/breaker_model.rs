@@ -237,11 +237,7 @@ proptest! {
 
     #[test]
     fn the_layer_agrees_with_the_model(ops in proptest::collection::vec(op(), 1..120)) {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
+        backstop_test_support::paused_runtime()
             .block_on(run(ops));
     }
 }

@@ -51,14 +51,7 @@ fn dependency(
     answer: impl Fn(usize, &str) -> (Option<Duration>, Response<String>) + Send + Sync + 'static,
 ) -> (
     Seen,
-    impl Service<
-        Request<ReplayBody<String>>,
-        Response = Response<String>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static,
+    impl backstop_test_support::Dependency<Request<ReplayBody<String>>>,
 ) {
     let seen = Seen::default();
     let log = seen.clone();
@@ -442,48 +435,43 @@ fn the_name_reaches_every_metric_the_stack_records() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-            .block_on(async {
-                let stack = backstop::client::http()
-                    .name("payments")
-                    .breaker(path_keyed(4).consecutive_failures(3))
-                    .bulkhead(BulkheadLayer::builder(1).max_queue(0))
-                    .throttle(Some(AdaptiveThrottle::builder().seed(7)))
-                    .timeout(200 * MS)
-                    .build()
-                    .unwrap();
-                let (_, dep) = dependency(|_, path| match path {
-                    "/fail" => (Some(MS), status(503)),
-                    "/hang" => (None, status(200)),
-                    _ => (Some(MS), status(200)),
-                });
-                let client = ServiceBuilder::new().layer(stack.clone()).service(dep);
-                for path in ["/ok", "/fail", "/fail", "/fail", "/hang", "/ok"] {
-                    let _ = client.clone().oneshot(get(path)).await;
-                }
-                // The bulkhead full: one call holds the permit, the next is refused.
-                let mut held = client.clone();
-                let hang = tokio::spawn(async move {
-                    let _ = held.ready().await.unwrap().call(get("/hang")).await;
-                });
-                tokio::task::yield_now().await;
-                let _ = client.clone().oneshot(get("/ok")).await;
-                hang.await.unwrap();
-                // The throttle refusing: many failures, then calls until one is refused.
-                for _ in 0..200 {
-                    let _ = client.clone().oneshot(get("/fail2")).await;
-                }
-                let _ = tokio::time::timeout(S, async {
-                    for _ in 0..200 {
-                        let _ = client.clone().oneshot(get("/x")).await;
-                    }
-                })
-                .await;
+        backstop_test_support::paused_runtime().block_on(async {
+            let stack = backstop::client::http()
+                .name("payments")
+                .breaker(path_keyed(4).consecutive_failures(3))
+                .bulkhead(BulkheadLayer::builder(1).max_queue(0))
+                .throttle(Some(AdaptiveThrottle::builder().seed(7)))
+                .timeout(200 * MS)
+                .build()
+                .unwrap();
+            let (_, dep) = dependency(|_, path| match path {
+                "/fail" => (Some(MS), status(503)),
+                "/hang" => (None, status(200)),
+                _ => (Some(MS), status(200)),
             });
+            let client = ServiceBuilder::new().layer(stack.clone()).service(dep);
+            for path in ["/ok", "/fail", "/fail", "/fail", "/hang", "/ok"] {
+                let _ = client.clone().oneshot(get(path)).await;
+            }
+            // The bulkhead full: one call holds the permit, the next is refused.
+            let mut held = client.clone();
+            let hang = tokio::spawn(async move {
+                let _ = held.ready().await.unwrap().call(get("/hang")).await;
+            });
+            tokio::task::yield_now().await;
+            let _ = client.clone().oneshot(get("/ok")).await;
+            hang.await.unwrap();
+            // The throttle refusing: many failures, then calls until one is refused.
+            for _ in 0..200 {
+                let _ = client.clone().oneshot(get("/fail2")).await;
+            }
+            let _ = tokio::time::timeout(S, async {
+                for _ in 0..200 {
+                    let _ = client.clone().oneshot(get("/x")).await;
+                }
+            })
+            .await;
+        });
     });
     let recorded = snapshotter.snapshot().into_vec();
     let mut families = std::collections::BTreeSet::new();
@@ -1005,14 +993,7 @@ fn more_cases() -> Vec<(String, Box<dyn FnOnce() -> Built + Send>)> {
 
 /// The dependency of the exercise: `/hang` never answers, `/fail` 503 after 3 ms, `/slow`
 /// after 2 s, the rest after 5 ms.
-fn exercised() -> impl Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static {
+fn exercised() -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
     dependency(|n, path| match path {
         "/hang" => (None, status(200)),
         "/fail" => (Some(3 * MS), status(503)),
@@ -1246,7 +1227,7 @@ async fn every_attempt_carries_one_header_whatever_sits_between() {
             assert_eq!(seen.len(), 3, "hedged {hedged}, wrap {wrap}: {seen:?}");
             for sent in &seen {
                 assert_eq!(sent.told.len(), 1, "hedged {hedged}, wrap {wrap}: {seen:?}");
-                let told = parse_ms(&sent.told[0]);
+                let told = backstop_test_support::told_ms(&sent.told[0]);
                 assert!(
                     sent.at + Duration::from_millis(told) <= S,
                     "hedged {hedged}, wrap {wrap}: told {} at {:?}",
@@ -1255,21 +1236,6 @@ async fn every_attempt_carries_one_header_whatever_sits_between() {
                 );
             }
         }
-    }
-}
-
-/// Milliseconds in a `grpc-timeout` value (units m, S, u, n).
-fn parse_ms(value: &str) -> u64 {
-    let (n, unit) = value.split_at(value.len() - 1);
-    let n: u64 = n.parse().unwrap();
-    match unit {
-        "H" => n * 3_600_000,
-        "M" => n * 60_000,
-        "S" => n * 1000,
-        "m" => n,
-        "u" => n / 1000,
-        "n" => n / 1_000_000,
-        _ => panic!("{value}"),
     }
 }
 
@@ -1336,7 +1302,7 @@ mod service_config {
                     for sent in &seen {
                         if send {
                             assert_eq!(sent.told.len(), 1, "{case}: {seen:?}");
-                            let ms = parse_ms(&sent.told[0]);
+                            let ms = backstop_test_support::told_ms(&sent.told[0]);
                             assert!(
                                 sent.at + Duration::from_millis(ms) <= 500 * MS,
                                 "{case}: {seen:?}"
@@ -1951,7 +1917,8 @@ async fn every_attempt_is_told_the_deadline_less_the_offset() {
         for sent in &seen {
             assert_eq!(sent.told.len(), 1, "{seen:?}");
             assert!(
-                sent.at + Duration::from_millis(parse_ms(&sent.told[0])) <= 900 * MS,
+                sent.at + Duration::from_millis(backstop_test_support::told_ms(&sent.told[0]))
+                    <= 900 * MS,
                 "{seen:?}"
             );
         }

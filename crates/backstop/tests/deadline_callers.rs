@@ -24,14 +24,7 @@ type Log = Arc<Mutex<Vec<(Duration, Option<String>, String)>>>;
 fn dep(
     t0: Instant,
     log: Log,
-) -> impl Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static {
+) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
     service_fn(move |req: Request<ReplayBody<String>>| {
         let told = req
             .headers()
@@ -61,20 +54,6 @@ fn dep(
             Ok(Response::new(String::new()))
         }
     })
-}
-
-fn told_ms(s: &str) -> u64 {
-    let (n, unit) = s.split_at(s.len() - 1);
-    let n: u64 = n.parse().unwrap();
-    match unit {
-        "H" => n * 3_600_000,
-        "M" => n * 60_000,
-        "S" => n * 1000,
-        "m" => n,
-        "u" => n / 1000,
-        "n" => n / 1_000_000,
-        _ => panic!("{s}"),
-    }
 }
 
 fn preset() -> backstop::ClientLayer<backstop::HttpClassifier> {
@@ -193,7 +172,8 @@ async fn handler_call(how: How) {
     for (at, told, _) in log.lock().unwrap().iter() {
         let told = told.as_deref().expect("every attempt says its time");
         assert!(
-            *at + Duration::from_millis(told_ms(told)) <= Duration::from_secs(1),
+            *at + Duration::from_millis(backstop_test_support::told_ms(told))
+                <= Duration::from_secs(1),
             "{how:?}: an attempt at {at:?} was told {told}: past the handler's deadline"
         );
     }
@@ -248,7 +228,8 @@ async fn retries_never_run_past_the_deadline() {
         let told = told.as_deref().unwrap();
         assert!(*at < Duration::from_secs(1));
         assert!(
-            *at + Duration::from_millis(told_ms(told)) <= Duration::from_secs(1),
+            *at + Duration::from_millis(backstop_test_support::told_ms(told))
+                <= Duration::from_secs(1),
             "attempt at {at:?} told {told}"
         );
     }
@@ -417,7 +398,8 @@ async fn a_longer_header_on_the_call_does_not_extend_the_handlers_deadline() {
     for (at, told, _) in log.iter() {
         let told = told.as_deref().unwrap();
         assert!(
-            *at + Duration::from_millis(told_ms(told)) <= Duration::from_secs(1),
+            *at + Duration::from_millis(backstop_test_support::told_ms(told))
+                <= Duration::from_secs(1),
             "told {told} at {at:?}"
         );
     }

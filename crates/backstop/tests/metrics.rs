@@ -31,12 +31,7 @@ fn recorded<F: std::future::Future<Output = ()>>(test: impl FnOnce() -> F) -> Re
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-            .block_on(test());
+        backstop_test_support::paused_runtime().block_on(test());
     });
     let snapshot = snapshotter.snapshot().into_vec();
     snapshot
@@ -359,12 +354,7 @@ fn recorded_in_steps<F: std::future::Future<Output = ()>>(
             .collect()
     });
     metrics::with_local_recorder(&recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-            .block_on(test(step));
+        backstop_test_support::paused_runtime().block_on(test(step));
     });
 }
 
@@ -1552,14 +1542,7 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
     fn dependency(
         grpc: bool,
         hang: bool,
-    ) -> impl Service<
-        Request<ReplayBody<String>>,
-        Response = Response<String>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static {
+    ) -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
         let calls = Arc::new(AtomicUsize::new(0));
         service_fn(move |_req: Request<ReplayBody<String>>| {
             let n = calls.fetch_add(1, Ordering::SeqCst);

@@ -164,14 +164,7 @@ fn cases() -> Vec<(String, Built)> {
     v
 }
 
-fn dependency() -> impl tower::Service<
-    Request<ReplayBody<String>>,
-    Response = Response<String>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static {
+fn dependency() -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
     service_fn(|req: Request<ReplayBody<String>>| async move {
         match req.uri().path() {
             "/hang" => std::future::pending::<()>().await,

@@ -23,7 +23,7 @@ use std::{
     task::Poll,
     time::Duration,
 };
-use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
 
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);
@@ -47,14 +47,7 @@ fn status(code: u16) -> Response<String> {
 fn dependency() -> (
     Arc<AtomicUsize>,
     Arc<Mutex<Vec<usize>>>,
-    impl Service<
-        Request<ReplayBody<String>>,
-        Response = Response<String>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static,
+    impl backstop_test_support::Dependency<Request<ReplayBody<String>>>,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
     let headers = Arc::new(Mutex::new(Vec::new()));

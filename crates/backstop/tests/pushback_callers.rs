@@ -493,15 +493,6 @@ async fn a_buffer_between_the_deadline_and_retry_layers_keeps_both() {
     assert_eq!(r.headers()[NO_RETRY], "1");
     for t in told.lock().unwrap().iter() {
         let t = t.as_deref().expect("told");
-        let (n, unit) = t.split_at(t.len() - 1);
-        let n: u64 = n.parse().unwrap();
-        let ms = match unit {
-            "S" => n * 1000,
-            "m" => n,
-            "u" => n / 1000,
-            "n" => n / 1_000_000,
-            _ => panic!("{t}"),
-        };
-        assert!(ms < 2000, "{t}");
+        assert!(backstop_test_support::told_ms(t) < 2000, "{t}");
     }
 }

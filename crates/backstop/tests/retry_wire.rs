@@ -208,11 +208,7 @@ proptest! {
         max_attempts in 2u32..6,
         answers in prop::collection::vec(answer(), 6),
     ) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = backstop_test_support::paused_runtime();
         rt.block_on(async move {
             let retry = RetryConfig::grpc()
                 .no_budget()

@@ -100,20 +100,6 @@ fn hello(timeout: Option<Duration>) -> tonic::Request<HelloRequest> {
     req
 }
 
-fn ms(value: &str) -> u64 {
-    let (n, unit) = value.split_at(value.len() - 1);
-    let n: u64 = n.parse().unwrap();
-    match unit {
-        "S" => n * 1000,
-        "m" => n,
-        "u" => n / 1000,
-        "n" => n / 1_000_000,
-        "M" => n * 60_000,
-        "H" => n * 3_600_000,
-        _ => panic!("{value}"),
-    }
-}
-
 /// Retried (UNAVAILABLE twice) and hedged (two slow attempts) calls through a tonic `Channel`:
 /// one header per attempt, no more than the caller's `set_timeout` or the stack's `timeout`.
 #[tokio::test]
@@ -155,7 +141,10 @@ async fn each_attempt_on_the_wire_carries_one_grpc_timeout() {
             assert_eq!(seen.len(), 3, "{case}: {seen:?}");
             for told in &seen {
                 assert_eq!(told.len(), 1, "{case}: {seen:?}");
-                assert!(ms(&told[0]) <= most, "{case}: {seen:?}");
+                assert!(
+                    backstop_test_support::told_ms(&told[0]) <= most,
+                    "{case}: {seen:?}"
+                );
             }
         }
     }

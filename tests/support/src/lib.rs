@@ -99,6 +99,24 @@ where
     (heard, dependency)
 }
 
+/// The milliseconds a `grpc-timeout` value says (PROTOCOL-HTTP2: digits, then a unit of H,
+/// M, S, m, u or n; rounded down), read by the tests independently of the crate's codec.
+pub fn told_ms(value: &str) -> u64 {
+    let (n, unit) = value.split_at(value.len() - 1);
+    let n: u64 = n
+        .parse()
+        .unwrap_or_else(|_| panic!("grpc-timeout {value:?}"));
+    match unit {
+        "H" => n * 3_600_000,
+        "M" => n * 60_000,
+        "S" => n * 1000,
+        "m" => n,
+        "u" => n / 1000,
+        "n" => n / 1_000_000,
+        _ => panic!("grpc-timeout {value:?}"),
+    }
+}
+
 /// The answer of a dependency that never answers, for [`telling`].
 pub fn never<B>(
     _attempt: usize,
