@@ -320,6 +320,19 @@ async fn a_retry_policys_send_grpc_timeout_is_not_the_stacks() {
 // Rule 3: every layer is the stack's, named by `name`, the attempt bound keyed as the breaker.
 // ---------------------------------------------------------------------------------------------
 
+/// A dependency answering `/fail` with 503 after 1 ms, never answering `/hang`, and any other
+/// path with 200 after 1 ms.
+fn failing_or_hanging() -> (
+    Seen,
+    impl backstop_test_support::Dependency<Request<ReplayBody<String>>>,
+) {
+    dependency(|_, path| match path {
+        "/fail" => (Some(MS), status(503)),
+        "/hang" => (None, status(200)),
+        _ => (Some(MS), status(200)),
+    })
+}
+
 fn path_keyed(max_keys: usize) -> BreakerConfig<HttpClassifier> {
     backstop::client::http_breaker()
         .per_key(RouteKey::Path)
@@ -444,11 +457,7 @@ fn the_name_reaches_every_metric_the_stack_records() {
                 .timeout(200 * MS)
                 .build()
                 .unwrap();
-            let (_, dep) = dependency(|_, path| match path {
-                "/fail" => (Some(MS), status(503)),
-                "/hang" => (None, status(200)),
-                _ => (Some(MS), status(200)),
-            });
+            let (_, dep) = failing_or_hanging();
             let client = ServiceBuilder::new().layer(stack.clone()).service(dep);
             for path in ["/ok", "/fail", "/fail", "/fail", "/hang", "/ok"] {
                 let _ = client.clone().oneshot(get(path)).await;
@@ -1645,11 +1654,7 @@ async fn every_event_of_a_named_stack_names_its_dependency() {
         .timeout(S)
         .build()
         .unwrap();
-    let (_, dep) = dependency(|_, path| match path {
-        "/fail" => (Some(MS), status(503)),
-        "/hang" => (None, status(200)),
-        _ => (Some(MS), status(200)),
-    });
+    let (_, dep) = failing_or_hanging();
     let client = ServiceBuilder::new().layer(stack.clone()).service(dep);
     for path in ["/ok", "/fail", "/fail", "/fail", "/fail", "/hang", "/ok"] {
         let _ = client.clone().oneshot(get(path)).await;
