@@ -122,10 +122,13 @@ impl Idempotency {
 /// [`reserve`](RetryConfig::reserve) (a `Duration` is a fixed one), which the presets measure.
 pub(crate) const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(1);
 
-/// The longest wait a server's `Retry-After` or `grpc-retry-pushback-ms` is honoured for;
-/// a longer one is clamped to it, and the deadline clamps it further (fixed: a knob once). A
-/// server cannot park a caller without a deadline for hours, and 30 s is past any overload
-/// a retry could still help with.
+/// The longest wait for a server's `Retry-After` or `grpc-retry-pushback-ms` the layer holds a
+/// call for (fixed: a knob once). A server asking for longer gets no retry (the call gives up
+/// for [`GiveUp::Hint`](crate::client::retry::GiveUp::Hint) and returns the server's answer):
+/// a retry sooner than the server asked would break RFC 9110's "ought to wait" and gRFC A6's
+/// "retry after the given delay", and a caller without a deadline must not be parked for
+/// hours; 30 s is past any overload a retry could still help with. Within it, the deadline
+/// decides: a wait that cannot fit before it gives up for the deadline.
 pub(crate) const MAX_HINT: Duration = Duration::from_secs(30);
 
 /// What a [`RetryLayer`](crate::client::retry::RetryLayer) does: presets [`RetryConfig::http`] and [`RetryConfig::grpc`], tuned

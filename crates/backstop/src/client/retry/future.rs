@@ -408,6 +408,8 @@ where
                         }
                     };
                     if let Err(e) = ready {
+                        // Never sent: it does not count, and its budget token goes back.
+                        retry.unsent();
                         this.state.set(State::Done);
                         let result = Err(e.into());
                         return Poll::Ready(finish(this.retry.as_ref(), this.once, result, None));
@@ -416,6 +418,9 @@ where
                         .next_request()
                         .expect("the body is taken over when the retry is decided");
                     let armed = retry.bounds.arm(&mut req, false);
+                    if armed != Armed::Expired {
+                        retry.retry_sent();
+                    }
                     if retry.is_last() || retry.timeouts_final {
                         // No retry follows it (or its timeout): a bound inside may give it the
                         // whole deadline.

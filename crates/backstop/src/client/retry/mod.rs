@@ -62,7 +62,15 @@
 //!    - a `Retry-After`: at least that long (RFC 9110), or the [backoff] if longer;
 //!    - otherwise the [backoff].
 //!
-//!    Server hints are clamped to 30 s. With a
+//!    A wait drawn longer than what is left for a retry (the deadline on the wire less 1 ms
+//!    and the reserve below) is shortened to fit, never below the backoff's least delay
+//!    ([`RetryConfig::least_retry_wait`]) or what the server asked: the share of the deadline
+//!    an attempt bound keeps for a retry is used, not lost to the jitter's draw.
+//!
+//!    A server hint longer than 30 s (fixed) gives up for [`GiveUp::Hint`] with the server's
+//!    answer: the layer never retries sooner than the server asked, and holds no call longer
+//!    than that for a hint (gRFC A6 would wait any pushback out; a deadline bounds the wait
+//!    anyway). With a
 //!    [`reserve`](RetryConfig::reserve) (the client presets: the dependency's measured p50),
 //!    the wait plus the reserve must fit there too, or the failure is returned at once,
 //!    given up for [`GiveUp::Reserve`] rather than [`GiveUp::Deadline`]: the retry could be

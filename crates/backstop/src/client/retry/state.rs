@@ -201,9 +201,10 @@ impl<S, B, C> RetryState<S, B, C> {
         };
         match self.grant_retry(retryable, hint) {
             Ok(wait) => {
+                // Counted in the stats and metrics when it is sent (`retry_sent`): a call
+                // dropped in its backoff, or whose retry the service or the deadline stops
+                // before it goes, sent no retry.
                 self.attempts += 1;
-                self.shared.ledger.stats.retry();
-                self.shared.meter_attempt(AttemptKind::Retry);
                 tracing::debug!(
                     dependency = self.shared.ledger.name.get(),
                     method = %self.template.method,
@@ -274,19 +275,46 @@ impl<S, B, C> RetryState<S, B, C> {
                 |s| crate::rt::mix::splitmix(s, self.number),
             ))
         });
+        // The least the wait may be: what the server asked, else the policy's least delay.
+        let mut least = policy.least_retry_wait();
         let wait = match hint {
+            // A wait longer than the layer holds a call for: not retried, never sooner than
+            // the server asked.
+            Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked))
+                if asked > crate::client::retry::MAX_HINT =>
+            {
+                return Err(GiveUp::Hint);
+            }
             // gRPC A6: retry in exactly n ms, and the backoff starts over after it.
             Some(ServerHint::Pushback(asked)) => {
                 self.backoff = BackoffState::default();
-                asked.min(crate::client::retry::MAX_HINT)
+                least = asked;
+                asked
             }
             // RFC 9110 `Retry-After`: the least to wait; the backoff may say longer.
-            Some(ServerHint::RetryAfter(asked)) => asked
-                .min(crate::client::retry::MAX_HINT)
-                .max(next_backoff(policy, &mut self.backoff, rng)),
+            Some(ServerHint::RetryAfter(asked)) => {
+                least = asked;
+                asked.max(next_backoff(policy, &mut self.backoff, rng))
+            }
             _ => next_backoff(policy, &mut self.backoff, rng),
         };
+        let mut wait = wait;
         if let Some(send_by) = self.bounds.send_by() {
+            // The route's own reserve, when it is kept per route.
+            let reserve = policy
+                .reserve
+                .as_ref()
+                .and_then(|r| r.reserve_for(&self.template.method, &self.template.uri()));
+            // A backoff drawn longer than the time left for a retry is shortened to fit, never
+            // below the least wait: the share of the deadline an attempt bound kept for a retry
+            // is not lost to the draw (the jitter still spreads retries within what is left).
+            let room = send_by
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(crate::client::retry::MIN_ATTEMPT_TIME)
+                .saturating_sub(reserve.unwrap_or_default());
+            if wait > room && least <= room {
+                wait = room;
+            }
             let start = Instant::now().checked_add(wait);
             let earliest =
                 start.and_then(|t| t.checked_add(crate::client::retry::MIN_ATTEMPT_TIME));
@@ -295,11 +323,6 @@ impl<S, B, C> RetryState<S, B, C> {
             }
             // What the dependency's calls usually take must fit too: a retry the median call
             // could not finish would time out and count as one more failure.
-            // The route's own reserve, when it is kept per route.
-            let reserve = policy
-                .reserve
-                .as_ref()
-                .and_then(|r| r.reserve_for(&self.template.method, &self.template.uri()));
             if let Some(reserve) = reserve {
                 let finish = start.and_then(|t| t.checked_add(reserve));
                 if finish.is_none_or(|t| t > send_by) {
@@ -340,6 +363,12 @@ impl<S, B, C> RetryState<S, B, C> {
         self.attempts -= 1;
         // Refunded here: the drop below must not refund it again.
         self.next = None;
+    }
+
+    /// The retry decided last is being sent: the stats and the attempt metric count it.
+    pub(crate) fn retry_sent(&self) {
+        self.shared.ledger.stats.retry();
+        self.shared.meter_attempt(AttemptKind::Retry);
     }
 
     pub(crate) fn next_request(&mut self) -> Option<Request<ReplayBody<B>>> {

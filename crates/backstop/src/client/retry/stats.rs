@@ -17,7 +17,8 @@ pub enum GiveUp {
     Attempts,
     /// The request is not idempotent and may have been processed.
     NotIdempotent,
-    /// The server asked for no retry (`grpc-retry-pushback-ms` negative or malformed).
+    /// The server asked for no retry (`grpc-retry-pushback-ms` negative or malformed), or
+    /// for a wait (`Retry-After`, a pushback) longer than the 30 s the layer holds a call for.
     Hint,
     /// The wait plus 1 ms does not fit in the remaining deadline.
     Deadline,

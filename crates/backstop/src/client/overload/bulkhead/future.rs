@@ -282,6 +282,15 @@ fn refused_further_in(rejection: Option<&Rejection>) -> bool {
 #[cold]
 #[inline(never)]
 fn refusal<B>(why: Refusal, grpc: bool) -> Result<Response<ResponseBody<B>>, BoxError> {
+    if why == Refusal::Expired {
+        // The deadline has passed: the call's answer is the deadline's, whatever layer saw
+        // it first.
+        return if grpc {
+            Ok(Rejection::DeadlineExceeded.into_response(true))
+        } else {
+            Err(Box::new(crate::DeadlineExceeded::new()))
+        };
+    }
     if grpc {
         Ok(Rejection::BulkheadFull.into_response(true))
     } else {

@@ -43,7 +43,11 @@
 //! [`BulkheadFull`](crate::BulkheadFull) (its [`knob`](crate::BulkheadFull::knob) says which rule), a gRPC caller
 //! UNAVAILABLE "bulkhead full" with `grpc-retry-pushback-ms: -1` (trailers-only), carrying
 //! [`Rejection::BulkheadFull`](crate::Rejection) in its extensions. Classifiers report
-//! it as [`Outcome::Rejected`](crate::Outcome): never retried, never a breaker failure.
+//! it as [`Outcome::Rejected`](crate::Outcome): never retried, never a breaker failure. One
+//! exception: a wait that ran to the call's deadline itself (no hold time measured yet to end
+//! it sooner) ends when the deadline has passed, and the answer is then the deadline's, as
+//! every layer gives it: [`DeadlineExceeded`](crate::DeadlineExceeded) over HTTP, a
+//! trailers-only DEADLINE_EXCEEDED over gRPC (counted under `max_concurrency` still).
 //! Metric (feature `metrics`): `backstop.bulkhead.rejections`, labelled `dependency` and
 //! `reason` (the knob).
 //!
@@ -339,6 +343,9 @@ impl<S> Layer<S> for BulkheadLayer {
 pub(crate) enum Refusal {
     /// No permit could come before the deadline.
     Deadline,
+    /// The wait ran to the call's deadline itself (no hold time measured to end it sooner):
+    /// counted as `Deadline`, answered as the deadline (the call's one answer on expiry).
+    Expired,
     /// A call without a deadline (or a longer one) waited `max_wait`.
     MaxWait,
     /// `max_queue` calls already waited.
@@ -348,7 +355,7 @@ pub(crate) enum Refusal {
 impl Refusal {
     pub(crate) fn knob(self) -> &'static str {
         match self {
-            Refusal::Deadline => "max_concurrency",
+            Refusal::Deadline | Refusal::Expired => "max_concurrency",
             Refusal::MaxWait => "max_wait",
             Refusal::MaxQueue => "max_queue",
         }
@@ -408,7 +415,12 @@ impl Shared {
                     counter(Refusal::MaxQueue.knob()),
                 ]
             });
-            counters[why as usize].increment(1);
+            let index = match why {
+                Refusal::Deadline | Refusal::Expired => 0,
+                Refusal::MaxWait => 1,
+                Refusal::MaxQueue => 2,
+            };
+            counters[index].increment(1);
         }
     }
 }

@@ -81,15 +81,26 @@ where
                     .checked_sub(Duration::from_micros(shared.hold_us()))
                     .unwrap_or(now);
                 if latest < capped {
-                    (latest, Refusal::Deadline)
+                    // Without a hold time to end it sooner, the wait ends at the deadline.
+                    let why = if latest == d {
+                        Refusal::Expired
+                    } else {
+                        Refusal::Deadline
+                    };
+                    (latest, why)
                 } else {
                     (capped, Refusal::MaxWait)
                 }
             }
             None => (capped, Refusal::MaxWait),
         };
-        // 3. Fails fast: no time to wait, or the calls already queued take longer.
+        // 3. Fails fast: no time to wait, or the calls already queued take longer (a refusal
+        // before the deadline, even where the wait would have run to it).
         if until <= now || timer::after(now, shared.expected_wait()) > until {
+            let why = match why {
+                Refusal::Expired if until > now => Refusal::Deadline,
+                why => why,
+            };
             shared.refused(why);
             return BulkheadFuture::refused(why, grpc);
         }

@@ -123,8 +123,15 @@ impl<S, B, C> RetryState<S, B, C> {
                     (_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
                     // A pushback says exactly when, a `Retry-After` the least wait (RFC 9110):
                     // the failure's shortcut (at once) makes both the same.
+                    // One longer than the layer waits for: no further hedge (never one
+                    // sooner than the server asked).
+                    (_, Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked)))
+                        if asked > crate::client::retry::MAX_HINT =>
+                    {
+                        Judged::Stop(Some(GiveUp::Hint))
+                    }
                     (_, Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked))) => {
-                        Judged::HedgeAfter(asked.min(crate::client::retry::MAX_HINT))
+                        Judged::HedgeAfter(asked)
                     }
                     _ => Judged::HedgeAfter(Duration::ZERO),
                 }
