@@ -1,5 +1,5 @@
-//! The guard of the handler's deadline scope (`deadline::current`), for `Copy` values. (The
-//! pushback scope, whose value owns an `Arc`, keeps a guard of its own in `server::pushback`.)
+//! The guard of the handler's scopes: the deadline scope (`deadline::current`) and the
+//! pushback scope (`server::pushback`, whose value owns an `Arc`), one guard for both.
 //!
 //! **Concurrency rule.** A scope is a value in a `thread_local!` `Cell`, set while a layer
 //! calls or polls its inner service and put back when the guard drops (panics included): each
@@ -12,21 +12,35 @@ use std::thread::LocalKey;
 /// Sets a thread-local `Cell` for as long as it lives, then puts back the value it found.
 #[must_use = "the scope ends when the guard is dropped"]
 #[derive(Debug)]
-pub(crate) struct Scope<T: Copy + 'static> {
+pub(crate) struct Scope<T: Default + 'static> {
     key: &'static LocalKey<Cell<T>>,
+    /// What the cell held when the scope was entered; taken by [`exit`](Self::exit).
     found: T,
+    /// Whether `exit` already put `found` back (the drop then leaves the cell alone).
+    exited: bool,
 }
 
-impl<T: Copy + 'static> Scope<T> {
-    /// Makes `value` the cell's value until the guard is dropped.
+impl<T: Default + 'static> Scope<T> {
+    /// Makes `value` the cell's value until the guard is dropped (or [`exit`](Self::exit)s).
     #[inline]
     pub(crate) fn enter(key: &'static LocalKey<Cell<T>>, value: T) -> Self {
         Self {
             key,
             found: key.replace(value),
+            exited: false,
         }
     }
 
+    /// Ends the scope now: puts back what it found, and returns the scope's value as the code
+    /// run inside left it.
+    #[inline]
+    pub(crate) fn exit(mut self) -> T {
+        self.exited = true;
+        self.key.replace(std::mem::take(&mut self.found))
+    }
+}
+
+impl<T: Default + Copy + 'static> Scope<T> {
     #[cfg(test)]
     /// The value the cell had when the scope was entered (what it gets back).
     #[inline]
@@ -35,10 +49,12 @@ impl<T: Copy + 'static> Scope<T> {
     }
 }
 
-impl<T: Copy + 'static> Drop for Scope<T> {
+impl<T: Default + 'static> Drop for Scope<T> {
     #[inline]
     fn drop(&mut self) {
-        self.key.set(self.found);
+        if !self.exited {
+            self.key.set(std::mem::take(&mut self.found));
+        }
     }
 }
 
@@ -69,6 +85,14 @@ mod tests {
             panic!("inside the scope");
         });
         assert!(caught.is_err());
+        assert_eq!(VALUE.get(), 0);
+    }
+
+    #[test]
+    fn exit_puts_back_what_it_found_and_returns_what_was_left() {
+        let scope = Scope::enter(&VALUE, 4);
+        VALUE.set(5);
+        assert_eq!(scope.exit(), 5);
         assert_eq!(VALUE.get(), 0);
     }
 

@@ -81,34 +81,20 @@ pub fn retries_exhausted() -> bool {
 }
 
 /// The scope a [`PushbackFuture`] enters for one poll of its handler: puts back what it found
-/// when dropped (also when the handler panics); [`exit`](Self::exit) hands back the request's
-/// flag, which a client call may have made during the poll.
-#[must_use = "the scope ends when the guard is dropped"]
-struct Scope {
-    found: Option<Sink>,
+/// when dropped (also when the handler panics); `exit` hands back the request's flag, which a
+/// client call may have made during the poll.
+type Scope = crate::rt::scope::Scope<Sink>;
+
+/// Enters the pushback scope of a request whose flag (if a call made one) is `flag`.
+fn enter(flag: Option<Arc<GaveUp>>) -> Scope {
+    Scope::enter(&SINK, Sink::Inside(flag))
 }
 
-impl Scope {
-    fn enter(flag: Option<Arc<GaveUp>>) -> Self {
-        Self {
-            found: Some(SINK.replace(Sink::Inside(flag))),
-        }
-    }
-
-    fn exit(mut self) -> Option<Arc<GaveUp>> {
-        let found = self.found.take().unwrap_or_default();
-        match SINK.replace(found) {
-            Sink::Inside(flag) => flag,
-            Sink::Outside => None,
-        }
-    }
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        if let Some(found) = self.found.take() {
-            SINK.set(found);
-        }
+/// Ends the pushback scope, handing back the request's flag.
+fn exit(scope: Scope) -> Option<Arc<GaveUp>> {
+    match scope.exit() {
+        Sink::Inside(flag) => flag,
+        Sink::Outside => None,
     }
 }
 
@@ -190,11 +176,11 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // A handler that calls its client within `call` (not in its future) reports too.
-        let scope = Scope::enter(None);
+        let scope = enter(None);
         let future = self.inner.call(req);
         PushbackFuture {
             future,
-            flag: scope.exit(),
+            flag: exit(scope),
         }
     }
 }
@@ -235,9 +221,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let scope = Scope::enter(this.flag.take());
+        let scope = enter(this.flag.take());
         let poll = this.future.poll(cx);
-        *this.flag = scope.exit();
+        *this.flag = exit(scope);
         let mut result = ready!(poll);
         let exhausted = this.flag.as_ref().is_some_and(|flag| flag.is_marked());
         if let Ok(response) = &mut result
@@ -257,9 +243,9 @@ mod tests {
     /// Polls `f` inside a scope holding `flag`, as a `PushbackFuture` does, and says whether
     /// the request was marked after it.
     fn in_scope(flag: &mut Option<Arc<GaveUp>>, f: impl FnOnce()) -> bool {
-        let scope = Scope::enter(flag.take());
+        let scope = enter(flag.take());
         f();
-        *flag = scope.exit();
+        *flag = exit(scope);
         flag.as_ref().is_some_and(|flag| flag.is_marked())
     }
 
@@ -295,7 +281,7 @@ mod tests {
     #[test]
     fn a_panic_puts_the_enclosing_scope_back() {
         let caught = std::panic::catch_unwind(|| {
-            let _scope = Scope::enter(None);
+            let _scope = enter(None);
             sink().unwrap().mark();
             panic!("handler panicked");
         });
