@@ -160,9 +160,13 @@ impl Service<Request<Body>> for Backend {
                 None => None,
                 Some(queue) => {
                     let far = Instant::now() + Duration::from_secs(3600);
+                    // Biased, so a tie (a worker freed at the very instant the deadline
+                    // passes, common on the sim's paused clock) goes the same way every
+                    // run: the deadline first, as a worker could do nothing in no time.
                     let worker = tokio::select! {
-                        permit = queue.workers.clone().acquire_owned() => permit.ok(),
+                        biased;
                         () = tokio::time::sleep_until(deadline.unwrap_or(far)) => None,
+                        permit = queue.workers.clone().acquire_owned() => permit.ok(),
                     };
                     queue.waiting.fetch_sub(1, Ordering::Relaxed);
                     if worker.is_none() {
@@ -177,7 +181,10 @@ impl Service<Request<Body>> for Backend {
             if let Some(deadline) = deadline {
                 end = end.min(deadline);
             }
+            // Biased: work that ends at the instant its caller leaves was done, not orphaned
+            // (the same on every run).
             tokio::select! {
+                biased;
                 () = tokio::time::sleep_until(end) => {}
                 () = tx.closed() => {
                     let gave_up = Instant::now();

@@ -291,10 +291,14 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             } else {
                 retry
             };
+            // The preset's throttle, its refusals drawn from the run's seed.
+            let throttle =
+                backstop::client::overload::throttle::AdaptiveThrottle::builder().seed(config.seed);
             let mut preset = backstop::client::http()
                 .timeout(config.deadline)
                 .retry(retry)
-                .breaker(breaker);
+                .breaker(breaker)
+                .throttle(Some(throttle));
             if config.hedge {
                 preset = preset.hedging(0.95, 3);
             }

@@ -111,6 +111,20 @@ fn the_sim_is_deterministic_to_the_byte() {
     assert_ne!(a, c, "the seed matters");
 }
 
+/// Every scenario, not only `chain`: the same report twice for one seed. Was a defect, fixed:
+/// `overload-chain` and `quiet` differed between runs (the dependency's queue raced a freed
+/// worker against a deadline at the same instant in an unbiased `select!`, and the preset's
+/// throttle drew its refusals from the OS, not the seed).
+#[test]
+fn every_scenario_is_deterministic_to_the_byte() {
+    use clap::ValueEnum;
+    for &scenario in Scenario::value_variants() {
+        let a = simulate(scenario, 3, 300, 12).to_json();
+        let b = simulate(scenario, 3, 300, 12).to_json();
+        assert!(a == b, "{scenario:?} differs between two runs of one seed");
+    }
+}
+
 /// A dependency that accepts calls and never answers (from 15 s to 45 s): with the preset's
 /// default attempt bound, the breaker opens within 2 s of the hang and the dependency then
 /// sees probes only; without a breaker every call waits out its caller's patience.
