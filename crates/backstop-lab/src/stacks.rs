@@ -268,7 +268,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
             // counted.
             let mut breaker = backstop::client::http_breaker();
             if config.per_route {
-                breaker = breaker.per_key(backstop::client::breaker::BreakerKey::Path);
+                breaker = breaker.per_key(backstop::RouteKey::Path);
             }
             let breaker = breaker.seed(config.seed).on_state_change(move |t| {
                 if t.to == State::Open {

@@ -14,7 +14,7 @@
 //! The body is a short `text/plain` message and never the error's text (which may name
 //! internal hosts); log [`CallError::error`] for that. With the `axum` feature the local
 //! errors themselves ([`BreakerOpen`](crate::BreakerOpen) and the others) are
-//! `IntoResponse` too ([`backstop::wire::axum`](crate::wire::axum)).
+//! `IntoResponse` too (below).
 //!
 //! ```
 //! use axum::{routing::get, Router};
@@ -44,6 +44,44 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # The local errors as responses
+//!
+//! `IntoResponse` for backstop's local rejections (feature `axum`), so an axum handler can
+//! return them, or use `?` on a `Result` holding one, and answer as backstop's own layers do.
+//!
+//! A handler answers plain HTTP: each rejection becomes [`Rejection::http_status`] with its
+//! short text body, and [`BreakerOpen`](crate::BreakerOpen) adds `Retry-After` (seconds, rounded up) when it knows
+//! when the breaker lets calls through again — the response of
+//! [`Rejection::into_response`] with `grpc = false`, its [`Rejection`] in the extensions.
+//!
+//! | error | status |
+//! |-------|--------|
+//! | [`DeadlineExceeded`](crate::DeadlineExceeded) | 504 |
+//! | [`AttemptTimedOut`](crate::AttemptTimedOut) | 504 |
+//! | [`BreakerOpen`](crate::BreakerOpen) | 503, `Retry-After` when known |
+//! | [`ClientThrottled`](crate::ClientThrottled) | 503 |
+//! | [`BulkheadFull`](crate::BulkheadFull) | 503 |
+//!
+//! ```
+//! use axum_core::response::IntoResponse;
+//! use backstop::BreakerOpen;
+//! use std::time::Duration;
+//!
+//! async fn handler() -> Result<&'static str, BreakerOpen> {
+//!     Err(BreakerOpen::new(Some(Duration::from_millis(1500))))
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let response = handler().await.into_response();
+//! assert_eq!(response.status(), 503);
+//! assert_eq!(response.headers()["retry-after"], "2");
+//! # }
+//! ```
+//!
+//! An error of the whole stack (a `BoxError` that may or may not hold one of these) goes
+//! through [`Rejection::of`]; [`CallError`] wraps that for `?`.
 
 use crate::{BoxError, Rejection};
 use axum_core::{

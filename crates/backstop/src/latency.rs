@@ -12,8 +12,8 @@
 //!   forgotten, so the model re-measures by itself after an incident.
 //! - **Trust**: a quantile is `None` until the window holds `min_samples` (default 100)
 //!   samples. After an idle spell the window is empty, but the sub-windows keep their counts
-//!   until a rotation reuses them: [`LatencyModel::quantile_aged`] reads them, with their
-//!   age, so a user of the model can decay its trust instead of starting over.
+//!   until a rotation reuses them: the attempt bound reads them with their age, so it can
+//!   decay its trust instead of starting over.
 //! - **Censored samples**: an attempt that ran out of time is recorded at its bound (it took
 //!   at least that), so a slowing dependency raises the quantiles instead of letting the
 //!   timeout spiral down.
@@ -70,23 +70,9 @@ pub(crate) fn midpoint(bucket: usize) -> u64 {
     ((u64::from(SUB) + sub) << (octave - SUB_BITS)) + width / 2
 }
 
-/// The latency model of one dependency; see the [module docs](self).
-///
-/// ```
-/// use backstop::latency::LatencyModel;
-/// use std::time::Duration;
-///
-/// let model = LatencyModel::new();
-/// for i in 0..1000u64 {
-///     // 1 ms to 100 ms, one sample every millisecond of a 1 s run.
-///     let latency = Duration::from_micros(1_000 + (i % 100) * 1_000);
-///     model.record(latency, i * 1_000);
-/// }
-/// let p99 = model.quantile(0.99, 1_000_000).unwrap();
-/// assert!(p99 >= Duration::from_millis(96) && p99 <= Duration::from_millis(103), "{p99:?}");
-/// assert_eq!(model.snapshot(1_000_000).count, 1000);
-/// ```
-pub struct LatencyModel {
+/// The latency model of one dependency; see the [module docs](self) (its example is the
+/// unit test `a_p99_of_one_to_a_hundred_ms`).
+pub(crate) struct LatencyModel {
     sub_us: u64,
     min_samples: u64,
     /// Each sub-window's epoch plus one (0: never used).
@@ -96,12 +82,12 @@ pub struct LatencyModel {
 
 /// Builds a [`LatencyModel`].
 #[derive(Debug, Clone)]
-pub struct LatencyModelBuilder {
+pub(crate) struct LatencyModelBuilder {
     window: Duration,
     min_samples: u64,
 }
 
-/// What a [`LatencyModel`] holds at one instant.
+/// What a dependency's latency model holds at one instant (the model: the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LatencySnapshot {
@@ -121,12 +107,12 @@ pub struct LatencySnapshot {
 
 impl LatencyModel {
     /// A model with the defaults: a 30 s window, trusted from 100 samples.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::builder().build().expect("the defaults are valid")
     }
 
     /// A builder for a tuned model.
-    pub fn builder() -> LatencyModelBuilder {
+    pub(crate) fn builder() -> LatencyModelBuilder {
         LatencyModelBuilder {
             window: Duration::from_secs(30),
             min_samples: 100,
@@ -135,7 +121,7 @@ impl LatencyModel {
 
     /// An empty model with this one's window and `min_samples` (a keyed attempt layer builds
     /// each key's model from its own this way).
-    pub fn fresh(&self) -> LatencyModel {
+    pub(crate) fn fresh(&self) -> LatencyModel {
         LatencyModel {
             sub_us: self.sub_us,
             min_samples: self.min_samples,
@@ -146,7 +132,7 @@ impl LatencyModel {
 
     /// Records one call that took `latency`, at `now_us` microseconds from the caller's origin.
     /// A call that ran out of time is recorded at its bound.
-    pub fn record(&self, latency: Duration, now_us: u64) {
+    pub(crate) fn record(&self, latency: Duration, now_us: u64) {
         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         let epoch = now_us / self.sub_us;
         let slot = (epoch % SLOTS as u64) as usize;
@@ -200,7 +186,7 @@ impl LatencyModel {
 
     /// The `q` quantile (in [0, 1]) of the window at `now_us`; `None` until the window holds
     /// `min_samples` samples.
-    pub fn quantile(&self, q: f64, now_us: u64) -> Option<Duration> {
+    pub(crate) fn quantile(&self, q: f64, now_us: u64) -> Option<Duration> {
         let (hist, total) = self.histogram(now_us);
         quantile_of(&hist, total, q, self.min_samples)
     }
@@ -212,7 +198,7 @@ impl LatencyModel {
     /// left the window did. `None` only when even those hold fewer than `min_samples` (a model
     /// never trusted). What decays trust instead of discarding it: the attempt bound widens a
     /// stale quantile with its age (see `backstop::client::attempt`).
-    pub fn quantile_aged(&self, q: f64, now_us: u64) -> Option<(Duration, Duration)> {
+    pub(crate) fn quantile_aged(&self, q: f64, now_us: u64) -> Option<(Duration, Duration)> {
         let (hist, total) = self.histogram(now_us);
         if let Some(q) = quantile_of(&hist, total, q, self.min_samples) {
             return Some((q, Duration::ZERO));
@@ -247,14 +233,14 @@ impl LatencyModel {
     /// above the quantile; `quantile` reads the bucket's midpoint, which may be below the
     /// samples it stands for). What a hedge delay needs: a hedge after it goes for no more
     /// than `1 − q` of calls. `None` until the model is trusted.
-    pub fn quantile_ceiling(&self, q: f64, now_us: u64) -> Option<Duration> {
+    pub(crate) fn quantile_ceiling(&self, q: f64, now_us: u64) -> Option<Duration> {
         let (hist, total) = self.histogram(now_us);
         let bucket = bucket_of(&hist, total, q, self.min_samples)?;
         Some(Duration::from_micros(upper_edge(bucket)))
     }
 
     /// The window's count and quantiles at `now_us`.
-    pub fn snapshot(&self, now_us: u64) -> LatencySnapshot {
+    pub(crate) fn snapshot(&self, now_us: u64) -> LatencySnapshot {
         let (hist, total) = self.histogram(now_us);
         let q = |q| quantile_of(&hist, total, q, self.min_samples);
         LatencySnapshot {
@@ -267,8 +253,10 @@ impl LatencyModel {
         }
     }
 
-    /// Bytes of counters and tags: fixed when the model is built.
-    pub fn shared_bytes(&self) -> usize {
+    /// Bytes of counters and tags: fixed when the model is built (the module docs' figure,
+    /// which a unit test checks).
+    #[cfg(test)]
+    pub(crate) fn shared_bytes(&self) -> usize {
         std::mem::size_of_val(&self.tags) + self.counts.len() * std::mem::size_of::<AtomicU32>()
     }
 }
@@ -319,14 +307,14 @@ impl LatencyModelBuilder {
     /// How long samples count (default 30 s; 1 s to 1 hour): quantiles cover the last
     /// `window` to `1.5 × window`.
     #[must_use]
-    pub fn window(mut self, window: Duration) -> Self {
+    pub(crate) fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
     }
 
     /// Samples the window must hold before quantiles are given (default 100; at least 1).
     #[must_use]
-    pub fn min_samples(mut self, n: u64) -> Self {
+    pub(crate) fn min_samples(mut self, n: u64) -> Self {
         self.min_samples = n;
         self
     }
@@ -336,7 +324,7 @@ impl LatencyModelBuilder {
     /// # Errors
     ///
     /// A [`ConfigError`] naming `window` (outside 1 s to 1 hour) or `min_samples` (zero).
-    pub fn build(self) -> Result<LatencyModel, ConfigError> {
+    pub(crate) fn build(self) -> Result<LatencyModel, ConfigError> {
         if self.window < Duration::from_secs(1) || self.window > Duration::from_secs(3600) {
             return Err(ConfigError::new(
                 "window",
@@ -357,6 +345,21 @@ impl LatencyModelBuilder {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    /// The model's former doc example: a p99 of samples from 1 ms to 100 ms.
+    #[test]
+    fn a_p99_of_one_to_a_hundred_ms() {
+        let model = super::LatencyModel::new();
+        for i in 0..1000u64 {
+            // 1 ms to 100 ms, one sample every millisecond of a 1 s run.
+            let latency = std::time::Duration::from_micros(1_000 + (i % 100) * 1_000);
+            model.record(latency, i * 1_000);
+        }
+        let p99 = model.quantile(0.99, 1_000_000).unwrap();
+        let ms = std::time::Duration::from_millis;
+        assert!(p99 >= ms(96) && p99 <= ms(103), "{p99:?}");
+        assert_eq!(model.snapshot(1_000_000).count, 1000);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -193,7 +193,7 @@
 //!
 //! - `axum` (off): [`axum::CallError`], so `?` on a call's error in an axum handler
 //!   answers 504, 503 (with `Retry-After`) or 502; and `IntoResponse` for backstop's local
-//!   errors ([`backstop::wire::axum`](crate::wire::axum)).
+//!   errors ([`axum`](crate::axum#the-local-errors-as-responses)).
 //! - `h2` (off): HTTP/2 `REFUSED_STREAM` and graceful `GOAWAY` count as "not processed", so
 //!   they are retried for every method.
 //! - `metrics` (off): every layer records counters, gauges and a latency histogram through

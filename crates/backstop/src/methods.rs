@@ -224,84 +224,91 @@ impl<S: Clone> Layer<S> for MethodsLayer {
     }
 }
 
-/// Routes each call to its method's retry policy; see [`MethodsLayer`].
-///
-/// One inner service for every method: readiness is the transport's own, and a call reserves
-/// capacity (a `ConcurrencyLimit` permit, a `Buffer` slot such as a tonic `Channel`'s) only
-/// on the service it is sent on. The method's retry layer is picked in `call`, and wraps the
-/// ready service for that call alone.
-#[derive(Debug, Clone)]
-pub struct Methods<S> {
-    /// `None` only while `call` lends it to the method's retry layer.
-    inner: Option<S>,
-    /// One retry layer per `methodConfig` entry, then one for calls no entry names.
-    retries: Arc<[RetryLayer<GrpcClassifier>]>,
-    config: Arc<ServiceConfig>,
-}
+// The services of a `MethodsClient`: public (they are in its type) but unnameable, as only
+// this crate names them.
+mod services {
+    use super::*;
 
-impl<S, B> Service<Request<B>> for Methods<S>
-where
-    S: Service<Request<ReplayBody<B>>> + Clone,
-    S::Error: Into<BoxError>,
-    Retry<S, GrpcClassifier>: Service<Request<B>, Error = BoxError>,
-{
-    type Response = <Retry<S, GrpcClassifier> as Service<Request<B>>>::Response;
-    type Error = BoxError;
-    type Future = <Retry<S, GrpcClassifier> as Service<Request<B>>>::Future;
-
-    /// The inner service's readiness: every method is sent on it.
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner
-            .as_mut()
-            .expect("lent only during call")
-            .poll_ready(cx)
-            .map_err(Into::into)
+    /// Routes each call to its method's retry policy; see [`MethodsLayer`].
+    ///
+    /// One inner service for every method: readiness is the transport's own, and a call reserves
+    /// capacity (a `ConcurrencyLimit` permit, a `Buffer` slot such as a tonic `Channel`'s) only
+    /// on the service it is sent on. The method's retry layer is picked in `call`, and wraps the
+    /// ready service for that call alone.
+    #[derive(Debug, Clone)]
+    pub struct Methods<S> {
+        /// `None` only while `call` lends it to the method's retry layer.
+        pub(super) inner: Option<S>,
+        /// One retry layer per `methodConfig` entry, then one for calls no entry names.
+        pub(super) retries: Arc<[RetryLayer<GrpcClassifier>]>,
+        pub(super) config: Arc<ServiceConfig>,
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let none = self.retries.len() - 1;
-        let i = self.config.method_index(req.uri().path()).unwrap_or(none);
-        // The ready service makes this call, under the method's retry layer, which keeps a
-        // clone for its retries and gives back another for the next call.
-        let ready = self.inner.take().expect("lent only during call");
-        let mut route = self.retries[i].layer(ready);
-        let future = route.call(req);
-        self.inner = Some(route.into_inner());
-        future
-    }
-}
+    impl<S, B> Service<Request<B>> for Methods<S>
+    where
+        S: Service<Request<ReplayBody<B>>> + Clone,
+        S::Error: Into<BoxError>,
+        Retry<S, GrpcClassifier>: Service<Request<B>, Error = BoxError>,
+    {
+        type Response = <Retry<S, GrpcClassifier> as Service<Request<B>>>::Response;
+        type Error = BoxError;
+        type Future = <Retry<S, GrpcClassifier> as Service<Request<B>>>::Future;
 
-/// Gives each call its method's `timeout` as a deadline; see [`MethodsLayer`].
-#[derive(Debug, Clone)]
-pub struct MethodTimeout<S> {
-    inner: S,
-    config: Arc<ServiceConfig>,
-}
-
-impl<S, B> Service<Request<B>> for MethodTimeout<S>
-where
-    S: Service<Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> S::Future {
-        if let Some(timeout) = self.config.method(req.uri().path()).and_then(|m| m.timeout) {
-            let deadline = Deadline::after(timeout);
-            let deadline = match req.extensions().get::<Deadline>() {
-                Some(&earlier) => earlier.min(deadline),
-                None => deadline,
-            };
-            req.extensions_mut().insert(deadline);
+        /// The inner service's readiness: every method is sent on it.
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            self.inner
+                .as_mut()
+                .expect("lent only during call")
+                .poll_ready(cx)
+                .map_err(Into::into)
         }
-        self.inner.call(req)
+
+        fn call(&mut self, req: Request<B>) -> Self::Future {
+            let none = self.retries.len() - 1;
+            let i = self.config.method_index(req.uri().path()).unwrap_or(none);
+            // The ready service makes this call, under the method's retry layer, which keeps a
+            // clone for its retries and gives back another for the next call.
+            let ready = self.inner.take().expect("lent only during call");
+            let mut route = self.retries[i].layer(ready);
+            let future = route.call(req);
+            self.inner = Some(route.into_inner());
+            future
+        }
+    }
+
+    /// Gives each call its method's `timeout` as a deadline; see [`MethodsLayer`].
+    #[derive(Debug, Clone)]
+    pub struct MethodTimeout<S> {
+        pub(super) inner: S,
+        pub(super) config: Arc<ServiceConfig>,
+    }
+
+    impl<S, B> Service<Request<B>> for MethodTimeout<S>
+    where
+        S: Service<Request<B>>,
+    {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = S::Future;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, mut req: Request<B>) -> S::Future {
+            if let Some(timeout) = self.config.method(req.uri().path()).and_then(|m| m.timeout) {
+                let deadline = Deadline::after(timeout);
+                let deadline = match req.extensions().get::<Deadline>() {
+                    Some(&earlier) => earlier.min(deadline),
+                    None => deadline,
+                };
+                req.extensions_mut().insert(deadline);
+            }
+            self.inner.call(req)
+        }
     }
 }
+use services::{MethodTimeout, Methods};
 
 impl crate::ClientBuilder<GrpcClassifier> {
     /// The same client with its retry, hedging and timeout policies per method, from gRPC's

@@ -137,11 +137,10 @@ pub const GRPC_CALL_HEDGES: &str = "grpc.client.call.hedges";
 /// `grpc.client.call.retry_delay` (gRFC A96)
 pub const GRPC_CALL_RETRY_DELAY: &str = "grpc.client.call.retry_delay";
 
-/// gRFC A96's names backstop records beside its own (see the module docs).
-pub const A96: [&str; 3] = [GRPC_CALL_RETRIES, GRPC_CALL_HEDGES, GRPC_CALL_RETRY_DELAY];
-
-/// Every name above, for exporters' allow-lists and tests.
-pub const ALL: [&str; 15] = [
+/// Every name above but gRFC A96's, for the tests (an exporter's allow-list is the table
+/// above).
+#[cfg(test)]
+const ALL: [&str; 15] = [
     CLIENT_REQUESTS,
     CLIENT_ATTEMPTS,
     CLIENT_ATTEMPT_DURATION,
@@ -160,8 +159,9 @@ pub const ALL: [&str; 15] = [
 ];
 
 /// What a metric is, as the `metrics` facade registers it.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+enum Kind {
     /// A count that only grows.
     Counter,
     /// A value that goes up and down.
@@ -172,20 +172,21 @@ pub enum Kind {
 
 /// One metric backstop records: its name, its kind and every label it may carry (`route` and
 /// `authority` only where the module docs say).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Metric {
+struct Metric {
     /// The name, one of [`ALL`].
-    pub name: &'static str,
+    name: &'static str,
     /// Counter, gauge or histogram.
-    pub kind: Kind,
+    kind: Kind,
     /// Every label the series may carry.
-    pub labels: &'static [&'static str],
+    labels: &'static [&'static str],
 }
 
 /// Every metric with its kind and labels, in the order of the table above: the one list the
 /// docs' tables (these module docs and the README's) are checked against.
-pub const CATALOG: [Metric; 15] = {
+#[cfg(test)]
+const CATALOG: [Metric; 15] = {
     use Kind::{Counter, Gauge, Histogram};
     const fn m(name: &'static str, kind: Kind, labels: &'static [&'static str]) -> Metric {
         Metric { name, kind, labels }
@@ -227,12 +228,12 @@ pub const CATALOG: [Metric; 15] = {
 
 /// The `outcome` labels of `backstop.client.requests`, in the order of [`Outcome`](crate::Outcome)'s
 /// variants: `Success`, `Failure`, `Throttled`, `Rejected`, `Ignored`.
-pub const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", "ignored"];
+pub(crate) const OUTCOMES: [&str; 5] = ["success", "failure", "throttled", "rejected", "ignored"];
 
 /// The `error_type` labels of `backstop.client.requests{outcome="failure"}`: `status` (the
 /// dependency answered a failing status), `timeout` (an attempt's bound or the deadline ended
 /// it), `transport` (no status: a connection or protocol error, a body that broke off).
-pub const ERROR_TYPES: [&str; 3] = ["status", "timeout", "transport"];
+pub(crate) const ERROR_TYPES: [&str; 3] = ["status", "timeout", "transport"];
 
 /// The check of a docs table against [`CATALOG`], for this module's tests (the module docs'
 /// table and the README's).

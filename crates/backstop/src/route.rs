@@ -9,7 +9,7 @@ use std::{borrow::Cow, fmt, sync::Arc};
 pub type KeyFn = Arc<dyn for<'a> Fn(&'a Method, &'a Uri) -> Option<Cow<'a, str>> + Send + Sync>;
 
 /// What a keyed layer keys its state by: the breaker's breakers
-/// (`backstop::client::breaker::BreakerConfig::per_key`, where this type is also named `BreakerKey`)
+/// (`backstop::client::breaker::BreakerConfig::per_key`)
 /// and the attempt layer's latency models
 /// (`backstop::client::attempt::AttemptTimeoutLayer::per_key`).
 ///

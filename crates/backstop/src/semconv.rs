@@ -351,124 +351,131 @@ where
     }
 }
 
-pin_project_lite::pin_project! {
-    /// The response future of [`Semconv`].
-    #[derive(Debug)]
-    pub struct SemconvFuture<F> {
-        #[pin]
-        future: F,
-        call: Option<Call>,
-    }
+// The response future and body of `Semconv`: public (they are in its `Service` impl) but
+// unnameable, as only this crate names them.
+mod future {
+    use super::*;
 
-    impl<F> PinnedDrop for SemconvFuture<F> {
-        fn drop(this: Pin<&mut Self>) {
-            // Dropped before its response: timed out or cancelled, still an attempt made.
-            if let Some(call) = this.project().call.take() {
-                let end = dropped_end(&call);
-                call.record(end);
+    pin_project_lite::pin_project! {
+        /// The response future of [`Semconv`].
+        #[derive(Debug)]
+        pub struct SemconvFuture<F> {
+            #[pin]
+            pub(super) future: F,
+            pub(super) call: Option<Call>,
+        }
+
+        impl<F> PinnedDrop for SemconvFuture<F> {
+            fn drop(this: Pin<&mut Self>) {
+                // Dropped before its response: timed out or cancelled, still an attempt made.
+                if let Some(call) = this.project().call.take() {
+                    let end = dropped_end(&call);
+                    call.record(end);
+                }
             }
         }
     }
-}
 
-impl<F, RB, E> Future for SemconvFuture<F>
-where
-    F: Future<Output = Result<Response<RB>, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<Response<SemconvBody<RB>>, BoxError>;
+    impl<F, RB, E> Future for SemconvFuture<F>
+    where
+        F: Future<Output = Result<Response<RB>, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<Response<SemconvBody<RB>>, BoxError>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let result = ready!(this.future.poll(cx)).map_err(Into::into);
-        let call = this.call.take().expect("polled after completion");
-        Poll::Ready(match result {
-            Err(err) => {
-                let end = error_end(call.grpc, &*err);
-                call.record(end);
-                Err(err)
-            }
-            Ok(response) if !call.grpc => {
-                call.record(End::Http(response.status()));
-                Ok(response.map(|body| SemconvBody { body, call: None }))
-            }
-            Ok(response) => match grpc_code(response.headers()) {
-                // Trailers-only: the status is here.
-                Some(code) => {
-                    call.record(End::Grpc(code));
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let this = self.project();
+            let result = ready!(this.future.poll(cx)).map_err(Into::into);
+            let call = this.call.take().expect("polled after completion");
+            Poll::Ready(match result {
+                Err(err) => {
+                    let end = error_end(call.grpc, &*err);
+                    call.record(end);
+                    Err(err)
+                }
+                Ok(response) if !call.grpc => {
+                    call.record(End::Http(response.status()));
                     Ok(response.map(|body| SemconvBody { body, call: None }))
                 }
-                // Not a gRPC answer (a proxy's error page): the status gRPC's clients give it.
-                None if response.status() != http::StatusCode::OK => {
-                    let code = crate::Code::of_http_status(response.status());
-                    call.record(End::Grpc(code.as_i32() as u32));
-                    Ok(response.map(|body| SemconvBody { body, call: None }))
+                Ok(response) => match grpc_code(response.headers()) {
+                    // Trailers-only: the status is here.
+                    Some(code) => {
+                        call.record(End::Grpc(code));
+                        Ok(response.map(|body| SemconvBody { body, call: None }))
+                    }
+                    // Not a gRPC answer (a proxy's error page): the status gRPC's clients give it.
+                    None if response.status() != http::StatusCode::OK => {
+                        let code = crate::Code::of_http_status(response.status());
+                        call.record(End::Grpc(code.as_i32() as u32));
+                        Ok(response.map(|body| SemconvBody { body, call: None }))
+                    }
+                    None => Ok(response.map(|body| SemconvBody {
+                        body,
+                        call: Some(call),
+                    })),
+                },
+            })
+        }
+    }
+
+    pin_project_lite::pin_project! {
+        /// The response body of [`Semconv`]: a gRPC call's body, timed until its trailers.
+        #[derive(Debug)]
+        pub struct SemconvBody<B> {
+            #[pin]
+            pub(super) body: B,
+            pub(super) call: Option<Call>,
+        }
+
+        impl<B> PinnedDrop for SemconvBody<B> {
+            fn drop(this: Pin<&mut Self>) {
+                // Dropped before its status: cancelled by its caller.
+                if let Some(call) = this.project().call.take() {
+                    call.record(End::Grpc(1));
                 }
-                None => Ok(response.map(|body| SemconvBody {
-                    body,
-                    call: Some(call),
-                })),
-            },
-        })
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The response body of [`Semconv`]: a gRPC call's body, timed until its trailers.
-    #[derive(Debug)]
-    pub struct SemconvBody<B> {
-        #[pin]
-        body: B,
-        call: Option<Call>,
-    }
-
-    impl<B> PinnedDrop for SemconvBody<B> {
-        fn drop(this: Pin<&mut Self>) {
-            // Dropped before its status: cancelled by its caller.
-            if let Some(call) = this.project().call.take() {
-                call.record(End::Grpc(1));
             }
         }
     }
-}
 
-impl<B: Body> Body for SemconvBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
+    impl<B: Body> Body for SemconvBody<B> {
+        type Data = B::Data;
+        type Error = B::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let mut this = self.project();
-        let frame = ready!(this.body.as_mut().poll_frame(cx));
-        if this.call.is_some() {
-            let end = match &frame {
-                Some(Ok(frame)) => frame.trailers_ref().map(|t| grpc_code(t).unwrap_or(2)),
-                // A stream that failed: UNAVAILABLE, as gRPC's clients report a broken stream
-                // (or what the error says it is).
-                Some(Err(_)) => Some(14),
-                // Ended with no trailers: the status is missing, UNKNOWN.
-                None => Some(2),
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+            let mut this = self.project();
+            let frame = ready!(this.body.as_mut().poll_frame(cx));
+            if this.call.is_some() {
+                let end = match &frame {
+                    Some(Ok(frame)) => frame.trailers_ref().map(|t| grpc_code(t).unwrap_or(2)),
+                    // A stream that failed: UNAVAILABLE, as gRPC's clients report a broken stream
+                    // (or what the error says it is).
+                    Some(Err(_)) => Some(14),
+                    // Ended with no trailers: the status is missing, UNKNOWN.
+                    None => Some(2),
+                }
+                // The last data frame of a stream that says no trailers follow: UNKNOWN now, so
+                // a reader that stops at the end does not record a cancel.
+                .or_else(|| this.body.is_end_stream().then_some(2));
+                if let Some(code) = end {
+                    this.call
+                        .take()
+                        .expect("checked above")
+                        .record(End::Grpc(code));
+                }
             }
-            // The last data frame of a stream that says no trailers follow: UNKNOWN now, so
-            // a reader that stops at the end does not record a cancel.
-            .or_else(|| this.body.is_end_stream().then_some(2));
-            if let Some(code) = end {
-                this.call
-                    .take()
-                    .expect("checked above")
-                    .record(End::Grpc(code));
-            }
+            Poll::Ready(frame)
         }
-        Poll::Ready(frame)
-    }
 
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
+        fn is_end_stream(&self) -> bool {
+            self.body.is_end_stream()
+        }
 
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        fn size_hint(&self) -> http_body::SizeHint {
+            self.body.size_hint()
+        }
     }
 }
+use future::{SemconvBody, SemconvFuture};

@@ -82,42 +82,49 @@ impl<S> Layer<S> for TonicBodyLayer {
     }
 }
 
-/// The service of [`TonicBodyLayer`]: readiness, responses and errors are the transport's.
-#[derive(Debug, Clone)]
-pub struct TonicBody<S> {
-    inner: S,
+// The service of `TonicBodyLayer`: public (it is in `TonicClient`) but unnameable, as only
+// this crate names it.
+mod service {
+    use super::*;
+
+    /// The service of [`TonicBodyLayer`]: readiness, responses and errors are the transport's.
+    #[derive(Debug, Clone)]
+    pub struct TonicBody<S> {
+        pub(super) inner: S,
+    }
+
+    impl<S> TonicBody<S> {
+        /// The transport.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The transport, mutably.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// Unwraps the transport.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    }
+
+    impl<S> Service<Request<ReplayBody<Body>>> for TonicBody<S>
+    where
+        S: Service<Request<Body>>,
+    {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = S::Future;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: Request<ReplayBody<Body>>) -> S::Future {
+            self.inner.call(req.map(Body::new))
+        }
+    }
 }
-
-impl<S> TonicBody<S> {
-    /// The transport.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The transport, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the transport.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S> Service<Request<ReplayBody<Body>>> for TonicBody<S>
-where
-    S: Service<Request<Body>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReplayBody<Body>>) -> S::Future {
-        self.inner.call(req.map(Body::new))
-    }
-}
+use service::TonicBody;

@@ -2,7 +2,8 @@
 //! `max_keys` (idle keys make room, the rest share the overflow breaker), and every key's
 //! breaker reports under its key.
 
-use backstop::client::breaker::{BreakerConfig, BreakerKey, BreakerLayer, Mode, State};
+use backstop::RouteKey;
+use backstop::client::breaker::{BreakerConfig, BreakerLayer, Mode, State};
 use backstop::{BreakerOpen, HttpClassifier};
 use http::{Request, Response};
 use std::{borrow::Cow, convert::Infallible, time::Duration};
@@ -36,13 +37,9 @@ fn config() -> BreakerConfig<HttpClassifier> {
 }
 
 /// Sends a GET to `uri`: the status, or `None` when the breaker refused it.
-async fn send<S>(service: &mut S, uri: &str) -> Option<u16>
+async fn send<S, B>(service: &mut S, uri: &str) -> Option<u16>
 where
-    S: Service<
-            Request<String>,
-            Response = Response<backstop::client::breaker::BreakerBody<String, HttpClassifier>>,
-            Error = backstop::BoxError,
-        >,
+    S: Service<Request<String>, Response = Response<B>, Error = backstop::BoxError>,
 {
     let req = Request::get(uri).body(String::new()).unwrap();
     match service.ready().await.unwrap().call(req).await {
@@ -53,13 +50,9 @@ where
 }
 
 /// Fails `uri` 3 times in a row: its breaker (or the one breaker) opens.
-async fn open<S>(service: &mut S, uri: &str)
+async fn open<S, B>(service: &mut S, uri: &str)
 where
-    S: Service<
-            Request<String>,
-            Response = Response<backstop::client::breaker::BreakerBody<String, HttpClassifier>>,
-            Error = backstop::BoxError,
-        >,
+    S: Service<Request<String>, Response = Response<B>, Error = backstop::BoxError>,
 {
     for _ in 0..3 {
         send(service, uri).await;
@@ -69,7 +62,7 @@ where
 /// A table of one key by path, a key idle after a second without calls.
 fn one_key_idle_after_a_second() -> BreakerConfig<HttpClassifier> {
     config()
-        .per_key(BreakerKey::Path)
+        .per_key(RouteKey::Path)
         .max_keys(1)
         .idle_keys_after(Duration::from_secs(1))
 }
@@ -81,7 +74,7 @@ fn key_names(layer: &BreakerLayer<HttpClassifier>) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_host_that_is_down_fails_fast_alone() {
-    let layer = config().per_key(BreakerKey::Authority).build().unwrap();
+    let layer = config().per_key(RouteKey::Authority).build().unwrap();
     let mut service = layer.layer(dependency());
     for _ in 0..3 {
         assert_eq!(
@@ -127,7 +120,7 @@ async fn a_single_breaker_fails_every_route_with_the_bad_one() {
 #[tokio::test(start_paused = true)]
 async fn a_route_key_groups_paths_and_no_key_goes_to_the_overflow_breaker() {
     // `/item/{id}/…` by its shape; health checks have no key.
-    let route = BreakerKey::custom(|_, uri| {
+    let route = RouteKey::custom(|_, uri| {
         let path = uri.path();
         if path == "/health" {
             return None;
@@ -171,7 +164,7 @@ async fn a_route_key_groups_paths_and_no_key_goes_to_the_overflow_breaker() {
 #[tokio::test(start_paused = true)]
 async fn the_table_is_bounded_and_idle_keys_make_room() {
     let layer: BreakerLayer<HttpClassifier> = config()
-        .per_key(BreakerKey::Path)
+        .per_key(RouteKey::Path)
         .max_keys(2)
         .idle_keys_after(Duration::from_secs(60))
         .build()
@@ -296,7 +289,7 @@ async fn an_open_breaker_is_kept_until_its_open_time_is_over() {
 /// keys the layer has and to every key it adds later, whatever mode the config started in.
 #[tokio::test(start_paused = true)]
 async fn a_mode_set_at_run_time_applies_to_keys_added_later() {
-    let layer = config().per_key(BreakerKey::Path).build().unwrap();
+    let layer = config().per_key(RouteKey::Path).build().unwrap();
     let mut service = layer.layer(dependency());
     assert_eq!(send(&mut service, "http://svc/a").await, Some(200));
     layer.set_mode(Mode::ForcedOpen);
@@ -329,7 +322,7 @@ async fn a_mode_set_at_run_time_applies_to_keys_added_later() {
     assert_eq!(modes, [Mode::Normal; 4]);
 
     // A layer built forced open and switched to normal: new keys are normal.
-    let layer = config().per_key(BreakerKey::Path).build().unwrap();
+    let layer = config().per_key(RouteKey::Path).build().unwrap();
     layer.set_mode(Mode::ForcedOpen);
     let mut service = layer.layer(dependency());
     assert_eq!(send(&mut service, "http://svc/a").await, None);
@@ -342,7 +335,7 @@ async fn a_mode_set_at_run_time_applies_to_keys_added_later() {
 /// still to come, and the layer that served keeps its keys and its (empty) name.
 #[tokio::test(start_paused = true)]
 async fn naming_a_keyed_layer_builds_a_new_one_and_leaves_the_served_one_as_it_was() {
-    let layer = config().per_key(BreakerKey::Path).build().unwrap();
+    let layer = config().per_key(RouteKey::Path).build().unwrap();
     let mut service = layer.layer(dependency());
     send(&mut service, "http://svc/a").await;
     let named = layer.named("inventory");
@@ -356,7 +349,7 @@ async fn naming_a_keyed_layer_builds_a_new_one_and_leaves_the_served_one_as_it_w
 #[test]
 fn each_key_costs_one_breaker() {
     let layer = config()
-        .per_key(BreakerKey::Path)
+        .per_key(RouteKey::Path)
         .build()
         .unwrap()
         .named("inventory");
@@ -413,7 +406,7 @@ async fn a_probe_whose_call_panics_gives_its_slot_back() {
         });
         let config = config().probes(1);
         let config = if keyed {
-            config.per_key(BreakerKey::Path)
+            config.per_key(RouteKey::Path)
         } else {
             config
         };

@@ -1,6 +1,6 @@
 //! `DeadlineLayer` driven with mock services under paused time.
 
-use backstop::deadline::{Deadline, DeadlineBody, DeadlineLayer, current};
+use backstop::deadline::{Deadline, DeadlineLayer, current};
 use backstop::{NotExecuted, Rejection};
 use backstop_test_support::*;
 use bytes::Bytes;
@@ -29,7 +29,7 @@ fn reporter() -> impl backstop_test_support::Dependency<Request<String>> {
     })
 }
 
-async fn text(response: Response<DeadlineBody<String>>) -> String {
+async fn text<B: http_body::Body<Error: std::fmt::Debug>>(response: Response<B>) -> String {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }

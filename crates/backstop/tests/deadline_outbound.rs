@@ -1,6 +1,6 @@
 //! `PropagateDeadlineLayer` driven with mock services under paused time.
 
-use backstop::deadline::{Deadline, DeadlineBody, PropagateDeadlineLayer, current};
+use backstop::deadline::{Deadline, PropagateDeadlineLayer, current};
 use backstop::{Rejection, is_deadline_exceeded};
 use backstop_test_support::*;
 use bytes::Bytes;
@@ -289,8 +289,10 @@ async fn a_response_in_time_passes_through() {
     assert_eq!(&body[..], b"busy");
 }
 
-async fn next_frame_at_deadline(
-    body: &mut DeadlineBody<http_body_util::channel::Channel<Bytes>>,
+async fn next_frame_at_deadline<
+    B: http_body::Body<Data = Bytes, Error = backstop::BoxError> + Unpin,
+>(
+    body: &mut B,
     after: Duration,
 ) -> Result<http_body::Frame<Bytes>, backstop::BoxError> {
     let mut next = tokio_test::task::spawn(body.frame());

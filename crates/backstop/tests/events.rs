@@ -60,7 +60,7 @@ async fn a_named_keyed_breaker_names_every_key() {
     let breaker = BreakerConfig::http()
         .minimum_calls(2)
         .jitter(false)
-        .per_key(backstop::client::breaker::BreakerKey::Path);
+        .per_key(backstop::RouteKey::Path);
     let backend = backstop::client::http()
         .max_attempts(2)
         .breaker(breaker)

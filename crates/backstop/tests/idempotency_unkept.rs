@@ -4,7 +4,7 @@
 
 mod common;
 
-use backstop::idempotency::{IdempotencyBody, IdempotencyLayer, MemoryStore};
+use backstop::idempotency::{IdempotencyLayer, MemoryStore};
 use bytes::Bytes;
 use common::*;
 use http::{HeaderMap, Request, Response};
@@ -73,7 +73,9 @@ impl Service<Request<Full<Bytes>>> for Tailed {
 }
 
 /// Every frame of a body: its data joined, its trailers, its error.
-async fn drain(body: IdempotencyBody<Tail>) -> (Bytes, Option<HeaderMap>, Option<String>) {
+async fn drain<B: Body<Data = Bytes, Error: std::fmt::Display>>(
+    body: B,
+) -> (Bytes, Option<HeaderMap>, Option<String>) {
     let mut body = std::pin::pin!(body);
     let mut data = Vec::new();
     let mut trailers = None;

@@ -5,7 +5,7 @@ use backstop::client::attempt::{Adaptive, AttemptBound};
 use backstop::client::breaker::BreakerConfig;
 use backstop::client::overload::bulkhead::BulkheadLayer;
 use backstop::client::overload::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
-use backstop::client::retry::budget::RatioBudget;
+use backstop::client::retry::RatioBudget;
 use backstop::client::retry::{RetryConfig, backoff};
 use backstop::deadline::{DeadlineLayer, PropagateDeadlineLayer, PropagateDeadlineLayerBuilder};
 use backstop::server::admission::AdmissionLayer;

@@ -9,7 +9,7 @@ use backstop::client::attempt::AttemptBound;
 use backstop::client::breaker::{BreakerConfig, State};
 use backstop::client::overload::bulkhead::BulkheadLayer;
 use backstop::client::overload::throttle::AdaptiveThrottle;
-use backstop::client::retry::budget::Budget;
+use backstop::client::retry::Budget;
 use backstop::client::retry::{RatioBudget, RetryConfig, backoff};
 use backstop::{ClientLayer, HttpClassifier, ReplayBody};
 use futures_util::StreamExt;

@@ -1031,7 +1031,7 @@ fn a_slow_report(
 
 /// The HTTP preset's breaker, one per path.
 fn path_keyed_breaker() -> BreakerConfig<HttpClassifier> {
-    backstop::client::http_breaker().per_key(backstop::client::breaker::BreakerKey::Path)
+    backstop::client::http_breaker().per_key(backstop::RouteKey::Path)
 }
 
 /// Issue 25, 5: `/report`, 0.5 % of the calls, takes 2 s; the other routes 10 ms; a 5 s
@@ -1447,7 +1447,7 @@ async fn the_setters_order_never_changes_the_stack() {
         assert!(stack.breaker_layer().is_keyed());
         assert!(matches!(
             stack.attempt_layer().key(),
-            Some(backstop::client::breaker::BreakerKey::Path)
+            Some(backstop::RouteKey::Path)
         ));
         let (seen, dependency) = {
             let seen = Arc::new(std::sync::Mutex::new(Vec::new()));

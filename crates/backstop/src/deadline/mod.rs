@@ -88,7 +88,7 @@
 //!    handler and in everything it awaits on its task.
 //! 5. If the deadline passes first, the handler's future is **dropped** (its work is cancelled)
 //!    and the answer is DEADLINE_EXCEEDED (4) as a trailers-only gRPC response, or 504 with a
-//!    short text body. A response body is bounded too, by the rule of [`DeadlineBody`]: the
+//!    short text body. A response body is bounded too, by the rule of [response bodies](#response-bodies): the
 //!    caller gets one whole answer, never a torn one, so a body complete when the handler
 //!    answered is delivered whole even if read just after the deadline, and only a body
 //!    still streaming past it is cut (a gRPC body with trailers `grpc-status: 4`, any other
@@ -175,6 +175,35 @@
 //! - `metrics` (off by default): attempt durations, expired deadlines, malformed
 //!   `grpc-timeout`s, admission and bulkhead refusals, recorded through the `metrics` facade
 //!   (names and labels in `backstop::metrics`).
+//!
+//! # Response bodies
+//!
+//! **The rule: a caller gets one whole answer, the handler's or the deadline's, never a
+//! torn one.** Once the head is out, an HTTP body cut short is a torn message (hyper's
+//! `IncompleteMessage`), so the deadline cuts only a body that would have to *wait* for
+//! it: while the deadline holds, frames pass through untouched; past it (a handler
+//! answering at its deadline is read a few µs later), a body that is complete is still
+//! delivered whole, and only one still streaming is cut. Complete means: it has ended; or
+//! it declares its exact size (axum's `String`, `Json`, `Bytes`, `Full`, a
+//! `Content-Length` body) and its frames are ready when read; or, without a size, its
+//! frames up to its end (at most four: a gRPC unary answer's message and trailers) are
+//! ready at once. A body that is not ready past its deadline, or that is unsized and
+//! still yielding frames (a stream always ready, held back only by its reader), is cut
+//! there: the clock is read at each frame. A cut gRPC body ends with trailers
+//! `grpc-status: 4` (DEADLINE_EXCEEDED), a whole gRPC answer; any other body ends with a
+//! [`DeadlineExceeded`](crate::DeadlineExceeded) error, which makes hyper reset the stream (the only way HTTP can
+//! say that a streamed body is incomplete). The timer is only created the first time the
+//! body is not ready, so a body that is complete at once (a unary response) costs no
+//! timer and no allocation; the body is `Unpin` whenever the inner body is.
+//!
+//! **On the client** ([`PropagateDeadline`](crate::deadline::PropagateDeadline)'s responses) the
+//! same rule reads differently, because a client cannot know whether the rest of a body
+//! is on its socket: hyper yields a body chunk by chunk, each read waiting for its
+//! connection task. The deadline bounds the whole call, reading the body included (as
+//! reqwest's `timeout` does): read past it, the frames that are ready are delivered (an
+//! answer held in memory is whole), and a body that has to wait for the network ends
+//! with [`DeadlineExceeded`](crate::DeadlineExceeded), never a short body that looks complete. Read or collect the
+//! body within the deadline.
 
 pub(crate) mod body;
 pub(crate) mod head;
@@ -189,5 +218,5 @@ pub use crate::client::deadline::{
 pub use crate::deadline::value::Deadline;
 pub use crate::server::deadline::{DeadlineLayer, DeadlineLayerBuilder, DeadlineService};
 pub use crate::wire::grpc_timeout::MalformedTimeout;
-pub use body::DeadlineBody;
+pub(crate) use body::DeadlineBody;
 pub use scope::{DeadlineFutureExt, current};

@@ -179,7 +179,6 @@ pub(crate) mod sync;
 #[cfg(all(test, loom))]
 pub(crate) mod loom_tests;
 
-pub use body::IdempotencyBody;
 pub use client::{IdempotencyKey, IdempotencyKeyLayer};
 pub use config::IdempotencyConfig;
 pub use key::IDEMPOTENCY_KEY;

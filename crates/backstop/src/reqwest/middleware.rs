@@ -1,77 +1,5 @@
-//! A tower stack as a `reqwest_middleware::Middleware` (feature `middleware`).
-//!
-//! [`BackstopMiddleware`] runs any tower layer — backstop's client presets first of all —
-//! inside a [`reqwest_middleware::ClientWithMiddleware`], so callers keep reqwest's own
-//! builder (`.json()`, `.query()`, `.timeout()`, `resp.json()`) and get the stack. The layer
-//! wraps a service that runs the rest of the middleware chain (and reqwest's client below it)
-//! once per attempt.
-//!
-//! # What maps to what
-//!
-//! - **Deadline.** A per-request [`timeout`](reqwest_middleware::RequestBuilder::timeout)
-//!   becomes the call's [`Deadline`](crate::deadline::Deadline) (the whole call, retries
-//!   included, as reqwest means it) and is taken off the request, so reqwest arms no timer of
-//!   its own per attempt: the stack owns the timing. A `Deadline` set with
-//!   [`with_extension`](reqwest_middleware::RequestBuilder::with_extension), or a handler's
-//!   inherited deadline under backstop's server layer, counts too; the earliest wins. A
-//!   client-wide `ClientBuilder::timeout` stays reqwest's, per attempt.
-//! - **Extensions.** The middleware chain's extensions are visible to the stack (a `Deadline`
-//!   or `RetryOverrides` there reaches backstop's layers), and each attempt passes a copy of
-//!   them down the chain: what a middleware below writes there is not seen above.
-//! - **Bodies.** A request body reqwest knows the length of is replayed byte for byte by the
-//!   retry layer; a stream is sent once. The response's body is the stack's (bounded by the
-//!   deadline), and [`Response::url`](reqwest::Response::url) is the one reqwest reported.
-//! - **Errors.** When the last attempt failed in reqwest, the error is
-//!   [`Error::Reqwest`](reqwest_middleware::Error::Reqwest) with reqwest's own error, so
-//!   `is_connect()`, `is_timeout()` and `status()` answer as without the middleware. The
-//!   stack's own refusals (the deadline passed, the breaker is open, the attempt bound) are
-//!   [`Error::Middleware`](reqwest_middleware::Error::Middleware) holding backstop's error;
-//!   `backstop::find::<backstop::DeadlineExceeded>(&*err)` and the like tell which.
-//!   A response says what the call did in its `CallInfo` extension (`backstop::client::call_info`
-//!   reads it through [`Response::extensions`](reqwest::Response::extensions)).
-//!
-//! Only a checked stack goes in: `BackstopMiddleware::new(backstop::client::http())` without
-//! `.build()?` does not compile, so a misconfigured preset is an error where the client is
-//! built, never a panic at its first request:
-//!
-//! ```compile_fail
-//! let _ = backstop::reqwest::BackstopMiddleware::new(backstop::client::http().max_attempts(20));
-//! let _client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-//!     .with(backstop::reqwest::BackstopMiddleware::new(backstop::client::http().max_attempts(20)))
-//!     .build();
-//! ```
-//!
-//! # Order
-//!
-//! Middlewares added before this one run once per call; those after it run once per attempt.
-//! Put authentication that must be fresh on every attempt after it, tracing of the whole call
-//! before it.
-//!
-//! ```no_run
-//! use backstop::reqwest::BackstopMiddleware;
-//! use std::time::Duration;
-//!
-//! # #[allow(dead_code)]
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-//!     .with(BackstopMiddleware::new(backstop::client::http().name("inventory").build()?))
-//!     .build();
-//! let response = client
-//!     .put("http://127.0.0.1:3000/item/1")
-//!     .header("idempotency-key", "\"9c1b6b1e\"")
-//!     .body("{\"count\": 3}")
-//!     .timeout(Duration::from_secs(2))
-//!     .send()
-//!     .await?;
-//! // What the call did rides on the response (no `CallInfo`: one attempt, nothing to say).
-//! let attempts = response
-//!     .extensions()
-//!     .get::<backstop::client::retry::CallInfo>()
-//!     .map_or(1, |info| info.attempts());
-//! println!("{} after {attempts} attempt(s)", response.status());
-//! # Ok(())
-//! # }
-//! ```
+//! A tower stack as a `reqwest_middleware::Middleware` (feature `reqwest-middleware`): the
+//! rules are [`BackstopMiddleware`]'s docs.
 
 use crate::BoxError;
 use crate::reqwest::SyncBody;
@@ -91,7 +19,80 @@ use tower_service::Service;
 /// A future the chain's lifetime bounds (reqwest-middleware's `Next` borrows the client).
 type BoxFuture<'n, T> = Pin<Box<dyn Future<Output = T> + Send + 'n>>;
 
-/// A tower layer run as a [`Middleware`]; see the [module docs](self).
+/// A tower layer run as a [`Middleware`] (feature `reqwest-middleware`).
+///
+/// [`BackstopMiddleware`] runs any tower layer — backstop's client presets first of all —
+/// inside a [`reqwest_middleware::ClientWithMiddleware`], so callers keep reqwest's own
+/// builder (`.json()`, `.query()`, `.timeout()`, `resp.json()`) and get the stack. The layer
+/// wraps a service that runs the rest of the middleware chain (and reqwest's client below it)
+/// once per attempt.
+///
+/// ## What maps to what
+///
+/// - **Deadline.** A per-request [`timeout`](reqwest_middleware::RequestBuilder::timeout)
+///   becomes the call's [`Deadline`](crate::deadline::Deadline) (the whole call, retries
+///   included, as reqwest means it) and is taken off the request, so reqwest arms no timer of
+///   its own per attempt: the stack owns the timing. A `Deadline` set with
+///   [`with_extension`](reqwest_middleware::RequestBuilder::with_extension), or a handler's
+///   inherited deadline under backstop's server layer, counts too; the earliest wins. A
+///   client-wide `ClientBuilder::timeout` stays reqwest's, per attempt.
+/// - **Extensions.** The middleware chain's extensions are visible to the stack (a `Deadline`
+///   or `RetryOverrides` there reaches backstop's layers), and each attempt passes a copy of
+///   them down the chain: what a middleware below writes there is not seen above.
+/// - **Bodies.** A request body reqwest knows the length of is replayed byte for byte by the
+///   retry layer; a stream is sent once. The response's body is the stack's (bounded by the
+///   deadline), and [`Response::url`](reqwest::Response::url) is the one reqwest reported.
+/// - **Errors.** When the last attempt failed in reqwest, the error is
+///   [`Error::Reqwest`](reqwest_middleware::Error::Reqwest) with reqwest's own error, so
+///   `is_connect()`, `is_timeout()` and `status()` answer as without the middleware. The
+///   stack's own refusals (the deadline passed, the breaker is open, the attempt bound) are
+///   [`Error::Middleware`](reqwest_middleware::Error::Middleware) holding backstop's error;
+///   `backstop::find::<backstop::DeadlineExceeded>(&*err)` and the like tell which.
+///   A response says what the call did in its `CallInfo` extension (`backstop::client::call_info`
+///   reads it through [`Response::extensions`](reqwest::Response::extensions)).
+///
+/// Only a checked stack goes in: `BackstopMiddleware::new(backstop::client::http())` without
+/// `.build()?` does not compile, so a misconfigured preset is an error where the client is
+/// built, never a panic at its first request:
+///
+/// ```compile_fail
+/// let _ = backstop::reqwest::BackstopMiddleware::new(backstop::client::http().max_attempts(20));
+/// let _client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(backstop::reqwest::BackstopMiddleware::new(backstop::client::http().max_attempts(20)))
+///     .build();
+/// ```
+///
+/// ## Order
+///
+/// Middlewares added before this one run once per call; those after it run once per attempt.
+/// Put authentication that must be fresh on every attempt after it, tracing of the whole call
+/// before it.
+///
+/// ```no_run
+/// use backstop::reqwest::BackstopMiddleware;
+/// use std::time::Duration;
+///
+/// ## #[allow(dead_code)]
+/// ## async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(BackstopMiddleware::new(backstop::client::http().name("inventory").build()?))
+///     .build();
+/// let response = client
+///     .put("http://127.0.0.1:3000/item/1")
+///     .header("idempotency-key", "\"9c1b6b1e\"")
+///     .body("{\"count\": 3}")
+///     .timeout(Duration::from_secs(2))
+///     .send()
+///     .await?;
+/// // What the call did rides on the response (no `CallInfo`: one attempt, nothing to say).
+/// let attempts = response
+///     .extensions()
+///     .get::<backstop::client::retry::CallInfo>()
+///     .map_or(1, |info| info.attempts());
+/// println!("{} after {attempts} attempt(s)", response.status());
+/// ## Ok(())
+/// ## }
+/// ```
 #[derive(Clone)]
 pub struct BackstopMiddleware<L> {
     layer: L,

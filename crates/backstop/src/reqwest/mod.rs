@@ -43,7 +43,7 @@
 //!   (`ClientBuilder::new(reqwest::Client::new()).with(..)`).
 
 #[cfg(feature = "reqwest-middleware")]
-pub mod middleware;
+mod middleware;
 #[cfg(feature = "reqwest-middleware")]
 pub use middleware::BackstopMiddleware;
 
@@ -111,31 +111,38 @@ where
 /// reqwest's own future, boxed (its type cannot be named).
 type Pending = Pin<Box<dyn Future<Output = Result<reqwest::Response, reqwest::Error>> + Send>>;
 
-/// The response future of [`Reqwest`].
-#[must_use = "futures do nothing unless polled"]
-pub struct ResponseFuture {
-    /// The request in flight, or why it could not be sent.
-    state: Result<Pending, Option<reqwest::Error>>,
-}
+// The response future of `Reqwest`: public (it is its `Service::Future`) but unnameable, as
+// only this crate names it.
+mod future {
+    use super::*;
 
-impl std::fmt::Debug for ResponseFuture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    /// The response future of [`Reqwest`].
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture {
+        /// The request in flight, or why it could not be sent.
+        pub(super) state: Result<Pending, Option<reqwest::Error>>,
     }
-}
 
-impl Future for ResponseFuture {
-    type Output = Result<http::Response<reqwest::Body>, reqwest::Error>;
+    impl std::fmt::Debug for ResponseFuture {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        }
+    }
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.state {
-            Ok(future) => future.as_mut().poll(cx).map_ok(http::Response::from),
-            Err(e) => Poll::Ready(Err(e
-                .take()
-                .expect("ResponseFuture polled after completion"))),
+    impl Future for ResponseFuture {
+        type Output = Result<http::Response<reqwest::Body>, reqwest::Error>;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match &mut self.state {
+                Ok(future) => future.as_mut().poll(cx).map_ok(http::Response::from),
+                Err(e) => Poll::Ready(Err(e
+                    .take()
+                    .expect("ResponseFuture polled after completion"))),
+            }
         }
     }
 }
+use future::ResponseFuture;
 
 pin_project! {
     /// A request body that is `Sync` whatever it wraps: the body is reached only through

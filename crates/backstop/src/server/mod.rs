@@ -26,7 +26,7 @@ use tower_layer::Layer;
 /// `Json`, `Bytes`; a tonic unary answer), though hyper reads it after the deadline; only a
 /// body still streaming past the deadline is cut, with DEADLINE_EXCEEDED trailers (gRPC) or by
 /// resetting the stream (HTTP: the only way to say a streamed body is incomplete). The rule,
-/// and why: [`DeadlineBody`](crate::deadline::DeadlineBody).
+/// and why: [the deadline module's docs](crate::deadline#response-bodies).
 ///
 /// # Admission, on by default
 ///

@@ -185,56 +185,63 @@ where
     }
 }
 
-pin_project! {
-    /// The response future of [`Pushback`].
-    #[derive(Debug)]
-    #[must_use = "futures do nothing unless polled"]
-    pub struct PushbackFuture<F> {
-        #[pin]
-        future: F,
-        // The request's flag, once a client call of the handler asked for it.
-        flag: Option<Arc<GaveUp>>,
-    }
-}
+// The response future of `Pushback`: public (it is its `Service::Future`) but unnameable,
+// as only this crate names it.
+mod future {
+    use super::*;
 
-/// Whether the response is a failure, and the header that says "do not retry" in its
-/// protocol.
-fn failure_header<B>(response: &Response<B>) -> Option<(HeaderName, HeaderValue)> {
-    match response.headers().get(GRPC_STATUS) {
-        Some(code) => (code.as_bytes() != b"0")
-            .then(|| (GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"))),
-        // A gRPC response whose status is still to come (in its trailers) is not a failure
-        // yet: its HTTP status is 200.
-        None if !response.status().is_server_error() => None,
-        None if grpc::is_grpc(response.headers()) => {
-            Some((GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1")))
+    pin_project! {
+        /// The response future of [`Pushback`].
+        #[derive(Debug)]
+        #[must_use = "futures do nothing unless polled"]
+        pub struct PushbackFuture<F> {
+            #[pin]
+            pub(super) future: F,
+            // The request's flag, once a client call of the handler asked for it.
+            pub(super) flag: Option<Arc<GaveUp>>,
         }
-        None => Some((NO_RETRY, HeaderValue::from_static("1"))),
     }
-}
 
-impl<F, B, E> Future for PushbackFuture<F>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let scope = enter(this.flag.take());
-        let poll = this.future.poll(cx);
-        *this.flag = exit(scope);
-        let mut result = ready!(poll);
-        let exhausted = this.flag.as_ref().is_some_and(|flag| flag.is_marked());
-        if let Ok(response) = &mut result
-            && exhausted
-            && let Some((name, value)) = failure_header(response)
-        {
-            response.headers_mut().insert(name, value);
+    /// Whether the response is a failure, and the header that says "do not retry" in its
+    /// protocol.
+    fn failure_header<B>(response: &Response<B>) -> Option<(HeaderName, HeaderValue)> {
+        match response.headers().get(GRPC_STATUS) {
+            Some(code) => (code.as_bytes() != b"0")
+                .then(|| (GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"))),
+            // A gRPC response whose status is still to come (in its trailers) is not a failure
+            // yet: its HTTP status is 200.
+            None if !response.status().is_server_error() => None,
+            None if grpc::is_grpc(response.headers()) => {
+                Some((GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1")))
+            }
+            None => Some((NO_RETRY, HeaderValue::from_static("1"))),
         }
-        Poll::Ready(result)
+    }
+
+    impl<F, B, E> Future for PushbackFuture<F>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+    {
+        type Output = F::Output;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            let this = self.project();
+            let scope = enter(this.flag.take());
+            let poll = this.future.poll(cx);
+            *this.flag = exit(scope);
+            let mut result = ready!(poll);
+            let exhausted = this.flag.as_ref().is_some_and(|flag| flag.is_marked());
+            if let Ok(response) = &mut result
+                && exhausted
+                && let Some((name, value)) = failure_header(response)
+            {
+                response.headers_mut().insert(name, value);
+            }
+            Poll::Ready(result)
+        }
     }
 }
+use future::PushbackFuture;
 
 #[cfg(all(test, not(loom)))]
 mod tests {

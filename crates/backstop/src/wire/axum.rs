@@ -1,38 +1,5 @@
-//! `IntoResponse` for backstop's local rejections (feature `axum`), so an axum handler can
-//! return them, or use `?` on a `Result` holding one, and answer as backstop's own layers do.
-//!
-//! A handler answers plain HTTP: each rejection becomes [`Rejection::http_status`] with its
-//! short text body, and [`BreakerOpen`] adds `Retry-After` (seconds, rounded up) when it knows
-//! when the breaker lets calls through again — the response of
-//! [`Rejection::into_response`] with `grpc = false`, its [`Rejection`] in the extensions.
-//!
-//! | error | status |
-//! |-------|--------|
-//! | [`DeadlineExceeded`] | 504 |
-//! | [`AttemptTimedOut`] | 504 |
-//! | [`BreakerOpen`] | 503, `Retry-After` when known |
-//! | [`ClientThrottled`] | 503 |
-//! | [`BulkheadFull`] | 503 |
-//!
-//! ```
-//! use axum_core::response::IntoResponse;
-//! use backstop::BreakerOpen;
-//! use std::time::Duration;
-//!
-//! async fn handler() -> Result<&'static str, BreakerOpen> {
-//!     Err(BreakerOpen::new(Some(Duration::from_millis(1500))))
-//! }
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let response = handler().await.into_response();
-//! assert_eq!(response.status(), 503);
-//! assert_eq!(response.headers()["retry-after"], "2");
-//! # }
-//! ```
-//!
-//! An error of the whole stack (a `BoxError` that may or may not hold one of these) goes
-//! through [`Rejection::of`]; [`crate::axum::CallError`] wraps that for `?`.
+//! `IntoResponse` for backstop's local rejections (feature `axum`): documented in
+//! [`crate::axum`], whose handlers use them.
 
 use crate::{
     AttemptTimedOut, BreakerOpen, BulkheadFull, ClientThrottled, DeadlineExceeded, Rejection,

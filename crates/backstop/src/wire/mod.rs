@@ -4,9 +4,9 @@
 //!   and detection of gRPC traffic ([`is_grpc`](crate::is_grpc)) by its `content-type`.
 //! - [`grpc_timeout`]: the `grpc-timeout` codec (gRPC's PROTOCOL-HTTP2), strict on what it
 //!   reads, exact on what it writes.
-//! - [`hint`]: [`ServerHint`](crate::ServerHint), a server's `Retry-After` and
-//!   `grpc-retry-pushback-ms`.
-//! - [`reject`]: [`Rejection`](crate::Rejection), the answers backstop gives itself (a deadline
+//! - [`ServerHint`](crate::ServerHint) (at the crate's root): a server's `Retry-After` and
+//!   `grpc-retry-pushback-ms`, and [`NO_RETRY`], backstop's own "do not retry" header.
+//! - [`Rejection`](crate::Rejection) (at the crate's root): the answers backstop gives itself (a deadline
 //!   that passed, a malformed `grpc-timeout`, an open breaker, …), each as the response a
 //!   client understands: a trailers-only gRPC response, or an HTTP status with a short body.
 //!
@@ -52,9 +52,11 @@
 //! ```
 
 #[cfg(feature = "axum")]
-pub mod axum;
+pub(crate) mod axum;
 pub(crate) mod body;
 pub mod grpc;
 pub mod grpc_timeout;
-pub mod hint;
-pub mod reject;
+pub(crate) mod hint;
+pub(crate) mod reject;
+
+pub use hint::NO_RETRY;

@@ -107,6 +107,17 @@ pub fn handler(runs: Arc<AtomicUsize>) -> impl Handler {
     })
 }
 
+/// A response with its body read whole (the layer's body type is its own).
+async fn collected<B>(r: Response<B>) -> Result<Response<Bytes>, BoxError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = r.into_parts();
+    let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
+    Ok(Response::from_parts(parts, bytes))
+}
+
 impl Harness {
     pub fn new<St: Store>(store: St) -> Self {
         Self::with(IdempotencyLayer::builder(store), |c| c)
@@ -139,13 +150,7 @@ impl Harness {
         let svc = tower::ServiceBuilder::new()
             .layer(layer)
             .service(handler)
-            .and_then(
-                |r: Response<backstop::idempotency::IdempotencyBody<Full<Bytes>>>| async move {
-                    let (parts, body) = r.into_parts();
-                    let bytes = body.collect().await.map_err(BoxError::from)?.to_bytes();
-                    Ok::<_, BoxError>(Response::from_parts(parts, bytes))
-                },
-            );
+            .and_then(collected);
         Self {
             runs,
             svc: BoxCloneSyncService::new(svc),

@@ -169,7 +169,7 @@ impl Adaptive {
     }
 
     /// The bound for a measured quantile and its age (zero while the model is trusted; see
-    /// [`LatencyModel::quantile_aged`](crate::latency::LatencyModel::quantile_aged)):
+    /// `LatencyModel::quantile_aged`):
     /// the quantile doubled for every [`STALE_DOUBLING`] of age, times `multiplier`, clamped
     /// between the floor (the quantile × [`STEP`], within [`MIN_FLOOR`] and `floor`) and the
     /// ceiling.

@@ -21,7 +21,7 @@ use tower_layer::Layer;
 
 /// Bounds each call (an attempt, under the retry layer) and measures how long it took.
 ///
-/// Clones share one [`LatencyModel`] ([`AttemptTimeoutLayer::latency`]); with
+/// Clones share one [latency model](crate::latency) ([`AttemptTimeoutLayer::latency`]); with
 /// [`AttemptBound::Adaptive`] they share the bound derived from it. A call that runs out of
 /// time fails with [`AttemptTimedOut`](crate::AttemptTimedOut) and is recorded at its bound.
 #[derive(Debug, Clone)]
@@ -49,12 +49,12 @@ impl AttemptTimeoutLayer {
         Self::with_model(bound, LatencyModel::new())
     }
 
-    /// As [`new`](Self::new), with a model of your own.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new).
-    pub fn with_model(bound: AttemptBound, model: LatencyModel) -> Result<Self, ConfigError> {
+    /// As [`new`](Self::new), with a model of the crate's own making (its unit tests build
+    /// models with a short window or trusted from one sample).
+    pub(crate) fn with_model(
+        bound: AttemptBound,
+        model: LatencyModel,
+    ) -> Result<Self, ConfigError> {
         bound.validate()?;
         let shared = Arc::new(Shared {
             model,
@@ -79,7 +79,7 @@ impl AttemptTimeoutLayer {
 
     /// The same layer with a latency model (and so a bound, a hedge delay and a retry
     /// reserve) per key of its requests, as a breaker keyed by the same [`RouteKey`]
-    /// (`BreakerKey`) has a breaker per key; the client presets key it so when their breaker
+    /// has a breaker per key; the client presets key it so when their breaker
     /// is keyed. Each key's model is built empty from this layer's (same bound, window and
     /// name); until it is trusted the key's attempts get the cold-start bound (the ceiling,
     /// capped by the deadline's share), never the bound of other keys. This layer's own model

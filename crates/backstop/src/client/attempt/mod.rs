@@ -5,7 +5,7 @@
 //! # How the bound is picked
 //!
 //! [`AttemptBound::Adaptive`] (the presets' default): `clamp(p99 × 3, floor, ceiling)` from
-//! the dependency's own [`LatencyModel`](crate::latency::LatencyModel), re-read at
+//! the dependency's own [latency model](crate::latency), re-read at
 //! most every 100 ms, where the floor follows the model too, `clamp(p99 × 20, 250 ms, 1 s)`
 //! (20 and 250 ms fixed, [`Adaptive::floor`] a knob), and the ceiling is
 //! 10 s by default; never more than 80 % of what is left of the
@@ -31,8 +31,7 @@
 //!
 //! An idle spell empties the model's window (its samples count for 30 to 45 s), but a quiet
 //! minute says nothing new about the dependency: the bound then comes from the samples the
-//! model still holds, however old
-//! ([`LatencyModel::quantile_aged`](crate::latency::LatencyModel::quantile_aged)),
+//! model still holds, however old (the [latency model](crate::latency)'s aged quantile),
 //! doubled for every minute since they left the window, and clamped as
 //! usual: 60 ms for a 20 ms dependency becomes 85 ms after 30 s of silence past the window,
 //! 120 ms after a minute, the 10 s ceiling after about nine. Once traffic is back and the
@@ -121,6 +120,8 @@ mod config;
 mod future;
 mod keyed;
 mod layer;
+#[cfg(test)]
+mod model_tests;
 mod service;
 mod shared;
 

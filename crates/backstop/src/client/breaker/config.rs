@@ -1,4 +1,4 @@
-use crate::client::breaker::key::BreakerKey;
+use crate::RouteKey;
 use crate::client::breaker::shared::{Keyed, Shared};
 use crate::client::breaker::state::Settings;
 use crate::client::breaker::window::{CountRing, MAX_COUNT_WINDOW, TimeRing, Window};
@@ -45,7 +45,7 @@ pub struct BreakerConfig<C> {
     slow_start: Option<Duration>,
     pub(crate) mode: Mode,
     pub(crate) hook: Option<Hook>,
-    pub(crate) key: Option<BreakerKey>,
+    pub(crate) key: Option<RouteKey>,
     pub(crate) max_keys: usize,
     pub(crate) key_idle: Duration,
     /// Set by [`BreakerLayer::named`], for the layer and every key's breaker.
@@ -260,25 +260,26 @@ impl<C> BreakerConfig<C> {
     }
 
     /// A breaker per key of the request instead of one for the whole dependency: per host
-    /// ([`BreakerKey::Authority`]), per path, or per route ([`BreakerKey::custom`]), each with
+    /// ([`RouteKey::Authority`]), per path, or per route ([`RouteKey::custom`]), each with
     /// this configuration, at most [`max_keys`](Self::max_keys) of them; see
-    /// [`keyed`](crate::client::breaker::keyed) for the bounds.
+    /// [the module docs](crate::client::breaker#a-breaker-per-key) for the bounds.
     ///
     /// ```
-    /// use backstop::client::breaker::{BreakerConfig, BreakerKey};
+    /// use backstop::RouteKey;
+    /// use backstop::client::breaker::BreakerConfig;
     ///
-    /// let per_host = BreakerConfig::http().per_key(BreakerKey::Authority).max_keys(16).build().unwrap();
+    /// let per_host = BreakerConfig::http().per_key(RouteKey::Authority).max_keys(16).build().unwrap();
     /// assert!(per_host.is_keyed());
     /// ```
     #[must_use]
-    pub fn per_key(mut self, key: BreakerKey) -> Self {
+    pub fn per_key(mut self, key: RouteKey) -> Self {
         self.key = Some(key);
         self
     }
 
     /// The most keys with a breaker of their own (default 64, at most 10 000); further keys
     /// take the place of idle ones whose breaker is not open, or share the overflow breaker
-    /// (see [`keyed`](crate::client::breaker::keyed)).
+    /// (see [the module docs](crate::client::breaker#a-breaker-per-key)).
     #[must_use]
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;

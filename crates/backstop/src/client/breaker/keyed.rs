@@ -1,40 +1,4 @@
-//! One breaker per key inside one layer: per host (`authority`), per path, or per whatever a
-//! function of the request's method and URI says (a route template, a gRPC method).
-//!
-//! A dependency with many routes or hosts rarely fails all at once: with one breaker, a route
-//! that is down opens it and calls to the routes that work fail with it. With a breaker per
-//! key, the bad route fails fast alone.
-//!
-//! # Bounds
-//!
-//! - At most `max_keys` breakers (default 64). A key met when the table is full takes the
-//!   place of a key that can be evicted (below); when none can, its calls share the
-//!   **overflow breaker**, as do calls the key function gives no key. So memory is
-//!   bounded whatever the keys: `max_keys + 1` breakers, each of the size its
-//!   [`Snapshot::shared_bytes`](crate::client::breaker::Snapshot::shared_bytes) reports (with the default
-//!   10 s window: 1 536 bytes on a 2-core machine, a few KiB at most, as stripes stop at 16
-//!   cores; a test holds it under 16 KiB), plus the key's text and a table slot.
-//! - A key can be evicted once no call has used it for `idle_keys_after` (default 5 min;
-//!   counted in milliseconds, so it has really gone that long without a call), and its
-//!   breaker is not open with open time left. An open breaker is kept until its open time
-//!   is over, called or not: a fresh breaker in its place would let calls through to a
-//!   route its breaker refuses. (A half-open one can go once idle: its open time is over,
-//!   and a probe still in flight reports to the breaker it holds.) A
-//!   [`reset`](crate::client::breaker::BreakerLayer::reset) closes every key's breaker, which can then go as
-//!   soon as it is idle.
-//!
-//! # Concurrency rule
-//!
-//! The crate's per-route table: calls to a key that exists take no lock (an `arc-swap` snapshot);
-//! adding a key takes the table's grow mutex, as does the layer's run-time setter
-//! ([`set_mode`](crate::client::breaker::BreakerLayer::set_mode)): it records the mode for the keys to
-//! come and applies it to every key in the table, and a key is built with the mode recorded
-//! when it is added, so a key added while the setter runs gets the mode either way (a loom
-//! model checks it). A call holds its breaker (an `Arc`) until its outcome is recorded, so an
-//! evicted breaker lives on until its last call ends. The name is configuration
-//! ([`named`](crate::client::breaker::BreakerLayer::named)): every key's breaker is built with it.
-
-pub use crate::client::breaker::key::{BreakerKey, KeyFn};
+//! The table of a keyed layer's breakers (the rules: the module docs, "A breaker per key").
 
 use crate::client::breaker::Mode;
 use crate::client::breaker::shared::{Entry, Handle, Handles, Keyed, Shared};

@@ -80,7 +80,7 @@ impl<C> BreakerLayer<C> {
     /// What the layer keys its breakers by, and how many keys it holds at most, for a keyed
     /// layer ([`BreakerConfig::per_key`]): the client presets key their attempt layer's
     /// latency models the same way.
-    pub fn key(&self) -> Option<(&crate::client::breaker::BreakerKey, usize)> {
+    pub fn key(&self) -> Option<(&crate::RouteKey, usize)> {
         self.shared
             .keyed
             .as_ref()
@@ -155,7 +155,8 @@ impl<C> BreakerLayer<C> {
     /// [`keys`](Self::keys) (or [`key_snapshot`](Self::key_snapshot)):
     ///
     /// ```
-    /// use backstop::client::breaker::{BreakerConfig, BreakerKey, State};
+    /// use backstop::RouteKey;
+    /// use backstop::client::breaker::{BreakerConfig, State};
     /// use http::{Request, Response};
     /// use std::convert::Infallible;
     /// use tower::{Layer, ServiceExt, service_fn};
@@ -163,7 +164,7 @@ impl<C> BreakerLayer<C> {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// let layer = BreakerConfig::http()
-    ///     .per_key(BreakerKey::Path)
+    ///     .per_key(RouteKey::Path)
     ///     .count_window(10)
     ///     .minimum_calls(5)
     ///     .build()

@@ -242,7 +242,7 @@ fn keyed_idle(
         .open_duration(hour, hour)
         .jitter(false);
     Arc::new(crate::client::breaker::shared::Keyed::new(
-        crate::client::breaker::BreakerKey::Path,
+        crate::RouteKey::Path,
         config,
         max_keys,
         idle,

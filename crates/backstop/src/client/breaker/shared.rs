@@ -6,8 +6,8 @@
 //! first call to need them (`OnceLock`). Events are emitted by the thread whose
 //! compare-and-swap made the transition, so each transition is reported exactly once.
 
+use crate::RouteKey;
 use crate::client::breaker::config::Hook;
-use crate::client::breaker::key::BreakerKey;
 use crate::client::breaker::state::{Admission, Machine, Tally};
 use crate::client::breaker::{BreakerConfig, Mode, State, Transition};
 use crate::rt::stripe;
@@ -324,7 +324,7 @@ pub(crate) struct Entry<C> {
 
 /// The breakers of a keyed layer, in the per-route table ([`crate::rt::table`]).
 pub(crate) struct Keyed<C> {
-    pub(crate) key: BreakerKey,
+    pub(crate) key: RouteKey,
     /// What each new key's breaker is built from (the layer's config, unkeyed).
     pub(crate) template: BreakerConfig<C>,
     /// The table, its run-time state what the layer's run-time setters changed, that a key
@@ -353,7 +353,7 @@ impl<C> fmt::Debug for Keyed<C> {
 
 impl<C> Keyed<C> {
     pub(crate) fn new(
-        key: BreakerKey,
+        key: RouteKey,
         template: BreakerConfig<C>,
         max_keys: usize,
         idle: Duration,

@@ -228,7 +228,7 @@ impl<C> RetryConfig<C> {
     }
 
     /// No budget: only `max_attempts` bounds retries. Storms are back; see the
-    /// [budget docs](crate::client::retry::budget).
+    /// [`Budget` docs](crate::client::retry::Budget).
     #[must_use]
     pub fn no_budget(mut self) -> Self {
         self.budget = None;

@@ -103,7 +103,7 @@
 //!
 //! **What the budget hears.** Each logical request that succeeds deposits once; a gRPC call
 //! committed by its response headers (no status yet; gRPC A6: never retried) deposits only
-//! if its trailers say OK — the response body ([`RetryBody`]) tells the budget at the end of
+//! if its trailers say OK — the response body tells the budget at the end of
 //! the stream, and a stream that fails or ends without trailers is no success. A failure is
 //! reported to the budget ([`Budget::record_failure`], which the A6 [`GrpcThrottle`]
 //! counts) only when it could be retried, or when the server said "do not retry": never for
@@ -143,7 +143,7 @@
 pub mod backoff;
 pub(crate) mod body;
 pub(crate) mod bounds;
-pub mod budget;
+pub(crate) mod budget;
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod error_type;
@@ -165,7 +165,7 @@ pub(crate) mod stats;
 pub(crate) mod template;
 
 pub use backoff::Backoff;
-pub use body::RetryBody;
+pub(crate) use body::RetryBody;
 pub use budget::{Budget, GrpcThrottle, GrpcThrottleBuilder, RatioBudget, RatioBudgetBuilder};
 pub use config::{Idempotency, MAX_ATTEMPTS_LIMIT, RetryConfig, RetryOverrides};
 pub(crate) use config::{MAX_HINT, MIN_ATTEMPT_TIME};

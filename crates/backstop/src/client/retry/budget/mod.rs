@@ -1,33 +1,4 @@
-//! Retry budgets: why a cap on attempts is not enough.
-//!
-//! "Up to 3 attempts" bounds the load a *single* request can add, not the load a fleet adds
-//! when a dependency fails: at 50 % failures, 3 attempts make 1.75× the traffic, at 100 %
-//! exactly 3×, and every hop multiplies it again — a retry storm that keeps the dependency
-//! down after the fault that started it is gone. A budget bounds retries by what is healthy:
-//! the [`RatioBudget`] allows retries worth a fraction (10 %) of recent successes, plus a small
-//! reserve for clients with little traffic, so the extra load stays ≈ 10 % however bad it gets.
-//! Measured in this crate's storm test (1000 requests/s for 60 s of virtual time, 5 attempts):
-//!
-//! | failure rate | 5 attempts, no budget | 5 attempts, 10 % ratio budget | target |
-//! |---|---|---|---|
-//! | 50 % | 1.939 attempts/request | 1.048 | ≤ 1.12 |
-//! | 100 % | 5.000 attempts/request | 1.009 | ≤ 1.02 |
-//!
-//! (`cargo test -p backstop --test retry_storm -- --nocapture` prints the table; the test
-//! fails if a bound is missed.)
-//!
-//! A budget is shared: clones of one [`RetryLayer`](crate::client::retry::RetryLayer) share one budget, and
-//! the same budget can be given to several layers (`Arc<dyn Budget>`). Its hot path is a few
-//! atomic operations, never a lock.
-//!
-//! **Concurrency rule.** The [`RatioBudget`]'s bound holds exactly under any number of
-//! threads: a withdrawal is a reservation (written first, then checked with every racing
-//! withdrawal counted, then taken back if it overdrew), so threads racing for the last token
-//! can at worst all be refused, never all be granted. Deposits are striped per core and never
-//! lost. No idle period, however long, brings old deposits or withdrawals back. The
-//! [`GrpcThrottle`] is one atomic word, as A6 specifies it: its threshold check does not take
-//! a token, so racing retries may all pass it — the throttle bounds retries by the failure
-//! ratio, not by a count.
+//! Retry budgets: the [`Budget`] trait and its two kinds (the rules: [`Budget`]'s docs).
 
 mod grpc_throttle;
 mod ratio;
@@ -39,6 +10,37 @@ use crate::{Retryable, ServerHint};
 use std::fmt;
 
 /// Decides whether a retry may be sent.
+///
+/// # Why a cap on attempts is not enough
+///
+/// "Up to 3 attempts" bounds the load a *single* request can add, not the load a fleet adds
+/// when a dependency fails: at 50 % failures, 3 attempts make 1.75× the traffic, at 100 %
+/// exactly 3×, and every hop multiplies it again — a retry storm that keeps the dependency
+/// down after the fault that started it is gone. A budget bounds retries by what is healthy:
+/// the [`RatioBudget`] allows retries worth a fraction (10 %) of recent successes, plus a small
+/// reserve for clients with little traffic, so the extra load stays ≈ 10 % however bad it gets.
+/// Measured in this crate's storm test (1000 requests/s for 60 s of virtual time, 5 attempts):
+///
+/// | failure rate | 5 attempts, no budget | 5 attempts, 10 % ratio budget | target |
+/// |---|---|---|---|
+/// | 50 % | 1.939 attempts/request | 1.048 | ≤ 1.12 |
+/// | 100 % | 5.000 attempts/request | 1.009 | ≤ 1.02 |
+///
+/// (`cargo test -p backstop --test retry_storm -- --nocapture` prints the table; the test
+/// fails if a bound is missed.)
+///
+/// A budget is shared: clones of one [`RetryLayer`](crate::client::retry::RetryLayer) share one budget, and
+/// the same budget can be given to several layers (`Arc<dyn Budget>`). Its hot path is a few
+/// atomic operations, never a lock.
+///
+/// **Concurrency rule.** The [`RatioBudget`]'s bound holds exactly under any number of
+/// threads: a withdrawal is a reservation (written first, then checked with every racing
+/// withdrawal counted, then taken back if it overdrew), so threads racing for the last token
+/// can at worst all be refused, never all be granted. Deposits are striped per core and never
+/// lost. No idle period, however long, brings old deposits or withdrawals back. The
+/// [`GrpcThrottle`] is one atomic word, as A6 specifies it: its threshold check does not take
+/// a token, so racing retries may all pass it — the throttle bounds retries by the failure
+/// ratio, not by a count.
 pub trait Budget: fmt::Debug + Send + Sync {
     /// A logical request succeeded (called once per request, however many attempts it took).
     fn record_success(&self);
