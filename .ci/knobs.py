@@ -25,7 +25,10 @@ NOT_CONFIG = {"Deadline"}
 
 # `pub fn <path>::<Type><generics>::<method><generics>(<args>) -> <ret>` (then maybe `  [impl ..]`
 # or ` where ..`); the head before `(` is split at the last top-level `::`.
-FN = re.compile(r"^pub (?:const )?(?:async )?fn (?P<head>[^(]+)\((?P<args>.*?)\)(?: -> (?P<ret>.+?))?(?:  \[impl.*\])?(?: where .*)?$")
+FN = re.compile(r"^pub (?:const )?(?:async )?fn (?P<head>[^(]+)\((?P<args>.*?)\)(?: -> (?P<ret>.+?))?$")
+# What the listing appends after a signature: the impl block's header, a where clause.
+TAIL = re.compile(r"(  \[impl.*\])?$")
+WHERE = re.compile(r" where .*$")
 
 
 def split_head(head):
@@ -50,7 +53,7 @@ def base(path):
 def knobs(lines):
     per_type = defaultdict(list)
     for line in lines:
-        m = FN.match(line.rstrip("\n"))
+        m = FN.match(WHERE.sub("", TAIL.sub("", line.rstrip("\n"))))
         if not m:
             continue
         args = [a.strip() for a in split_args(m.group("args"))]

@@ -196,7 +196,7 @@
 //! body is not ready, so a body that is complete at once (a unary response) costs no
 //! timer and no allocation; the body is `Unpin` whenever the inner body is.
 //!
-//! **On the client** ([`PropagateDeadline`](crate::deadline::PropagateDeadline)'s responses) the
+//! **On the client** ([`PropagateDeadline`]'s responses) the
 //! same rule reads differently, because a client cannot know whether the rest of a body
 //! is on its socket: hyper yields a body chunk by chunk, each read waiting for its
 //! connection task. The deadline bounds the whole call, reading the body included (as

@@ -72,8 +72,8 @@ type BoxFuture<'n, T> = Pin<Box<dyn Future<Output = T> + Send + 'n>>;
 /// use backstop::reqwest::BackstopMiddleware;
 /// use std::time::Duration;
 ///
-/// ## #[allow(dead_code)]
-/// ## async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// # #[allow(dead_code)]
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
 ///     .with(BackstopMiddleware::new(backstop::client::http().name("inventory").build()?))
 ///     .build();
@@ -90,8 +90,8 @@ type BoxFuture<'n, T> = Pin<Box<dyn Future<Output = T> + Send + 'n>>;
 ///     .get::<backstop::client::retry::CallInfo>()
 ///     .map_or(1, |info| info.attempts());
 /// println!("{} after {attempts} attempt(s)", response.status());
-/// ## Ok(())
-/// ## }
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone)]
 pub struct BackstopMiddleware<L> {

@@ -79,7 +79,7 @@
 //!    the retry is decided, from whatever the stack was built with (a handle to the attempt
 //!    layer's latency model, decided when the stack is built), never from per-request state;
 //!    a reserve of `None` (a model not trusted yet) asks for nothing;
-//! 7. the [budget] grants a token;
+//! 7. the [budget](Budget) grants a token;
 //! 8. the body is taken over for the next attempt (see [`ReplayBody`]): from here on the
 //!    attempt that failed can no longer read it, even if its transport is still sending it.
 //!    Only a retry that passed every step above takes it over, so an attempt whose result is

@@ -57,7 +57,7 @@
 //! # Concurrency rule
 //!
 //! Clones of a layer share its models. Recording is the latency model's (one relaxed add per
-//! sample, see [`LatencyModel`]); the cached need of a route is one word per tick (core's
+//! sample, see the [latency model](crate::latency)); the cached need of a route is one word per tick (core's
 //! `TickCache`, model-checked there: an atomic maximum, so a reader computing from an older
 //! tick never overwrites a newer need). A model's owner is claimed once, by a compare-and-swap
 //! from "none": of two routes racing for it one wins for good, the other is admitted
