@@ -523,8 +523,8 @@ async fn a_body_still_streaming_past_the_deadline_is_cut() {
     }
 }
 
-/// Attack (issue 37, 4): `DeadlineBody`'s rule, "without a size, its frames up to its end (at
-/// most four …) are ready at once" is delivered whole. An unsized body of exactly four ready
+/// Attack (issue 37, 4): the deadline body rule (the `deadline` module docs), "without a
+/// size, its frames up to its end (at most four …) are ready at once" is delivered whole. An unsized body of exactly four ready
 /// frames (three messages and trailers, `is_end_stream` left at its default as most stream
 /// bodies do) answered at the deadline is cut: the end after the fourth frame is never
 /// polled, so a complete answer becomes a torn one (or DEADLINE_EXCEEDED for gRPC).

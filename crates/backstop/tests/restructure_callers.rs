@@ -946,7 +946,7 @@ async fn pinned_unreplayable_bodies_are_sent_once() {
 /// and the attempt bound's table follows.
 #[tokio::test(start_paused = true)]
 async fn pinned_keyed_breaker_many_routes() {
-    use backstop::client::breaker::BreakerKey;
+    use backstop::RouteKey;
     let log = Log::default();
     let transport = scripted(log.clone(), |n| {
         (Some(MS), if n % 2 == 0 { 503 } else { 200 }, vec![])
@@ -955,7 +955,7 @@ async fn pinned_keyed_breaker_many_routes() {
         .throttle(None)
         .breaker(
             backstop::client::http_breaker()
-                .per_key(BreakerKey::Path)
+                .per_key(RouteKey::Path)
                 .max_keys(100),
         )
         .build()
