@@ -994,7 +994,7 @@ fn pinned_block_in_place_block_on_keeps_the_scope_deadline() {
             .layer(transport);
         let h = tokio::spawn(
             Deadline::after(Duration::from_millis(200)).scope(async move {
-                let start = std::time::Instant::now();
+                let start = tokio::time::Instant::now();
                 let r = tokio::task::block_in_place(|| {
                     tokio::runtime::Handle::current().block_on(client.oneshot(get("http://svc/x")))
                 });
