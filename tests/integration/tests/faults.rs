@@ -251,11 +251,7 @@ async fn retry_after_is_honoured_but_never_past_the_deadline() {
         // One second, past a 400 ms deadline: give up now, not sleep into the deadline.
         (|| unavailable(Some("1")), 1, Some(GiveUp::Deadline)),
         // Absurd: over the 30 s the layer waits for, so no retry (never one sooner).
-        (
-            || unavailable(Some("99999999999")),
-            1,
-            Some(GiveUp::Hint),
-        ),
+        (|| unavailable(Some("99999999999")), 1, Some(GiveUp::Hint)),
         // An HTTP date far in the future: the same.
         (
             || unavailable(Some("Fri, 31 Dec 9999 23:59:59 GMT")),
