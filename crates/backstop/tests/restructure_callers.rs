@@ -137,10 +137,10 @@ fn poll_once<F: Future>(f: Pin<&mut F>) -> Poll<F::Output> {
 // RFC 9110 Retry-After / gRFC A6 pushback: a minimum, never shortened
 // ---------------------------------------------------------------------------------------
 
-/// README: "`Retry-After` is a minimum (RFC 9110)". A server that says "come back in 60 s"
-/// is retried after 30 s (the hint is clamped to MAX_HINT, then used), i.e. earlier than the
-/// server allowed. A hint beyond what the client will wait should end the retries
-/// (GiveUp::Hint), not be shortened.
+/// Was a defect (medium), fixed. README: "`Retry-After` is a minimum (RFC 9110)". A server
+/// that said "come back in 60 s" was retried after 30 s (the hint clamped to 30 s, then
+/// used), earlier than the server allowed. A hint beyond what the client waits for now ends
+/// the retries (`GiveUp::Hint`).
 #[tokio::test(start_paused = true)]
 async fn was_finding_retry_after_longer_than_30s_is_retried_early() {
     let log = Log::default();
@@ -164,8 +164,8 @@ async fn was_finding_retry_after_longer_than_30s_is_retried_early() {
     }
 }
 
-/// gRFC A6: with `grpc-retry-pushback-ms` the client retries after exactly that delay. A
-/// pushback of 45 s is followed by a retry at 30 s.
+/// Was a defect (medium), fixed. gRFC A6: with `grpc-retry-pushback-ms` the client retries
+/// after exactly that delay. A pushback of 45 s was followed by a retry at 30 s; now none.
 #[tokio::test(start_paused = true)]
 async fn was_finding_grpc_pushback_longer_than_30s_is_retried_early() {
     let log = Log::default();
@@ -333,7 +333,8 @@ impl Service<Req> for DiesAfterOne {
     }
 }
 
-/// A retry decided (token withdrawn) whose transport then refuses to be ready is never sent:
+/// Was a defect (low), fixed. A retry decided (token withdrawn) whose transport then refuses
+/// to be ready is never sent:
 /// its token must come back and the call must say 1 attempt, as it says for a retry the
 /// deadline stopped before it was sent (`RetryState::unsent`).
 #[tokio::test(start_paused = true)]
@@ -783,8 +784,9 @@ async fn pinned_dropping_a_hedged_call_cancels_every_attempt() {
     let _ = AtomicBool::new(false);
 }
 
-/// A gRPC call whose deadline ends while it waits for a bulkhead permit (no hold time measured
-/// yet, so the wait runs to the deadline) is answered UNAVAILABLE "bulkhead full" with
+/// Was a defect (medium), fixed. A gRPC call whose deadline ends while it waits for a bulkhead
+/// permit (no hold time measured yet, so the wait runs to the deadline) was answered
+/// UNAVAILABLE "bulkhead full" with
 /// pushback -1 at its deadline, where the same call over HTTP gets `DeadlineExceeded` (the
 /// deadline layer turns the bulkhead's `Err` into it; the gRPC refusal is an `Ok` it passes
 /// through). README: "when an answer is cut ... the caller gets the 504 / DEADLINE_EXCEEDED";
@@ -1041,8 +1043,10 @@ async fn pinned_expired_before_send() {
     assert_eq!(log.len(), 0);
 }
 
-/// README: each attempt is told "its share (80 % of what is left) so a retry fits after a
-/// timeout". The share is kept for the retry layer's *least* backoff (25 ms), but the retry
+/// Was a defect (medium), fixed: the backoff is now shortened to fit what is left (never below
+/// its least delay). README: each attempt is told "its share (80 % of what is left) so a retry
+/// fits after a timeout". The share is kept for the retry layer's *least* backoff (25 ms), but
+/// the retry
 /// layer then draws its backoff (decorrelated jitter, up to 3× the last) and gives up with
 /// `GiveUp::Deadline` when the draw does not fit the 20 % kept: the first attempt was cut at
 /// 80 % of the deadline for a retry that is never sent, and the caller gets `AttemptTimedOut`
