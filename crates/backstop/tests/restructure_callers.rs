@@ -1,6 +1,6 @@
 //! An outside attack on the restructured client stack (issue 38), from the caller's side.
-//! Tests named `finding_*` show a defect (they fail on the code as attacked); tests named
-//! `pinned_*` pin a promise that held (regression tests).
+//! Tests named `was_finding_*` showed a defect, since fixed (they failed on the code as
+//! attacked); tests named `pinned_*` pin a promise that held.
 
 use backstop::client::attempt::AttemptBound;
 use backstop::client::overload::bulkhead::BulkheadLayer;
