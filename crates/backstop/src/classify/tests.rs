@@ -355,3 +355,178 @@ fn classify_head_answers_as_classify_and_awaits_trailers_do() {
     );
     assert_eq!(grpc.classify_head(&cases[3].1), Some(Outcome::Success));
 }
+
+/// `failure_parts` and `is_failure` see a throttled failure as a failure, with its own parts,
+/// and nothing else as one.
+#[test]
+fn failure_parts_of_every_outcome() {
+    use Retryable::*;
+    let hint = Some(ServerHint::RetryAfter(std::time::Duration::from_secs(3)));
+    let failure = Outcome::Failure {
+        retryable: IfIdempotent,
+        hint,
+    };
+    let throttled = Outcome::Throttled {
+        retryable: Always,
+        hint: None,
+    };
+    assert_eq!(failure.failure_parts(), Some((IfIdempotent, hint)));
+    assert_eq!(throttled.failure_parts(), Some((Always, None)));
+    assert!(throttled.is_failure());
+    for other in [Outcome::Success, Outcome::Rejected, Outcome::Ignored] {
+        assert_eq!(other.failure_parts(), None, "{other:?}");
+        assert!(!other.is_failure(), "{other:?}");
+    }
+}
+
+/// A classifier that answers fixed values and keeps the trait's default `classify_head`.
+struct Fixed {
+    outcome: Outcome,
+    awaits: bool,
+}
+
+impl Classify<Response<()>> for Fixed {
+    fn classify(&self, _: Result<&Response<()>, &(dyn Error + 'static)>) -> Outcome {
+        self.outcome
+    }
+
+    fn awaits_trailers(&self, _: &Response<()>) -> bool {
+        self.awaits
+    }
+}
+
+/// The default `classify_head`: `None` only for a success whose outcome is still to come in
+/// the trailers; any other outcome is final whatever `awaits_trailers` says.
+#[test]
+fn the_default_classify_head() {
+    let r = response(200, &[]);
+    let failure = Outcome::failure(Retryable::Never);
+    let cases = [
+        (Outcome::Success, true, None),
+        (Outcome::Success, false, Some(Outcome::Success)),
+        (failure, true, Some(failure)),
+        (failure, false, Some(failure)),
+    ];
+    for (outcome, awaits, want) in cases {
+        let c = Fixed { outcome, awaits };
+        assert_eq!(c.classify_head(&r), want, "{outcome:?}, awaits {awaits}");
+        // The trait's other defaults: no trailers decide.
+        assert_eq!(c.classify_trailers(&HeaderMap::new()), None);
+    }
+}
+
+/// RFC 9110 §15.5.10: 409 Conflict is a client error; with `Retry-After` (§10.2.3, "how long
+/// the user agent ought to wait") it is the idempotency layer's "a duplicate still in flight,
+/// come back later": throttled, always retryable, the hint kept. `Retry-After` turns no other
+/// 4xx into anything but ignored, and a 409 without it is ignored too.
+#[test]
+fn a_409_with_retry_after_is_throttled() {
+    let come_back = Outcome::Throttled {
+        retryable: Retryable::Always,
+        hint: Some(ServerHint::RetryAfter(std::time::Duration::from_secs(2))),
+    };
+    assert_eq!(http(&response(409, &[("retry-after", "2")])), come_back);
+    assert_eq!(http(&response(409, &[])), Outcome::Ignored);
+    for status in [400, 404, 410] {
+        assert_eq!(
+            http(&response(status, &[("retry-after", "2")])),
+            Outcome::Ignored,
+            "{status}"
+        );
+    }
+}
+
+/// HTTP/2 errors with the `h2` feature: RFC 9113 §8.7 says a stream refused with
+/// `REFUSED_STREAM` was not processed, and one above the last stream id of a `GOAWAY` was not
+/// either (§6.8); backstop counts only a graceful (`NO_ERROR`) `GOAWAY` from the peer. Any
+/// other reason, a local one, or a peer's `RST_STREAM(NO_ERROR)` may follow processing.
+#[cfg(feature = "h2")]
+mod h2_errors {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An empty SETTINGS frame: length 0, type 0x4, no flags, stream 0 (RFC 9113 §6.5).
+    const SETTINGS: [u8; 9] = [0, 0, 0, 0x4, 0, 0, 0, 0, 0];
+
+    /// A GOAWAY frame (RFC 9113 §6.8): length 8, type 0x7, stream 0, last stream id 0, `code`.
+    fn go_away(code: u8) -> Vec<u8> {
+        vec![0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, code]
+    }
+
+    /// A RST_STREAM frame (RFC 9113 §6.4) for stream 1: length 4, type 0x3, `code`.
+    fn reset_stream_1(code: u8) -> Vec<u8> {
+        vec![0, 0, 4, 0x3, 0, 0, 0, 0, 1, 0, 0, 0, code]
+    }
+
+    /// The error an h2 client's first request gets from a peer that reads the client preface
+    /// and frames up to the request's HEADERS, then answers SETTINGS and `frames`.
+    async fn client_error_after(frames: Vec<u8>) -> h2::Error {
+        let (client, mut server) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let mut preface = [0u8; 24];
+            server.read_exact(&mut preface).await.unwrap();
+            loop {
+                let mut head = [0u8; 9];
+                server.read_exact(&mut head).await.unwrap();
+                let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                let mut payload = vec![0u8; len];
+                server.read_exact(&mut payload).await.unwrap();
+                if head[3] == 0x1 {
+                    break;
+                }
+            }
+            server.write_all(&SETTINGS).await.unwrap();
+            server.write_all(&frames).await.unwrap();
+            let mut sink = [0u8; 1024];
+            while server.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        let (send, connection) = h2::client::handshake(client).await.unwrap();
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let mut send = send.ready().await.unwrap();
+        let request = ::http::Request::get("http://localhost/").body(()).unwrap();
+        let (response, _) = send.send_request(request, true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), response)
+            .await
+            .expect("the peer's frames end the request")
+            .expect_err("the peer sent no response")
+    }
+
+    #[test]
+    fn reasons_alone() {
+        use Retryable::*;
+        let cases = [
+            (h2::Reason::REFUSED_STREAM, Always),
+            // Not a GOAWAY, so not "graceful" even with NO_ERROR.
+            (h2::Reason::NO_ERROR, IfIdempotent),
+            (h2::Reason::CANCEL, IfIdempotent),
+            (h2::Reason::INTERNAL_ERROR, IfIdempotent),
+        ];
+        for (reason, want) in cases {
+            let err = h2::Error::from(reason);
+            assert_eq!(classify_error(&err), Outcome::failure(want), "{reason:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_from_the_peer() {
+        use Retryable::*;
+        let cases = [
+            ("GOAWAY(NO_ERROR)", go_away(0x0), Always),
+            ("GOAWAY(PROTOCOL_ERROR)", go_away(0x1), IfIdempotent),
+            ("RST_STREAM(REFUSED_STREAM)", reset_stream_1(0x7), Always),
+            ("RST_STREAM(NO_ERROR)", reset_stream_1(0x0), IfIdempotent),
+        ];
+        for (name, frames, want) in cases {
+            let err = client_error_after(frames).await;
+            assert!(err.is_remote(), "{name}: {err:?}");
+            assert_eq!(
+                classify_error(&err),
+                Outcome::failure(want),
+                "{name}: {err:?}"
+            );
+        }
+    }
+}
