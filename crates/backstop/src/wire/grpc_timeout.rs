@@ -403,6 +403,109 @@ mod tests {
         }
     }
 
+    /// Seconds up to 99 with a sub-second part: the finest unit that fits is `u`, since
+    /// 99 s + 999 999 µs is 99 999 999 µs, 8 digits (the spec's TimeoutValue is at most 8
+    /// digits); one more second does not fit and falls to `m`, rounded down.
+    #[test]
+    fn encode_fractions_of_seconds() {
+        let cases: &[(Duration, &str)] = &[
+            (Duration::from_millis(1_500), "1500000u"),
+            (Duration::new(1, 999), "1000000u"),
+            (Duration::new(99, 999_999_999), "99999999u"),
+            (Duration::new(100, 999_999_999), "100999m"),
+            (Duration::new(99_999, 999_999_999), "99999999m"),
+            (Duration::new(100_000, 999_999_999), "100000S"),
+        ];
+        for &(d, want) in cases {
+            let got = encode(d).unwrap();
+            assert_eq!(got.as_str(), want, "{d:?}");
+            assert_eq!(decode(want.as_bytes()).unwrap(), got.duration(), "{d:?}");
+        }
+    }
+
+    /// The text forms of an encoded value and of the error, and the header decoder.
+    #[test]
+    fn text_forms_and_header_decoding() {
+        let e = encode(Duration::from_millis(250)).unwrap();
+        assert_eq!(e.to_string(), "250000u");
+        assert_eq!(format!("{e:?}"), "Encoded(\"250000u\")");
+        assert_eq!(
+            decode_header(&HeaderValue::from_static("250m")),
+            Ok(Duration::from_millis(250))
+        );
+        assert_eq!(
+            decode_header(&HeaderValue::from_static("250")),
+            Err(MalformedTimeout::new())
+        );
+    }
+
+    /// `encode_coarse`: three significant digits, rounded down, written in the coarsest unit
+    /// that holds them exactly. Each value is derived by hand: the duration in nanoseconds,
+    /// cut to its three leading digits, then trailing zeros moved into the unit (10^9 ns = S,
+    /// 10^6 = m, 10^3 = u, else n) while the value stays an integer.
+    #[test]
+    fn coarse_vectors() {
+        let cases: &[(Duration, &str)] = &[
+            // 7 ns: one digit, no unit above n holds it.
+            (Duration::from_nanos(7), "7n"),
+            // 1 234 ns → 123 × 10^1 ns = 1230n (u would need 1.23).
+            (Duration::from_nanos(1_234), "1230n"),
+            // 1 µs = 1 × 10^3 ns.
+            (Duration::from_micros(1), "1u"),
+            // 999 999 µs → 999 × 10^6 ns = 999m.
+            (Duration::from_micros(999_999), "999m"),
+            // 1 ms, 50 ms, 500 ms: 1, 5 × 10^7, 5 × 10^8 ns: m with shifts 0, 1 and 2.
+            (Duration::from_millis(1), "1m"),
+            (Duration::from_millis(50), "50m"),
+            (Duration::from_millis(500), "500m"),
+            // 1.2345 s → 123 × 10^7 ns = 1230m (S would need 1.23).
+            (Duration::from_micros(1_234_500), "1230m"),
+            // 1 s and 2 s: 1 and 2 × 10^9 ns.
+            (Duration::from_secs(1), "1S"),
+            (Duration::from_secs(2), "2S"),
+            // 12 345 s → 123 × 10^11 ns = 12300S.
+            (Duration::from_secs(12_345), "12300S"),
+            // 99 999 999 s → 999 × 10^14 ns = 99900000S, 8 digits.
+            (Duration::from_secs(99_999_999), "99900000S"),
+            // 10^8 s would be 100000000S, 9 digits: the fine encoding's saturation instead.
+            (Duration::from_secs(100_000_000), "99999999S"),
+            (Duration::MAX, "99999999S"),
+        ];
+        for &(d, want) in cases {
+            let got = encode_coarse(d).unwrap();
+            assert_eq!(got.as_str(), want, "{d:?}");
+            assert_eq!(decode(want.as_bytes()).unwrap(), got.duration(), "{d:?}");
+            assert_eq!(coarse_duration(d), Some(got.duration()), "{d:?}");
+        }
+        assert!(encode_coarse(Duration::ZERO).is_none());
+    }
+
+    /// The values kept per thread: a repeat, a new value, one more than are kept, and a
+    /// return to an older one all give what a fresh encoding writes, in any order.
+    #[test]
+    fn kept_values_in_a_fixed_order() {
+        let ms = Duration::from_millis;
+        let asked = [
+            ms(1),
+            ms(1),
+            ms(2),
+            ms(1),
+            ms(3),
+            ms(4),
+            ms(5),
+            ms(2),
+            ms(5),
+            Duration::from_micros(5_001),
+            ms(6),
+            Duration::ZERO,
+            ms(6),
+        ];
+        for d in asked {
+            let want = encode_coarse(d).map(|e| (e.to_header_value(), e.duration()));
+            assert_eq!(coarse_header_value(d), want, "{d:?}");
+        }
+    }
+
     #[test]
     fn zero_is_never_encoded() {
         assert_eq!(encode(Duration::ZERO), None);
