@@ -729,6 +729,26 @@ mod tests {
         assert_eq!(negative.validate().unwrap_err().knob(), "jitter");
     }
 
+    /// Whether `d` is within `f·e` of `e`, give or take 1 µs of rounding. The lower bound
+    /// saturates: for f near 1, e·(1 − f) is under the slack (zero at f = 1), where a plain
+    /// subtraction panicked (the property test below drew such an `f` rarely).
+    fn within_f_of(d: Duration, e: Duration, f: f64) -> bool {
+        let slack = MS / 1000;
+        d >= e.mul_f64(1.0 - f).saturating_sub(slack) && d <= e.mul_f64(1.0 + f) + slack
+    }
+
+    /// A proportional factor of 1 (the largest valid) spreads over `[0, 2e]`.
+    #[test]
+    fn a_proportional_factor_of_one_reaches_down_to_zero() {
+        let b = exponential(MS, MS).jitter(Jitter::Proportional(1.0));
+        assert_eq!(b.least_first_delay(), Duration::ZERO);
+        for seed in 0..200 {
+            for d in run(&b, seed, 3) {
+                assert!(within_f_of(d, MS, 1.0), "seed {seed}: {d:?}");
+            }
+        }
+    }
+
     /// The generator's state stays out of logs.
     #[test]
     fn the_generator_debugs_without_its_state() {
@@ -757,10 +777,7 @@ mod tests {
                         Jitter::Equal => prop_assert!(d >= e / 2 && d <= e),
                         Jitter::Full => prop_assert!(d <= e),
                         // After the cap: within ±f·e of the capped envelope.
-                        Jitter::Proportional(f) => prop_assert!(
-                            d >= e.mul_f64(1.0 - f) - MS / 1000
-                                && d <= e.mul_f64(1.0 + f) + MS / 1000
-                        ),
+                        Jitter::Proportional(f) => prop_assert!(within_f_of(d, e, f)),
                     }
                 }
             }
