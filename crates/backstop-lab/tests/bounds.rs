@@ -237,7 +237,7 @@ fn drift_is_followed_by_the_measured_bound() {
 
 /// A brownout's first seconds at 200 requests/s: the earnings a healthy window banked are not
 /// spent at once. No second of the fault carries more than 1.25× the offered load with
-/// backstop's budget (its `max_burst`); tower's `TpsBudget` spends its bank in the first
+/// backstop's budget (its burst limit, 2× the earning rate); tower's `TpsBudget` spends its bank in the first
 /// seconds.
 #[test]
 fn a_brownout_onset_stays_within_a_quarter_more_load_in_any_second() {

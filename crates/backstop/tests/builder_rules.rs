@@ -896,11 +896,9 @@ fn more_cases() -> Vec<(String, Box<dyn FnOnce() -> Built + Send>)> {
                 .build()
         );
         case!(
-            format!("throttle window({d:?}) k tiny"),
+            format!("throttle k tiny ({d:?})"),
             http()
-                .throttle(Some(
-                    AdaptiveThrottle::builder().window(d).k(f64::MIN_POSITIVE)
-                ))
+                .throttle(Some(AdaptiveThrottle::builder().k(f64::MIN_POSITIVE)))
                 .build()
         );
         case!(

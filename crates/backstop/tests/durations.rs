@@ -10,7 +10,6 @@ use backstop::RouteKey;
 use backstop::client::attempt::{Adaptive, AttemptBound};
 use backstop::client::breaker::BreakerConfig;
 use backstop::client::overload::bulkhead::BulkheadLayer;
-use backstop::client::overload::throttle::AdaptiveThrottle;
 use backstop::client::retry::RatioBudget;
 use backstop::client::retry::RetryConfig;
 use backstop::client::retry::backoff::{constant, decorrelated, decorrelated_v2, exponential};
@@ -116,10 +115,6 @@ const CLIENT: &[ClientRow] = &[
     }),
     ("delay", |d| {
         retry(RetryConfig::http().hedging(Hedging::new(d)))
-    }),
-    ("window", |d| {
-        let throttle = AdaptiveThrottle::builder().window(d).seed(1);
-        http().throttle(Some(throttle)).build()
     }),
     ("time_window", |d| {
         breaker(backstop::client::http_breaker().time_window(d, 10))

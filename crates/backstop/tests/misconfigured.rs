@@ -79,10 +79,6 @@ fn cases() -> Vec<(String, Built)> {
             format!("breaker open({d:?})"),
             breaker(BreakerConfig::http().open_duration(d, d)),
         ));
-        v.push((
-            format!("throttle window({d:?})"),
-            throttle(AdaptiveThrottle::builder().window(d)),
-        ));
     }
     for n in [0u32, 1, 2, 10, 11, u32::MAX] {
         v.push((format!("max_attempts({n})"), http().max_attempts(n).build()));
@@ -141,7 +137,6 @@ fn cases() -> Vec<(String, Built)> {
         }
         for b in [
             RatioBudget::builder().ratio(r).build(),
-            RatioBudget::builder().max_burst(r).build(),
         ]
         .into_iter()
         .flatten()

@@ -14,7 +14,6 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 fn seeded() -> Arc<AdaptiveThrottle> {
     Arc::new(
         AdaptiveThrottle::builder()
-            .window(Duration::from_secs(10))
             .max_probability(0.9)
             .seed(11)
             .build()

@@ -45,12 +45,12 @@
 //!   the breaker closed; counted as
 //!   accepted, the throttle acts on what the dependency itself answers: overload, which
 //!   the breaker (opening on a dependency that is down) does not see.
-//! - **Window.** `window` (default 30 s) in 30 time buckets, a striped
+//! - **Window.** 30 s (fixed) in 30 time buckets, a striped
 //!   ring: an old bucket is forgotten whole as the window slides.
 //! - **Recovery.** Refusals count as requests, so once the dependency answers every call
 //!   again the probability p falls by the rule's own step, to about 1 − K × (1 − p) per
 //!   window: from 0.9 with `K` = 2, to 0.8, 0.6, 0.2, then 0, a few window lengths (about
-//!   two minutes at the defaults). A smaller window or a larger `K` lets go sooner.
+//!   two minutes). A larger `K` lets go sooner.
 //! - **Decision.** The probability is recomputed at most once per bucket / 10 (100 ms at
 //!   the defaults) and cached, from the calls before it; each call then draws against it (a seeded draw with
 //!   [`AdaptiveThrottleBuilder::seed`], for tests).
@@ -154,6 +154,13 @@ pub struct AdaptiveThrottle {
 /// calls as refusals; 1 a second is 30 requests in the default window.
 const MIN_RPS: f64 = 1.0;
 
+/// The sliding window the throttle measures over (fixed: a knob once). 30 s is long enough
+/// that a few quiet seconds do not reset what the throttle learnt of an overload, and short
+/// enough that it lets go within about two minutes of a recovery (see the module docs); the
+/// lever a user has on how hard it throttles is `K` ([`AdaptiveThrottleBuilder::k`]) and
+/// the cap ([`AdaptiveThrottleBuilder::max_probability`]).
+const WINDOW: Duration = Duration::from_secs(30);
+
 /// Builds an [`AdaptiveThrottle`]: setters take any value, [`build`](Self::build) checks.
 #[derive(Debug, Clone)]
 pub struct AdaptiveThrottleBuilder {
@@ -177,7 +184,7 @@ impl AdaptiveThrottle {
         AdaptiveThrottleBuilder {
             k: 2.0,
             max_probability: 0.9,
-            window: Duration::from_secs(30),
+            window: WINDOW,
             buckets: 30,
             accept: answered,
             seed: None,
@@ -361,9 +368,11 @@ impl AdaptiveThrottleBuilder {
         self
     }
 
-    /// The sliding window (default 30 s; 100 ms to 1 hour).
+    /// The sliding window ([`WINDOW`] for users, 100 ms to 1 hour; the crate's tests set a
+    /// shorter one, to slide buckets out in few steps).
     #[must_use]
-    pub fn window(mut self, window: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
     }
@@ -389,8 +398,7 @@ impl AdaptiveThrottleBuilder {
     ///
     /// # Errors
     ///
-    /// When `k` is below 1 (or NaN), `max_probability` not in (0, 1], or `window` outside
-    /// 100 ms to 1 hour.
+    /// When `k` is below 1 (or NaN), or `max_probability` not in (0, 1].
     pub fn build(self) -> Result<AdaptiveThrottle, ConfigError> {
         if !(self.k >= 1.0 && self.k.is_finite()) {
             return Err(ConfigError::new(

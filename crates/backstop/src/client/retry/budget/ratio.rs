@@ -73,8 +73,9 @@ impl Counts {
 ///   `ttl / 10`, rounded up to a whole second), and `min_per_sec × ttl` over the window
 ///   (withdrawals count one slot longer than deposits, so a client that keeps failing
 ///   retries `min_per_sec × 10 / 11` times a second on average).
-/// - Earnings are spent no faster than `max_burst` (default 2) × their average rate in any
-///   one second: at a fault's onset the window's earnings do not all go at once.
+/// - Earnings are spent no faster than 2 × their average rate over the window in any one
+///   second (and at least one token a second): at a fault's onset the window's earnings do
+///   not all go at once.
 ///
 /// So over any window of `ttl`, retries ≤ `ratio ×` successes of the last `ttl` (plus one
 /// slot) `+ min_per_sec × ttl`, however many threads withdraw at once: during a total outage
@@ -84,18 +85,18 @@ impl Counts {
 /// use backstop::client::retry::{Budget, RatioBudget};
 /// use std::time::Duration;
 ///
-/// // No reserve, and a burst as large as the window, to show the ratio alone.
+/// // No reserve, to show the ratio alone.
 /// let budget = RatioBudget::builder()
 ///     .ratio(0.2)
 ///     .ttl(Duration::from_secs(10))
 ///     .min_per_sec(0)
-///     .max_burst(10.0)
 ///     .build()
 ///     .unwrap();
 /// assert!(!budget.try_withdraw());
-/// for _ in 0..10 {
+/// for _ in 0..50 {
 ///     budget.record_success();
 /// }
+/// // 50 × 0.2 = 10 tokens in the window, 1 a second on average: one second spends at most 2.
 /// assert!((budget.balance() - 2.0).abs() < 1e-9);
 /// assert!(budget.try_withdraw() && budget.try_withdraw() && !budget.try_withdraw());
 /// ```
@@ -110,7 +111,7 @@ pub struct RatioBudget {
     reserve_recent: f64,
     /// Slots making up that second.
     recent_slots: u64,
-    /// The most of the window's earnings one second may spend: `max_burst` × that second's
+    /// The most of the window's earnings one second may spend: [`MAX_BURST`] × that second's
     /// share of the window.
     burst_share: f64,
     deposits: Counts,
@@ -119,6 +120,14 @@ pub struct RatioBudget {
     /// withdrawals the later one sees the earlier one's slot, whichever slots they wrote.
     fence: AtomicU64,
 }
+
+/// The most retries paid from earnings in any one second, as a multiple of the window's
+/// average per second (fixed: a knob once). At the onset of a fault the earnings of the whole
+/// window would otherwise go at once (up to `ratio × ttl` seconds of extra load in one second:
+/// double the load at the defaults); at 2 and the default ratio no second carries more than
+/// 20 % extra load plus the reserve, and a long fault is not slowed (it spends no faster than
+/// it earns). The lab's brownout bound (≤ 1.25× the offered load in any second) rests on it.
+const MAX_BURST: f64 = 2.0;
 
 /// Builds a [`RatioBudget`].
 #[derive(Debug, Clone)]
@@ -141,7 +150,7 @@ impl RatioBudget {
             ratio: 0.1,
             ttl: Duration::from_secs(10),
             min_per_sec: 10,
-            max_burst: 2.0,
+            max_burst: MAX_BURST,
         }
     }
 
@@ -183,13 +192,10 @@ impl RatioBudgetBuilder {
     }
 
     /// The most retries paid from earnings in any one second, as a multiple of the window's
-    /// average per second (default 2, at least 1): at the onset of a fault, the earnings of
-    /// the whole window would otherwise go at once (up to `ratio × ttl` seconds of extra load
-    /// in one second: double the load at the defaults). At 2 and the default ratio, no second
-    /// carries more than 20 % extra load plus the reserve; a long fault is not slowed (it
-    /// spends no faster than it earns).
+    /// average per second ([`MAX_BURST`] for users, at least 1; the crate's tests set others).
     #[must_use]
-    pub fn max_burst(mut self, max_burst: f64) -> Self {
+    #[cfg(test)]
+    pub(crate) fn max_burst(mut self, max_burst: f64) -> Self {
         self.max_burst = max_burst;
         self
     }
@@ -198,8 +204,7 @@ impl RatioBudgetBuilder {
     ///
     /// # Errors
     ///
-    /// When `ratio` is not in (0, 1], `ttl` is shorter than 10 ms or longer than a day, or
-    /// `max_burst` is less than 1 (or NaN).
+    /// When `ratio` is not in (0, 1], or `ttl` is shorter than 10 ms or longer than a day.
     pub fn build(self) -> Result<RatioBudget, ConfigError> {
         if self.max_burst.is_nan() || self.max_burst < 1.0 {
             return Err(ConfigError::new(
@@ -239,7 +244,7 @@ impl RatioBudgetBuilder {
 impl RatioBudget {
     /// The retries available at `epoch`: the lesser of what the window allows (earnings plus
     /// the whole reserve, less every withdrawal) and what the last second allows (what the
-    /// earnings still cover, at most `max_burst` × a second's share of them, plus one second
+    /// earnings still cover, at most [`MAX_BURST`] × a second's share of them, plus one second
     /// of reserve, less that second's withdrawals). So the reserve is a rate (a client with
     /// nothing earned retries at most `min_per_sec` times a second, never the whole window's
     /// reserve at once), and the earnings of a healthy window are not spent in one second.
