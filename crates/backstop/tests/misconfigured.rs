@@ -288,14 +288,6 @@ async fn no_server_config_panics() {
             ));
         }
     }
-    for r in RATIOS {
-        if let Ok(l) = AdmissionLayer::builder().quantile(r).build() {
-            layers.push((
-                format!("admission quantile({r})"),
-                backstop::server().admission(l),
-            ));
-        }
-    }
     for n in [0usize, 1, 1024, usize::MAX] {
         if let Ok(l) = AdmissionLayer::builder().routes(n).build() {
             layers.push((

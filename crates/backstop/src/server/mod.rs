@@ -36,8 +36,8 @@ use tower_layer::Layer;
 /// models measures one route; a route that finds its model held by another is admitted): most of
 /// those would be cancelled by their deadline part-way through, and the work would go to
 /// nobody. A request without a deadline is always admitted. It needs no number only the user
-/// knows, so the preset turns it on; [`admission`](Self::admission) tunes it (a higher
-/// quantile refuses more, more routes keep more models) or turns it off
+/// knows, so the preset turns it on; [`admission`](Self::admission) tunes it (more
+/// routes keep more models) or turns it off
 /// ([`AdmissionLayer::off`]). A least time every request must have left, measured or not, is
 /// the deadline layer's `min_remaining`.
 ///
@@ -186,7 +186,7 @@ impl ServerLayer {
         self
     }
 
-    /// Replaces deadline-aware admission (another quantile, more routes), or turns it off
+    /// Replaces deadline-aware admission (more routes), or turns it off
     /// with [`AdmissionLayer::off`]. Clones of one layer share its latency models: give each
     /// server (each set of routes) its own. The deadline layer's metrics follow its count of
     /// routes.
@@ -194,7 +194,7 @@ impl ServerLayer {
     /// ```
     /// use backstop::server::admission::AdmissionLayer;
     ///
-    /// let server = backstop::server().admission(AdmissionLayer::builder().quantile(0.9).build()?);
+    /// let server = backstop::server().admission(AdmissionLayer::builder().routes(64).build()?);
     /// # let _ = server;
     /// # Ok::<(), backstop::ConfigError>(())
     /// ```

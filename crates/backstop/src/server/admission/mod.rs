@@ -16,8 +16,8 @@
 //!    [`DeadlineLayer`](crate::deadline::DeadlineLayer) puts on a request with a deadline): it
 //!    passes, and its handler's latency is measured. (The layer reads the request only, not
 //!    [`current()`](crate::deadline::current): that is for handlers.)
-//! 2. **The need**: the route's measured handler latency at the [`quantile`](AdmissionLayerBuilder::quantile)
-//!    (default the median, p50). A least need that holds whatever was measured (or a fixed
+//! 2. **The need**: the route's measured handler latency at the **median** (p50, fixed;
+//!    the constant's comment says why). A least need that holds whatever was measured (or a fixed
 //!    one, with admission [`off`](AdmissionLayer::off)) is the deadline layer's
 //!    [`min_remaining`](crate::deadline::DeadlineLayerBuilder::min_remaining), which refuses
 //!    before this layer is reached: together they refuse below the larger of the two.
@@ -92,6 +92,14 @@ const WINDOW: Duration = Duration::from_secs(30);
 /// binomial(100, 0.5) is within ±10 of 50), close enough to refuse on; fewer would let a
 /// handful of slow first answers (a cold cache, a connection being made) refuse a route.
 const MIN_SAMPLES: u64 = 100;
+/// The quantile of a route's handler latency a request must have left: the median (fixed: a
+/// knob once). A request with less than the median left is more likely to be cut off by its
+/// deadline than to finish, so refusing it saves more work than it loses; a higher quantile
+/// would refuse requests that would more likely have made it (and, near the deadline a
+/// caller's retry lands on, refuse its retries too), a lower one would admit work that is
+/// more likely wasted. A least time whatever was measured is the deadline layer's
+/// `min_remaining`.
+const QUANTILE: f64 = 0.5;
 /// The routes a layer keeps models for unless told otherwise.
 const DEFAULT_ROUTES: usize = 16;
 
@@ -104,10 +112,10 @@ const DEFAULT_ROUTES: usize = 16;
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
 ///
-/// // Refused: a request with less than 5 ms left, or less than its route's p90.
+/// // Refused: a request with less than 5 ms left, or less than its route's p50.
 /// let server = ServiceBuilder::new()
 ///     .layer(DeadlineLayer::builder().min_remaining(Duration::from_millis(5)).build().unwrap())
-///     .layer(AdmissionLayer::builder().quantile(0.9).build().unwrap())
+///     .layer(AdmissionLayer::builder().routes(64).build().unwrap())
 ///     .service(tower::service_fn(|_req: http::Request<String>| async {
 ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
 ///     }));
@@ -121,7 +129,6 @@ pub struct AdmissionLayer {
 /// Builds an [`AdmissionLayer`].
 #[derive(Debug, Clone)]
 pub struct AdmissionLayerBuilder {
-    quantile: f64,
     routes: usize,
     /// [`AdmissionLayer::off`]: no models, a need of zero.
     off: bool,
@@ -130,7 +137,6 @@ pub struct AdmissionLayerBuilder {
 #[derive(Debug)]
 pub(crate) struct Shared {
     start: Instant,
-    quantile: f64,
     /// [`AdmissionLayer::off`]: a need of zero, nothing measured.
     off: bool,
     /// The count of route slots (the deadline layer of `server()` labels as many).
@@ -162,7 +168,6 @@ impl AdmissionLayer {
     /// A builder for tuned knobs.
     pub fn builder() -> AdmissionLayerBuilder {
         AdmissionLayerBuilder {
-            quantile: 0.5,
             routes: DEFAULT_ROUTES,
             off: false,
         }
@@ -209,14 +214,6 @@ impl Default for AdmissionLayer {
 }
 
 impl AdmissionLayerBuilder {
-    /// The quantile of the route's handler latency a request must have left (default 0.5,
-    /// in (0, 1)): higher refuses more of the requests that could still have made it.
-    #[must_use]
-    pub fn quantile(mut self, quantile: f64) -> Self {
-        self.quantile = quantile;
-        self
-    }
-
     /// Latency models, each measuring the first route whose path hashes to it (default 16,
     /// 1..=1024; 4 KiB each); a route whose model another holds is admitted unmeasured. Also
     /// the bound on the `route` values of the layer's metric (see the [module docs](self)),
@@ -231,14 +228,8 @@ impl AdmissionLayerBuilder {
     ///
     /// # Errors
     ///
-    /// When `quantile` is not in (0, 1) or `routes` is not in 1..=1024.
+    /// When `routes` is not in 1..=1024.
     pub fn build(self) -> Result<AdmissionLayer, ConfigError> {
-        if !(self.quantile > 0.0 && self.quantile < 1.0) {
-            return Err(ConfigError::new(
-                "quantile",
-                format!("must be in (0, 1), got {}", self.quantile),
-            ));
-        }
         if !(1..=1024).contains(&self.routes) {
             return Err(ConfigError::new(
                 "routes",
@@ -260,7 +251,6 @@ impl AdmissionLayerBuilder {
         Ok(AdmissionLayer {
             shared: Arc::new(Shared {
                 start: Instant::now(),
-                quantile: self.quantile,
                 off: self.off,
                 routes: self.routes,
                 slots: RouteSlots::new(self.routes),
@@ -330,7 +320,7 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn refresh(&self, r: &Route, now_us: u64, tick: u64) -> u64 {
-        let need = match r.model.quantile(self.quantile, now_us) {
+        let need = match r.model.quantile(QUANTILE, now_us) {
             Some(q) => (q.as_micros() as u64).min(UNTRUSTED - 1),
             None => UNTRUSTED,
         };
@@ -365,8 +355,6 @@ mod tests {
     fn every_rule_names_its_knob() {
         let b = AdmissionLayer::builder;
         let knob = |r: Result<AdmissionLayer, ConfigError>| r.unwrap_err().knob().to_owned();
-        assert_eq!(knob(b().quantile(0.0).build()), "quantile");
-        assert_eq!(knob(b().quantile(1.0).build()), "quantile");
         assert_eq!(knob(b().routes(0).build()), "routes");
         assert_eq!(knob(b().routes(2000).build()), "routes");
         assert!(b().build().is_ok());
