@@ -59,12 +59,13 @@ where
     }
 }
 
-/// A table of one key by path, a key idle after a second without calls.
-fn one_key_idle_after_a_second() -> BreakerConfig<HttpClassifier> {
-    config()
-        .per_key(RouteKey::Path)
-        .max_keys(1)
-        .idle_keys_after(Duration::from_secs(1))
+/// How long a key goes without a call before it can make room (fixed, 5 min: the
+/// `client::breaker` docs, "A breaker per key").
+const IDLE: Duration = Duration::from_secs(300);
+
+/// A table of one key by path.
+fn one_key() -> BreakerConfig<HttpClassifier> {
+    config().per_key(RouteKey::Path).max_keys(1)
 }
 
 /// The keys the layer holds, in order.
@@ -166,7 +167,6 @@ async fn the_table_is_bounded_and_idle_keys_make_room() {
     let layer: BreakerLayer<HttpClassifier> = config()
         .per_key(RouteKey::Path)
         .max_keys(2)
-        .idle_keys_after(Duration::from_secs(60))
         .build()
         .unwrap();
     let mut service = layer.layer(dependency());
@@ -187,7 +187,7 @@ async fn the_table_is_bounded_and_idle_keys_make_room() {
 
     // `/a` stays in use; `/b` goes idle.
     for _ in 0..2 {
-        tokio::time::advance(Duration::from_secs(40)).await;
+        tokio::time::advance(IDLE * 2 / 3).await;
         send(&mut service, "http://svc/a").await;
     }
     send(&mut service, "http://svc/c").await;
@@ -197,11 +197,13 @@ async fn the_table_is_bounded_and_idle_keys_make_room() {
 
 #[tokio::test(start_paused = true)]
 async fn a_key_that_is_still_called_while_open_is_never_evicted() {
-    let layer = one_key_idle_after_a_second().build().unwrap();
+    // Open for an hour: the calls below span twice the idle time, all while open.
+    let hour = Duration::from_secs(3600);
+    let layer = one_key().open_duration(hour, hour).build().unwrap();
     let mut service = layer.layer(dependency());
     open(&mut service, "http://svc/down").await;
     for _ in 0..5 {
-        tokio::time::advance(Duration::from_millis(500)).await;
+        tokio::time::advance(IDLE * 2 / 5).await;
         assert_eq!(
             send(&mut service, "http://svc/down").await,
             None,
@@ -213,13 +215,14 @@ async fn a_key_that_is_still_called_while_open_is_never_evicted() {
     assert!(layer.key_snapshot("/other").is_none());
 }
 
-/// Idleness is counted in milliseconds: with `idle_keys_after(1 s)`, a key used 200 ms ago is
-/// not idle, though a second boundary passed in between; its open breaker keeps refusing.
+/// Idleness is counted in milliseconds: a key used 200 ms ago is not idle, though a second
+/// boundary passed in between (at the idle time since the start); its open breaker keeps
+/// refusing.
 #[tokio::test(start_paused = true)]
-async fn a_key_used_less_than_idle_keys_after_ago_is_never_evicted() {
-    let layer = one_key_idle_after_a_second().build().unwrap();
+async fn a_key_used_less_than_the_idle_time_ago_is_never_evicted() {
+    let layer = one_key().build().unwrap();
     let mut service = layer.layer(dependency());
-    tokio::time::advance(Duration::from_millis(900)).await;
+    tokio::time::advance(IDLE - Duration::from_millis(100)).await;
     open(&mut service, "http://svc/down").await;
     tokio::time::advance(Duration::from_millis(200)).await;
     assert_eq!(
@@ -235,13 +238,14 @@ async fn a_key_used_less_than_idle_keys_after_ago_is_never_evicted() {
         "still open"
     );
 
-    // Really idle for a second, and its open time (5 s) over: it makes room.
-    tokio::time::advance(Duration::from_millis(999)).await;
+    // Its open time (5 s) over, but idle for 1 ms less than the idle time: it stays.
+    tokio::time::advance(IDLE - Duration::from_millis(1)).await;
     send(&mut service, "http://svc/other").await;
     assert!(
         layer.key_snapshot("/other").is_none(),
-        "idle for 999 ms only"
+        "idle for 1 ms less than the idle time only"
     );
+    // Really idle: it makes room.
     tokio::time::advance(Duration::from_secs(5)).await;
     send(&mut service, "http://svc/other").await;
     let keys = key_names(&layer);
@@ -253,14 +257,15 @@ async fn a_key_used_less_than_idle_keys_after_ago_is_never_evicted() {
 /// and then it makes room as soon as it is idle.
 #[tokio::test(start_paused = true)]
 async fn an_open_breaker_is_kept_until_its_open_time_is_over() {
-    let layer = one_key_idle_after_a_second()
-        .open_duration(Duration::from_secs(600), Duration::from_secs(600))
+    let open_time = Duration::from_secs(7200);
+    let layer = one_key()
+        .open_duration(open_time, open_time)
         .build()
         .unwrap();
     let mut service = layer.layer(dependency());
     open(&mut service, "http://svc/down").await;
-    // Idle for 10 s, but open for 600.
-    tokio::time::advance(Duration::from_secs(10)).await;
+    // Idle for longer than the idle time, but open for two hours.
+    tokio::time::advance(IDLE + Duration::from_secs(10)).await;
     assert_eq!(send(&mut service, "http://svc/other").await, Some(200));
     assert!(layer.key_snapshot("/other").is_none());
     assert_eq!(
@@ -268,18 +273,19 @@ async fn an_open_breaker_is_kept_until_its_open_time_is_over() {
         None,
         "still open"
     );
-    tokio::time::advance(Duration::from_secs(580)).await;
+    // Idle for far longer than the idle time since that call; 390 s of open time left.
+    tokio::time::advance(open_time - IDLE - Duration::from_secs(400)).await;
     send(&mut service, "http://svc/other").await;
     assert!(
         layer.key_snapshot("/other").is_none(),
-        "10 s of open time left"
+        "390 s of open time left"
     );
     assert_eq!(send(&mut service, "http://svc/down").await, None);
 
-    // Closed by hand: it makes room once idle, without waiting out the 10 s it had left.
-    tokio::time::advance(Duration::from_millis(500)).await;
+    // Closed by hand: it makes room once idle, without waiting out the 390 s it had left.
+    tokio::time::advance(IDLE / 2).await;
     layer.reset();
-    tokio::time::advance(Duration::from_millis(501)).await;
+    tokio::time::advance(IDLE / 2 + Duration::from_millis(1)).await;
     send(&mut service, "http://svc/other").await;
     let keys = key_names(&layer);
     assert_eq!(keys, ["/other"]);

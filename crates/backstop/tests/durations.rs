@@ -6,7 +6,6 @@
 //! Defect (outside audit): `attempt_timeout(Duration::MAX)` passed `build()` and panicked on
 //! the first pending call (`Instant + Duration` overflowed in the attempt future).
 
-use backstop::RouteKey;
 use backstop::client::attempt::{Adaptive, AttemptBound};
 use backstop::client::breaker::BreakerConfig;
 use backstop::client::overload::bulkhead::BulkheadLayer;
@@ -130,10 +129,6 @@ const CLIENT: &[ClientRow] = &[
     }),
     ("slow_start", |d| {
         breaker(backstop::client::http_breaker().slow_start(d))
-    }),
-    ("idle_keys_after", |d| {
-        let config = backstop::client::http_breaker().per_key(RouteKey::Path);
-        breaker(config.max_keys(1).idle_keys_after(d))
     }),
 ];
 

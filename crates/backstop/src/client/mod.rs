@@ -4,6 +4,8 @@ pub mod attempt;
 pub mod breaker;
 pub(crate) mod call;
 pub(crate) mod deadline;
+#[cfg(all(test, not(loom)))]
+mod keyed_stack_tests;
 pub mod overload;
 pub mod retry;
 

@@ -64,6 +64,15 @@ enum WindowKind {
 /// longest time is the knob ([`BreakerConfig::open_duration`]).
 const OPEN_MULTIPLIER: f64 = 2.0;
 
+/// How long a key of a keyed breaker must go without a call before its breaker may be evicted
+/// to make room for another key (fixed: a knob once; counted in milliseconds, and an open
+/// breaker stays until its open time is over too, whatever this says). 5 minutes is long
+/// enough that a route called every few minutes keeps the breaker that counted its failures,
+/// and short enough that a full table makes room for new routes within minutes of old ones
+/// going quiet; a table that fills faster than keys go idle is what `max_keys` is for. In a
+/// stack, the attempt bound's per-route latency models follow the same idle time.
+const KEY_IDLE: Duration = Duration::from_secs(300);
+
 impl<C: fmt::Debug> fmt::Debug for BreakerConfig<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BreakerConfig")
@@ -84,7 +93,7 @@ impl<C: fmt::Debug> fmt::Debug for BreakerConfig<C> {
             .field("on_state_change", &self.hook.is_some())
             .field("per_key", &self.key)
             .field("max_keys", &self.max_keys)
-            .field("idle_keys_after", &self.key_idle)
+            .field("key_idle", &self.key_idle)
             .field("name", &self.name.get())
             .finish()
     }
@@ -131,7 +140,7 @@ impl<C> BreakerConfig<C> {
             hook: None,
             key: None,
             max_keys: 64,
-            key_idle: Duration::from_secs(300),
+            key_idle: KEY_IDLE,
             name: DependencyName::default(),
         }
     }
@@ -286,11 +295,11 @@ impl<C> BreakerConfig<C> {
         self
     }
 
-    /// How long a key must go without a call before its breaker may be evicted to make room
-    /// (default 5 min; from 1 s to one day; counted in milliseconds). An open breaker is
-    /// evicted only once its open time is over too.
+    /// How long a key must go without a call before its breaker may be evicted ([`KEY_IDLE`]
+    /// for users; from 1 s to one day: the crate's tests set shorter ones).
     #[must_use]
-    pub fn idle_keys_after(mut self, idle: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn idle_keys_after(mut self, idle: Duration) -> Self {
         self.key_idle = idle;
         self
     }
@@ -455,7 +464,7 @@ impl<C> BreakerConfig<C> {
     /// - `time_window` has 0 or more than 1000 buckets, or buckets shorter than 1 ms;
     /// - `count_window` is not in 1..=100 000;
     /// - `slow_start` is zero or longer than one day;
-    /// - `max_keys` is not in 1..=10 000, or `idle_keys_after` is not between 1 s and one day.
+    /// - `max_keys` is not in 1..=10 000.
     pub fn build(mut self) -> Result<BreakerLayer<C>, ConfigError>
     where
         C: Clone,

@@ -153,8 +153,8 @@
 //!   [`Snapshot::shared_bytes`](crate::client::breaker::Snapshot::shared_bytes) reports (with the default
 //!   10 s window: 1 536 bytes on a 2-core machine, a few KiB at most, as stripes stop at 16
 //!   cores; a test holds it under 16 KiB), plus the key's text and a table slot.
-//! - A key can be evicted once no call has used it for `idle_keys_after` (default 5 min;
-//!   counted in milliseconds, so it has really gone that long without a call), and its
+//! - A key can be evicted once no call has used it for **5 minutes** (fixed; the constant's
+//!   comment says why; counted in milliseconds, so it has really gone that long without a call), and its
 //!   breaker is not open with open time left. An open breaker is kept until its open time
 //!   is over, called or not: a fresh breaker in its place would let calls through to a
 //!   route its breaker refuses. (A half-open one can go once idle: its open time is over,
