@@ -882,13 +882,10 @@ fn more_cases() -> Vec<(String, Box<dyn FnOnce() -> Built + Send>)> {
             http().hedging(q, 2).retry_reserve(Some(q)).build()
         );
         case!(
-            format!("adaptive quantile/multiplier/share({q})"),
+            format!("adaptive quantile/multiplier({q})"),
             http()
                 .attempt(AttemptBound::Adaptive(
-                    Adaptive::new()
-                        .quantile(q)
-                        .multiplier(1e300)
-                        .deadline_share(q)
+                    Adaptive::new().quantile(q).multiplier(1e300)
                 ))
                 .build()
         );

@@ -119,7 +119,6 @@ fn cases() -> Vec<(String, Built)> {
         for a in [
             Adaptive::new().quantile(r),
             Adaptive::new().multiplier(r),
-            Adaptive::new().deadline_share(r),
         ] {
             v.push((format!("adaptive ratio({r})"), adaptive(a)));
         }

@@ -9,7 +9,7 @@
 //! most every 100 ms, where the floor follows the model too, `clamp(p99 × 20, 250 ms, 1 s)`
 //! (20 and 250 ms fixed, [`Adaptive::floor`] a knob), and the ceiling is
 //! 10 s by default; never more than 80 % of what is left of the
-//! request's deadline ([`Adaptive::deadline_share`]): an attempt to a dependency slower than
+//! request's deadline (fixed; the lab chose 0.8, see BENCHMARKS.md): an attempt to a dependency slower than
 //! its callers' deadlines then times out before the deadline, a failure the breaker counts,
 //! where an expired deadline (the caller's own) would count as nothing. The share is kept
 //! only where a retry may follow: an attempt marked final (the retry layer marks a
