@@ -117,7 +117,6 @@ fn cases() -> Vec<(String, Built)> {
             deadline(PropagateDeadlineLayer::builder().fraction(r)),
         ));
         for a in [
-            Adaptive::new().quantile(r),
             Adaptive::new().multiplier(r),
         ] {
             v.push((format!("adaptive ratio({r})"), adaptive(a)));
