@@ -116,11 +116,10 @@ fn cases() -> Vec<(String, Built)> {
             format!("fraction({r})"),
             deadline(PropagateDeadlineLayer::builder().fraction(r)),
         ));
-        for a in [
-            Adaptive::new().multiplier(r),
-        ] {
-            v.push((format!("adaptive ratio({r})"), adaptive(a)));
-        }
+        v.push((
+            format!("adaptive ratio({r})"),
+            adaptive(Adaptive::new().multiplier(r)),
+        ));
         for b in [
             BreakerConfig::http().failure_rate(r),
             BreakerConfig::http().slow_calls(Duration::from_secs(1), r),
@@ -133,11 +132,9 @@ fn cases() -> Vec<(String, Built)> {
         ] {
             v.push((format!("throttle ratio({r})"), throttle(t)));
         }
-        for b in [
-            RatioBudget::builder().ratio(r).build(),
-        ]
-        .into_iter()
-        .flatten()
+        for b in [RatioBudget::builder().ratio(r).build()]
+            .into_iter()
+            .flatten()
         {
             v.push((
                 format!("budget ratio({r})"),

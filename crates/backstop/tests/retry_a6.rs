@@ -191,14 +191,7 @@ async fn committed_call(budget: Arc<dyn Budget>, end: Option<u16>) {
 async fn a_failure_in_trailers_is_no_success() {
     // No reserve: the balance is what was deposited (one deposit is under the token a second
     // the burst limit always allows).
-    let ratio = || {
-        Arc::new(
-            RatioBudget::builder()
-                .min_per_sec(0)
-                .build()
-                .unwrap(),
-        )
-    };
+    let ratio = || Arc::new(RatioBudget::builder().min_per_sec(0).build().unwrap());
     let ok = ratio();
     committed_call(ok.clone(), Some(0)).await;
     assert!((ok.balance() - 0.1).abs() < 1e-9, "OK in trailers deposits");

@@ -111,12 +111,7 @@ impl Harness {
 async fn success_is_returned_and_deposits_in_the_budget() {
     // No reserve: the balance is what was deposited (one deposit is under the token a second
     // the burst limit always allows).
-    let budget = Arc::new(
-        RatioBudget::builder()
-            .min_per_sec(0)
-            .build()
-            .unwrap(),
-    );
+    let budget = Arc::new(RatioBudget::builder().min_per_sec(0).build().unwrap());
     let mut h = start(policy().budget(budget.clone()).build().unwrap(), get());
     h.answer(200).await;
     assert_eq!(h.done().unwrap().status(), 200);
