@@ -304,9 +304,9 @@ impl<C> BreakerConfig<C> {
         self
     }
 
-    /// Checks every knob and derives the machine's settings and window (what
+    /// Checks every knob and derives the machine's settings and window's shape (what
     /// [`build`](Self::build) does first; its docs list the rules).
-    pub(crate) fn validate(&self) -> Result<(Settings, Window), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(Settings, WindowSpec), ConfigError> {
         const DAY: Duration = Duration::from_secs(86_400);
         if !(1..=10_000).contains(&self.max_keys) {
             return Err(ConfigError::new(
@@ -393,11 +393,10 @@ impl<C> BreakerConfig<C> {
                         ),
                     ));
                 }
-                Window::Time(TimeRing::new(
-                    bucket.as_micros() as u64,
-                    buckets as usize,
-                    crate::rt::stripe::count(),
-                ))
+                WindowSpec::Time {
+                    bucket_us: bucket.as_micros() as u64,
+                    buckets: buckets as usize,
+                }
             }
             WindowKind::Count(n) => {
                 if !(1..=MAX_COUNT_WINDOW).contains(&n) {
@@ -415,7 +414,7 @@ impl<C> BreakerConfig<C> {
                         ),
                     ));
                 }
-                Window::Count(CountRing::new(n as usize))
+                WindowSpec::Count(n as usize)
             }
         };
         let settings = Settings {
@@ -434,6 +433,18 @@ impl<C> BreakerConfig<C> {
         Ok((settings, window))
     }
 
+    /// The configuration checked once ([`validate`](Self::validate)): what a breaker is built
+    /// from without a second check, so building one cannot fail (a keyed layer builds each
+    /// key's from it).
+    pub(crate) fn check(self) -> Result<Checked<C>, ConfigError> {
+        let (settings, window) = self.validate()?;
+        Ok(Checked {
+            config: self,
+            settings,
+            window,
+        })
+    }
+
     /// The slow-call duration, if slow calls are detected.
     pub(crate) fn slow_duration(&self) -> Option<Duration> {
         self.slow_calls.map(|(d, _)| d)
@@ -442,6 +453,51 @@ impl<C> BreakerConfig<C> {
 
 /// A seed that differs between breakers and processes, without a random-number crate: std's
 /// randomly keyed hasher.
+/// The shape of a breaker's window, checked: [`build`](Self::build) makes one, which cannot fail.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum WindowSpec {
+    /// Buckets of `bucket_us` microseconds, `buckets` of them.
+    Time { bucket_us: u64, buckets: usize },
+    /// The last `n` calls.
+    Count(usize),
+}
+
+impl WindowSpec {
+    /// A new, empty window of this shape.
+    pub(crate) fn build(self) -> Window {
+        match self {
+            WindowSpec::Time { bucket_us, buckets } => Window::Time(TimeRing::new(
+                bucket_us,
+                buckets,
+                crate::rt::stripe::count(),
+            )),
+            WindowSpec::Count(n) => Window::Count(CountRing::new(n)),
+        }
+    }
+}
+
+/// A [`BreakerConfig`] whose knobs were checked, with what the check derived.
+#[derive(Debug, Clone)]
+pub(crate) struct Checked<C> {
+    pub(crate) config: BreakerConfig<C>,
+    pub(crate) settings: Settings,
+    pub(crate) window: WindowSpec,
+}
+
+impl<C: Clone> Checked<C> {
+    /// The configuration of a new key's breaker in a keyed layer, in `mode`: this one, with a
+    /// seed of its own unless the configuration gave one (so keys' open times do not jitter
+    /// in step).
+    pub(crate) fn for_key(&self, mode: crate::client::breaker::Mode) -> Self {
+        let mut checked = self.clone();
+        checked.config.mode = mode;
+        if checked.config.seed.is_none() {
+            checked.settings.seed = random_seed();
+        }
+        checked
+    }
+}
+
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(0u64)
@@ -469,15 +525,16 @@ impl<C> BreakerConfig<C> {
     where
         C: Clone,
     {
-        self.validate()?;
         let config = Arc::new(self.clone());
-        let keyed = self.key.take().map(|key| {
-            // Each new key's breaker: this configuration, unkeyed.
-            let template = self.clone();
-            Arc::new(Keyed::new(key, template, self.max_keys, self.key_idle))
+        let key = self.key.take();
+        let checked = self.check()?;
+        let keyed = key.map(|key| {
+            // Each new key's breaker: this configuration, unkeyed, checked once here.
+            let (max_keys, idle) = (checked.config.max_keys, checked.config.key_idle);
+            Arc::new(Keyed::new(key, checked.clone(), max_keys, idle))
         });
         Ok(BreakerLayer::from_shared(
-            Shared::from_config(self, keyed)?,
+            Shared::from_checked(checked, keyed),
             config,
         ))
     }

@@ -32,10 +32,7 @@ impl<C: Clone> Keyed<C> {
     #[inline]
     fn entry_at(&self, key: &str, now: u64) -> Option<Arc<Slot<Entry<C>>>> {
         let make = |run_time: &super::shared::RunTime| {
-            let mut config = self.template.clone();
-            config.mode = run_time.mode;
-            let shared = Shared::from_config(config, None)
-                .expect("the template was validated with the keyed layer");
+            let shared = Shared::from_checked(self.template.for_key(run_time.mode), None);
             shared.keyed_as(crate::route::key_label(&self.key), key);
             Entry {
                 handles: Handles::uncopied(&shared),

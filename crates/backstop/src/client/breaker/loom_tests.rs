@@ -243,7 +243,7 @@ fn keyed_idle(
         .jitter(false);
     Arc::new(crate::client::breaker::shared::Keyed::new(
         crate::RouteKey::Path,
-        config,
+        config.check().expect("a valid configuration"),
         max_keys,
         idle,
     ))
@@ -293,8 +293,7 @@ fn loom_a_mode_set_while_a_key_is_added_reaches_it() {
     loom::model(|| {
         let table = keyed(4);
         let overflow =
-            crate::client::breaker::shared::Shared::from_config(table.template.clone(), None)
-                .unwrap();
+            crate::client::breaker::shared::Shared::from_checked(table.template.clone(), None);
         let adder = {
             let table = table.clone();
             thread::spawn(move || table.entry_for_test("a").expect("room for it"))
@@ -317,8 +316,7 @@ fn loom_a_reset_racing_a_full_scan_lets_the_next_key_in() {
     loom::model(|| {
         let table = keyed_idle(1, std::time::Duration::from_secs(1));
         let overflow =
-            crate::client::breaker::shared::Shared::from_config(table.template.clone(), None)
-                .unwrap();
+            crate::client::breaker::shared::Shared::from_checked(table.template.clone(), None);
         let a = table.entry_at_for_test("a", 0).expect("room for it");
         let opened = a
             .shared

@@ -7,9 +7,9 @@
 //! compare-and-swap made the transition, so each transition is reported exactly once.
 
 use crate::RouteKey;
-use crate::client::breaker::config::Hook;
+use crate::client::breaker::config::{Checked, Hook};
 use crate::client::breaker::state::{Admission, Machine, Tally};
-use crate::client::breaker::{BreakerConfig, Mode, State, Transition};
+use crate::client::breaker::{Mode, State, Transition};
 use crate::rt::stripe;
 use crate::rt::table::Table;
 use std::{fmt, sync::Arc, time::Duration};
@@ -103,15 +103,16 @@ impl<C> fmt::Debug for Shared<C> {
 }
 
 impl<C> Shared<C> {
-    /// A breaker for `config` (validated here), with the table of a keyed layer's breakers
-    /// when it is one.
-    pub(crate) fn from_config(
-        config: BreakerConfig<C>,
-        keyed: Option<Arc<Keyed<C>>>,
-    ) -> Result<Arc<Self>, crate::ConfigError> {
-        let (settings, window) = config.validate()?;
-        Ok(Arc::new(Self {
-            machine: Machine::new(settings, window, config.mode),
+    /// A breaker for a checked configuration (which cannot fail), with the table of a keyed
+    /// layer's breakers when it is one.
+    pub(crate) fn from_checked(checked: Checked<C>, keyed: Option<Arc<Keyed<C>>>) -> Arc<Self> {
+        let Checked {
+            config,
+            settings,
+            window,
+        } = checked;
+        Arc::new(Self {
+            machine: Machine::new(settings, window.build(), config.mode),
             slow: config.slow_duration(),
             classifier: config.classifier,
             start: Instant::now(),
@@ -122,7 +123,7 @@ impl<C> Shared<C> {
             keyed,
             #[cfg(feature = "metrics")]
             metrics: std::sync::OnceLock::new(),
-        }))
+        })
     }
 
     /// Microseconds since the breaker was built: the machine's clock.
@@ -325,8 +326,8 @@ pub(crate) struct Entry<C> {
 /// The breakers of a keyed layer, in the per-route table ([`crate::rt::table`]).
 pub(crate) struct Keyed<C> {
     pub(crate) key: RouteKey,
-    /// What each new key's breaker is built from (the layer's config, unkeyed).
-    pub(crate) template: BreakerConfig<C>,
+    /// What each new key's breaker is built from (the layer's config, unkeyed, checked).
+    pub(crate) template: Checked<C>,
     /// The table, its run-time state what the layer's run-time setters changed, that a key
     /// added later must start with.
     pub(crate) table: Table<Entry<C>, RunTime>,
@@ -354,7 +355,7 @@ impl<C> fmt::Debug for Keyed<C> {
 impl<C> Keyed<C> {
     pub(crate) fn new(
         key: RouteKey,
-        template: BreakerConfig<C>,
+        template: Checked<C>,
         max_keys: usize,
         idle: Duration,
     ) -> Self {
@@ -364,7 +365,7 @@ impl<C> Keyed<C> {
                 max_keys,
                 idle,
                 RunTime {
-                    mode: template.mode,
+                    mode: template.config.mode,
                 },
             ),
             template,
