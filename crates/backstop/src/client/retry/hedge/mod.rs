@@ -31,10 +31,10 @@
 //!   the delay, is not read short from the winners alone.
 //! - **Retryable failures** (A6's "non-fatal codes": the classifier's retryable set) send the
 //!   next hedge at once; `grpc-retry-pushback-ms: n` sends it in exactly `n` ms, and a
-//!   `Retry-After` after that long (both clamped to 30 s, as for retries), and no hedge
-//!   goes before a wait the server asked for is over, whatever the hedging delay says; a wait
-//!   that does not leave 1 ms before the deadline stops hedging at once, and a
-//!   negative pushback stops it too. When no attempt is left in flight and no hedge will be
+//!   `Retry-After` after that long, and no hedge goes before a wait the server asked for is
+//!   over, whatever the hedging delay says; a wait over 30 s (as for retries) or one that does
+//!   not leave 1 ms before the deadline stops hedging at once, and a negative pushback stops
+//!   it too. When no attempt is left in flight and no hedge will be
 //!   sent, the last failure is returned.
 //! - **The budget.** Every hedge takes a token from the same [`Budget`](crate::client::retry::Budget) as
 //!   retries, so retries and hedges together stay within its ratio; no token, no hedge. A
