@@ -277,7 +277,7 @@ impl<S, B, C> RetryState<S, B, C> {
         });
         // The least the wait may be: what the server asked, else the policy's least delay.
         let mut least = policy.least_retry_wait();
-        let wait = match hint {
+        let mut wait = match hint {
             // A wait longer than the layer holds a call for: not retried, never sooner than
             // the server asked.
             Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked))
@@ -298,8 +298,8 @@ impl<S, B, C> RetryState<S, B, C> {
             }
             _ => next_backoff(policy, &mut self.backoff, rng),
         };
-        let mut wait = wait;
         if let Some(send_by) = self.bounds.send_by() {
+            let now = Instant::now();
             // The route's own reserve, when it is kept per route.
             let reserve = policy
                 .reserve
@@ -309,13 +309,13 @@ impl<S, B, C> RetryState<S, B, C> {
             // below the least wait: the share of the deadline an attempt bound kept for a retry
             // is not lost to the draw (the jitter still spreads retries within what is left).
             let room = send_by
-                .saturating_duration_since(Instant::now())
+                .saturating_duration_since(now)
                 .saturating_sub(crate::client::retry::MIN_ATTEMPT_TIME)
                 .saturating_sub(reserve.unwrap_or_default());
             if wait > room && least <= room {
                 wait = room;
             }
-            let start = Instant::now().checked_add(wait);
+            let start = now.checked_add(wait);
             let earliest =
                 start.and_then(|t| t.checked_add(crate::client::retry::MIN_ATTEMPT_TIME));
             if earliest.is_none_or(|t| t > send_by) {
