@@ -105,9 +105,8 @@ impl Run {
             start: recorder.start(),
             hedge: self.scenario.hedges(),
             per_route: self.scenario.routes() > 1,
-            // A user who knows the dependency's capacity caps the calls in flight to it: twice
-            // its workers (a short queue in front of them keeps them busy).
-            bulkhead: self.scenario.capacity().map(|c| c.workers * 2),
+            // The presets' defaults: the adaptive limit learns the capacity no one told it.
+            bulkhead: None,
             latency: Arc::default(),
             keys: self.scenario == Scenario::Post,
         };

@@ -67,10 +67,11 @@ pub enum Variant {
     /// 10 % over 10 s) and `timeout` (500 ms per attempt), and its `Hedge` in `tail`: what a
     /// careful user writes today.
     Tower,
-    /// backstop's client preset (the user's deadline propagated, adaptive throttling,
-    /// attempts bounded by measured latency, ratio budget, breaker; measured hedging in
-    /// `tail`; a bulkhead at twice the dependency's workers in `overload`) and server preset
-    /// (deadline, deadline-aware admission, pushback).
+    /// backstop's client preset with its defaults in every scenario (the user's deadline
+    /// propagated, adaptive throttling, the adaptive concurrency limit, attempts bounded by
+    /// measured latency, ratio budget, breaker; measured hedging in `tail`; no bulkhead: the
+    /// user is not told the dependency's capacity) and server preset (deadline,
+    /// deadline-aware admission, pushback).
     Backstop,
 }
 
@@ -114,7 +115,8 @@ pub struct ClientConfig {
     /// apart).
     pub per_route: bool,
     /// backstop's bulkhead (`max_concurrency`), for a dependency whose capacity the user
-    /// knows (`overload`); `None`: the preset's default, off.
+    /// knows; `None` (every scenario: the lab shows what a user gets untuned): the preset's
+    /// default, off.
     pub bulkhead: Option<u32>,
     /// The attempt layer of the first backstop client built, so the run can sample what it
     /// measured.

@@ -2,7 +2,7 @@
 //! [`ClientBuilder::service_config`](crate::ClientBuilder::service_config).
 //!
 //! ```text
-//! MethodTimeout → PropagateDeadline → Bulkhead → Throttle → Methods (one Retry per methodConfig entry) → Breaker → attempt bound → transport
+//! MethodTimeout → PropagateDeadline → Bulkhead → Throttle → Methods (one Retry per methodConfig entry) → Breaker → adaptive limit → attempt bound → transport
 //! ```
 //!
 //! - **The method's `timeout`** becomes the call's deadline (a request extension, the earlier
@@ -16,7 +16,8 @@
 //!   then retry unthrottled; backstop never lets retries storm).
 //! - **One breaker and one attempt bound** for the dependency, as in the preset; likewise
 //!   one adaptive throttle and one bulkhead (the preset's, on and off by default), outside
-//!   every method's retry layer, so they see the channel's calls whatever their method.
+//!   every method's retry layer, so they see the channel's calls whatever their method, and
+//!   one adaptive limit on attempts, inside them.
 //!
 //! - **Per method, in the metrics**: each entry's retry layer labels its series with
 //!   `route` (the entry's names as paths, `/pkg.Service/Method` or `/pkg.Service/*`, `*` for
@@ -164,7 +165,9 @@ pub type MethodsClient<S> = MethodTimeout<
             crate::client::overload::throttle::Throttle<
                 Methods<
                     crate::client::breaker::Breaker<
-                        crate::client::attempt::AttemptTimeout<S>,
+                        crate::client::overload::bulkhead::Bulkhead<
+                            crate::client::attempt::AttemptTimeout<S>,
+                        >,
                         GrpcClassifier,
                     >,
                 >,
@@ -199,7 +202,12 @@ impl<S: Clone> Layer<S> for MethodsLayer {
         } else {
             attempt.clone()
         };
-        let inner = self.client.breaker_layer().layer(attempt.layer(inner));
+        // As in the preset: the adaptive limit between the breaker and the attempt bound.
+        let inner = self
+            .client
+            .adaptive_limit_layer()
+            .layer(attempt.layer(inner));
+        let inner = self.client.breaker_layer().layer(inner);
         // Each method's retry layer, arranged once for this stack.
         let retries = self
             .retries

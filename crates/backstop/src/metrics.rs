@@ -23,7 +23,9 @@
 //! | `backstop.deadline.malformed` | counter | — | a server's deadline layer receives a malformed `grpc-timeout` |
 //! | `backstop.throttle.rejections` | counter | `dependency` | the client's adaptive throttle refuses a first attempt |
 //! | `backstop.throttle.probability` | gauge | `dependency` | from the throttle's first refusal on, its rejection probability at each recompute (at most once per tenth of a window bucket), so it falls back to 0 when the throttle lets go |
-//! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited) |
+//! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited), `adaptive_limit` (an adaptive bulkhead's: no permit under the learnt limit could come before the call's deadline) |
+//! | `backstop.bulkhead.limit` | gauge | `dependency` | an adaptive bulkhead (the presets' attempt limit) ends a 100 ms bucket: its learnt limit |
+//! | `backstop.bulkhead.in_flight` | gauge | `dependency` | an adaptive bulkhead ends a 100 ms bucket: the attempts holding a permit then |
 //! | `backstop.admission.rejections` | counter | `route` | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
 //! | `backstop.idempotency.requests` | counter | `outcome` | a keyed request through a server's `IdempotencyLayer` ends: `executed` (the handler ran, its answer kept for replay), `replayed` (a stored answer, or the record that the request ran, answered again), `in_flight` (409: the key's request still runs), `mismatch` (422: the key was used for another request), `bad_key` (400), `bad_body` (413, or an unreadable body), `store_error` (503: the store failed, the handler not run), `fail_open` (the store failed, the handler ran without de-duplication), `released` (the handler's answer says nothing happened: the key is free), `not_kept` (the handler ran and left no answer to replay: an error, a panic, an answer too large or with trailers) |
 //!
@@ -125,6 +127,10 @@ pub const THROTTLE_REJECTIONS: &str = "backstop.throttle.rejections";
 pub const THROTTLE_PROBABILITY: &str = "backstop.throttle.probability";
 /// `backstop.bulkhead.rejections`
 pub const BULKHEAD_REJECTIONS: &str = "backstop.bulkhead.rejections";
+/// `backstop.bulkhead.limit`
+pub const BULKHEAD_LIMIT: &str = "backstop.bulkhead.limit";
+/// `backstop.bulkhead.in_flight`
+pub const BULKHEAD_IN_FLIGHT: &str = "backstop.bulkhead.in_flight";
 /// `backstop.admission.rejections`
 pub const ADMISSION_REJECTIONS: &str = "backstop.admission.rejections";
 /// `backstop.idempotency.requests`
@@ -140,7 +146,7 @@ pub const GRPC_CALL_RETRY_DELAY: &str = "grpc.client.call.retry_delay";
 /// Every name above but gRFC A96's, for the tests (an exporter's allow-list is the table
 /// above).
 #[cfg(test)]
-const ALL: [&str; 15] = [
+const ALL: [&str; 17] = [
     CLIENT_REQUESTS,
     CLIENT_ATTEMPTS,
     CLIENT_ATTEMPT_DURATION,
@@ -154,6 +160,8 @@ const ALL: [&str; 15] = [
     THROTTLE_REJECTIONS,
     THROTTLE_PROBABILITY,
     BULKHEAD_REJECTIONS,
+    BULKHEAD_LIMIT,
+    BULKHEAD_IN_FLIGHT,
     ADMISSION_REJECTIONS,
     IDEMPOTENCY_REQUESTS,
 ];
@@ -186,7 +194,7 @@ struct Metric {
 /// Every metric with its kind and labels, in the order of the table above: the one list the
 /// docs' tables (these module docs and the README's) are checked against.
 #[cfg(test)]
-const CATALOG: [Metric; 15] = {
+const CATALOG: [Metric; 17] = {
     use Kind::{Counter, Gauge, Histogram};
     const fn m(name: &'static str, kind: Kind, labels: &'static [&'static str]) -> Metric {
         Metric { name, kind, labels }
@@ -221,6 +229,8 @@ const CATALOG: [Metric; 15] = {
         m(THROTTLE_REJECTIONS, Counter, &["dependency"]),
         m(THROTTLE_PROBABILITY, Gauge, &["dependency"]),
         m(BULKHEAD_REJECTIONS, Counter, &["dependency", "reason"]),
+        m(BULKHEAD_LIMIT, Gauge, &["dependency"]),
+        m(BULKHEAD_IN_FLIGHT, Gauge, &["dependency"]),
         m(ADMISSION_REJECTIONS, Counter, &["route"]),
         m(IDEMPOTENCY_REQUESTS, Counter, &["outcome"]),
     ]

@@ -27,9 +27,10 @@ use tower_layer::Layer;
 
 /// The client stack's configuration, checked by [`build`](Self::build) into the
 /// [`ClientLayer`] that stacks it, as one layer, always in this order:
-/// `PropagateDeadline → Bulkhead → Throttle → IdempotencyKey → Retry → Breaker → attempt
-/// timeout → your client` (the bulkhead limits nothing unless [`bulkhead`](Self::bulkhead)
-/// gives it a limit; the key layer stamps nothing unless
+/// `PropagateDeadline → Bulkhead → Throttle → IdempotencyKey → Retry → Breaker → adaptive
+/// limit → attempt timeout → your client` (the bulkhead limits nothing unless
+/// [`bulkhead`](Self::bulkhead) gives it a limit; the adaptive limit is on in the presets,
+/// [`adaptive_limit`](Self::adaptive_limit); the key layer stamps nothing unless
 /// [`idempotency_keys`](Self::idempotency_keys) turns it on).
 ///
 /// Made by [`http()`] or [`grpc()`] with every default, and tuned by its setters. Every setter
@@ -47,7 +48,7 @@ use tower_layer::Layer;
 /// clone it into every client that calls that dependency; two `build`s are two dependencies
 /// (they share nothing but a [`RetryConfig::budget`] you gave both).
 ///
-/// # Overload: the throttle on, the bulkhead off
+/// # Overload: the throttle and the adaptive limit on, the bulkhead off
 ///
 /// The presets' adaptive throttle ([`backstop::client::overload::throttle`](crate::client::overload::throttle),
 /// on by default) refuses, locally and at once, a share of first attempts while the dependency
@@ -58,18 +59,24 @@ use tower_layer::Layer;
 /// outside the retry layer, so the retry budget keeps governing retries and a refused call
 /// buffers no body. Turn it off with `.throttle(None)`.
 ///
-/// The bulkhead (a limit on calls in flight, their wait bounded by the deadline) is
-/// **off** by default: its one useful number is the dependency's capacity in calls in flight
-/// (its rate × its latency, by Little's law), which only its owner knows, and a generous
-/// guess would bind only when it is already too late while costing every call a
-/// compare-and-swap on one word all cores share. Give it a limit with
-/// `.bulkhead(BulkheadLayer::builder(64))`.
+/// The adaptive limit ([`adaptive_limit`](Self::adaptive_limit), on by default) bounds the
+/// attempts in flight with a limit it learns: it holds nothing back until the dependency is
+/// queueing enough to threaten the calls' deadlines, then keeps the attempts in flight near
+/// what the dependency serves within them, and follows its capacity when that changes. An
+/// attempt that cannot get a permit before its deadline is refused at once.
 ///
-/// Both refusals are local rejections ([`Outcome::Rejected`](crate::Outcome)):
+/// The bulkhead (a fixed limit on calls in flight, their wait bounded by the deadline) is
+/// **off** by default: its one useful number is the dependency's capacity in calls in flight
+/// (its rate × its latency, by Little's law), which only its owner knows. Give it a limit with
+/// `.bulkhead(BulkheadLayer::builder(64))` as a hard cap on calls, a user call holding one
+/// permit across its retries.
+///
+/// The three refusals are local rejections ([`Outcome::Rejected`](crate::Outcome)):
 /// never sent, never retried, never a breaker failure. An HTTP caller gets
 /// [`ClientThrottled`](crate::ClientThrottled) (inside a
 /// [`RetryError`](crate::client::retry::RetryError) saying 0 attempts) or
-/// [`BulkheadFull`](crate::BulkheadFull); a gRPC caller a trailers-only UNAVAILABLE
+/// [`BulkheadFull`](crate::BulkheadFull) (the adaptive limit's inside a `RetryError`, its
+/// knob `adaptive_limit`); a gRPC caller a trailers-only UNAVAILABLE
 /// with `grpc-retry-pushback-ms: -1`.
 ///
 /// Setters never panic and never fail: `build` checks every part and returns the first
@@ -84,6 +91,7 @@ pub struct ClientBuilder<C> {
     timeout: Option<Duration>,
     send_grpc_timeout: Option<bool>,
     bulkhead: Option<BulkheadLayerBuilder>,
+    adaptive_limit: bool,
     throttle: Option<AdaptiveThrottleBuilder>,
     keys: IdempotencyKeyLayer,
     retry: RetryConfig<C>,
@@ -110,7 +118,9 @@ enum Reserve {
 pub type HttpClient<S> = PropagateDeadline<
     Bulkhead<
         Throttle<
-            IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, HttpClassifier>, HttpClassifier>>,
+            IdempotencyKey<
+                Retry<Breaker<Bulkhead<AttemptTimeout<S>>, HttpClassifier>, HttpClassifier>,
+            >,
             HttpClassifier,
         >,
     >,
@@ -121,7 +131,9 @@ pub type HttpClient<S> = PropagateDeadline<
 pub type GrpcClient<S> = PropagateDeadline<
     Bulkhead<
         Throttle<
-            IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, GrpcClassifier>, GrpcClassifier>>,
+            IdempotencyKey<
+                Retry<Breaker<Bulkhead<AttemptTimeout<S>>, GrpcClassifier>, GrpcClassifier>,
+            >,
             GrpcClassifier,
         >,
     >,
@@ -130,12 +142,15 @@ pub type GrpcClient<S> = PropagateDeadline<
 /// The response of a client preset whose transport answers `Response<B>`: the body is wrapped
 /// by the deadline (which bounds the stream), the bulkhead and the throttle (which may answer
 /// a gRPC call themselves), the retry layer and the breaker (which read the trailers of a gRPC
-/// stream).
+/// stream), and the adaptive limit (which may answer an attempt itself).
 pub type ClientResponse<B, C> = http::Response<
     crate::deadline::DeadlineBody<
         ResponseBody<
             ResponseBody<
-                crate::client::retry::RetryBody<crate::client::breaker::BreakerBody<B, C>, C>,
+                crate::client::retry::RetryBody<
+                    crate::client::breaker::BreakerBody<ResponseBody<B>, C>,
+                    C,
+                >,
             >,
         >,
     >,
@@ -181,8 +196,8 @@ pub fn error_info(
 }
 
 /// The preset for HTTP dependencies: [`PropagateDeadlineLayer::new`], the bulkhead off,
-/// [`AdaptiveThrottle::new`] (adaptive throttling with its defaults; why on, and the bulkhead
-/// off: [`ClientBuilder`]), [`RetryConfig::http`] (3 attempts, decorrelated jitter, the 10 %
+/// [`AdaptiveThrottle::new`] (adaptive throttling with its defaults) and the adaptive limit
+/// on (why on, and the bulkhead off: [`ClientBuilder`]), [`RetryConfig::http`] (3 attempts, decorrelated jitter, the 10 %
 /// ratio budget), the breaker of [`http_breaker`], and attempts bounded by measured latency
 /// ([`Adaptive`]: p99 × 3, from a floor of p99 × 20 held
 /// between 250 ms and 1 s to 10 s, 10 s until 100 calls are measured; see
@@ -192,6 +207,7 @@ pub fn http() -> ClientBuilder<HttpClassifier> {
         .breaker(http_breaker())
         .preset_reserve()
         .throttle(Some(AdaptiveThrottle::builder()))
+        .adaptive_limit(true)
 }
 
 /// The preset for gRPC dependencies: as [`http()`] with
@@ -202,6 +218,7 @@ pub fn grpc() -> ClientBuilder<GrpcClassifier> {
         .breaker(grpc_breaker())
         .preset_reserve()
         .throttle(Some(AdaptiveThrottle::builder()))
+        .adaptive_limit(true)
 }
 
 /// The breaker of the [`http()`] preset, to tune and pass to [`ClientBuilder::breaker`]:
@@ -244,6 +261,11 @@ fn tuned<C>(config: BreakerConfig<C>) -> BreakerConfig<C> {
         .open_duration(OPEN_BASE, OPEN_MAX)
 }
 
+/// The cap of the presets' adaptive limit: attempts in flight to one dependency. High enough
+/// never to bind by itself (a dependency answering 10 000 calls a second in 1 s), low enough
+/// to bound a stack's memory when the dependency hangs and no deadline ends its calls.
+const ADAPTIVE_CAP: u32 = 10_000;
+
 /// The presets' first open time: see [`http_breaker`].
 const OPEN_BASE: Duration = Duration::from_secs(1);
 /// The presets' longest open time: see [`http_breaker`].
@@ -253,7 +275,7 @@ impl<C: Clone> ClientBuilder<C> {
     /// A client stack that classifies with `classifier`: deadline propagation with its
     /// defaults, [`RetryConfig::new`] and [`BreakerConfig::new`] (their defaults), attempts
     /// bounded by measured latency with the [`Adaptive`] defaults, no throttle, no bulkhead,
-    /// no retry reserve. [`http()`] and [`grpc()`] are this with the presets' tuning.
+    /// no adaptive limit, no retry reserve. [`http()`] and [`grpc()`] are this with the presets' tuning.
     pub fn new(classifier: C) -> Self {
         Self {
             retry: RetryConfig::new(classifier.clone()),
@@ -264,6 +286,7 @@ impl<C: Clone> ClientBuilder<C> {
             timeout: None,
             send_grpc_timeout: None,
             bulkhead: None,
+            adaptive_limit: false,
             throttle: None,
             keys: IdempotencyKeyLayer::off(),
             max_attempts: None,
@@ -302,6 +325,7 @@ impl<C: Clone> ClientBuilder<C> {
             timeout: self.timeout,
             send_grpc_timeout: self.send_grpc_timeout,
             bulkhead: self.bulkhead,
+            adaptive_limit: self.adaptive_limit,
             throttle: self.throttle,
             keys: self.keys,
             max_attempts: self.max_attempts,
@@ -510,6 +534,27 @@ impl<C: Clone> ClientBuilder<C> {
         self
     }
 
+    /// Bounds the attempts in flight to the dependency with a limit learnt from its answers
+    /// (on in the presets; [`ClientBuilder`] says why): an
+    /// [adaptive bulkhead](crate::client::overload::bulkhead#the-adaptive-limit) with a cap of
+    /// 10 000, inside the breaker, named as the stack. It starts at the cap and is halved
+    /// only while the dependency queues enough to threaten the calls' deadlines; a stack whose
+    /// calls carry no deadline is never cut. `false` takes it out.
+    ///
+    /// ```
+    /// let client = backstop::client::http().name("search").build()?;
+    /// assert!(client.adaptive_limit_layer().is_adaptive());
+    /// assert_eq!(client.adaptive_limit_layer().limit(), 10_000);
+    /// let off = backstop::client::http().adaptive_limit(false).build()?;
+    /// assert!(!off.adaptive_limit_layer().is_on());
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn adaptive_limit(mut self, on: bool) -> Self {
+        self.adaptive_limit = on;
+        self
+    }
+
     /// How each attempt is bounded, inside the breaker (default: by measured latency,
     /// [`Adaptive`]'s defaults): an attempt that times out is a failure the breaker counts
     /// and the retry layer may retry (if the request is idempotent), within the request's
@@ -639,6 +684,14 @@ impl<C: Clone> ClientBuilder<C> {
             Some(b) => b.build()?,
             None => BulkheadLayer::off(),
         };
+        let mut limit = if self.adaptive_limit {
+            BulkheadLayer::builder(ADAPTIVE_CAP)
+                .max_queue(ADAPTIVE_CAP)
+                .adaptive(true)
+                .build()?
+        } else {
+            BulkheadLayer::off()
+        };
         let mut throttle = match self.throttle {
             Some(t) => ThrottleLayer::with(Arc::new(t.build()?), self.classifier.clone()),
             None => ThrottleLayer::off(),
@@ -653,6 +706,7 @@ impl<C: Clone> ClientBuilder<C> {
         if let Some(name) = name {
             deadline = deadline.named(name);
             bulkhead = bulkhead.named(name);
+            limit = limit.named(name);
             throttle = throttle.named(name);
             breaker = breaker.named(name);
             attempt = attempt.named(name);
@@ -708,6 +762,7 @@ impl<C: Clone> ClientBuilder<C> {
             #[cfg(feature = "service-config")]
             deadline,
             bulkhead,
+            limit,
             throttle,
             keys: self.keys,
             retry: retry.grpc_timeout_written_inside(offset),
@@ -785,6 +840,8 @@ pub struct ClientLayer<C> {
     /// The stack's outermost layer: `deadline`, writing no header (the attempt bound does).
     outer: PropagateDeadlineLayer,
     bulkhead: BulkheadLayer,
+    /// The adaptive limit on attempts, inside the breaker.
+    limit: BulkheadLayer,
     throttle: ThrottleLayer<C>,
     keys: IdempotencyKeyLayer,
     retry: RetryLayer<C>,
@@ -820,6 +877,13 @@ impl<C> ClientLayer<C> {
         &self.bulkhead
     }
 
+    /// The adaptive limit on attempts (on unless [`adaptive_limit`](ClientBuilder::adaptive_limit)
+    /// took it out), for its learnt [`limit`](BulkheadLayer::limit) and
+    /// [`in_flight`](BulkheadLayer::in_flight) count.
+    pub fn adaptive_limit_layer(&self) -> &BulkheadLayer {
+        &self.limit
+    }
+
     /// The adaptive throttle, for its [`throttle`](ThrottleLayer::throttle)'s probability and
     /// refusals.
     pub fn throttle_layer(&self) -> &ThrottleLayer<C> {
@@ -853,12 +917,16 @@ impl<C> ClientLayer<C> {
 
 impl<S, C> Layer<S> for ClientLayer<C> {
     type Service = PropagateDeadline<
-        Bulkhead<Throttle<IdempotencyKey<Retry<Breaker<AttemptTimeout<S>, C>, C>>, C>>,
+        Bulkhead<Throttle<IdempotencyKey<Retry<Breaker<Bulkhead<AttemptTimeout<S>>, C>, C>>, C>>,
     >;
 
     fn layer(&self, inner: S) -> Self::Service {
         // The onion `build` made, outermost last.
         let inner = self.attempt.layer(inner);
+        // Inside the breaker: an attempt it refuses takes no permit. Outside the attempt
+        // bound: the wait for a permit is bounded by the deadline, not by the attempt's bound,
+        // and an attempt's latency is measured from when it holds one.
+        let inner = self.limit.layer(inner);
         let inner = self.breaker.layer(inner);
         let inner = self.retry.layer(inner);
         // Outside the retry layer: one key per logical call, the same on every attempt.

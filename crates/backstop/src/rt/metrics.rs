@@ -3,9 +3,9 @@
 
 use crate::metrics::{
     ADMISSION_REJECTIONS, BREAKER_REJECTIONS, BREAKER_STATE, BREAKER_TRANSITIONS,
-    BULKHEAD_REJECTIONS, CLIENT_ATTEMPT_DURATION, CLIENT_ATTEMPTS, CLIENT_REQUESTS,
-    DEADLINE_EXPIRED, DEADLINE_MALFORMED, IDEMPOTENCY_REQUESTS, RETRY_BUDGET_BALANCE,
-    RETRY_GIVE_UPS, THROTTLE_PROBABILITY, THROTTLE_REJECTIONS,
+    BULKHEAD_IN_FLIGHT, BULKHEAD_LIMIT, BULKHEAD_REJECTIONS, CLIENT_ATTEMPT_DURATION,
+    CLIENT_ATTEMPTS, CLIENT_REQUESTS, DEADLINE_EXPIRED, DEADLINE_MALFORMED, IDEMPOTENCY_REQUESTS,
+    RETRY_BUDGET_BALANCE, RETRY_GIVE_UPS, THROTTLE_PROBABILITY, THROTTLE_REJECTIONS,
 };
 
 /// The `backstop.client.attempt.duration` handle of a retry layer that serves some of a
@@ -55,6 +55,11 @@ pub(crate) fn describe() {
     metrics::describe_counter!(
         BULKHEAD_REJECTIONS,
         "Calls refused by a bulkhead, by reason"
+    );
+    metrics::describe_gauge!(BULKHEAD_LIMIT, "An adaptive bulkhead's learnt limit");
+    metrics::describe_gauge!(
+        BULKHEAD_IN_FLIGHT,
+        "Calls holding an adaptive bulkhead's permit"
     );
     metrics::describe_counter!(
         ADMISSION_REJECTIONS,

@@ -66,26 +66,89 @@ pin_project! {
 pub(crate) struct Permit {
     shared: Arc<Shared>,
     since: Instant,
+    /// The call's deadline (an adaptive bulkhead's: the share of it an answer took).
+    deadline: Option<Instant>,
 }
 
 impl Permit {
     /// The guard of a permit just taken: built before the call it covers, so nothing between
     /// taking the permit and the call's end (a `call` that panics included) can keep it.
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, deadline: Option<Instant>) -> Self {
         Self {
             shared,
             since: Instant::now(),
+            deadline,
         }
     }
 
     /// The call answered: its hold time is a sample of the mean, unless the answer is a local
     /// refusal made further in (a throttle, an open breaker), which held nothing of the
     /// dependency's: counted, such instant answers would drag the mean down and the bulkhead
-    /// would wait where it should refuse at once. The permit is given back here.
-    fn answered(self, local: bool) {
-        if !local {
-            self.shared
-                .record_hold(Instant::now().saturating_duration_since(self.since));
+    /// would wait where it should refuse at once. An adaptive bulkhead learns from the
+    /// dependency's successes; an answer that is a timeout (the attempt's bound or a deadline
+    /// ended it, here or at a server further on) says the call used all its time, not how long
+    /// the dependency takes.
+    /// The permit is given back here.
+    fn answered(self, answer: Answer) {
+        if answer == Answer::Local {
+            return;
+        }
+        let now = Instant::now();
+        self.shared
+            .record_hold(now.saturating_duration_since(self.since));
+        if answer == Answer::Failed {
+            return;
+        }
+        let budget = self
+            .deadline
+            .map(|d| d.saturating_duration_since(self.since));
+        self.shared
+            .learn(self.since, now, budget, answer == Answer::TimedOut);
+    }
+}
+
+/// What ended a call that held a permit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// The dependency's answer (or a transport error).
+    Dependency,
+    /// The dependency failed (a 5xx, a trailers-only gRPC failure): how soon says nothing of
+    /// how long it takes to serve (a load shedder's refusal is instant).
+    Failed,
+    /// A timeout: the attempt's bound or the deadline.
+    TimedOut,
+    /// A refusal made further in without calling the dependency.
+    Local,
+}
+
+impl Answer {
+    fn of(rejection: Option<&Rejection>) -> Self {
+        match rejection {
+            Some(
+                Rejection::BreakerOpen { .. }
+                | Rejection::ClientThrottled
+                | Rejection::BulkheadFull,
+            ) => Answer::Local,
+            Some(Rejection::AttemptTimedOut | Rejection::DeadlineExceeded) => Answer::TimedOut,
+            _ => Answer::Dependency,
+        }
+    }
+
+    fn of_response<B>(response: &Response<B>) -> Self {
+        let answer = Self::of(response.extensions().get::<Rejection>());
+        if answer != Answer::Dependency {
+            return answer;
+        }
+        // A deadline a server further on saw pass: 504, or gRPC's DEADLINE_EXCEEDED (4).
+        let grpc = response
+            .headers()
+            .get(crate::wire::grpc::GRPC_STATUS)
+            .map(http::HeaderValue::as_bytes);
+        match (response.status().as_u16(), grpc) {
+            (504, _) | (_, Some(b"4")) => Answer::TimedOut,
+            (500..=599, _) => Answer::Failed,
+            (_, Some(code)) if code != b"0" => Answer::Failed,
+            _ => Answer::Dependency,
         }
     }
 }
@@ -102,6 +165,7 @@ impl Drop for Permit {
 pub(crate) struct WaitGuard {
     shared: Arc<Shared>,
     waiter: Option<Arc<Waiter>>,
+    deadline: Option<Instant>,
 }
 
 impl WaitGuard {
@@ -111,13 +175,13 @@ impl WaitGuard {
         self.shared
             .permits
             .cancel(&waiter)
-            .then(|| Permit::new(self.shared.clone()))
+            .then(|| Permit::new(self.shared.clone(), self.deadline))
     }
 
     /// The permit, granted.
     fn take(&mut self) -> Permit {
         self.waiter = None;
-        Permit::new(self.shared.clone())
+        Permit::new(self.shared.clone(), self.deadline)
     }
 }
 
@@ -143,8 +207,8 @@ impl<S: Service<R>, R> BulkheadFuture<S, R> {
         req: R,
         waiter: Arc<Waiter>,
         shared: Arc<Shared>,
-        until: Instant,
-        why: Refusal,
+        (until, why): (Instant, Refusal),
+        deadline: Option<Instant>,
         grpc: bool,
     ) -> Self {
         Self {
@@ -154,6 +218,7 @@ impl<S: Service<R>, R> BulkheadFuture<S, R> {
                 waiter: WaitGuard {
                     shared,
                     waiter: Some(waiter),
+                    deadline,
                 },
                 sleep: LazySleep::new(),
                 until,
@@ -208,13 +273,11 @@ where
                 KindProj::Called { future, permit } => {
                     let result = ready!(future.poll(cx)).map_err(Into::into);
                     if let Some(permit) = permit.take() {
-                        let local = match &result {
-                            Ok(response) => {
-                                refused_further_in(response.extensions().get::<Rejection>())
-                            }
-                            Err(err) => refused_further_in(Rejection::of(&**err).as_ref()),
+                        let answer = match &result {
+                            Ok(response) => Answer::of_response(response),
+                            Err(err) => Answer::of(Rejection::of(&**err).as_ref()),
                         };
-                        permit.answered(local);
+                        permit.answered(answer);
                     }
                     return Poll::Ready(result.map(|r| r.map(ResponseBody::new)));
                 }
@@ -266,16 +329,6 @@ where
             });
         }
     }
-}
-
-/// Whether an answer is a refusal a layer further in made without calling the dependency (an
-/// open breaker, a throttle, another bulkhead); an attempt bound or a deadline that ran out
-/// held the permit for real.
-fn refused_further_in(rejection: Option<&Rejection>) -> bool {
-    matches!(
-        rejection,
-        Some(Rejection::BreakerOpen { .. } | Rejection::ClientThrottled | Rejection::BulkheadFull)
-    )
 }
 
 /// The answer of a refused call: nothing was sent.

@@ -59,6 +59,71 @@
 //! clone stays in its place, to be readied next) and calls it once granted: the ready
 //! instance is called exactly once, as tower's contract asks. So `S: Clone`.
 //!
+//! # The adaptive limit
+//!
+//! Users seldom know how many calls their dependency can take at once, and it changes (a
+//! replica dies, a cache goes cold). An adaptive bulkhead
+//! ([`adaptive`](BulkheadLayerBuilder::adaptive)) learns its limit instead, under
+//! `max_concurrency` as a cap; every rule above (the wait bounded by the deadline, the
+//! refusals) holds with the learnt limit in place of `max_concurrency`, and a refusal because
+//! of it names `adaptive_limit`. The client presets put one on every attempt, inside the
+//! retry layer and the breaker (what the dependency holds is attempts, hedges included), cap
+//! 10 000 ([`adaptive_limit`](crate::client::ClientBuilder::adaptive_limit)).
+//!
+//! **Buckets.** Answers are looked at in buckets of at least 100 ms and 10 answers (a bucket
+//! waits up to 1 s for its 10; one that ends with fewer only grows the limit). Only the
+//! dependency's successes measure its latency: a refusal made further in (an open breaker's)
+//! is no answer; a failure (a 5xx, a trailers-only gRPC error) says nothing of how long it
+//! takes to serve (a load shedder refuses at once); a timeout (the attempt's bound or a
+//! deadline, here or at a server further on: a 504, DEADLINE_EXCEEDED) says the call used all
+//! its time.
+//!
+//! **The baseline** is the dependency's latency at rest: the least one-second mean latency of
+//! the last 30 s, counting only the buckets in which no call waited for the limit, no cut was
+//! on trial, and the mean was at most twice the baseline (a queue building before the limit
+//! reacted is not rest). When 30 s pass with no such second, the last baseline is kept. It
+//! rises only when a trial says so (below).
+//!
+//! **A cut** halves the limit (of the attempts in flight, or of the limit if lower; at least
+//! 1) when a bucket shows both:
+//! - the dependency queueing: a mean latency more than **twice the baseline**; and
+//! - callers feeling it: the answers (timeouts counting as all of it) took on average more
+//!   than **a tenth of the time their call had left** when they were sent, over the answers
+//!   whose call has a deadline (below a tenth, even a doubled latency leaves every caller its
+//!   room for a retry: 30 ms instead of 10 ms of a 1 s deadline is not worth refusing calls
+//!   for).
+//!
+//! **The trial.** A cut is then on trial: it stands if the attempts sent after it answer (10
+//! of them) at least a quarter faster than those sent in the 100 ms before it (which met the
+//! queue as it was); otherwise it is **undone**, and their latency is the new baseline. No
+//! other cut and no growth meanwhile; a trial not judged within 5 s is undone. While a cut is
+//! on trial a call waits for its permit as long as its deadline allows, since the permits
+//! may come back.
+//!
+//! **Growth.** Otherwise, the limit grows by an eighth (at least 1, at most the cap) after
+//! every bucket in which a call found it reached. It starts at the cap: until the
+//! dependency shows a queue, nothing is held back. Outside a trial, at most as many calls
+//! wait for a permit as the limit (a longer queue would only be waited out to the deadline:
+//! better refused at once).
+//!
+//! **Why this rule.** The latency's rise over its baseline says the dependency queues;
+//! Vegas and Gradient2 stop there, and so take any slowdown for queueing: a dependency whose
+//! latency steps from 50 ms to 800 ms without being any busier would be held to a sixteenth
+//! of the calls it takes. The trial tells the two apart: only a queue this limit causes
+//! drains when it cuts. It also keeps the client of a server whose own dependency is
+//! overloaded from starving that server: it sees the server slow down, and halving its calls
+//! would not speed it up. The deadline share keeps the limit out of rises no caller feels; a
+//! halving (not the tenth AIMD usually takes) drains a queue within one trial. The storm lab's
+//! `overload`, `overload-chain` and `capacity-drop` scenarios measure it against a fixed
+//! bulkhead and tower-resilience's adaptive limiter; `drift` and `brownout` show what it
+//! leaves alone.
+//!
+//! A call without a deadline adds to the latency and the baseline, not to the deadline share:
+//! a stack whose calls carry no deadline is never cut (it has no deadline to protect).
+//!
+//! Gauges (feature `metrics`): `backstop.bulkhead.limit` and `backstop.bulkhead.in_flight`,
+//! set when a bucket ends.
+//!
 //! # Example
 //!
 //! ```
@@ -103,6 +168,7 @@
 //!
 //! [`bulkhead`]: https://docs.rs/backstop/latest/backstop/client/struct.ClientLayer.html#method.bulkhead
 
+mod adaptive;
 mod future;
 mod semaphore;
 mod service;
@@ -137,6 +203,7 @@ pub struct BulkheadLayerBuilder {
     max_concurrency: u32,
     max_wait: Duration,
     max_queue: Option<u32>,
+    adaptive: bool,
 }
 
 /// What a bulkhead's clones share.
@@ -151,9 +218,13 @@ pub(crate) struct Shared {
     /// The mean time a permit is held, in µs (an exponentially weighted average, 1/8 per
     /// sample; 0 until the first).
     hold_us: AtomicU64,
+    /// The learnt limit (an adaptive bulkhead's).
+    pub(crate) adaptive: Option<adaptive::Adaptive>,
     pub(crate) name: DependencyName,
     #[cfg(feature = "metrics")]
-    metrics: std::sync::OnceLock<[metrics::Counter; 3]>,
+    metrics: std::sync::OnceLock<[metrics::Counter; 4]>,
+    #[cfg(feature = "metrics")]
+    gauges: std::sync::OnceLock<[metrics::Gauge; 2]>,
 }
 
 impl BulkheadLayer {
@@ -173,6 +244,7 @@ impl BulkheadLayer {
             max_concurrency,
             max_wait: Duration::from_secs(1),
             max_queue: None,
+            adaptive: false,
         }
     }
 
@@ -199,9 +271,29 @@ impl BulkheadLayer {
     }
 
     /// The most calls in flight at once (1 for an [`off`](Self::off) layer, which takes
-    /// no permit).
+    /// no permit); an adaptive bulkhead's cap.
     pub fn max_concurrency(&self) -> u32 {
         self.shared.max_concurrency
+    }
+
+    /// The limit now: an adaptive bulkhead's learnt one (at most
+    /// [`max_concurrency`](Self::max_concurrency)), a fixed one's `max_concurrency`.
+    ///
+    /// ```
+    /// use backstop::client::overload::bulkhead::BulkheadLayer;
+    ///
+    /// let learnt = BulkheadLayer::builder(500).adaptive(true).build()?;
+    /// assert!(learnt.is_adaptive());
+    /// assert_eq!(learnt.limit(), 500, "it starts at the cap");
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    pub fn limit(&self) -> u32 {
+        self.shared.permits.limit()
+    }
+
+    /// Whether the limit is learnt ([`adaptive`](BulkheadLayerBuilder::adaptive)).
+    pub fn is_adaptive(&self) -> bool {
+        self.shared.adaptive.is_some()
     }
 
     /// Calls holding a permit now.
@@ -241,6 +333,7 @@ impl BulkheadLayer {
                 shared.max_concurrency,
                 shared.max_wait,
                 shared.max_queue,
+                shared.adaptive.is_some(),
                 DependencyName::new(name),
             )),
         }
@@ -258,6 +351,7 @@ impl Shared {
         max_concurrency: u32,
         max_wait: Duration,
         max_queue: u32,
+        adaptive: bool,
         name: DependencyName,
     ) -> Self {
         Self {
@@ -267,9 +361,12 @@ impl Shared {
             max_wait,
             max_queue,
             hold_us: AtomicU64::new(0),
+            adaptive: adaptive.then(|| adaptive::Adaptive::new(max_concurrency)),
             name,
             #[cfg(feature = "metrics")]
             metrics: std::sync::OnceLock::new(),
+            #[cfg(feature = "metrics")]
+            gauges: std::sync::OnceLock::new(),
         }
     }
 }
@@ -288,6 +385,20 @@ impl BulkheadLayerBuilder {
     #[must_use]
     pub fn max_queue(mut self, max_queue: u32) -> Self {
         self.max_queue = Some(max_queue);
+        self
+    }
+
+    /// Learns the limit from the dependency's answers instead of holding it at
+    /// `max_concurrency`, which becomes its cap (default `false`: a fixed limit). The limit
+    /// starts at the cap, is halved when the dependency is queueing enough to threaten the
+    /// calls' deadlines, and grows back by an eighth per 100 ms while calls find it reached.
+    /// The whole rule, and why, is in the [module docs](self#the-adaptive-limit). The
+    /// client presets put such a limit on every attempt ([`adaptive_limit`]).
+    ///
+    /// [`adaptive_limit`]: crate::client::ClientBuilder::adaptive_limit
+    #[must_use]
+    pub fn adaptive(mut self, adaptive: bool) -> Self {
+        self.adaptive = adaptive;
         self
     }
 
@@ -324,6 +435,7 @@ impl BulkheadLayerBuilder {
                 self.max_concurrency,
                 self.max_wait,
                 max_queue,
+                self.adaptive,
                 DependencyName::default(),
             )),
         })
@@ -350,6 +462,8 @@ pub(crate) enum Refusal {
     MaxWait,
     /// `max_queue` calls already waited.
     MaxQueue,
+    /// An adaptive bulkhead: no permit under the learnt limit could come before the deadline.
+    Limit,
 }
 
 impl Refusal {
@@ -358,6 +472,7 @@ impl Refusal {
             Refusal::Deadline | Refusal::Expired => "max_concurrency",
             Refusal::MaxWait => "max_wait",
             Refusal::MaxQueue => "max_queue",
+            Refusal::Limit => "adaptive_limit",
         }
     }
 }
@@ -385,8 +500,40 @@ impl Shared {
     /// free for a new waiter.
     pub(crate) fn expected_wait(&self) -> Duration {
         let queued = u64::from(self.permits.load().1);
-        let per_permit = self.hold_us() * (queued + 1) / u64::from(self.max_concurrency);
+        let per_permit = self.hold_us() * (queued + 1) / u64::from(self.permits.limit().max(1));
         Duration::from_micros(per_permit)
+    }
+
+    /// An adaptive bulkhead's answer: a sample of its limit, and the gauges when a bucket
+    /// ended.
+    pub(crate) fn learn(
+        &self,
+        sent: tokio::time::Instant,
+        now: tokio::time::Instant,
+        budget: Option<Duration>,
+        timed_out: bool,
+    ) {
+        let Some(adaptive) = &self.adaptive else {
+            return;
+        };
+        let Some(rolled) = adaptive.answered(&self.permits, sent, now, budget, timed_out) else {
+            return;
+        };
+        #[cfg(feature = "metrics")]
+        {
+            let [limit, in_flight] = self.gauges.get_or_init(|| {
+                crate::rt::metrics::describe();
+                let dependency = self.name.get().to_owned();
+                [
+                    metrics::gauge!(crate::metrics::BULKHEAD_LIMIT, "dependency" => dependency.clone()),
+                    metrics::gauge!(crate::metrics::BULKHEAD_IN_FLIGHT, "dependency" => dependency),
+                ]
+            });
+            limit.set(f64::from(rolled.limit));
+            in_flight.set(f64::from(rolled.in_flight));
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = rolled;
     }
 
     /// A call was refused.
@@ -413,12 +560,14 @@ impl Shared {
                     counter(Refusal::Deadline.knob()),
                     counter(Refusal::MaxWait.knob()),
                     counter(Refusal::MaxQueue.knob()),
+                    counter(Refusal::Limit.knob()),
                 ]
             });
             let index = match why {
                 Refusal::Deadline | Refusal::Expired => 0,
                 Refusal::MaxWait => 1,
                 Refusal::MaxQueue => 2,
+                Refusal::Limit => 3,
             };
             counters[index].increment(1);
         }

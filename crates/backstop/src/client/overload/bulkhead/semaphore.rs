@@ -3,8 +3,11 @@
 //! # Invariant
 //!
 //! One word holds `in_use` (low 32 bits: permits held, granted ones included) and `waiting`
-//! (high 32 bits: calls in the queue). At every instant `in_use ≤ limit`, and under the
-//! queue's lock `waiting` equals the queue's length.
+//! (high 32 bits: calls in the queue). `in_use` rises only below `limit`, and under the
+//! queue's lock `waiting` equals the queue's length. The limit is fixed for a bulkhead and
+//! learnt for an adaptive one ([`set_limit`](Semaphore::set_limit)): when it falls below
+//! `in_use`, no permit is granted until enough are given back; when it rises, the queue is
+//! served at once.
 //!
 //! - **Fast paths, lock-free**: an acquire takes a permit with one compare-and-swap when
 //!   `in_use < limit` and nobody waits (no barging past a waiter); a release gives one back
@@ -45,7 +48,7 @@ fn waiting(word: u64) -> u64 {
 /// The permits of one bulkhead.
 #[derive(Debug)]
 pub(crate) struct Semaphore {
-    limit: u64,
+    limit: AtomicU64,
     word: AtomicU64,
     queue: Mutex<VecDeque<Arc<Waiter>>>,
 }
@@ -76,7 +79,7 @@ pub(crate) enum Enqueued {
 impl Semaphore {
     pub(crate) fn new(limit: u32) -> Self {
         Self {
-            limit: u64::from(limit),
+            limit: AtomicU64::new(u64::from(limit)),
             word: AtomicU64::new(0),
             queue: Mutex::new(VecDeque::new()),
         }
@@ -87,7 +90,7 @@ impl Semaphore {
     pub(crate) fn try_acquire(&self) -> bool {
         let mut word = self.word.load(Ordering::Acquire);
         loop {
-            if waiting(word) > 0 || in_use(word) >= self.limit {
+            if waiting(word) > 0 || in_use(word) >= self.limit.load(Ordering::Relaxed) {
                 return false;
             }
             match self.word.compare_exchange_weak(
@@ -102,6 +105,44 @@ impl Semaphore {
         }
     }
 
+    /// The limit now.
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Relaxed) as u32
+    }
+
+    /// Sets the limit (an adaptive bulkhead's): a lower one takes effect as permits are given
+    /// back; a higher one grants the queue's first waiters the permits it frees, at once.
+    pub(crate) fn set_limit(&self, limit: u32) {
+        let old = self.limit.swap(u64::from(limit), Ordering::AcqRel);
+        // Always under the queue's lock when raised: a call queueing now (under the lock, on
+        // the old limit) is then either seen here or sees the new limit.
+        if u64::from(limit) > old {
+            self.serve_queue();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn serve_queue(&self) {
+        let mut wakers = Vec::new();
+        {
+            let mut queue = self.queue.lock().expect("bulkhead queue");
+            // Under the lock, with a waiter queued, no fast path moves the word (they need
+            // `waiting == 0`): `in_use` is stable between the check and the grant.
+            while in_use(self.word.load(Ordering::Acquire)) < self.limit.load(Ordering::Acquire) {
+                let Some(next) = queue.pop_front() else { break };
+                // One permit more in use, one waiter fewer.
+                self.word.fetch_sub(ONE_WAITER - 1, Ordering::AcqRel);
+                let mut state = next.state.lock().expect("bulkhead waiter");
+                state.granted = true;
+                wakers.extend(state.waker.take());
+            }
+        }
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
     /// Permits held and calls waiting, as last seen (an estimate while others race).
     pub(crate) fn load(&self) -> (u32, u32) {
         let word = self.word.load(Ordering::Acquire);
@@ -113,13 +154,14 @@ impl Semaphore {
         let mut queue = self.queue.lock().expect("bulkhead queue");
         let mut word = self.word.load(Ordering::Acquire);
         loop {
-            let (next, result) = if waiting(word) == 0 && in_use(word) < self.limit {
-                (word + 1, None)
-            } else if waiting(word) >= u64::from(max_queue) {
-                return Enqueued::Full;
-            } else {
-                (word + ONE_WAITER, Some(()))
-            };
+            let (next, result) =
+                if waiting(word) == 0 && in_use(word) < self.limit.load(Ordering::Relaxed) {
+                    (word + 1, None)
+                } else if waiting(word) >= u64::from(max_queue) {
+                    return Enqueued::Full;
+                } else {
+                    (word + ONE_WAITER, Some(()))
+                };
             match self
                 .word
                 .compare_exchange(word, next, Ordering::AcqRel, Ordering::Acquire)
@@ -191,8 +233,11 @@ impl Semaphore {
         let mut queue = self.queue.lock().expect("bulkhead queue");
         // Under the lock `waiting` is stable; `in_use` moves only through fast paths, which
         // need `waiting == 0`.
-        let Some(next) = queue.pop_front() else {
-            // The waiters left before the lock was ours: back to the pool.
+        let over = in_use(self.word.load(Ordering::Acquire)) > self.limit.load(Ordering::Acquire);
+        let next = if over { None } else { queue.pop_front() };
+        let Some(next) = next else {
+            // The waiters left before the lock was ours, or the limit fell below the permits
+            // in use: back to the pool (the queue waits for a permit under the limit).
             self.word.fetch_sub(1, Ordering::AcqRel);
             return;
         };
@@ -262,6 +307,40 @@ mod tests {
         assert_eq!(s.load(), (0, 0));
         assert!(matches!(s.enqueue(8), Enqueued::Acquired));
     }
+
+    #[test]
+    fn a_lowered_limit_waits_for_permits_back_and_a_raised_one_serves_the_queue() {
+        let s = Semaphore::new(3);
+        for _ in 0..3 {
+            assert!(s.try_acquire());
+        }
+        s.set_limit(1);
+        assert_eq!(s.limit(), 1);
+        let Enqueued::Queued { waiter } = s.enqueue(8) else {
+            panic!("queued")
+        };
+        // Three held over a limit of one: two releases go back to the pool, not the queue.
+        s.release();
+        s.release();
+        assert!(s.poll_granted(&waiter, &mut noop()).is_pending());
+        assert_eq!(s.load(), (1, 1));
+        // The third goes to the waiter (one in use, at the limit).
+        s.release();
+        assert!(s.poll_granted(&waiter, &mut noop()).is_ready());
+        assert_eq!(s.load(), (1, 0));
+        // A raised limit grants waiters at once, up to the limit.
+        let queued: Vec<_> = (0..3)
+            .map(|_| match s.enqueue(8) {
+                Enqueued::Queued { waiter } => waiter,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        s.set_limit(3);
+        let granted = |w: &Arc<Waiter>| s.poll_granted(w, &mut noop()).is_ready();
+        assert_eq!(queued.iter().filter(|w| granted(w)).count(), 2);
+        assert!(granted(&queued[0]) && granted(&queued[1]), "in FIFO order");
+        assert_eq!(s.load(), (3, 1));
+    }
 }
 
 #[cfg(all(test, loom))]
@@ -281,6 +360,47 @@ mod loom_tests {
             Enqueued::Full => unreachable!("unbounded queue"),
             Enqueued::Queued { waiter } => block_on(poll_fn(|cx| s.poll_granted(&waiter, cx))),
         }
+    }
+
+    #[test]
+    fn loom_a_raised_limit_racing_a_queueing_call_grants_it() {
+        loom::model(|| {
+            let s = Arc::new(Semaphore::new(1));
+            assert!(s.try_acquire());
+            let raiser = {
+                let s = s.clone();
+                thread::spawn(move || s.set_limit(2))
+            };
+            // Queues on the old limit or takes the new one's permit: never sleeps while one
+            // is free (the holder never releases here, so only the raise can grant it).
+            acquire(&s);
+            raiser.join().unwrap();
+            assert_eq!(s.load(), (2, 0));
+        });
+    }
+
+    #[test]
+    fn loom_a_lowered_limit_racing_releases_keeps_the_count() {
+        loom::model(|| {
+            let s = Arc::new(Semaphore::new(2));
+            assert!(s.try_acquire());
+            assert!(s.try_acquire());
+            let Enqueued::Queued { waiter } = s.enqueue(4) else {
+                panic!("queued")
+            };
+            let lower = {
+                let s = s.clone();
+                thread::spawn(move || s.set_limit(1))
+            };
+            s.release();
+            lower.join().unwrap();
+            s.release();
+            // Whatever the order, the waiter gets a permit once both are back.
+            block_on(poll_fn(|cx| s.poll_granted(&waiter, cx)));
+            assert_eq!(s.load(), (1, 0));
+            s.release();
+            assert_eq!(s.load(), (0, 0));
+        });
     }
 
     #[test]

@@ -59,21 +59,24 @@ where
         if !shared.on {
             return BulkheadFuture::passed(self.inner.call(req));
         }
+        // An adaptive bulkhead learns from the share of the deadline each answer took: it
+        // reads the deadline of every call, a fixed one only of the calls that wait.
+        let adaptive = shared.adaptive.as_ref();
+        let mut deadline = adaptive.and_then(|_| deadline_of(&req));
         // 1. A free permit. Owned by its guard before `inner.call` runs: a `call` that
         // panics gives it back as it unwinds.
         if shared.permits.try_acquire() {
-            let permit = Permit::new(shared.clone());
+            let permit = Permit::new(shared.clone(), deadline);
             return BulkheadFuture::called(self.inner.call(req), permit);
+        }
+        if let Some(adaptive) = adaptive {
+            adaptive.limited();
+        } else {
+            deadline = deadline_of(&req);
         }
         // 2. The wait's end: the deadline less the hold time, at most `max_wait` from now.
         let now = Instant::now();
         let grpc = is_grpc(req.headers());
-        let deadline = req
-            .extensions()
-            .get::<Deadline>()
-            .copied()
-            .or_else(current)
-            .map(|d| d.instant());
         let capped = timer::after(now, shared.max_wait);
         let (until, why) = match deadline {
             Some(d) => {
@@ -84,6 +87,8 @@ where
                     // Without a hold time to end it sooner, the wait ends at the deadline.
                     let why = if latest == d {
                         Refusal::Expired
+                    } else if adaptive.is_some() {
+                        Refusal::Limit
                     } else {
                         Refusal::Deadline
                     };
@@ -96,30 +101,56 @@ where
         };
         // 3. Fails fast: no time to wait, or the calls already queued take longer (a refusal
         // before the deadline, even where the wait would have run to it).
-        if until <= now || timer::after(now, shared.expected_wait()) > until {
+        // While an adaptive bulkhead's cut is on trial, a call waits as long as its deadline
+        // allows: the cut may be undone.
+        let trial = adaptive.is_some_and(|a| a.on_trial());
+        if until <= now || (!trial && timer::after(now, shared.expected_wait()) > until) {
             let why = match why {
+                Refusal::Expired if until > now && adaptive.is_some() => Refusal::Limit,
                 Refusal::Expired if until > now => Refusal::Deadline,
                 why => why,
             };
             shared.refused(why);
             return BulkheadFuture::refused(why, grpc);
         }
-        // 4. Queued, unless the queue is full.
-        match shared.permits.enqueue(shared.max_queue) {
+        // 4. Queued, unless the queue is full (an adaptive bulkhead's holds at most as many as
+        // its limit: a longer queue would only be waited out to the deadline; while a cut is
+        // on trial, as many as `max_queue`).
+        let max_queue = match adaptive {
+            Some(_) if !trial => shared.max_queue.min(shared.permits.limit()),
+            _ => shared.max_queue,
+        };
+        match shared.permits.enqueue(max_queue) {
             Enqueued::Acquired => {
-                let permit = Permit::new(shared.clone());
+                let permit = Permit::new(shared.clone(), deadline);
                 BulkheadFuture::called(self.inner.call(req), permit)
             }
             Enqueued::Full => {
-                shared.refused(Refusal::MaxQueue);
-                BulkheadFuture::refused(Refusal::MaxQueue, grpc)
+                // An adaptive bulkhead's queue is as long as its limit: the limit refused it.
+                let why = match adaptive {
+                    Some(_) if max_queue < shared.max_queue => Refusal::Limit,
+                    _ => Refusal::MaxQueue,
+                };
+                shared.refused(why);
+                BulkheadFuture::refused(why, grpc)
             }
             // 5. Waits: the service readied for this call goes with it, a clone stays.
             Enqueued::Queued { waiter } => {
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                BulkheadFuture::waiting(ready, req, waiter, shared.clone(), until, why, grpc)
+                let end = (until, why);
+                BulkheadFuture::waiting(ready, req, waiter, shared.clone(), end, deadline, grpc)
             }
         }
     }
+}
+
+/// The call's deadline: the request's [`Deadline`] extension (an outer deadline layer, the
+/// retry layer or the caller put it there), else the handler's [`current`].
+fn deadline_of<B>(req: &Request<B>) -> Option<Instant> {
+    req.extensions()
+        .get::<Deadline>()
+        .copied()
+        .or_else(current)
+        .map(|d| d.instant())
 }

@@ -1,6 +1,9 @@
 use super::service::Shared;
 use crate::client::retry::{CallInfo, GiveUp, RetryError};
-use crate::{BoxError, BreakerOpen, Classify, ClientThrottled, Outcome, Rejection, ResponseBody};
+use crate::{
+    BoxError, BreakerOpen, BulkheadFull, Classify, ClientThrottled, Outcome, Rejection,
+    ResponseBody,
+};
 use http::Response;
 use pin_project_lite::pin_project;
 use std::{
@@ -107,11 +110,11 @@ where
                     Ok(response) => match classifier.classify_head(response) {
                         // A stream whose status is still to come: the server took the call.
                         None => true,
-                        Some(Outcome::Rejected) => breaker_refused(Ok(response)),
+                        Some(Outcome::Rejected) => refused_inside(Ok(response)),
                         Some(outcome) => shared.throttle.accepts(&outcome),
                     },
                     Err(err) => match classifier.classify(Err(&**err)) {
-                        Outcome::Rejected => breaker_refused::<B>(Err(&**err)),
+                        Outcome::Rejected => refused_inside::<B>(Err(&**err)),
                         outcome => shared.throttle.accepts(&outcome),
                     },
                 });
@@ -148,17 +151,19 @@ impl<C> Drop for InFlight<C> {
     }
 }
 
-/// Whether a locally rejected call was refused by a breaker inside: counted as accepted,
-/// since the dependency never saw it (module docs, "Counts").
+/// Whether a locally rejected call was refused by a breaker or an adaptive limit inside:
+/// counted as accepted, since the dependency never saw it (module docs, "Counts").
 #[cold]
 #[inline(never)]
-fn breaker_refused<B>(result: Result<&Response<B>, &(dyn std::error::Error + 'static)>) -> bool {
+fn refused_inside<B>(result: Result<&Response<B>, &(dyn std::error::Error + 'static)>) -> bool {
     match result {
         Ok(response) => matches!(
             response.extensions().get::<Rejection>(),
-            Some(Rejection::BreakerOpen { .. })
+            Some(Rejection::BreakerOpen { .. } | Rejection::BulkheadFull)
         ),
-        Err(err) => crate::find::<BreakerOpen>(err).is_some(),
+        Err(err) => {
+            crate::find::<BreakerOpen>(err).is_some() || crate::find::<BulkheadFull>(err).is_some()
+        }
     }
 }
 

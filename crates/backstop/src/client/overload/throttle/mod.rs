@@ -44,7 +44,11 @@
 //!   refusals, and the throttle would go on refusing most calls for a window's length after
 //!   the breaker closed; counted as
 //!   accepted, the throttle acts on what the dependency itself answers: overload, which
-//!   the breaker (opening on a dependency that is down) does not see.
+//!   the breaker (opening on a dependency that is down) does not see. The same holds for a
+//!   call the presets' adaptive limit refused inside ([`BulkheadFull`](crate::BulkheadFull),
+//!   or [`Rejection::BulkheadFull`](crate::Rejection)): the limit stands between the
+//!   dependency and the callers for overload, and counted as refused, its refusals would keep
+//!   the throttle refusing for a window's length after the overload ended.
 //! - **Window.** 30 s (fixed) in 30 time buckets, a striped
 //!   ring: an old bucket is forgotten whole as the window slides.
 //! - **Recovery.** Refusals count as requests, so once the dependency answers every call
