@@ -24,8 +24,8 @@
 //! | `backstop.throttle.rejections` | counter | `dependency` | the client's adaptive throttle refuses a first attempt |
 //! | `backstop.throttle.probability` | gauge | `dependency` | from the throttle's first refusal on, its rejection probability at each recompute (at most once per tenth of a window bucket), so it falls back to 0 when the throttle lets go |
 //! | `backstop.bulkhead.rejections` | counter | `dependency`, `reason` | the client's bulkhead refuses a call; `reason` names the knob: `max_concurrency` (no permit could come before the call's deadline), `max_wait` (waited that long), `max_queue` (that many calls already waited), `adaptive_limit` (an adaptive bulkhead's: no permit under the learnt limit could come before the call's deadline) |
-//! | `backstop.bulkhead.limit` | gauge | `dependency` | an adaptive bulkhead (the presets' attempt limit) ends a 100 ms bucket: its learnt limit |
-//! | `backstop.bulkhead.in_flight` | gauge | `dependency` | an adaptive bulkhead ends a 100 ms bucket: the attempts holding a permit then |
+//! | `backstop.bulkhead.limit` | gauge | `dependency`, `route`, `authority` | an adaptive bulkhead (the presets' attempt limit) ends a 100 ms bucket: its learnt limit |
+//! | `backstop.bulkhead.in_flight` | gauge | `dependency`, `route`, `authority` | an adaptive bulkhead ends a 100 ms bucket: the attempts holding a permit then |
 //! | `backstop.admission.rejections` | counter | `route` | a server's admission layer refuses a request whose remaining deadline is below the route's measured need |
 //! | `backstop.idempotency.requests` | counter | `outcome` | a keyed request through a server's `IdempotencyLayer` ends: `executed` (the handler ran, its answer kept for replay), `replayed` (a stored answer, or the record that the request ran, answered again), `in_flight` (409: the key's request still runs), `mismatch` (422: the key was used for another request), `bad_key` (400), `bad_body` (413, or an unreadable body), `store_error` (503: the store failed, the handler not run), `fail_open` (the store failed, the handler ran without de-duplication), `released` (the handler's answer says nothing happened: the key is free), `not_kept` (the handler ran and left no answer to replay: an error, a panic, an answer too large or with trailers) |
 //!
@@ -35,7 +35,8 @@
 //! too (the entry's retry layer hands its handle to the attempt layer, which records there
 //! unless it is keyed, when its key is the route); the breaker's series
 //! of a layer built [`per_key`](crate::client::breaker::BreakerConfig::per_key), and the attempt durations of
-//! an attempt layer keyed with it (the presets key both together), carry the key, as `route`
+//! an attempt layer and the limit gauges of an adaptive limit keyed with it (the presets key
+//! them together), carry the key, as `route`
 //! (a path or custom key) or `authority` (a host key). An entry naming one method carries
 //! that method's path, the value a breaker keyed by path gives the same calls, so an operator
 //! joins a route's breaker, latency and client series on `dependency` and `route`. An entry
@@ -46,8 +47,10 @@
 //! `backstop.deadline.expired` stays per dependency: it is counted by the outermost client
 //! layer, which bounds the whole call and keeps no route (keeping one would cost every call
 //! for a rare event; a retry the deadline left no room for is the route's
-//! `retry.give_ups{reason="deadline"}`). Throttle and bulkhead series are per
-//! dependency too: one throttle and one bulkhead guard the whole dependency.
+//! `retry.give_ups{reason="deadline"}`). Throttle series, the bulkhead's refusals and a fixed
+//! bulkhead's gauges are per dependency too: one throttle and one bulkhead guard the whole
+//! dependency (a keyed adaptive limit's refusals are counted per dependency, its gauges per
+//! key).
 //!
 //! A breaker moves from open to half-open at the first call after its open time (its probe),
 //! not when the time ends: an idle breaker reads open until a call comes. Half-open lasts
@@ -229,8 +232,12 @@ const CATALOG: [Metric; 17] = {
         m(THROTTLE_REJECTIONS, Counter, &["dependency"]),
         m(THROTTLE_PROBABILITY, Gauge, &["dependency"]),
         m(BULKHEAD_REJECTIONS, Counter, &["dependency", "reason"]),
-        m(BULKHEAD_LIMIT, Gauge, &["dependency"]),
-        m(BULKHEAD_IN_FLIGHT, Gauge, &["dependency"]),
+        m(BULKHEAD_LIMIT, Gauge, &["dependency", "route", "authority"]),
+        m(
+            BULKHEAD_IN_FLIGHT,
+            Gauge,
+            &["dependency", "route", "authority"],
+        ),
         m(ADMISSION_REJECTIONS, Counter, &["route"]),
         m(IDEMPOTENCY_REQUESTS, Counter, &["outcome"]),
     ]

@@ -344,3 +344,54 @@ async fn callers_around_a_waiting_call() {
     spawned.await.unwrap().unwrap();
     assert_eq!((layer.in_flight(), layer.waiting()), (0, 0));
 }
+
+/// With the breaker keyed by path, each route learns its own limit: a route whose
+/// dependency queues (4 workers × 10 ms, offered 1 000 calls a second) is cut, while a route
+/// that answers at once, called as often through the same stack, keeps the cap.
+#[tokio::test(start_paused = true)]
+async fn each_route_learns_its_own_limit_where_the_breaker_is_keyed() {
+    let seen = Arc::new(Seen::default());
+    let layer = backstop::client::http()
+        .timeout(Duration::from_secs(1))
+        .throttle(None)
+        .breaker(
+            backstop::client::http_breaker()
+                .per_key(backstop::RouteKey::Path)
+                .max_keys(8),
+        )
+        .build()
+        .unwrap();
+    let limit = layer.adaptive_limit_layer();
+    assert!(matches!(limit.key(), Some(backstop::RouteKey::Path)));
+    let queued = queued(4, 10 * MS, &seen, ok);
+    let dependency = service_fn(move |req: Request<ReplayBody<String>>| {
+        let slow = req.uri().path() == "/slow";
+        let call = slow.then(|| queued.clone().oneshot(req));
+        async move {
+            match call {
+                Some(call) => call.await,
+                None => Ok(ok()),
+            }
+        }
+    });
+    let client = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(dependency);
+    let start = Instant::now();
+    let mut calls = JoinSet::new();
+    for i in 0..4_000u32 {
+        tokio::time::sleep_until(start + i * MS / 2).await;
+        let path = if i % 2 == 0 { "/slow" } else { "/fast" };
+        let req = Request::get(path).body(String::new()).unwrap();
+        calls.spawn(client.clone().oneshot(req));
+    }
+    while calls.join_next().await.is_some() {}
+    assert_eq!(limit.keys(), ["/fast", "/slow"]);
+    assert!(
+        limit.key_limit("/slow").unwrap() < 1_000,
+        "{:?}",
+        limit.key_limit("/slow")
+    );
+    assert_eq!(limit.key_limit("/fast"), Some(10_000));
+    assert_eq!(limit.limit(), 10_000, "the overflow saw no call");
+}

@@ -304,3 +304,77 @@ async fn tonic_under_the_server_preset_answers_deadline_exceeded_without_running
     assert_eq!(raw_say_hello(&base, "on time", Some("2S")).await.code, "0");
     assert_eq!(greeter.0.load(Ordering::SeqCst), 121);
 }
+
+/// The client preset's adaptive limit over real HTTP/2 (one connection, prior knowledge) to
+/// a hyper server that serves 200 calls a second (2 workers × 10 ms behind a FIFO queue),
+/// offered about 500 a second for 3 s with 1 s each: never told the capacity, the limit is cut
+/// below its cap, the excess is refused at once (never sent, never retried), and what is sent
+/// is answered in time. Real time; bounds lenient for a busy machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_limit_learns_a_real_servers_capacity_over_http2() {
+    let workers = Arc::new(tokio::sync::Semaphore::new(2));
+    let hits = Arc::new(AtomicU32::new(0));
+    let addr = backstop_integration::serve_hyper(
+        true,
+        (workers, hits.clone()),
+        |_req, (workers, hits): (Arc<tokio::sync::Semaphore>, Arc<AtomicU32>)| async move {
+            hits.fetch_add(1, Ordering::SeqCst);
+            let worker = workers.acquire_owned().await.expect("never closed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(worker);
+            Ok::<_, std::convert::Infallible>(http::Response::new(Empty::<Bytes>::new()))
+        },
+    )
+    .await;
+    let layer = backstop::client::http()
+        .name("capacity")
+        .timeout(Duration::from_secs(1))
+        .throttle(None)
+        .build()
+        .unwrap();
+    let transport = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<ReplayBody<Full<Bytes>>>();
+    let client = tower::ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(transport);
+    let url = format!("http://{addr}/work");
+    let start = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..1_500u32 {
+        tokio::time::sleep_until(start + Duration::from_millis(2) * i).await;
+        let (client, url) = (client.clone(), url.clone());
+        calls.spawn(async move {
+            let sent = Instant::now();
+            let req = Request::get(url).body(Full::new(Bytes::new())).unwrap();
+            (client.oneshot(req).await, sent.elapsed())
+        });
+    }
+    let (mut ok, mut refused) = (0u32, 0u32);
+    while let Some(joined) = calls.join_next().await {
+        match joined.unwrap() {
+            (Ok(response), took) => {
+                assert_eq!(response.status(), StatusCode::OK);
+                assert!(took <= Duration::from_millis(1_200), "{took:?}");
+                ok += 1;
+            }
+            (Err(err), _) => {
+                if let Some(full) = backstop::find::<BulkheadFull>(err.as_ref()) {
+                    assert_eq!(full.knob(), "adaptive_limit");
+                    refused += 1;
+                }
+            }
+        }
+    }
+    let limit = layer.adaptive_limit_layer().limit();
+    assert!(limit < 10_000, "the limit was never cut");
+    assert!(refused > 0, "nothing refused: {ok} answered");
+    // Every attempt the server saw was sent by an answered or failed call: none refused
+    // reached it.
+    let stats = layer.retry_layer().stats();
+    assert!(
+        u64::from(hits.load(Ordering::SeqCst)) + u64::from(refused)
+            <= stats.requests + stats.retries
+    );
+    assert!(ok >= 200, "{ok} answered, {refused} refused, limit {limit}");
+}

@@ -41,7 +41,7 @@ use tower_layer::Layer;
 /// |---|---|
 /// | One classifier for the whole stack (the preset's, or [`classifier`](Self::classifier)'s); the classifier inside a [`RetryConfig`] or [`BreakerConfig`] given to [`retry`](Self::retry) or [`breaker`](Self::breaker) is not used. | The retry layer, the breaker and the throttle must agree on what a failure is, or the breaker opens on answers the retry layer calls fine. |
 /// | A short form on the builder wins over the same knob of a part's config, whatever the order: [`timeout`](Self::timeout) and [`send_grpc_timeout`](Self::send_grpc_timeout) over [`deadline`](Self::deadline)'s, [`max_attempts`](Self::max_attempts), [`hedging`](Self::hedging) and [`retry_reserve`](Self::retry_reserve) over [`retry`](Self::retry)'s. | So `.timeout(2s)` means 2 s, before or after a `.deadline(..)`. |
-/// | Every layer is made by `build` and named by [`name`](Self::name); the attempt bound's latency models are keyed as the breaker is ([`BreakerConfig::per_key`]). | One dependency, one name on every metric; each route bounded, hedged and given its reserve from its own latency, as it gets its own breaker. |
+/// | Every layer is made by `build` and named by [`name`](Self::name); the attempt bound's latency models and the adaptive limit are keyed as the breaker is ([`BreakerConfig::per_key`]). | One dependency, one name on every metric; each route bounded, hedged, given its reserve and limited from its own latency, as it gets its own breaker. |
 ///
 /// Clones of the [`ClientLayer`] share the retry budget, the throttle's window, the
 /// bulkhead's permits, the breaker and the latency model, so build one per dependency and
@@ -537,7 +537,8 @@ impl<C: Clone> ClientBuilder<C> {
     /// Bounds the attempts in flight to the dependency with a limit learnt from its answers
     /// (on in the presets; [`ClientBuilder`] says why): an
     /// [adaptive bulkhead](crate::client::overload::bulkhead#the-adaptive-limit) with a cap of
-    /// 10 000, inside the breaker, named as the stack. It starts at the cap and is halved
+    /// 10 000, inside the breaker, named as the stack, and keyed as the breaker is
+    /// ([`BreakerConfig::per_key`]: each route its own limit). It starts at the cap and is halved
     /// only while the dependency queues enough to threaten the calls' deadlines; a stack whose
     /// calls carry no deadline is never cut. `false` takes it out.
     ///
@@ -719,6 +720,10 @@ impl<C: Clone> ClientBuilder<C> {
         // its own.
         if let (Some((key, max_keys)), Some(idle)) = (breaker.key(), breaker.key_idle()) {
             attempt = attempt.per_key_idle(key.clone(), max_keys, idle, breaker.key_busy())?;
+            // The adaptive limit likewise: each route learns its own concurrency.
+            if limit.is_on() {
+                limit = limit.per_key_idle(key.clone(), max_keys, idle, breaker.key_busy());
+            }
         }
         // Hedging and the reserve read the attempt bound's model, made just above. The retry
         // policy, hedging included, is checked before the reserve (the onion's order of the

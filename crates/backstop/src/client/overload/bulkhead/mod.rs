@@ -68,7 +68,10 @@
 //! refusals) holds with the learnt limit in place of `max_concurrency`, and a refusal because
 //! of it names `adaptive_limit`. The client presets put one on every attempt, inside the
 //! retry layer and the breaker (what the dependency holds is attempts, hedges included), cap
-//! 10 000 ([`adaptive_limit`](crate::client::ClientBuilder::adaptive_limit)).
+//! 10 000 ([`adaptive_limit`](crate::client::ClientBuilder::adaptive_limit)), keyed as their
+//! breaker: with a breaker per route, each route learns a limit of its own
+//! ([`key_limit`](BulkheadLayer::key_limit)), so one slow route's queue does not cut the
+//! others' calls.
 //!
 //! **Buckets.** Answers are looked at in buckets of at least 100 ms and 10 answers (a bucket
 //! waits up to 1 s for its 10; one that ends with fewer only grows the limit). Only the
@@ -170,6 +173,7 @@
 
 mod adaptive;
 mod future;
+mod keyed;
 mod semaphore;
 mod service;
 
@@ -195,6 +199,8 @@ use tower_layer::Layer;
 #[derive(Debug, Clone)]
 pub struct BulkheadLayer {
     shared: Arc<Shared>,
+    /// A limit per key (the client builder's, keyed as its breaker).
+    keyed: Option<Arc<keyed::Keyed>>,
 }
 
 /// Builds a [`BulkheadLayer`]: setters take any value, [`build`](Self::build) checks.
@@ -221,6 +227,9 @@ pub(crate) struct Shared {
     /// The learnt limit (an adaptive bulkhead's).
     pub(crate) adaptive: Option<adaptive::Adaptive>,
     pub(crate) name: DependencyName,
+    /// A keyed layer's key's label and value (`route`, `/a`), which its gauges carry.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    route: Option<(&'static str, Box<str>)>,
     #[cfg(feature = "metrics")]
     metrics: std::sync::OnceLock<[metrics::Counter; 4]>,
     #[cfg(feature = "metrics")]
@@ -274,6 +283,58 @@ impl BulkheadLayer {
     /// no permit); an adaptive bulkhead's cap.
     pub fn max_concurrency(&self) -> u32 {
         self.shared.max_concurrency
+    }
+
+    /// What the limit is keyed by, if it is: the client presets key their adaptive limit as
+    /// their breaker ([`BreakerConfig::per_key`](crate::client::breaker::BreakerConfig::per_key)).
+    pub fn key(&self) -> Option<&crate::RouteKey> {
+        self.keyed.as_ref().map(|k| &k.key)
+    }
+
+    /// A keyed layer's limit for `key` now (`None`: the key has no limit of its own yet, or
+    /// the layer is not keyed; its calls share [`limit`](Self::limit)).
+    ///
+    /// ```
+    /// use backstop::RouteKey;
+    ///
+    /// let client = backstop::client::http()
+    ///     .breaker(backstop::client::http_breaker().per_key(RouteKey::Path))
+    ///     .build()?;
+    /// let limit = client.adaptive_limit_layer();
+    /// assert!(matches!(limit.key(), Some(RouteKey::Path)));
+    /// assert_eq!(limit.key_limit("/search"), None, "no call yet");
+    /// # Ok::<(), backstop::ConfigError>(())
+    /// ```
+    pub fn key_limit(&self, key: &str) -> Option<u32> {
+        let keyed = self.keyed.as_ref()?;
+        keyed.get(key).map(|shared| shared.permits.limit())
+    }
+
+    /// A keyed layer's keys now, sorted (empty when it is not keyed).
+    pub fn keys(&self) -> Vec<String> {
+        self.keyed.as_ref().map(|k| k.keys()).unwrap_or_default()
+    }
+
+    /// This layer keyed by `key`, with at most `max_keys` limits, each going after `idle`
+    /// without a call unless `busy` says its key must stay (the client builder's, from its
+    /// breaker).
+    pub(crate) fn per_key_idle(
+        &self,
+        key: crate::RouteKey,
+        max_keys: usize,
+        idle: Duration,
+        busy: Option<crate::rt::table::KeyBusy>,
+    ) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            keyed: Some(Arc::new(keyed::Keyed::new(
+                key,
+                self.shared.clone(),
+                max_keys,
+                idle,
+                busy,
+            ))),
+        }
     }
 
     /// The limit now: an adaptive bulkhead's learnt one (at most
@@ -336,6 +397,7 @@ impl BulkheadLayer {
                 shared.adaptive.is_some(),
                 DependencyName::new(name),
             )),
+            keyed: None,
         }
     }
 
@@ -363,6 +425,7 @@ impl Shared {
             hold_us: AtomicU64::new(0),
             adaptive: adaptive.then(|| adaptive::Adaptive::new(max_concurrency)),
             name,
+            route: None,
             #[cfg(feature = "metrics")]
             metrics: std::sync::OnceLock::new(),
             #[cfg(feature = "metrics")]
@@ -438,6 +501,7 @@ impl BulkheadLayerBuilder {
                 self.adaptive,
                 DependencyName::default(),
             )),
+            keyed: None,
         })
     }
 }
@@ -446,7 +510,7 @@ impl<S> Layer<S> for BulkheadLayer {
     type Service = Bulkhead<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Bulkhead::from_shared(inner, self.shared.clone())
+        Bulkhead::from_shared(inner, self.shared.clone(), self.keyed.clone())
     }
 }
 
@@ -478,6 +542,21 @@ impl Refusal {
 }
 
 impl Shared {
+    /// A key's limit: made like this one (its knobs, a limit of its own), its gauges
+    /// labelled `label = key`.
+    fn for_key(&self, label: &'static str, key: &str) -> Self {
+        let mut shared = Self::new(
+            self.on,
+            self.max_concurrency,
+            self.max_wait,
+            self.max_queue,
+            self.adaptive.is_some(),
+            self.name.clone(),
+        );
+        shared.route = Some((label, key.into()));
+        shared
+    }
+
     pub(crate) fn hold_us(&self) -> u64 {
         self.hold_us.load(Ordering::Relaxed)
     }
@@ -523,10 +602,16 @@ impl Shared {
         {
             let [limit, in_flight] = self.gauges.get_or_init(|| {
                 crate::rt::metrics::describe();
-                let dependency = self.name.get().to_owned();
+                let mut labels = vec![metrics::Label::new(
+                    "dependency",
+                    self.name.get().to_owned(),
+                )];
+                if let Some((label, key)) = &self.route {
+                    labels.push(metrics::Label::new(*label, key.to_string()));
+                }
                 [
-                    metrics::gauge!(crate::metrics::BULKHEAD_LIMIT, "dependency" => dependency.clone()),
-                    metrics::gauge!(crate::metrics::BULKHEAD_IN_FLIGHT, "dependency" => dependency),
+                    metrics::gauge!(crate::metrics::BULKHEAD_LIMIT, labels.clone()),
+                    metrics::gauge!(crate::metrics::BULKHEAD_IN_FLIGHT, labels),
                 ]
             });
             limit.set(f64::from(rolled.limit));

@@ -16,11 +16,20 @@ use tower_service::Service;
 pub struct Bulkhead<S> {
     inner: S,
     shared: Arc<Shared>,
+    keyed: Option<Arc<super::keyed::Keyed>>,
 }
 
 impl<S> Bulkhead<S> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn from_shared(
+        inner: S,
+        shared: Arc<Shared>,
+        keyed: Option<Arc<super::keyed::Keyed>>,
+    ) -> Self {
+        Self {
+            inner,
+            shared,
+            keyed,
+        }
     }
 
     /// The inner service.
@@ -55,10 +64,12 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let shared = &self.shared;
-        if !shared.on {
+        if !self.shared.on {
             return BulkheadFuture::passed(self.inner.call(req));
         }
+        // A keyed layer's call takes its key's permits.
+        let keyed = self.keyed.as_ref().map(|keyed| keyed.limit_of(&req));
+        let shared = keyed.as_ref().unwrap_or(&self.shared);
         // An adaptive bulkhead learns from the share of the deadline each answer took: it
         // reads the deadline of every call, a fixed one only of the calls that wait.
         let adaptive = shared.adaptive.as_ref();
