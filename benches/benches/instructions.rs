@@ -14,7 +14,8 @@
 //! `backstop-deadline`, `backstop-retry`, `backstop-full`, `backstop-breaker`,
 //! `backstop-breaker-count`, `backstop-attempt`, `backstop-server`, `backstop-server-timeout`,
 //! the overload layers beside tower's (`backstop-throttle`, `backstop-bulkhead`,
-//! `backstop-admission`, `tower-concurrency-limit`, `tower-load-shed`);
+//! `backstop-admission`, `tower-concurrency-limit`, `tower-load-shed`), the adaptive limit
+//! beside tower-resilience's (`backstop-adaptive-limit`, `resilience-adaptive`);
 //! and, with a dependency that answers after one pending poll as a real transport does (each
 //! layer then arms its timer), `pending-bare`, `pending-bare-timeout`, `pending-tower-timeout`,
 //! `pending-tower`, `pending-deadline`, `pending-full`, `pending-preset`,
@@ -22,13 +23,14 @@
 //! `pending-server-timeout`.
 
 use backstop_benches::{
-    backstop_admission, backstop_attempt, backstop_breaker, backstop_breaker_count,
-    backstop_bulkhead, backstop_deadline, backstop_deadline_pending, backstop_full,
-    backstop_full_pending, backstop_preset, backstop_preset_adaptive, backstop_preset_pending,
-    backstop_retry, backstop_server, backstop_server_pending, backstop_throttle, bare,
-    bare_pending, request, request_with_timeout, resilience_breaker, resilience_breaker_count,
-    resilience_stack, resilience_stack_pending, tower_concurrency_limit, tower_load_shed,
-    tower_stack, tower_stack_pending, tower_timeout, tower_timeout_pending,
+    backstop_adaptive_limit, backstop_admission, backstop_attempt, backstop_breaker,
+    backstop_breaker_count, backstop_bulkhead, backstop_deadline, backstop_deadline_pending,
+    backstop_full, backstop_full_pending, backstop_preset, backstop_preset_adaptive,
+    backstop_preset_pending, backstop_retry, backstop_server, backstop_server_pending,
+    backstop_throttle, bare, bare_pending, request, request_with_timeout, resilience_adaptive,
+    resilience_breaker, resilience_breaker_count, resilience_stack, resilience_stack_pending,
+    tower_concurrency_limit, tower_load_shed, tower_stack, tower_stack_pending, tower_timeout,
+    tower_timeout_pending,
 };
 use std::hint::black_box;
 use tower::{Service, ServiceExt};
@@ -86,6 +88,8 @@ fn main() {
             "backstop-bulkhead" => drive(backstop_bulkhead(), n).await,
             "backstop-admission" => drive(backstop_admission(), n).await,
             "tower-concurrency-limit" => drive(tower_concurrency_limit(), n).await,
+            "backstop-adaptive-limit" => drive(backstop_adaptive_limit(), n).await,
+            "resilience-adaptive" => drive(resilience_adaptive(), n).await,
             "tower-load-shed" => drive(tower_load_shed(), n).await,
             "pending-bare" => drive(bare_pending(), n).await,
             "pending-bare-timeout" => drive_with(bare_pending(), n, request_with_timeout).await,

@@ -490,6 +490,31 @@ pub fn backstop_admission() -> impl Stack {
         .service(bare())
 }
 
+/// backstop's adaptive limit alone, as the presets make it (a cap of 10 000, learnt from the
+/// answers; requests without a deadline).
+pub fn backstop_adaptive_limit() -> impl Stack {
+    ServiceBuilder::new()
+        .layer(
+            backstop::client::overload::bulkhead::BulkheadLayer::builder(10_000)
+                .max_queue(10_000)
+                .adaptive(true)
+                .build()
+                .unwrap(),
+        )
+        .service(bare())
+}
+
+/// tower-resilience's adaptive concurrency limiter alone, with Gradient2 at its defaults (the
+/// algorithm the storm lab found best of its three).
+pub fn resilience_adaptive() -> impl Stack {
+    use tower_resilience_adaptive::{AdaptiveLimiterLayer, Gradient2};
+    ServiceBuilder::new()
+        .layer(AdaptiveLimiterLayer::new(
+            Gradient2::builder().build().unwrap(),
+        ))
+        .service(bare())
+}
+
 /// tower's `ConcurrencyLimit` (64) alone: the baseline of the bulkhead.
 pub fn tower_concurrency_limit() -> impl Stack {
     ServiceBuilder::new().concurrency_limit(64).service(bare())

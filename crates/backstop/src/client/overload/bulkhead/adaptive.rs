@@ -34,6 +34,11 @@ const MIN_ANSWERS: u64 = 10;
 const MAX_BUCKET: Duration = Duration::from_secs(1);
 /// The longest a cut stays on trial: one not judged by then is undone.
 const MAX_TRIAL: Duration = Duration::from_secs(5);
+/// A bucket measures every call until it has this many answers, then one call in
+/// `SAMPLE_EVERY`: at high rates the limit learns from a sample, and the other calls cost no
+/// clock read.
+const SAMPLES: u64 = 64;
+const SAMPLE_EVERY: u64 = 16;
 /// No trial runs (`trial_from`).
 const NO_TRIAL: u64 = u64::MAX;
 
@@ -52,6 +57,9 @@ pub(crate) struct Adaptive {
     share: AtomicU64,
     /// Calls that found the limit reached.
     limited: AtomicU64,
+    /// Calls that took a permit at once while the bucket had its `SAMPLES` (one in
+    /// `SAMPLE_EVERY` is measured).
+    unmeasured: AtomicU64,
     /// While a cut is on trial: when it was made (µs since `epoch`), and the answers to the
     /// attempts sent since, with their latency; `NO_TRIAL` otherwise.
     trial_from: AtomicU64,
@@ -116,6 +124,7 @@ impl Adaptive {
             votes: AtomicU64::new(0),
             share: AtomicU64::new(0),
             limited: AtomicU64::new(0),
+            unmeasured: AtomicU64::new(0),
             trial_from: AtomicU64::new(NO_TRIAL),
             trial_answers: AtomicU64::new(0),
             trial_latency_us: AtomicU64::new(0),
@@ -137,6 +146,14 @@ impl Adaptive {
     #[inline]
     pub(crate) fn limited(&self) {
         self.limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether to measure a call that took its permit at once: every call until the bucket
+    /// has `SAMPLES` answers, then one in `SAMPLE_EVERY` (which keeps the buckets rolling).
+    #[inline]
+    pub(crate) fn measures(&self) -> bool {
+        self.answers.load(Ordering::Relaxed) < SAMPLES
+            || self.unmeasured.fetch_add(1, Ordering::Relaxed) % SAMPLE_EVERY == 0
     }
 
     /// Whether a cut is on trial (a call then waits for its permit as long as its deadline

@@ -38,16 +38,10 @@ pin_project! {
             // Given back as soon as the response (or error) arrives; `None` after.
             permit: Option<Permit>,
         },
+        // Boxed: the state of the slow path (the service, the request and a timer) would
+        // otherwise make every call's future as large, and moved as often.
         Waiting {
-            // The service readied for this call, and the call, until the permit comes.
-            service: Option<S>,
-            req: Option<R>,
-            waiter: WaitGuard,
-            #[pin]
-            sleep: LazySleep,
-            until: Instant,
-            why: Refusal,
-            grpc: bool,
+            waiting: Pin<Box<Waiting<S, R>>>,
         },
         Refused {
             why: Refusal,
@@ -61,11 +55,28 @@ pin_project! {
     }
 }
 
+pin_project! {
+    /// A call waiting for its permit.
+    struct Waiting<S, R> {
+        // The service readied for this call, and the call, until the permit comes.
+        service: Option<S>,
+        req: Option<R>,
+        waiter: WaitGuard,
+        #[pin]
+        sleep: LazySleep,
+        until: Instant,
+        why: Refusal,
+        grpc: bool,
+    }
+}
+
 /// A held permit: given back when dropped (the call answered, failed or was dropped).
 #[derive(Debug)]
 pub(crate) struct Permit {
     shared: Arc<Shared>,
-    since: Instant,
+    /// When it was taken, if the call is measured (every call of a fixed bulkhead; a sample of
+    /// an adaptive one's, see `Adaptive::measures`).
+    since: Option<Instant>,
     /// The call's deadline (an adaptive bulkhead's: the share of it an answer took).
     deadline: Option<Instant>,
 }
@@ -76,7 +87,26 @@ impl Permit {
     pub(crate) fn new(shared: Arc<Shared>, deadline: Option<Instant>) -> Self {
         Self {
             shared,
-            since: Instant::now(),
+            since: Some(Instant::now()),
+            deadline,
+        }
+    }
+
+    /// The guard of a permit a call took at once: a fixed bulkhead's measured (its hold
+    /// time), an adaptive one's if its limit wants this call's sample (the deadline then read
+    /// off the request), else not.
+    #[inline]
+    pub(crate) fn sampled<B>(shared: Arc<Shared>, req: &http::Request<B>) -> Self {
+        let (since, deadline) = match &shared.adaptive {
+            None => (Some(Instant::now()), None),
+            Some(adaptive) if adaptive.measures() => {
+                (Some(Instant::now()), super::service::deadline_of(req))
+            }
+            Some(_) => (None, None),
+        };
+        Self {
+            shared,
+            since,
             deadline,
         }
     }
@@ -90,20 +120,21 @@ impl Permit {
     /// the dependency takes.
     /// The permit is given back here.
     fn answered(self, answer: Answer) {
+        let Some(since) = self.since else {
+            return; // Not measured.
+        };
         if answer == Answer::Local {
             return;
         }
         let now = Instant::now();
         self.shared
-            .record_hold(now.saturating_duration_since(self.since));
+            .record_hold(now.saturating_duration_since(since));
         if answer == Answer::Failed {
             return;
         }
-        let budget = self
-            .deadline
-            .map(|d| d.saturating_duration_since(self.since));
+        let budget = self.deadline.map(|d| d.saturating_duration_since(since));
         self.shared
-            .learn(self.since, now, budget, answer == Answer::TimedOut);
+            .learn(since, now, budget, answer == Answer::TimedOut);
     }
 }
 
@@ -134,9 +165,16 @@ impl Answer {
         }
     }
 
-    fn of_response<B>(response: &Response<B>) -> Self {
-        let answer = Self::of(response.extensions().get::<Rejection>());
-        if answer != Answer::Dependency {
+    /// `learns`: whether the answer teaches an adaptive bulkhead (a fixed one only asks
+    /// whether it was local).
+    #[inline]
+    fn of_response<B>(response: &Response<B>, learns: bool) -> Self {
+        // A local refusal carries its `Rejection`; most answers carry no extension at all.
+        let answer = match response.extensions().is_empty() {
+            true => Answer::Dependency,
+            false => Self::of(response.extensions().get::<Rejection>()),
+        };
+        if answer != Answer::Dependency || !learns {
             return answer;
         }
         // A deadline a server further on saw pass: 504, or gRPC's DEADLINE_EXCEEDED (4).
@@ -213,17 +251,19 @@ impl<S: Service<R>, R> BulkheadFuture<S, R> {
     ) -> Self {
         Self {
             kind: Kind::Waiting {
-                service: Some(service),
-                req: Some(req),
-                waiter: WaitGuard {
-                    shared,
-                    waiter: Some(waiter),
-                    deadline,
-                },
-                sleep: LazySleep::new(),
-                until,
-                why,
-                grpc,
+                waiting: Box::pin(Waiting {
+                    service: Some(service),
+                    req: Some(req),
+                    waiter: WaitGuard {
+                        shared,
+                        waiter: Some(waiter),
+                        deadline,
+                    },
+                    sleep: LazySleep::new(),
+                    until,
+                    why,
+                    grpc,
+                }),
             },
         }
     }
@@ -246,9 +286,9 @@ impl<S: Service<R>, R> fmt::Debug for BulkheadFuture<S, R> {
         match &self.kind {
             Kind::Called { .. } => f.write_str("BulkheadFuture::Called"),
             Kind::Passed { .. } => f.write_str("BulkheadFuture::Passed"),
-            Kind::Waiting { until, .. } => f
+            Kind::Waiting { waiting } => f
                 .debug_struct("BulkheadFuture::Waiting")
-                .field("until", until)
+                .field("until", &waiting.until)
                 .finish_non_exhaustive(),
             Kind::Refused { why, grpc } => f
                 .debug_struct("BulkheadFuture::Refused")
@@ -272,9 +312,10 @@ where
             let (service, req, permit) = match kind.as_mut().project() {
                 KindProj::Called { future, permit } => {
                     let result = ready!(future.poll(cx)).map_err(Into::into);
-                    if let Some(permit) = permit.take() {
+                    if let Some(permit) = permit.take().filter(|p| p.since.is_some()) {
+                        let adaptive = permit.shared.adaptive.is_some();
                         let answer = match &result {
-                            Ok(response) => Answer::of_response(response),
+                            Ok(response) => Answer::of_response(response, adaptive),
                             Err(err) => Answer::of(Rejection::of(&**err).as_ref()),
                         };
                         permit.answered(answer);
@@ -288,15 +329,17 @@ where
                     });
                 }
                 KindProj::Refused { why, grpc } => return Poll::Ready(refusal(*why, *grpc)),
-                KindProj::Waiting {
-                    service,
-                    req,
-                    waiter,
-                    sleep,
-                    until,
-                    why,
-                    grpc,
-                } => {
+                KindProj::Waiting { waiting } => {
+                    let this = waiting.as_mut().project();
+                    let (service, req, waiter, sleep, until, why, grpc) = (
+                        this.service,
+                        this.req,
+                        this.waiter,
+                        this.sleep,
+                        this.until,
+                        this.why,
+                        this.grpc,
+                    );
                     let granted = waiter
                         .waiter
                         .as_ref()

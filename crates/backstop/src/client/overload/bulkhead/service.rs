@@ -70,21 +70,19 @@ where
         // A keyed layer's call takes its key's permits.
         let keyed = self.keyed.as_ref().map(|keyed| keyed.limit_of(&req));
         let shared = keyed.as_ref().unwrap_or(&self.shared);
-        // An adaptive bulkhead learns from the share of the deadline each answer took: it
-        // reads the deadline of every call, a fixed one only of the calls that wait.
-        let adaptive = shared.adaptive.as_ref();
-        let mut deadline = adaptive.and_then(|_| deadline_of(&req));
         // 1. A free permit. Owned by its guard before `inner.call` runs: a `call` that
-        // panics gives it back as it unwinds.
+        // panics gives it back as it unwinds. An adaptive bulkhead reads the deadline of the
+        // calls it measures (the share of it each answer took), a fixed one only of the
+        // calls that wait.
+        let adaptive = shared.adaptive.as_ref();
         if shared.permits.try_acquire() {
-            let permit = Permit::new(shared.clone(), deadline);
+            let permit = Permit::sampled(shared.clone(), &req);
             return BulkheadFuture::called(self.inner.call(req), permit);
         }
         if let Some(adaptive) = adaptive {
             adaptive.limited();
-        } else {
-            deadline = deadline_of(&req);
         }
+        let deadline = deadline_of(&req);
         // 2. The wait's end: the deadline less the hold time, at most `max_wait` from now.
         let now = Instant::now();
         let grpc = is_grpc(req.headers());
@@ -158,7 +156,7 @@ where
 
 /// The call's deadline: the request's [`Deadline`] extension (an outer deadline layer, the
 /// retry layer or the caller put it there), else the handler's [`current`].
-fn deadline_of<B>(req: &Request<B>) -> Option<Instant> {
+pub(super) fn deadline_of<B>(req: &Request<B>) -> Option<Instant> {
     req.extensions()
         .get::<Deadline>()
         .copied()
