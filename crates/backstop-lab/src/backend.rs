@@ -41,7 +41,9 @@ pub const USER_REQUEST: &str = "x-user-request";
 /// workers, so its latency grows with the queue; a request that finds the queue full is
 /// answered 503 at once. A request waiting past the deadline it carries leaves the queue
 /// without being worked on; one without a deadline is worked on when its turn comes, whether
-/// its caller is still there or not.
+/// its caller is still there or not. The number of workers may change during the run
+/// (`capacity-drop`, [`Backend::change_workers`]): a worker taken away finishes the request
+/// it is serving first.
 #[derive(Clone, Debug)]
 pub struct Backend {
     state: Arc<BackendState>,
@@ -64,6 +66,46 @@ struct Queue {
     /// Requests waiting for a worker now.
     waiting: AtomicU32,
     limit: u32,
+    /// The workers there are now, and how many busy ones are to go away when they finish
+    /// (taken away while serving a request).
+    staff: Mutex<Staff>,
+}
+
+#[derive(Debug)]
+struct Staff {
+    workers: u32,
+    leaving: u32,
+}
+
+impl Queue {
+    /// Sets the number of workers to `workers`: idle ones go at once, busy ones when they
+    /// finish; new ones take the first waiters in turn.
+    fn set_workers(&self, workers: u32) {
+        let mut staff = self.staff.lock().expect("staff");
+        if workers < staff.workers {
+            let fewer = staff.workers - workers;
+            let gone = self.workers.forget_permits(fewer as usize) as u32;
+            staff.leaving += fewer - gone;
+        } else {
+            let more = workers - staff.workers;
+            let stay = more.min(staff.leaving);
+            staff.leaving -= stay;
+            self.workers.add_permits((more - stay) as usize);
+        }
+        staff.workers = workers;
+    }
+
+    /// A worker is done with its request: it serves the next one, unless it is to go away.
+    fn release(&self, worker: tokio::sync::OwnedSemaphorePermit) {
+        let mut staff = self.staff.lock().expect("staff");
+        if staff.leaving > 0 {
+            staff.leaving -= 1;
+            worker.forget();
+        } else {
+            drop(staff);
+            drop(worker);
+        }
+    }
 }
 
 /// The service time of every request (before the fault's added latency).
@@ -88,9 +130,31 @@ impl Backend {
                     workers: Arc::new(Semaphore::new(c.workers as usize)),
                     waiting: AtomicU32::new(0),
                     limit: c.queue,
+                    staff: Mutex::new(Staff {
+                        workers: c.workers,
+                        leaving: 0,
+                    }),
                 }),
             }),
         }
+    }
+
+    /// Changes the number of workers at each `(when, workers)` of `changes`, `when` from the
+    /// start of the schedule (`capacity-drop`). Spawns a task on the current runtime; nothing
+    /// without a capacity or without changes.
+    pub fn change_workers(&self, changes: Vec<(Duration, u32)>) {
+        if self.state.queue.is_none() || changes.is_empty() {
+            return;
+        }
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            for (when, workers) in changes {
+                tokio::time::sleep_until(state.schedule.start + when).await;
+                if let Some(queue) = &state.queue {
+                    queue.set_workers(workers);
+                }
+            }
+        });
     }
 }
 
@@ -156,7 +220,7 @@ impl Service<Request<Body>> for Backend {
         tokio::spawn(async move {
             let mut tx = tx;
             // With a capacity: a worker first, in turn, unless the deadline passes first.
-            let _worker = match &state.queue {
+            let worker = match &state.queue {
                 None => None,
                 Some(queue) => {
                     let far = Instant::now() + Duration::from_secs(3600);
@@ -181,6 +245,12 @@ impl Service<Request<Body>> for Backend {
             if let Some(deadline) = deadline {
                 end = end.min(deadline);
             }
+            // The worker goes back to the queue (or away, if it was taken away meanwhile)
+            // when this task ends, whichever way it ends.
+            let _held = Released {
+                worker,
+                state: state.clone(),
+            };
             // Biased: work that ends at the instant its caller leaves was done, not orphaned
             // (the same on every run).
             tokio::select! {
@@ -199,6 +269,20 @@ impl Service<Request<Body>> for Backend {
             let _ = tx.send(status(if fail { 503 } else { 200 }));
         });
         Box::pin(async move { Ok(rx.await.unwrap_or_else(|_| status(503))) })
+    }
+}
+
+/// A worker held by a request, given back through [`Queue::release`] when dropped.
+struct Released {
+    worker: Option<tokio::sync::OwnedSemaphorePermit>,
+    state: Arc<BackendState>,
+}
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        if let (Some(worker), Some(queue)) = (self.worker.take(), &self.state.queue) {
+            queue.release(worker);
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use crate::{
     metrics::Recorder,
     report::{HopReport, MeasuredPoint, VariantReport},
     scenario::{Scenario, Schedule},
-    stacks::{Body, ClientConfig, Svc, Variant, boxed, client, empty, server},
+    stacks::{Adaptive, Body, ClientConfig, Svc, Variant, boxed, client, empty, server},
 };
 use backstop::BoxError;
 use http::{Request, Uri};
@@ -66,12 +66,32 @@ pub struct Run {
     pub duration: Duration,
     /// How long a user waits for an answer (backstop: the deadline it propagates).
     pub patience: Duration,
+    /// The `tower-resilience` variant's algorithm ([`Adaptive::BEST`] unless told otherwise).
+    pub adaptive: Adaptive,
+    /// Whether the `tower-resilience` variant refuses at once when its limit is reached
+    /// (tower's `LoadShed` in front of it) instead of waiting (`--shed`; off by default).
+    pub shed: bool,
 }
 
 /// Called once per user request sent (for a progress bar).
 pub type Progress = Arc<dyn Fn() + Send + Sync>;
 
 impl Run {
+    /// A run of `scenario` on the sim engine, `rps` for `seconds`, with the scenario's
+    /// patience and [`Adaptive::BEST`].
+    pub fn sim(scenario: Scenario, seed: u64, rps: u32, seconds: u64) -> Self {
+        Self {
+            scenario,
+            engine: Engine::Sim,
+            seed,
+            rps,
+            duration: Duration::from_secs(seconds),
+            patience: scenario.patience(),
+            adaptive: Adaptive::BEST,
+            shed: false,
+        }
+    }
+
     /// Runs `variant`; returns its report and its per-second series.
     pub fn variant(&self, variant: Variant, progress: Progress) -> (VariantReport, Series) {
         let runtime = match self.engine {
@@ -109,6 +129,8 @@ impl Run {
             bulkhead: None,
             latency: Arc::default(),
             keys: self.scenario == Scenario::Post,
+            adaptive: self.adaptive,
+            shed: self.shed,
         };
         let post = self.scenario == Scenario::Post;
         let backend = Backend::new(
@@ -117,6 +139,8 @@ impl Run {
             recorder.clone(),
             self.scenario.capacity(),
         );
+        // `capacity-drop`: the workers it loses for a while, and gets back.
+        backend.change_workers(self.scenario.worker_changes(self.duration));
         // Each server counts the requests that reach it and those its handler is called
         // for: the difference is what its stack refused on arrival (backstop's admission).
         let hops: [HopCounts; 3] = Default::default();
@@ -137,12 +161,9 @@ impl Run {
             // users → A → B → C: A and B are servers that relay through their own client stack,
             // behind their own server stack; users call A directly.
             for (hop, counts) in [("B", on_b), ("A", on_a)] {
-                // Only C's callers (B) know its capacity: A's client calls B, whose capacity
-                // is not fixed, with the preset's default (no bulkhead).
-                let mut config = config.clone();
-                if hop == "A" {
-                    config.bulkhead = None;
-                }
+                // Every hop with the presets' defaults (no bulkhead): no one is told C's
+                // capacity.
+                let config = config.clone();
                 let work = self.scenario.hop_work(hop);
                 let relay =
                     Relay::new(client(variant, target, &config)).work(work.0, work.1, self.seed);
@@ -255,11 +276,16 @@ impl Run {
             // to count, only work still held.
             report.orphaned_work_s = None;
         }
-        let (attempts, p99_ms) = recorder.series(self.duration.as_secs() as usize);
+        let per_second = recorder.series(self.duration.as_secs() as usize);
+        if self.scenario.overloads() {
+            report.goodput_per_s = Some(per_second.goodput.clone());
+        }
         let series = Series {
             name: variant.name().to_owned(),
-            attempts,
-            p99_ms,
+            attempts: per_second.attempts,
+            p99_ms: per_second.p99_ms,
+            goodput: per_second.goodput,
+            sent: per_second.sent,
             measured: measured.unwrap_or_default(),
         };
         (report, series)

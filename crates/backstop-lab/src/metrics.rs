@@ -7,6 +7,20 @@ use crate::{
 use std::{sync::Mutex, time::Duration};
 use tokio::time::Instant;
 
+/// A run's numbers per second, by the second a user request was sent (attempts: by the
+/// second they reached the dependency).
+#[derive(Debug, Clone, Default)]
+pub struct PerSecond {
+    /// Attempts reaching the dependency.
+    pub attempts: Vec<f64>,
+    /// p99 latency of the user requests (ms), failures included.
+    pub p99_ms: Vec<f64>,
+    /// User requests answered with a 2xx in time.
+    pub goodput: Vec<f64>,
+    /// User requests sent.
+    pub sent: Vec<f64>,
+}
+
 /// Everything one variant's run records.
 #[derive(Debug)]
 pub struct Recorder {
@@ -92,9 +106,10 @@ impl Recorder {
         self.lock().work_in_flight
     }
 
-    /// Per-second series for charts: downstream attempts, and the p99 latency (ms) of the
-    /// user requests that arrived in that second.
-    pub fn series(&self, seconds: usize) -> (Vec<f64>, Vec<f64>) {
+    /// Per-second series for charts, over `seconds` whole seconds: downstream attempts, and,
+    /// of the user requests sent in each second, how many, their p99 latency (ms, failures
+    /// included), and the ones answered with a 2xx in time (goodput).
+    pub fn series(&self, seconds: usize) -> PerSecond {
         let inner = self.lock();
         let mut attempts = vec![0f64; seconds];
         for &t in &inner.attempts_us {
@@ -103,16 +118,27 @@ impl Recorder {
             }
         }
         let mut per_second: Vec<Vec<u64>> = vec![Vec::new(); seconds];
-        for &(t, latency, _) in &inner.users {
-            if let Some(slot) = per_second.get_mut((t / 1_000_000) as usize) {
+        let mut goodput = vec![0f64; seconds];
+        for &(t, latency, success) in &inner.users {
+            let second = (t / 1_000_000) as usize;
+            if let Some(slot) = per_second.get_mut(second) {
                 slot.push(latency);
             }
+            if let (Some(slot), true) = (goodput.get_mut(second), success) {
+                *slot += 1.0;
+            }
         }
-        let p99 = per_second
+        let sent = per_second.iter().map(|s| s.len() as f64).collect();
+        let p99_ms = per_second
             .into_iter()
             .map(|mut l| quantile(&mut l, 0.99) as f64 / 1000.0)
             .collect();
-        (attempts, p99)
+        PerSecond {
+            attempts,
+            p99_ms,
+            goodput,
+            sent,
+        }
     }
 
     /// The report of this run.
@@ -196,6 +222,7 @@ impl Recorder {
             peak_fault_amplification: round3(fault_peak),
             success_rate: ratio(successes, offered),
             goodput,
+            goodput_per_s: None,
             p50_ms: ms(quantile(&mut latencies, 0.5)),
             p99_ms: ms(quantile(&mut latencies, 0.99)),
             p999_ms: ms(quantile(&mut latencies, 0.999)),

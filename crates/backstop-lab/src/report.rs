@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
     /// The scenario's name (`brownout`, `outage`, `chain`, `slow`, `hang`, `tail`, `drift`,
-    /// `partial`, `overload`, `overload-chain`, `post`, `quiet`).
+    /// `partial`, `routes`, `overload`, `overload-chain`, `capacity-drop`, `post`, `quiet`).
     pub scenario: String,
     /// `real` or `sim`.
     pub engine: String,
@@ -17,8 +17,10 @@ pub struct Report {
     pub rps: u32,
     /// Length of the run, in seconds.
     pub duration_s: f64,
-    /// What the dependency can serve, in requests per second (`overload`; `null` where its
-    /// capacity is unbounded).
+    /// What the dependency can serve, in requests per second, on average over the fault:
+    /// 400 in `overload` and `overload-chain`; in `capacity-drop`, where it serves 200 for
+    /// the middle third of the fault and 400 for the rest, the mean of the fault's three
+    /// thirds (333.333). `null` where its capacity is unbounded.
     pub capacity: Option<f64>,
     /// One entry per variant, in the order run.
     pub variants: Vec<VariantReport>,
@@ -27,7 +29,7 @@ pub struct Report {
 /// One variant's results. Fields a scenario cannot measure are `null`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VariantReport {
-    /// `none`, `naive`, `tower` or `backstop`.
+    /// `none`, `naive`, `tower`, `tower-resilience` or `backstop`.
     pub name: String,
     /// User requests sent.
     pub offered: u64,
@@ -43,6 +45,11 @@ pub struct VariantReport {
     /// User requests of the fault phase answered with a 2xx before the user gave up, per
     /// second of the fault.
     pub goodput: f64,
+    /// In the scenarios with a fixed capacity (`overload`, `overload-chain`,
+    /// `capacity-drop`): the user requests sent in each second of the run that were answered
+    /// with a 2xx in time, one number per second (how goodput followed the load and, in
+    /// `capacity-drop`, the capacity); `null` elsewhere.
+    pub goodput_per_s: Option<Vec<f64>>,
     /// Median user latency (ms).
     pub p50_ms: f64,
     /// 99th percentile user latency (ms).
@@ -126,6 +133,31 @@ pub struct PhaseReport {
 }
 
 impl Report {
+    /// The mean of `per_s` (one number per second of the run) over each third of the fault
+    /// (the middle half of the run), a second counted in the third its middle falls in.
+    pub fn fault_thirds(&self, per_s: &[f64]) -> [f64; 3] {
+        let (start, end) = (self.duration_s / 4.0, self.duration_s * 3.0 / 4.0);
+        let third = (end - start) / 3.0;
+        let mut sums = [0.0; 3];
+        let mut counts = [0u32; 3];
+        for (t, value) in per_s.iter().enumerate() {
+            let middle = t as f64 + 0.5;
+            if middle < start || middle >= end {
+                continue;
+            }
+            let k = (((middle - start) / third) as usize).min(2);
+            sums[k] += value;
+            counts[k] += 1;
+        }
+        let mut means = [0.0; 3];
+        for k in 0..3 {
+            if counts[k] > 0 {
+                means[k] = sums[k] / f64::from(counts[k]);
+            }
+        }
+        means
+    }
+
     /// The report as pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a report always serializes")
@@ -146,7 +178,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "{:<9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>6}",
+            "{:<16} {:>8} {:>9} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>9} {:>6}",
             "variant",
             "offered",
             "attempts",
@@ -167,7 +199,7 @@ impl Report {
             let fault_ampl = v.phases.get(1).map_or(0.0, |p| p.amplification);
             let _ = writeln!(
                 out,
-                "{:<9} {:>8} {:>9} {:>7.3} {:>7.1}% {:>9.1} {:>9.3} {:>8.1} {:>8.1} {:>9.1} {:>8.0} {:>8} {:>9} {:>6}",
+                "{:<16} {:>8} {:>9} {:>7.3} {:>7.1}% {:>9.1} {:>9.3} {:>8.1} {:>8.1} {:>9.1} {:>8.0} {:>8} {:>9} {:>6}",
                 v.name,
                 v.offered,
                 v.downstream_attempts,
@@ -196,6 +228,19 @@ impl Report {
                 })
                 .collect();
             let _ = writeln!(out, "duplicate effects: {}", counts.join(" · "));
+        }
+        if self.scenario == "capacity-drop" {
+            let _ = writeln!(
+                out,
+                "goodput/s in each third of the fault (capacity 400 · 200 · 400 req/s):"
+            );
+            for v in &self.variants {
+                if let Some(per_s) = &v.goodput_per_s {
+                    let thirds = self.fault_thirds(per_s);
+                    let thirds: Vec<String> = thirds.iter().map(|g| format!("{g:.1}")).collect();
+                    let _ = writeln!(out, "  {:<16} {}", v.name, thirds.join(" · "));
+                }
+            }
         }
         for v in &self.variants {
             if let Some(hops) = &v.hops {

@@ -51,6 +51,15 @@ pub enum Scenario {
     #[serde(rename = "overload-chain")]
     #[value(name = "overload-chain")]
     OverloadChain,
+    /// `overload` whose dependency loses half its capacity for a while (a replica dies, a
+    /// cache goes cold): 4 workers, then 2 (200 requests/s) for the middle third of the fault,
+    /// then 4 again. Users send 300/s, then 1 000/s during the fault, and wait 1 s. Does
+    /// goodput follow the capacity down and back up, or does the caller keep the queue full
+    /// of work for callers that already left? The report's `capacity` is the mean over the
+    /// fault (333.333 requests/s).
+    #[serde(rename = "capacity-drop")]
+    #[value(name = "capacity-drop")]
+    CapacityDrop,
     /// A dependency with four routes: three answer in 10 ms, and one, `/route/0`, takes 2 s
     /// and gets 0.5 % of the calls (a `/report` among fast reads); users wait 5 s: is the
     /// rare route bounded by its own latency, or cut at the bound the fast routes set?
@@ -89,6 +98,7 @@ impl Scenario {
             Scenario::Partial => "partial",
             Scenario::Overload => "overload",
             Scenario::OverloadChain => "overload-chain",
+            Scenario::CapacityDrop => "capacity-drop",
             Scenario::Quiet => "quiet",
             Scenario::Post => "post",
             Scenario::Routes => "routes",
@@ -103,24 +113,102 @@ impl Scenario {
         }
     }
 
-    /// The dependency's capacity: fixed in `overload` and `overload-chain`, unbounded (a
-    /// task per request) otherwise.
+    /// The dependency's capacity at the start of a run: fixed in `overload` and
+    /// `overload-chain`, 4 workers that become 2 for a while in `capacity-drop` (see
+    /// [`worker_changes`](Self::worker_changes)), unbounded (a task per request) otherwise.
     pub fn capacity(self) -> Option<Capacity> {
         match self {
-            Scenario::Overload | Scenario::OverloadChain => Some(Capacity {
-                workers: 4,
-                queue: 2_000,
-            }),
+            Scenario::Overload | Scenario::OverloadChain | Scenario::CapacityDrop => {
+                Some(Capacity {
+                    workers: 4,
+                    queue: 2_000,
+                })
+            }
             _ => None,
         }
     }
 
+    /// Whether the dependency has a fixed capacity that the fault's load exceeds (`overload`,
+    /// `overload-chain`, `capacity-drop`).
+    pub fn overloads(self) -> bool {
+        self.capacity().is_some()
+    }
+
+    /// When the dependency's workers change during a run of `duration`, and to how many, in
+    /// order: in `capacity-drop`, 2 workers from a third of the way into the fault and 4 again
+    /// from two thirds (10 s each in a 60 s run); nothing otherwise.
+    pub fn worker_changes(self, duration: Duration) -> Vec<(Duration, u32)> {
+        match self {
+            Scenario::CapacityDrop => {
+                let fault = &self.phases(duration)[1];
+                let third = (fault.end - fault.start) / 3;
+                vec![(fault.start + third, 2), (fault.start + third * 2, 4)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The dependency's mean capacity over the fault of a run of `duration`, in requests per
+    /// second of `service_time` each (what the report calls `capacity`): the fixed capacity
+    /// in `overload` and `overload-chain`, the mean over the drop and the rest of the fault
+    /// in `capacity-drop`; `None` where the capacity is unbounded.
+    pub fn mean_fault_capacity(self, duration: Duration, service_time: Duration) -> Option<f64> {
+        let fault = self.phases(duration)[1];
+        self.mean_capacity(duration, fault.start, fault.end, service_time)
+    }
+
+    /// The dependency's capacity (requests/s of `service_time` each) in each whole second of
+    /// a run of `duration`, averaged over the second (the chart's reference line); `None`
+    /// where it is unbounded.
+    pub fn capacity_per_second(
+        self,
+        duration: Duration,
+        service_time: Duration,
+    ) -> Option<Vec<f64>> {
+        (0..duration.as_secs())
+            .map(|s| {
+                let from = Duration::from_secs(s);
+                self.mean_capacity(duration, from, from + Duration::from_secs(1), service_time)
+            })
+            .collect()
+    }
+
+    /// The mean capacity from `from` to `to` of a run of `duration`: the workers integrated
+    /// over the span, step by step, each serving a request per `service_time`.
+    fn mean_capacity(
+        self,
+        duration: Duration,
+        from: Duration,
+        to: Duration,
+        service_time: Duration,
+    ) -> Option<f64> {
+        let capacity = self.capacity()?;
+        let per_worker = 1.0 / service_time.as_secs_f64();
+        if to <= from {
+            return Some(f64::from(capacity.workers) * per_worker);
+        }
+        let mut workers = capacity.workers;
+        let mut at = Duration::ZERO;
+        let mut worker_seconds = 0.0;
+        let mut steps = self.worker_changes(duration);
+        steps.push((duration.max(to), workers));
+        for (when, next) in steps {
+            let (start, end) = (at.max(from), when.min(to));
+            if end > start {
+                worker_seconds += f64::from(workers) * (end - start).as_secs_f64();
+            }
+            at = when;
+            workers = next;
+        }
+        Some(worker_seconds / (to - from).as_secs_f64() * per_worker)
+    }
+
     /// The share of the offered rate users send in phase `phase` (0, 1 or 2): 30 % outside
-    /// the fault in `overload` and `overload-chain` (300 of 1 000 requests/s, below the
+    /// the fault in the scenarios with a fixed capacity (300 of 1 000 requests/s, below the
     /// dependency's capacity), all of it otherwise.
     pub fn offered_share(self, phase: usize) -> f64 {
-        match (self, phase) {
-            (Scenario::Overload | Scenario::OverloadChain, 0 | 2) => 0.3,
+        match phase {
+            0 | 2 if self.overloads() => 0.3,
             _ => 1.0,
         }
     }
@@ -229,8 +317,9 @@ impl Scenario {
                 lose_rate: 0.3,
                 ..Fault::NONE
             },
-            // The fault is the load: the dependency itself stays as it was.
-            Scenario::Overload | Scenario::OverloadChain => Fault::NONE,
+            // The fault is the load (and, in `capacity-drop`, the workers the backend loses for
+            // a while): the answers themselves stay as they were.
+            Scenario::Overload | Scenario::OverloadChain | Scenario::CapacityDrop => Fault::NONE,
             Scenario::Routes => self.baseline(),
         }
     }
@@ -273,7 +362,7 @@ impl Scenario {
             Scenario::Partial => "route down",
             Scenario::Post => "answers lost",
             Scenario::Quiet => unreachable!("quiet has phases of its own"),
-            Scenario::Overload | Scenario::OverloadChain => "overload",
+            Scenario::Overload | Scenario::OverloadChain | Scenario::CapacityDrop => "overload",
             Scenario::Routes => "rare slow route",
         };
         vec![
@@ -335,6 +424,28 @@ impl Scenario {
     /// `overload-chain`), rather than the dependency directly.
     pub fn chained(self) -> bool {
         matches!(self, Scenario::Chain | Scenario::OverloadChain)
+    }
+
+    /// The user requests offered in each whole second of a run at `rps` for `duration`: the
+    /// engine's schedule, counted (the chart's reference line).
+    pub fn offered_per_second(self, rps: u32, duration: Duration) -> Vec<f64> {
+        let phases = self.phases(duration);
+        let mut offered = vec![0f64; duration.as_secs() as usize];
+        let interval = Duration::from_secs(1) / rps.max(1);
+        for i in 0..u64::from(rps) * duration.as_secs() {
+            let due = interval * i as u32;
+            let phase = phases
+                .iter()
+                .position(|p| due < p.end)
+                .unwrap_or(phases.len() - 1);
+            if self.silent(due, duration) || !self.sends(i, phase) {
+                continue;
+            }
+            if let Some(slot) = offered.get_mut(due.as_secs() as usize) {
+                *slot += 1.0;
+            }
+        }
+        offered
     }
 
     /// Whether users send nothing at `t` from the start of a run of `duration` (the silent

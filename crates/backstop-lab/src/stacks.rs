@@ -1,5 +1,6 @@
 //! The variants: the client and server stacks each one puts around the same dependency.
 
+use crate::scenario::Scenario;
 use backstop::client::attempt::AttemptTimeoutLayer;
 use backstop::client::breaker::State;
 use backstop::client::overload::bulkhead::BulkheadLayer;
@@ -57,7 +58,7 @@ pub fn status(code: u16) -> Response<Body> {
 
 /// How callers protect themselves (or do not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Variant {
     /// No retries, no timeout.
     None,
@@ -67,6 +68,54 @@ pub enum Variant {
     /// 10 % over 10 s) and `timeout` (500 ms per attempt), and its `Hedge` in `tail`: what a
     /// careful user writes today.
     Tower,
+    /// tower-resilience 0.14, the peer a user would pick instead of backstop: its adaptive
+    /// concurrency limit (`tower-resilience-adaptive`'s `AdaptiveLimiterLayer`), its retry and
+    /// its time limiter, configured as a careful user would, with the `tower` variant's
+    /// attempts and timeouts. Outermost first:
+    ///
+    /// - **retry** (`tower-resilience-retry`): 3 attempts, exponential backoff from 50 ms
+    ///   (×2), on every error (attempt timeouts among them) and on 5xx answers
+    ///   (`retry_on_response`), idempotent methods only (`max_attempts_fn`: a POST gets 1);
+    ///   an AIMD retry budget of 1 token per success and 10 per retry (tower's 10 %, as a
+    ///   ratio: the crate's token bucket refills on `std`'s clock, which the sim's paused clock
+    ///   does not move), 1 000 tokens (100 retries) banked at the start, as tower's 10
+    ///   retries/s over 10 s;
+    /// - **time limiter** (`tower-resilience-timelimiter`): 500 ms per attempt, cancelling,
+    ///   outside the limit. It times `call` only (its docs say readiness is outside its
+    ///   budget) and the adaptive layer waits for a permit in `poll_ready` with no deadline,
+    ///   so the wait is moved into the call between them (each attempt clones the limited
+    ///   service and calls `oneshot` on it): the 500 ms bound the wait for a permit and the
+    ///   answer together;
+    /// - **adaptive limit** (`AdaptiveLimiterLayer::new(algorithm)`), with the algorithm's
+    ///   defaults: AIMD (limit 10 in 1..=100, +1 per success, ×0.5 per failure or answer
+    ///   slower than 100 ms), Vegas (10 in 1..=100, α 3, β 6) or Gradient2 (20 in 1..=200,
+    ///   smoothing 0.2, tolerance 1.5, a 600-sample window); `--adaptive` picks one,
+    ///   [`Adaptive::BEST`] by default. The layer times calls on `std`'s clock; the lab hands
+    ///   the algorithm the same latency on tokio's ([`Adaptive`] says how), so the sim sees
+    ///   what the real engine does. An answer is a success to the limit whatever its status
+    ///   (it counts errors only).
+    ///
+    /// **Measured** (`overload`, sim, seed 1, 1 000 requests/s for 60 s; goodput, answers in
+    /// time per second of the fault, of 400): Gradient2 10.9, AIMD 10.6, Vegas 10.0; none
+    /// gets 22.0. Gradient2 is the best by 0.3, which is noise: every algorithm collapses,
+    /// for one reason the limit cannot see. Callers wait for a permit in turn, up to the
+    /// 500 ms; the one that gets it has little time left, the time limiter drops it before
+    /// the answer, the permit goes to the next waiter, and the dependency (told nothing) still
+    /// does the dropped work: its queue fills with work for callers that left (182 s of it)
+    /// and, once full, answers 503 at once, which the limit reads as fast successes. Other
+    /// settings a user might try, same run: the wait bounded by the user's 1 s alone (the time
+    /// limiter timing the call only) 20.5–22.0; the timed-out call left running so the limit
+    /// counts the work still queued (`cancel_running_future(false)`) 10.0–10.9, the waiters
+    /// still time out in turn; 5xx answers counted as failures by the limit, unchanged.
+    /// Refusing at once when the limit is reached instead of waiting (tower's `LoadShed` in
+    /// front of it, `--shed`) saves it: Gradient2 406.7, AIMD 384.0, Vegas 375.1.
+    ///
+    /// Used in the scenarios where the dependency's capacity is finite (`overload`,
+    /// `overload-chain`, `capacity-drop`), where its limit is what sets it apart; elsewhere
+    /// it is tower's retry and timeout under other names, and the other scenarios' tables
+    /// stay as they were.
+    #[value(name = "tower-resilience")]
+    TowerResilience,
     /// backstop's client preset with its defaults in every scenario (the user's deadline
     /// propagated, adaptive throttling, the adaptive concurrency limit, attempts bounded by
     /// measured latency, ratio budget, breaker; measured hedging in `tail`; no bulkhead: the
@@ -77,12 +126,22 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in report order.
-    pub const ALL: [Variant; 4] = [
+    pub const ALL: [Variant; 5] = [
         Variant::None,
         Variant::Naive,
         Variant::Tower,
+        Variant::TowerResilience,
         Variant::Backstop,
     ];
+
+    /// The variants a scenario runs unless told otherwise: `tower-resilience` only where the
+    /// dependency's capacity is finite ([`Scenario::overloads`]), the four others everywhere.
+    pub fn defaults(scenario: Scenario) -> Vec<Variant> {
+        Self::ALL
+            .into_iter()
+            .filter(|&v| v != Variant::TowerResilience || scenario.overloads())
+            .collect()
+    }
 
     /// Its name in reports.
     pub fn name(self) -> &'static str {
@@ -90,7 +149,45 @@ impl Variant {
             Variant::None => "none",
             Variant::Naive => "naive",
             Variant::Tower => "tower",
+            Variant::TowerResilience => "tower-resilience",
             Variant::Backstop => "backstop",
+        }
+    }
+}
+
+/// The algorithm of the `tower-resilience` variant's adaptive limit (`--adaptive`).
+///
+/// Each is the crate's, with its builder's defaults, wrapped by the lab: the layer measures
+/// each call's latency with `std::time::Instant`, which tokio's paused clock (the sim) does
+/// not move, so a thin wrapper below the layer times the call on tokio's clock and the
+/// algorithm is handed that latency instead of the layer's (the same number in the real
+/// engine, where both clocks run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Adaptive {
+    /// Additive increase, multiplicative decrease on a failure or a slow answer.
+    Aimd,
+    /// TCP Vegas: the queue estimated from the latency over the least latency seen.
+    Vegas,
+    /// Netflix's Gradient2: the latest latency against a long-term average.
+    Gradient2,
+}
+
+impl Adaptive {
+    /// The algorithm with the highest goodput in `overload` (sim engine, seed 1, 1 000
+    /// requests/s for 60 s, the lab's defaults): the one the `tower-resilience` variant runs
+    /// unless told otherwise. See the variant's docs and the test that keeps this true.
+    pub const BEST: Adaptive = Adaptive::Gradient2;
+
+    /// Every algorithm.
+    pub const ALL: [Adaptive; 3] = [Adaptive::Aimd, Adaptive::Vegas, Adaptive::Gradient2];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Adaptive::Aimd => "aimd",
+            Adaptive::Vegas => "vegas",
+            Adaptive::Gradient2 => "gradient2",
         }
     }
 }
@@ -124,6 +221,11 @@ pub struct ClientConfig {
     /// Whether the dependency de-duplicates `Idempotency-Key`s (`post`: backstop's client
     /// stamps keys: random, so no run depends on which).
     pub keys: bool,
+    /// The `tower-resilience` variant's algorithm.
+    pub adaptive: Adaptive,
+    /// Whether the `tower-resilience` variant refuses a call at once when its limit is
+    /// reached (tower's `LoadShed` in front of it) instead of waiting for a permit.
+    pub shed: bool,
 }
 
 fn is_failure(result: &Result<Response<Body>, BoxError>) -> bool {
@@ -263,6 +365,7 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                     .service(attempt),
             )
         }
+        Variant::TowerResilience => tower_resilience(transport, config.adaptive, config.shed),
         Variant::Backstop => {
             let opens = config.opens.clone();
             let (first_open, start) = (config.first_open.clone(), config.start);
@@ -320,6 +423,175 @@ pub fn client(variant: Variant, transport: Svc, config: &ClientConfig) -> Svc {
                     .service(transport),
             )
         }
+    }
+}
+
+/// The `tower-resilience` variant's client stack around `transport` (see
+/// [`Variant::TowerResilience`] for what and why).
+fn tower_resilience(transport: Svc, adaptive: Adaptive, shed: bool) -> Svc {
+    use tower_resilience_adaptive::{AdaptiveLimiterLayer, Aimd, Gradient2, Vegas};
+    use tower_resilience_retry::{RetryBudgetBuilder, RetryLayer};
+    use tower_resilience_timelimiter::{TimeLimiterError, TimeLimiterLayer};
+
+    // The dependency, timed on tokio's clock for the algorithm (see `LabClock`).
+    let timed = BoxCloneService::new(tower::service_fn(move |req: Request<Body>| {
+        // Boxed with its type spelled out, as in the engine: rustc cannot prove its `Send`
+        // through the trait objects in `Svc` otherwise.
+        let call: BoxFuture<Result<Response<Body>, BoxError>> =
+            Box::pin(transport.clone().oneshot(req));
+        let sent = tokio::time::Instant::now();
+        let timed: BoxFuture<Result<Response<Body>, BoxError>> = Box::pin(async move {
+            let result = call.await;
+            LAST_LATENCY.with(|last| last.set(Some(sent.elapsed())));
+            result
+        });
+        timed
+    }));
+    let limited: Svc = match adaptive {
+        Adaptive::Aimd => limit(
+            timed,
+            AdaptiveLimiterLayer::new(LabClock(Aimd::builder().build().expect("valid AIMD"))),
+        ),
+        Adaptive::Vegas => limit(
+            timed,
+            AdaptiveLimiterLayer::new(LabClock(Vegas::builder().build().expect("valid Vegas"))),
+        ),
+        Adaptive::Gradient2 => limit(
+            timed,
+            AdaptiveLimiterLayer::new(LabClock(
+                Gradient2::builder().build().expect("valid Gradient2"),
+            )),
+        ),
+    };
+    // `--shed`: refused at once when the limit is reached, instead of waiting for a permit.
+    let limited = if shed {
+        BoxCloneService::new(
+            ServiceBuilder::new()
+                .map_err(|e: BoxError| e)
+                .load_shed()
+                .service(limited),
+        )
+    } else {
+        limited
+    };
+    // The wait for a permit moved into the call, so the time limiter above bounds it.
+    let waiting = tower::service_fn(move |req: Request<Bytes>| {
+        let call: BoxFuture<Result<Response<Body>, BoxError>> = Box::pin(
+            limited
+                .clone()
+                .oneshot(req.map(|b| boxed(http_body_util::Full::new(b)))),
+        );
+        call
+    });
+    let attempt: BoxCloneService<Request<Bytes>, Response<Body>, BoxError> = BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_err(|e: TimeLimiterError<BoxError>| -> BoxError {
+                match e {
+                    TimeLimiterError::Inner(e) => e,
+                    timeout => Box::new(timeout),
+                }
+            })
+            .layer(
+                TimeLimiterLayer::builder()
+                    .timeout_duration(Duration::from_millis(500))
+                    .build(),
+            )
+            .service(waiting),
+    );
+    let budget = RetryBudgetBuilder::new()
+        .aimd()
+        .deposit_amount(1)
+        .withdraw_amount(10)
+        .min_budget(10)
+        .max_budget(1_000)
+        .build()
+        .expect("a valid budget");
+    let retry = RetryLayer::<Request<Bytes>, Response<Body>, BoxError>::builder()
+        .max_attempts_fn(|req: &Request<Bytes>| if req.method().is_idempotent() { 3 } else { 1 })
+        .exponential_backoff(Duration::from_millis(50))
+        .retry_on(|_: &BoxError| true)
+        .retry_on_response(|r: &Response<Body>| r.status().is_server_error())
+        .budget(budget)
+        .build();
+    let retried = BoxCloneService::new(ServiceBuilder::new().layer(retry).service(attempt));
+    // The retry clones requests: the body is read whole first (the lab's are a few bytes).
+    BoxCloneService::new(tower::service_fn(move |req: Request<Body>| {
+        let retried = retried.clone();
+        let call: BoxFuture<Result<Response<Body>, BoxError>> = Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect().await?.to_bytes();
+            retried.oneshot(Request::from_parts(parts, bytes)).await
+        });
+        call
+    }))
+}
+
+/// `inner` behind tower-resilience's adaptive limit `layer`, errors boxed.
+fn limit<A>(inner: Svc, layer: tower_resilience_adaptive::AdaptiveLimiterLayer<A>) -> Svc
+where
+    A: tower_resilience_adaptive::ConcurrencyAlgorithm + 'static,
+{
+    use tower_resilience_adaptive::AdaptiveError;
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_err(|e: AdaptiveError<BoxError>| -> BoxError {
+                match e {
+                    AdaptiveError::Service(e) => e,
+                    limit => Box::new(limit),
+                }
+            })
+            .layer(layer)
+            .service(inner),
+    )
+}
+
+thread_local! {
+    /// The latency of the call that just completed on this thread, on tokio's clock, set by
+    /// the wrapper below the adaptive layer and read by [`LabClock`] within the same poll.
+    static LAST_LATENCY: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// A tower-resilience algorithm handed each call's latency on tokio's clock.
+///
+/// The adaptive layer times a call from `call` to its answer with `std::time::Instant`. The
+/// lab's wrapper just below the layer times the same span on tokio's clock and leaves it in a
+/// thread-local as the answer passes up; the layer records the answer in the same poll, on
+/// the same thread, so the latency this hands on is that call's. In the real engine the two
+/// clocks agree (up to the few instructions between them); in the sim only tokio's moves.
+struct LabClock<A>(A);
+
+impl<A: tower_resilience_adaptive::ConcurrencyAlgorithm>
+    tower_resilience_adaptive::ConcurrencyAlgorithm for LabClock<A>
+{
+    fn record_success(&self, latency: Duration) {
+        let latency = LAST_LATENCY.with(|last| last.take()).unwrap_or(latency);
+        self.0.record_success(latency);
+    }
+
+    fn record_success_with_load(&self, latency: Duration, in_flight: usize) {
+        let latency = LAST_LATENCY.with(|last| last.take()).unwrap_or(latency);
+        self.0.record_success_with_load(latency, in_flight);
+    }
+
+    fn record_failure(&self) {
+        LAST_LATENCY.with(|last| last.take());
+        self.0.record_failure();
+    }
+
+    fn record_dropped(&self) {
+        self.0.record_dropped();
+    }
+
+    fn limit(&self) -> usize {
+        self.0.limit()
+    }
+
+    fn min_limit(&self) -> usize {
+        self.0.min_limit()
+    }
+
+    fn max_limit(&self) -> usize {
+        self.0.max_limit()
     }
 }
 

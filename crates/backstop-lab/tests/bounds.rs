@@ -335,9 +335,9 @@ fn after_a_quiet_minute_a_hang_is_cut_by_the_measured_bound() {
 /// A dependency of fixed capacity (400 requests/s through a bounded FIFO queue) offered
 /// 1 000 requests/s for the fault's 30 s, users waiting 1 s. Without protection the queue
 /// grows past what anyone waits for: the dependency stays busy, answering callers that left.
-/// backstop (the presets, with a bulkhead at twice the dependency's workers, as a user who
-/// knows its capacity sets it) keeps the queue short: nearly every answer the dependency can
-/// give arrives in time, no work is wasted, and recovery brings no retry storm.
+/// backstop (the presets' defaults, never told the capacity: the adaptive limit learns it)
+/// keeps the queue short: nearly every answer the dependency can give arrives in time, no
+/// work is wasted, and recovery brings no retry storm.
 #[test]
 fn overload_keeps_goodput_near_capacity_and_wastes_no_work() {
     let report = run(Scenario::Overload);
@@ -475,4 +475,95 @@ fn a_rare_slow_route_is_bounded_by_its_own_latency() {
     // Other scenarios have no slow route.
     let partial = run(Scenario::Partial);
     assert_eq!(variant(&partial, "backstop").slow_route_success_rate, None);
+}
+
+/// `capacity-drop`: the dependency serves 400 requests/s, 200 for the middle third of the
+/// fault, 400 again for the last; the report's `capacity` is the mean over the fault. backstop
+/// (the presets' defaults: the adaptive limit) follows the drop and the recovery: its
+/// goodput is at least 90 % of the capacity in each third of the fault, the 85 % of
+/// the mean over the whole fault, and it wastes no work.
+#[test]
+fn capacity_drop_goodput_follows_the_capacity_down_and_back() {
+    let report = run(Scenario::CapacityDrop);
+    let capacity = report.capacity.expect("capacity-drop has a capacity");
+    assert_eq!(
+        capacity, 333.333,
+        "the mean of 400, 200 and 400 over the fault's thirds"
+    );
+    let (backstop, none) = (variant(&report, "backstop"), variant(&report, "none"));
+    assert_capacity_drop_bounds(&report, backstop, none, "seed 1");
+    assert!(none.goodput < 0.25 * capacity, "{}", none.goodput);
+}
+
+/// The bounds of `capacity-drop` for backstop against `none` (the soak asserts them per
+/// seed).
+fn assert_capacity_drop_bounds(
+    report: &Report,
+    backstop: &VariantReport,
+    none: &VariantReport,
+    seed: &str,
+) {
+    let capacity = report.capacity.expect("a capacity");
+    assert_capacity_bounds(backstop, none, capacity, seed);
+    assert!(
+        backstop.goodput >= 0.85 * capacity,
+        "{seed}: {}",
+        backstop.goodput
+    );
+    let per_s = backstop.goodput_per_s.as_ref().expect("goodput per second");
+    let thirds = report.fault_thirds(per_s);
+    for (got, of) in thirds.iter().zip([400.0, 200.0, 400.0]) {
+        assert!(
+            *got >= 0.9 * of,
+            "{seed}: goodput {thirds:?} for 400 · 200 · 400"
+        );
+    }
+    // The limit follows: from the second second after the drop on, every second of the
+    // middle third answers within 10 % of the 200 it can (no queue past the deadline, no
+    // idle worker); from the fifth after the capacity came back on, the last third's
+    // within 10 % of 400.
+    let (start, third) = (report.duration_s / 4.0, report.duration_s / 6.0);
+    let second = |t: f64| per_s[t as usize];
+    let (drop, back) = (start + third, start + 2.0 * third);
+    for t in (drop as usize + 2)..(back as usize) {
+        let got = second(t as f64);
+        assert!(
+            (180.0..=220.0).contains(&got),
+            "{seed}: {got} in second {t}: {per_s:?}"
+        );
+    }
+    for t in (back as usize + 5)..((start + 3.0 * third) as usize) {
+        let got = second(t as f64);
+        assert!(got >= 360.0, "{seed}: {got} in second {t}: {per_s:?}");
+    }
+}
+
+/// The `tower-resilience` variant (its adaptive limit, retry and time limiter) in `overload`:
+/// its callers wait for a permit, in turn, up to the 500 ms the time limiter gives an
+/// attempt, so those who get one have little time left and leave before the answer, whose
+/// work the dependency still does: its goodput collapses as none's does. backstop's (the
+/// presets' defaults) is at least its own, the bound.
+#[test]
+fn overload_backstop_keeps_at_least_tower_resilience_goodput() {
+    let report = run(Scenario::Overload);
+    let (backstop, peer) = (
+        variant(&report, "backstop"),
+        variant(&report, "tower-resilience"),
+    );
+    assert!(
+        backstop.goodput >= peer.goodput,
+        "{} against {}",
+        backstop.goodput,
+        peer.goodput
+    );
+    assert!(peer.goodput_per_s.is_some());
+    // Only the scenarios with a finite capacity run it.
+    let brownout = run(Scenario::Brownout);
+    assert!(
+        brownout
+            .variants
+            .iter()
+            .all(|v| v.name != "tower-resilience")
+    );
+    assert_eq!(variant(&brownout, "backstop").goodput_per_s, None);
 }

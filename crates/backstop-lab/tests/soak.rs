@@ -155,6 +155,26 @@ fn overload_chain_bounds_hold_for_every_seed() {
     }
 }
 
+#[test]
+fn capacity_drop_bounds_hold_for_every_seed() {
+    for seed in SEEDS {
+        let report = simulate_variants(
+            Scenario::CapacityDrop,
+            seed,
+            1000,
+            60,
+            &[Variant::None, Variant::Backstop],
+        );
+        let capacity = report.capacity.expect("capacity-drop has a capacity");
+        let (none, ours) = (&report.variants[0], &report.variants[1]);
+        assert_capacity_bounds(ours, none, capacity, seed);
+        let thirds = report.fault_thirds(ours.goodput_per_s.as_ref().expect("per second"));
+        for (got, of) in thirds.iter().zip([400.0, 200.0, 400.0]) {
+            assert!(*got >= 0.9 * of, "seed {seed:#x}: {thirds:?}");
+        }
+    }
+}
+
 /// What backstop keeps of a dependency of fixed `capacity` offered more, against `none`, in
 /// `overload` and `overload-chain`: goodput near capacity and twice none's, at most a tenth of
 /// none's wasted work, no retry storm after the fault.

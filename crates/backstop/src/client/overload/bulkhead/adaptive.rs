@@ -23,7 +23,7 @@ const BUCKET: Duration = Duration::from_millis(100);
 const BASELINE_SLOTS: usize = 30;
 /// The share of its call's time left an attempt may take before a rise counts, in
 /// thousandths.
-const SHARE_PERMILLE: u64 = 100;
+const SHARE_PERMILLE: u64 = 50;
 /// The least answers a bucket measures a latency from (it lasts longer, up to `MAX_BUCKET`,
 /// until it has them), and the least answers to attempts sent after a cut that judge it: fewer
 /// are noise (a dependency whose own work varies from 100 to 700 ms answers buckets of three
@@ -524,9 +524,9 @@ mod tests {
         let mut rig = Rig::new();
         rig.healthy();
         rig.hold(100);
-        // 10 ms → 90 ms, of 1 s: under a tenth of the time left.
+        // 10 ms → 45 ms, of 1 s: under a twentieth of the time left.
         for _ in 0..20 {
-            rig.bucket(20, 90 * MS, SECOND);
+            rig.bucket(20, 45 * MS, SECOND);
         }
         assert_eq!(rig.limit(), 1_000);
         // 10 ms → 900 ms with no deadline.
