@@ -158,6 +158,28 @@ impl Report {
         means
     }
 
+    /// In `capacity-drop`: how many seconds after the drop (and after the return) goodput
+    /// first comes within 10 % of the capacity and stays there to the end of that third
+    /// (`None`: never). Whole seconds of `per_s`, from the first second wholly after the
+    /// change.
+    pub fn follows(&self, per_s: &[f64]) -> (Option<f64>, Option<f64>) {
+        let (start, third) = (self.duration_s / 4.0, self.duration_s / 6.0);
+        let settle = |from: f64, to: f64, capacity: f64| {
+            let (from, to) = (from.ceil() as usize, (to.floor() as usize).min(per_s.len()));
+            (from..to)
+                .find(|&t| {
+                    per_s[t..to]
+                        .iter()
+                        .all(|g| (g - capacity).abs() <= 0.1 * capacity)
+                })
+                .map(|t| (t - from) as f64)
+        };
+        (
+            settle(start + third, start + 2.0 * third, 200.0),
+            settle(start + 2.0 * third, start + 3.0 * third, 400.0),
+        )
+    }
+
     /// The report as pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a report always serializes")
@@ -238,7 +260,17 @@ impl Report {
                 if let Some(per_s) = &v.goodput_per_s {
                     let thirds = self.fault_thirds(per_s);
                     let thirds: Vec<String> = thirds.iter().map(|g| format!("{g:.1}")).collect();
-                    let _ = writeln!(out, "  {:<16} {}", v.name, thirds.join(" · "));
+                    let follows =
+                        |s: Option<f64>| s.map_or("never".to_owned(), |s| format!("{s} s"));
+                    let (down, up) = self.follows(per_s);
+                    let _ = writeln!(
+                        out,
+                        "  {:<16} {}   within 10 % of the capacity {} after the drop, {} after the return",
+                        v.name,
+                        thirds.join(" · "),
+                        follows(down),
+                        follows(up)
+                    );
                 }
             }
         }
