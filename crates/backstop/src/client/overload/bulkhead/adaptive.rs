@@ -153,7 +153,10 @@ impl Adaptive {
     #[inline]
     pub(crate) fn measures(&self) -> bool {
         self.answers.load(Ordering::Relaxed) < SAMPLES
-            || self.unmeasured.fetch_add(1, Ordering::Relaxed) % SAMPLE_EVERY == 0
+            || self
+                .unmeasured
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(SAMPLE_EVERY)
     }
 
     /// Whether a cut is on trial (a call then waits for its permit as long as its deadline
