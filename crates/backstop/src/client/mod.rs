@@ -62,8 +62,9 @@ use tower_layer::Layer;
 /// The adaptive limit ([`adaptive_limit`](Self::adaptive_limit), on by default) bounds the
 /// attempts in flight with a limit it learns: it holds nothing back until the dependency is
 /// queueing enough to threaten the calls' deadlines, then keeps the attempts in flight near
-/// what the dependency serves within them, and follows its capacity when that changes. An
-/// attempt that cannot get a permit before its deadline is refused at once.
+/// what the dependency serves within them, follows its capacity when that changes, and goes
+/// back to holding nothing once the calls stop finding it reached. An attempt whose wait for
+/// a permit would outlast its deadline is refused at once; one waits at most 1 s.
 ///
 /// The bulkhead (a fixed limit on calls in flight, their wait bounded by the deadline) is
 /// **off** by default: its one useful number is the dependency's capacity in calls in flight

@@ -32,6 +32,9 @@ const MIN_ANSWERS: u64 = 10;
 /// The longest a bucket waits for `MIN_ANSWERS`; one that ends with fewer only grows the
 /// limit.
 const MAX_BUCKET: Duration = Duration::from_secs(1);
+/// How long a limit that ended no bucket (no answer came) keeps what it learnt: after this a
+/// call that finds it reached puts it back to the cap.
+const STALE: Duration = Duration::from_secs(5);
 /// The longest a cut stays on trial: one not judged by then is undone.
 const MAX_TRIAL: Duration = Duration::from_secs(5);
 /// A bucket measures every call until it has this many answers, then one call in
@@ -70,6 +73,8 @@ pub(crate) struct Adaptive {
     /// earlier still, behind a shorter queue).
     before_answers: AtomicU64,
     before_latency_us: AtomicU64,
+    /// The limit before the cut on trial: how many may wait for a permit meanwhile.
+    trial_limit: AtomicU64,
     history: Mutex<History>,
 }
 
@@ -130,6 +135,7 @@ impl Adaptive {
             trial_latency_us: AtomicU64::new(0),
             before_answers: AtomicU64::new(0),
             before_latency_us: AtomicU64::new(0),
+            trial_limit: AtomicU64::new(0),
             history: Mutex::new(History {
                 slots: [u64::MAX; BASELINE_SLOTS],
                 second: 0,
@@ -159,10 +165,47 @@ impl Adaptive {
                 .is_multiple_of(SAMPLE_EVERY)
     }
 
-    /// Whether a cut is on trial (a call then waits for its permit as long as its deadline
-    /// allows, rather than being refused for the queue's expected wait: the cut may be undone).
-    pub(crate) fn on_trial(&self) -> bool {
-        self.trial_from.load(Ordering::Relaxed) != NO_TRIAL
+    /// While a cut is on trial, the limit before it: as many calls may wait for a permit,
+    /// as long as their deadline allows, rather than being refused for the queue's expected
+    /// wait (the cut may be undone).
+    pub(crate) fn on_trial(&self) -> Option<u32> {
+        (self.trial_from.load(Ordering::Relaxed) != NO_TRIAL)
+            .then(|| u32::try_from(self.trial_limit.load(Ordering::Relaxed)).unwrap_or(u32::MAX))
+    }
+
+    /// A call found the limit reached at `now`: if no bucket has ended for `STALE` (no
+    /// answer came for seconds), what the limit learnt is stale, and it goes back to the cap
+    /// (a cut on trial is dropped). Returns whether it did. Only on the slow path.
+    #[cold]
+    pub(crate) fn relax_if_stale(&self, permits: &Semaphore, now: Instant) -> bool {
+        let at = micros(now.saturating_duration_since(self.epoch));
+        let stale = |end: u64| at >= end.saturating_add(micros(STALE));
+        if !stale(self.bucket_end.load(Ordering::Relaxed)) {
+            return false;
+        }
+        let Ok(mut history) = self.history.try_lock() else {
+            return false;
+        };
+        if !stale(self.bucket_end.load(Ordering::Acquire)) || permits.limit() == self.cap {
+            return false;
+        }
+        history.cut = None;
+        self.trial_from.store(NO_TRIAL, Ordering::Relaxed);
+        // A new bucket from now: what the old one summed is as stale as the limit.
+        for sum in [
+            &self.answers,
+            &self.latency_us,
+            &self.votes,
+            &self.share,
+            &self.limited,
+        ] {
+            sum.store(0, Ordering::Relaxed);
+        }
+        history.bucket_start = at;
+        self.bucket_end
+            .store(at.saturating_add(micros(BUCKET)), Ordering::Release);
+        permits.set_limit(self.cap);
+        true
     }
 
     /// An answer came at `now` to an attempt sent at `sent` with `budget` left of its call's
@@ -253,7 +296,8 @@ impl Adaptive {
             false => u64::MAX,
         };
         let limit = permits.limit();
-        let in_flight = permits.load().0;
+        // The answering call still holds its permit: it is not in flight any more.
+        let in_flight = permits.load().0.saturating_sub(1);
         let next = if let Some(cut) = history.cut {
             let judged = self.trial_answers.load(Ordering::Relaxed);
             let expired = at >= cut.at.saturating_add(micros(MAX_TRIAL));
@@ -290,6 +334,7 @@ impl Adaptive {
             let next = (limit.min(in_flight) / 2).max(1);
             if next < limit {
                 history.cut = Some(Cut { at, mean, limit });
+                self.trial_limit.store(u64::from(limit), Ordering::Relaxed);
                 for sum in [
                     &self.trial_answers,
                     &self.trial_latency_us,
@@ -304,7 +349,10 @@ impl Adaptive {
         } else if limited > 0 {
             limit.saturating_add((limit / 8).max(1)).min(self.cap)
         } else {
-            limit
+            // A whole bucket without a call finding the limit reached, and no queue: what was
+            // learnt binds nothing now, so the limit goes back toward the cap (doubling), and a
+            // later burst finds nothing held back until the dependency queues again.
+            limit.saturating_mul(2).min(self.cap)
         };
         if next != limit {
             permits.set_limit(next);
@@ -437,8 +485,10 @@ mod tests {
             }
         }
 
+        /// `n` attempts in flight, and the permit the answering call holds while it is
+        /// measured.
         fn hold(&self, n: u32) {
-            for _ in 0..n {
+            for _ in 0..=n {
                 assert!(self.s.try_acquire());
             }
         }
@@ -465,7 +515,7 @@ mod tests {
                 in_flight: 300
             }
         );
-        assert!(rig.a.on_trial());
+        assert!(rig.a.on_trial().is_some());
         rig
     }
 
@@ -481,7 +531,7 @@ mod tests {
         // Ten attempts sent after the cut answer in 120 ms: faster by more than a quarter.
         rig.answers(10, 120 * MS, SECOND);
         rig.bucket(10, 400 * MS, SECOND);
-        assert!(!rig.a.on_trial());
+        assert!(rig.a.on_trial().is_none());
         assert_eq!(rig.limit(), 150, "the cut stands");
         // Still queueing: halved again.
         rig.bucket(20, 150 * MS, SECOND);
@@ -495,7 +545,7 @@ mod tests {
         rig.now += 300 * MS;
         rig.answers(10, 200 * MS, SECOND);
         rig.bucket(10, 200 * MS, SECOND);
-        assert!(!rig.a.on_trial());
+        assert!(rig.a.on_trial().is_none());
         assert_eq!(rig.limit(), 1_000, "undone");
         // 200 ms is the baseline now: no cut until it doubles.
         for _ in 0..20 {
@@ -515,10 +565,10 @@ mod tests {
             rig.now += BUCKET;
             rig.answers_sent(10, cut - MS);
         }
-        assert!(rig.a.on_trial());
+        assert!(rig.a.on_trial().is_some());
         rig.now += BUCKET;
         rig.answers_sent(10, cut - MS);
-        assert!(!rig.a.on_trial());
+        assert!(rig.a.on_trial().is_none());
         assert_eq!(rig.limit(), 1_000);
     }
 
@@ -568,19 +618,53 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_limit_reached_grows_by_an_eighth_up_to_the_cap() {
+    async fn a_limit_reached_grows_by_an_eighth_and_one_not_reached_doubles() {
         let mut rig = Rig::new();
         rig.s.set_limit(8);
         rig.a.limited();
         rig.bucket(10, 10 * MS, SECOND);
         assert_eq!(rig.limit(), 9, "at least one");
+        rig.a.limited();
         rig.bucket(10, 10 * MS, SECOND);
-        assert_eq!(rig.limit(), 9, "not reached: unchanged");
+        assert_eq!(rig.limit(), 10);
+        // A bucket in which no call found it reached: it binds nothing, it doubles.
+        rig.bucket(10, 10 * MS, SECOND);
+        assert_eq!(rig.limit(), 20);
+        for _ in 0..10 {
+            rig.bucket(10, 10 * MS, SECOND);
+        }
+        assert_eq!(rig.limit(), 1_000, "the cap");
         for _ in 0..60 {
             rig.a.limited();
             rig.bucket(10, 10 * MS, SECOND);
         }
-        assert_eq!(rig.limit(), 1_000, "the cap");
+        assert_eq!(rig.limit(), 1_000, "never past the cap");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_that_heard_nothing_for_five_seconds_goes_back_to_the_cap() {
+        let mut rig = queueing();
+        rig.answers(5, 300 * MS, SECOND);
+        assert!(
+            !rig.a.relax_if_stale(&rig.s, rig.now + STALE),
+            "not stale yet"
+        );
+        rig.now += STALE + BUCKET;
+        assert!(rig.a.relax_if_stale(&rig.s, rig.now));
+        assert_eq!((rig.limit(), rig.a.on_trial()), (1_000, None));
+        assert!(
+            !rig.a.relax_if_stale(&rig.s, rig.now),
+            "at the cap: nothing to do"
+        );
+        // The old bucket's slow answers are forgotten: the next bucket is at rest.
+        rig.bucket(20, 10 * MS, SECOND);
+        assert_eq!(rig.limit(), 1_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trial_lets_as_many_wait_as_the_limit_before_the_cut() {
+        let rig = queueing();
+        assert_eq!(rig.a.on_trial(), Some(1_000));
     }
 
     #[test]

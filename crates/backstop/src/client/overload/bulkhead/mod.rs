@@ -102,14 +102,21 @@
 //! of them) at least a quarter faster than those sent in the 100 ms before it (which met the
 //! queue as it was); otherwise it is **undone**, and their latency is the new baseline. No
 //! other cut and no growth meanwhile; a trial not judged within 5 s is undone. While a cut is
-//! on trial a call waits for its permit as long as its deadline allows, since the permits
-//! may come back.
+//! on trial, as many calls may wait for a permit as the limit before the cut, each as long as
+//! its deadline (less the hold time) and `max_wait` (1 s) allow, since the permits may come
+//! back.
 //!
-//! **Growth.** Otherwise, the limit grows by an eighth (at least 1, at most the cap) after
-//! every bucket in which a call found it reached. It starts at the cap: until the
-//! dependency shows a queue, nothing is held back. Outside a trial, at most as many calls
-//! wait for a permit as the limit (a longer queue would only be waited out to the deadline:
-//! better refused at once).
+//! **Growth.** Otherwise, after a bucket in which a call found the limit reached, it grows by
+//! an eighth (at least 1); after a bucket in which none did, it doubles (what it learnt binds
+//! nothing now: a later burst must find nothing held back until the dependency queues
+//! again); never past the cap. It starts at the cap. A limit that ended no bucket for 5 s (no
+//! answer came) has nothing to go on: the first call to find it reached puts it back to the
+//! cap. Outside a trial, at most as many calls wait for a permit as the limit (a longer queue
+//! would only be waited out to the deadline: better refused at once).
+//!
+//! **Refusals** of an adaptive bulkhead name `adaptive_limit`, whichever bound ended the wait,
+//! but two: a full queue while the limit is at its cap names `max_queue`, and a wait that ran
+//! to the deadline itself is the deadline's answer (as above).
 //!
 //! **Why this rule.** The latency's rise over its baseline says the dependency queues;
 //! Vegas and Gradient2 stop there, and so take any slowdown for queueing: a dependency whose
@@ -126,8 +133,9 @@
 //! A call without a deadline adds to the latency and the baseline, not to the deadline share:
 //! a stack whose calls carry no deadline is never cut (it has no deadline to protect).
 //!
-//! Gauges (feature `metrics`): `backstop.bulkhead.limit` and `backstop.bulkhead.in_flight`,
-//! set when a bucket ends.
+//! Gauges (feature `metrics`): `backstop.bulkhead.limit` and `backstop.bulkhead.in_flight`
+//! (the attempts holding a permit, the one whose answer ended the bucket not counted), set
+//! when a bucket ends: an idle stack keeps its last reading.
 //!
 //! # Example
 //!

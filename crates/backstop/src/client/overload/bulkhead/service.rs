@@ -79,14 +79,25 @@ where
             let permit = Permit::sampled(shared.clone(), &req);
             return BulkheadFuture::called(self.inner.call(req), permit);
         }
+        let now = Instant::now();
         if let Some(adaptive) = adaptive {
+            // A limit that heard no answer for seconds goes back to the cap: try again.
+            if adaptive.relax_if_stale(&shared.permits, now) && shared.permits.try_acquire() {
+                let permit = Permit::sampled(shared.clone(), &req);
+                return BulkheadFuture::called(self.inner.call(req), permit);
+            }
             adaptive.limited();
         }
         let deadline = deadline_of(&req);
         // 2. The wait's end: the deadline less the hold time, at most `max_wait` from now.
-        let now = Instant::now();
         let grpc = is_grpc(req.headers());
         let capped = timer::after(now, shared.max_wait);
+        // Every refusal of an adaptive bulkhead is its limit's (its wait bound is no knob of
+        // the presets'), but the deadline's own answer.
+        let waited_out = match adaptive {
+            Some(_) => Refusal::Limit,
+            None => Refusal::MaxWait,
+        };
         let (until, why) = match deadline {
             Some(d) => {
                 let latest = d
@@ -103,17 +114,17 @@ where
                     };
                     (latest, why)
                 } else {
-                    (capped, Refusal::MaxWait)
+                    (capped, waited_out)
                 }
             }
-            None => (capped, Refusal::MaxWait),
+            None => (capped, waited_out),
         };
         // 3. Fails fast: no time to wait, or the calls already queued take longer (a refusal
         // before the deadline, even where the wait would have run to it).
         // While an adaptive bulkhead's cut is on trial, a call waits as long as its deadline
         // allows: the cut may be undone.
-        let trial = adaptive.is_some_and(|a| a.on_trial());
-        if until <= now || (!trial && timer::after(now, shared.expected_wait()) > until) {
+        let trial = adaptive.and_then(|a| a.on_trial());
+        if until <= now || (trial.is_none() && timer::after(now, shared.expected_wait()) > until) {
             let why = match why {
                 Refusal::Expired if until > now && adaptive.is_some() => Refusal::Limit,
                 Refusal::Expired if until > now => Refusal::Deadline,
@@ -125,9 +136,10 @@ where
         // 4. Queued, unless the queue is full (an adaptive bulkhead's holds at most as many as
         // its limit: a longer queue would only be waited out to the deadline; while a cut is
         // on trial, as many as `max_queue`).
-        let max_queue = match adaptive {
-            Some(_) if !trial => shared.max_queue.min(shared.permits.limit()),
-            _ => shared.max_queue,
+        let max_queue = match (adaptive, trial) {
+            (Some(_), Some(before)) => shared.max_queue.min(before),
+            (Some(_), None) => shared.max_queue.min(shared.permits.limit()),
+            (None, _) => shared.max_queue,
         };
         match shared.permits.enqueue(max_queue) {
             Enqueued::Acquired => {
