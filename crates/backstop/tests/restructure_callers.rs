@@ -1069,3 +1069,44 @@ async fn was_finding_share_kept_for_a_retry_is_wasted_when_the_backoff_draw_is_l
         failed.len()
     );
 }
+
+/// Pinned: a call sent once (its body too long to replay) that the server answers with a
+/// `Retry-After` longer than the layer waits for gives up for the hint, as a replayable call
+/// does (one rule, `refuses_retry`), so its handler's callers are told not to retry either; a
+/// shorter one leaves it given up for its body.
+#[tokio::test(start_paused = true)]
+async fn pinned_a_long_hint_ends_a_call_sent_once_as_it_ends_a_retried_one() {
+    use backstop::client::retry::GiveUp;
+    use http_body_util::BodyExt;
+    for (retry_after, why) in [("3600", GiveUp::Hint), ("5", GiveUp::NotReplayable)] {
+        let transport = service_fn(
+            move |req: Request<ReplayBody<http_body_util::Full<bytes::Bytes>>>| async move {
+                let _ = req.into_body().collect().await;
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(503)
+                        .header("retry-after", retry_after)
+                        .body(String::new())
+                        .unwrap(),
+                )
+            },
+        );
+        let client = backstop::client::http()
+            .throttle(None)
+            .build()
+            .unwrap()
+            .layer(transport);
+        let big = vec![b'x'; 64 * 1024 + 1];
+        let req = Request::get("http://svc/x")
+            .body(http_body_util::Full::new(bytes::Bytes::from(big)))
+            .unwrap();
+        let res = client.oneshot(req).await.unwrap();
+        assert_eq!(call_info(&res).attempts(), 1);
+        assert_eq!(
+            call_info(&res).gave_up(),
+            Some(why),
+            "Retry-After: {retry_after}"
+        );
+        assert_eq!(why.exhausts_retries(), why == GiveUp::Hint);
+    }
+}

@@ -278,13 +278,6 @@ impl<S, B, C> RetryState<S, B, C> {
         // The least the wait may be: what the server asked, else the policy's least delay.
         let mut least = policy.least_retry_wait();
         let mut wait = match hint {
-            // A wait longer than the layer holds a call for: not retried, never sooner than
-            // the server asked.
-            Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked))
-                if asked > crate::client::retry::MAX_HINT =>
-            {
-                return Err(GiveUp::Hint);
-            }
             // gRPC A6: retry in exactly n ms, and the backoff starts over after it.
             Some(ServerHint::Pushback(asked)) => {
                 self.backoff = BackoffState::default();
@@ -414,6 +407,19 @@ fn next_backoff<C>(
 /// Steps 1 to 5 of the decision order, the ones that need no clock, budget or backoff: why a
 /// failure is not retried, if any of them refuses. One place for the retry path and for a call
 /// sent once because its body could not be kept (which reaches step 5 as not replayable).
+/// Whether a server's hint forbids a retry (and a further hedge): a negative pushback says so,
+/// and a wait longer than the layer holds a call for ([`MAX_HINT`](crate::client::retry::MAX_HINT))
+/// is not waited out, never retried sooner than the server asked. One rule for the retry
+/// path, the path of a call sent once and the hedge judge.
+pub(crate) fn refuses_retry(hint: ServerHint) -> bool {
+    match hint {
+        ServerHint::DoNotRetry => true,
+        ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked) => {
+            asked > crate::client::retry::MAX_HINT
+        }
+    }
+}
+
 pub(crate) fn refusal(
     retryable: Retryable,
     hint: Option<ServerHint>,
@@ -430,7 +436,7 @@ pub(crate) fn refusal(
     if retryable == Retryable::IfIdempotent && !idempotent() {
         return Some(GiveUp::NotIdempotent);
     }
-    if hint == Some(ServerHint::DoNotRetry) {
+    if hint.is_some_and(refuses_retry) {
         return Some(GiveUp::Hint);
     }
     if !replayable {

@@ -120,16 +120,13 @@ impl<S, B, C> RetryState<S, B, C> {
                         self.give_up(GiveUp::NotRetryable, result);
                         Judged::Commit
                     }
-                    (_, Some(ServerHint::DoNotRetry)) => Judged::Stop(Some(GiveUp::Hint)),
-                    // A pushback says exactly when, a `Retry-After` the least wait (RFC 9110):
-                    // the failure's shortcut (at once) makes both the same.
-                    // One longer than the layer waits for: no further hedge (never one
-                    // sooner than the server asked).
-                    (_, Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked)))
-                        if asked > crate::client::retry::MAX_HINT =>
-                    {
+                    // A negative pushback, or a wait longer than the layer waits for: no
+                    // further hedge (the retry path's rule, `refuses_retry`).
+                    (_, Some(hint)) if crate::client::retry::state::refuses_retry(hint) => {
                         Judged::Stop(Some(GiveUp::Hint))
                     }
+                    // A pushback says exactly when, a `Retry-After` the least wait (RFC 9110):
+                    // the failure's shortcut (at once) makes both the same.
                     (_, Some(ServerHint::Pushback(asked) | ServerHint::RetryAfter(asked))) => {
                         Judged::HedgeAfter(asked)
                     }
