@@ -59,6 +59,78 @@ impl<T> Swap<T> {
 /// another one lets through asks it before evicting.
 pub(crate) type KeyBusy = Arc<dyn Fn(&str) -> u64 + Send + Sync>;
 
+/// A table of one entry per route: what keys a request ([`RouteKey`](crate::RouteKey)), the
+/// table, and what says how much longer a key must stay (the client builder's link to its
+/// breaker). The attempt bound's latency models and the adaptive limit each keep one, keyed
+/// as the breaker is.
+pub(crate) struct Keyed<E> {
+    pub(crate) key: crate::RouteKey,
+    table: Table<E>,
+    busy: Option<KeyBusy>,
+}
+
+impl<E> std::fmt::Debug for Keyed<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keyed")
+            .field("key", &self.key)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E> Keyed<E> {
+    /// At most `max_keys` entries, each going after `idle` without a call unless `busy` says
+    /// its key must stay.
+    pub(crate) fn new(
+        key: crate::RouteKey,
+        max_keys: usize,
+        idle: Duration,
+        busy: Option<KeyBusy>,
+    ) -> Self {
+        Self {
+            key,
+            table: Table::new(max_keys, idle, ()),
+            busy,
+        }
+    }
+
+    /// `key`'s entry at `now` (milliseconds on the caller's clock), made by `make` if it has
+    /// none; `None` when the table is full of entries that may not go yet.
+    #[inline]
+    pub(crate) fn entry_at(
+        &self,
+        key: &str,
+        now: u64,
+        make: impl FnOnce() -> E,
+    ) -> Option<Arc<Slot<E>>> {
+        // An entry is busy only while the linked table's key is.
+        let busy = |key: &str, _: &E| self.busy.as_ref().map_or(0, |busy| busy(key));
+        self.table.entry_at(key, now, |_| make(), busy)
+    }
+
+    /// `key`'s entry if it has one now (nothing added, no use stamped).
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<Slot<E>>> {
+        self.table.get(key)
+    }
+
+    /// Every key now, sorted.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        self.table.keys()
+    }
+
+    pub(crate) fn max_keys(&self) -> usize {
+        self.table.max_keys()
+    }
+
+    pub(crate) fn idle(&self) -> Duration {
+        self.table.idle()
+    }
+
+    pub(crate) fn busy(&self) -> Option<KeyBusy> {
+        self.busy.clone()
+    }
+}
+
 /// One key's entry, and when a call last used it.
 pub(crate) struct Slot<E> {
     value: E,

@@ -25,7 +25,7 @@ use super::shared::Shared;
 use crate::RouteKey;
 use crate::rt::stripe::Handles;
 use crate::rt::sync::Mutex;
-use crate::rt::table::{KeyBusy, Slot, Table};
+use crate::rt::table::{self, KeyBusy, Slot};
 use http::{Method, Uri};
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
@@ -49,56 +49,43 @@ pub(super) struct Entry {
 }
 
 /// The models of a keyed layer.
+#[derive(Debug)]
 pub(super) struct Keyed {
-    pub(super) key: RouteKey,
+    /// The models by key; a key's must stay as long as the client builder's breaker, keyed
+    /// the same way, says (an open breaker lets no call reach its route's model, which must
+    /// not go for that).
+    pub(super) routes: table::Keyed<Entry>,
     /// The layer's own model: each key's is built from it (same bound, window, origin and
     /// name), and it takes the overflow.
     base: Arc<Shared>,
-    table: Table<Entry>,
-    /// How much longer a key must stay whatever its last call (the client builder's breaker,
-    /// keyed the same way: an open breaker lets no call reach its route's model, which must
-    /// not go for that).
-    busy: Option<KeyBusy>,
     /// The quantiles (as bits) given a delay slot, in order.
     quantiles: Mutex<Vec<u64>>,
 }
 
-impl std::fmt::Debug for Keyed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Keyed")
-            .field("key", &self.key)
-            .field("table", &self.table)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Keyed {
-    pub(super) fn new(
-        key: RouteKey,
-        base: Arc<Shared>,
-        max_keys: usize,
-        idle: Duration,
-        busy: Option<KeyBusy>,
-    ) -> Self {
+    /// The models of `routes`, each built from `base`, which takes the overflow.
+    pub(super) fn new(routes: table::Keyed<Entry>, base: Arc<Shared>) -> Self {
         Self {
-            key,
+            routes,
             base,
-            table: Table::new(max_keys, idle, ()),
-            busy,
             quantiles: Mutex::new(Vec::new()),
         }
     }
 
+    pub(super) fn key(&self) -> &RouteKey {
+        &self.routes.key
+    }
+
     pub(super) fn max_keys(&self) -> usize {
-        self.table.max_keys()
+        self.routes.max_keys()
     }
 
     pub(super) fn idle(&self) -> Duration {
-        self.table.idle()
+        self.routes.idle()
     }
 
     pub(super) fn busy(&self) -> Option<KeyBusy> {
-        self.busy.clone()
+        self.routes.busy()
     }
 
     fn now_ms(&self) -> u64 {
@@ -110,14 +97,14 @@ impl Keyed {
     /// takes it).
     #[inline(never)]
     pub(super) fn entry(&self, method: &Method, uri: &Uri) -> Option<Arc<Slot<Entry>>> {
-        let key = self.key.of(method, uri)?;
+        let key = self.key().of(method, uri)?;
         self.entry_at(&key, self.now_ms())
     }
 
     /// `key`'s entry at `now` (milliseconds since the layer's origin).
     pub(super) fn entry_at(&self, key: &str, now: u64) -> Option<Arc<Slot<Entry>>> {
-        let make = |_: &()| {
-            let shared = Arc::new(self.base.for_key(crate::route::key_label(&self.key), key));
+        let make = || {
+            let shared = Arc::new(self.base.for_key(crate::route::key_label(self.key()), key));
             Entry {
                 handles: Handles::uncopied(&shared),
                 shared,
@@ -126,18 +113,17 @@ impl Keyed {
         };
         // A model is busy only while its route's breaker is (the builder's link): otherwise
         // it may go once idle.
-        let busy = |key: &str, _: &Entry| self.busy.as_ref().map_or(0, |busy| busy(key));
-        self.table.entry_at(key, now, make, busy)
+        self.routes.entry_at(key, now, make)
     }
 
     /// `key`'s entry if it has one now (nothing added, no use stamped).
     pub(super) fn get(&self, key: &str) -> Option<Arc<Slot<Entry>>> {
-        self.table.get(key)
+        self.routes.get(key)
     }
 
     /// Every key now, sorted.
     pub(super) fn keys(&self) -> Vec<String> {
-        self.table.keys()
+        self.routes.keys()
     }
 
     /// The delay slot of `quantile`, shared by every measured delay of that quantile; `None`

@@ -127,11 +127,8 @@ impl AttemptTimeoutLayer {
         }
         Ok(Self {
             keyed: Some(Arc::new(Keyed::new(
-                key,
+                crate::rt::table::Keyed::new(key, max_keys, idle, busy),
                 self.shared.clone(),
-                max_keys,
-                idle,
-                busy,
             ))),
             ..self.clone()
         })
@@ -139,7 +136,7 @@ impl AttemptTimeoutLayer {
 
     /// What the layer keys its models by, if it does ([`per_key`](Self::per_key)).
     pub fn key(&self) -> Option<&RouteKey> {
-        self.keyed.as_ref().map(|k| &k.key)
+        self.keyed.as_ref().map(|k| k.key())
     }
 
     /// The keys that have a model of their own now, sorted (empty unless keyed).
@@ -177,11 +174,13 @@ impl AttemptTimeoutLayer {
         let shared = Arc::new(self.shared.renamed(DependencyName::new(name)));
         let keyed = self.keyed.as_ref().map(|keyed| {
             Arc::new(Keyed::new(
-                keyed.key.clone(),
+                crate::rt::table::Keyed::new(
+                    keyed.key().clone(),
+                    keyed.max_keys(),
+                    keyed.idle(),
+                    keyed.busy(),
+                ),
                 shared.clone(),
-                keyed.max_keys(),
-                keyed.idle(),
-                keyed.busy(),
             ))
         });
         Self {

@@ -17,44 +17,28 @@
 //! until its last permit is given back.
 
 use super::Shared;
-use crate::RouteKey;
-use crate::rt::table::{KeyBusy, Slot, Table};
+use crate::rt::table;
 use http::Request;
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// The limits of a keyed layer.
+#[derive(Debug)]
 pub(crate) struct Keyed {
-    pub(super) key: RouteKey,
+    /// The limits by key; a key's stays as long as the client builder's breaker, keyed the
+    /// same way, says.
+    pub(super) routes: table::Keyed<Arc<Shared>>,
     /// The layer's own limit: each key's is made like it, and it takes the overflow.
     base: Arc<Shared>,
-    table: Table<Arc<Shared>>,
-    busy: Option<KeyBusy>,
     epoch: Instant,
 }
 
-impl std::fmt::Debug for Keyed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Keyed")
-            .field("key", &self.key)
-            .field("table", &self.table)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Keyed {
-    pub(super) fn new(
-        key: RouteKey,
-        base: Arc<Shared>,
-        max_keys: usize,
-        idle: Duration,
-        busy: Option<KeyBusy>,
-    ) -> Self {
+    /// The limits of `routes`, each made like `base`, which takes the overflow.
+    pub(super) fn new(routes: table::Keyed<Arc<Shared>>, base: Arc<Shared>) -> Self {
         Self {
-            key,
+            routes,
             base,
-            table: Table::new(max_keys, idle, ()),
-            busy,
             epoch: Instant::now(),
         }
     }
@@ -63,31 +47,26 @@ impl Keyed {
     /// table is full.
     #[inline]
     pub(super) fn limit_of<B>(&self, req: &Request<B>) -> Arc<Shared> {
-        let Some(key) = self.key.of(req.method(), req.uri()) else {
+        let key = &self.routes.key;
+        let Some(route) = key.of(req.method(), req.uri()) else {
             return self.base.clone();
         };
         let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        match self.entry_at(&key, now) {
+        let make = || Arc::new(self.base.for_key(crate::route::key_label(key), &route));
+        match self.routes.entry_at(&route, now, make) {
             Some(slot) => Arc::clone(&**slot),
             None => self.base.clone(),
         }
     }
 
-    fn entry_at(&self, key: &str, now: u64) -> Option<Arc<Slot<Arc<Shared>>>> {
-        let make = |_: &()| Arc::new(self.base.for_key(crate::route::key_label(&self.key), key));
-        // A limit is busy only while its route's breaker is (the builder's link).
-        let busy = |key: &str, _: &Arc<Shared>| self.busy.as_ref().map_or(0, |busy| busy(key));
-        self.table.entry_at(key, now, make, busy)
-    }
-
     /// `key`'s limit if it has one now.
     pub(super) fn get(&self, key: &str) -> Option<Arc<Shared>> {
-        self.table.get(key).map(|slot| Arc::clone(&**slot))
+        self.routes.get(key).map(|slot| Arc::clone(&**slot))
     }
 
     /// Every key now, sorted.
     pub(super) fn keys(&self) -> Vec<String> {
-        self.table.keys()
+        self.routes.keys()
     }
 }
 
@@ -106,7 +85,12 @@ mod tests {
             .adaptive(true)
             .build()
             .unwrap()
-            .per_key_idle(RouteKey::Path, 2, Duration::from_secs(60), None);
+            .per_key_idle(
+                crate::RouteKey::Path,
+                2,
+                std::time::Duration::from_secs(60),
+                None,
+            );
         let keyed = layer.keyed.clone().unwrap();
         let a = keyed.limit_of(&request("/a"));
         assert!(
@@ -128,7 +112,7 @@ mod tests {
         assert_eq!(layer.key_limit("/a"), Some(7));
         assert_eq!(layer.key_limit("/c"), None);
         // A minute later /a and /b may go.
-        tokio::time::advance(Duration::from_secs(61)).await;
+        tokio::time::advance(std::time::Duration::from_secs(61)).await;
         let c = keyed.limit_of(&request("/c"));
         assert!(!Arc::ptr_eq(&c, &layer.shared));
         assert!(layer.keys().contains(&"/c".to_owned()));

@@ -298,7 +298,7 @@ impl BulkheadLayer {
     /// What the limit is keyed by, if it is: the client presets key their adaptive limit as
     /// their breaker ([`BreakerConfig::per_key`](crate::client::breaker::BreakerConfig::per_key)).
     pub fn key(&self) -> Option<&crate::RouteKey> {
-        self.keyed.as_ref().map(|k| &k.key)
+        self.keyed.as_ref().map(|k| &k.routes.key)
     }
 
     /// A keyed layer's limit for `key` now (`None`: the key has no limit of its own yet, or
@@ -338,11 +338,8 @@ impl BulkheadLayer {
         Self {
             shared: self.shared.clone(),
             keyed: Some(Arc::new(keyed::Keyed::new(
-                key,
+                crate::rt::table::Keyed::new(key, max_keys, idle, busy),
                 self.shared.clone(),
-                max_keys,
-                idle,
-                busy,
             ))),
         }
     }
