@@ -340,10 +340,8 @@ impl crate::ClientBuilder<GrpcClassifier> {
     ///
     /// # Errors
     ///
-    /// A config [`ServiceConfig::validate`](crate::service_config::ServiceConfig::validate) refuses
-    /// (one built or changed by hand: every config `from_json` returns passes), named by the
-    /// JSON path of the field at fault; or a misconfiguration a setter of this stack kept
-    /// ([`build`](Self::build)).
+    /// A misconfiguration a setter of this stack kept ([`build`](Self::build)); every config
+    /// [`from_json`](crate::service_config::ServiceConfig::from_json) returns builds.
     pub fn service_config(
         self,
         config: crate::service_config::ServiceConfig,

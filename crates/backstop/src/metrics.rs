@@ -9,6 +9,10 @@
 //! in seconds); a Prometheus exporter writes the dots as underscores
 //! (`backstop_client_requests`).
 //!
+//! The names and labels below are the contract, kept across releases like any public item.
+//! They are plain strings, not constants to import: a dashboard, an alert or an exporter's
+//! allow-list holds the same strings, and the crate's tests assert them as written here.
+//!
 //! | name | kind | labels | moves when |
 //! |------|------|--------|------------|
 //! | `backstop.client.requests` | counter | `dependency`, `route`, `outcome`, `error_type` | a call through a client stack ends: `success`, `failure`, `throttled` (429 / RESOURCE_EXHAUSTED), `rejected` (refused by backstop itself: an open breaker, a spent deadline), `ignored` (a caller error, e.g. HTTP 4xx); a `failure` only carries `error_type` (OpenTelemetry's `error.type` idea, three values: `status` a failing status in the head or trailers, `timeout` an attempt's bound or the deadline, `transport` no status at all), the other outcomes none |
@@ -104,47 +108,47 @@
 //! through a handle is the recorder's business (the usual exporters use atomics).
 
 /// `backstop.client.requests`
-pub const CLIENT_REQUESTS: &str = "backstop.client.requests";
+pub(crate) const CLIENT_REQUESTS: &str = "backstop.client.requests";
 /// `backstop.client.attempts`
-pub const CLIENT_ATTEMPTS: &str = "backstop.client.attempts";
+pub(crate) const CLIENT_ATTEMPTS: &str = "backstop.client.attempts";
 /// `backstop.client.attempt.duration`
-pub const CLIENT_ATTEMPT_DURATION: &str = "backstop.client.attempt.duration";
+pub(crate) const CLIENT_ATTEMPT_DURATION: &str = "backstop.client.attempt.duration";
 /// `backstop.retry.give_ups`
-pub const RETRY_GIVE_UPS: &str = "backstop.retry.give_ups";
+pub(crate) const RETRY_GIVE_UPS: &str = "backstop.retry.give_ups";
 /// `backstop.retry.budget.balance`
-pub const RETRY_BUDGET_BALANCE: &str = "backstop.retry.budget.balance";
+pub(crate) const RETRY_BUDGET_BALANCE: &str = "backstop.retry.budget.balance";
 /// `backstop.breaker.state`
-pub const BREAKER_STATE: &str = "backstop.breaker.state";
+pub(crate) const BREAKER_STATE: &str = "backstop.breaker.state";
 /// `backstop.breaker.transitions`
-pub const BREAKER_TRANSITIONS: &str = "backstop.breaker.transitions";
+pub(crate) const BREAKER_TRANSITIONS: &str = "backstop.breaker.transitions";
 /// `backstop.breaker.rejections`
-pub const BREAKER_REJECTIONS: &str = "backstop.breaker.rejections";
+pub(crate) const BREAKER_REJECTIONS: &str = "backstop.breaker.rejections";
 /// `backstop.deadline.expired`
-pub const DEADLINE_EXPIRED: &str = "backstop.deadline.expired";
+pub(crate) const DEADLINE_EXPIRED: &str = "backstop.deadline.expired";
 /// `backstop.deadline.malformed`
-pub const DEADLINE_MALFORMED: &str = "backstop.deadline.malformed";
+pub(crate) const DEADLINE_MALFORMED: &str = "backstop.deadline.malformed";
 
 /// `backstop.throttle.rejections`
-pub const THROTTLE_REJECTIONS: &str = "backstop.throttle.rejections";
+pub(crate) const THROTTLE_REJECTIONS: &str = "backstop.throttle.rejections";
 /// `backstop.throttle.probability`
-pub const THROTTLE_PROBABILITY: &str = "backstop.throttle.probability";
+pub(crate) const THROTTLE_PROBABILITY: &str = "backstop.throttle.probability";
 /// `backstop.bulkhead.rejections`
-pub const BULKHEAD_REJECTIONS: &str = "backstop.bulkhead.rejections";
+pub(crate) const BULKHEAD_REJECTIONS: &str = "backstop.bulkhead.rejections";
 /// `backstop.bulkhead.limit`
-pub const BULKHEAD_LIMIT: &str = "backstop.bulkhead.limit";
+pub(crate) const BULKHEAD_LIMIT: &str = "backstop.bulkhead.limit";
 /// `backstop.bulkhead.in_flight`
-pub const BULKHEAD_IN_FLIGHT: &str = "backstop.bulkhead.in_flight";
+pub(crate) const BULKHEAD_IN_FLIGHT: &str = "backstop.bulkhead.in_flight";
 /// `backstop.admission.rejections`
-pub const ADMISSION_REJECTIONS: &str = "backstop.admission.rejections";
+pub(crate) const ADMISSION_REJECTIONS: &str = "backstop.admission.rejections";
 /// `backstop.idempotency.requests`
-pub const IDEMPOTENCY_REQUESTS: &str = "backstop.idempotency.requests";
+pub(crate) const IDEMPOTENCY_REQUESTS: &str = "backstop.idempotency.requests";
 
 /// `grpc.client.call.retries` (gRFC A96)
-pub const GRPC_CALL_RETRIES: &str = "grpc.client.call.retries";
+pub(crate) const GRPC_CALL_RETRIES: &str = "grpc.client.call.retries";
 /// `grpc.client.call.hedges` (gRFC A96)
-pub const GRPC_CALL_HEDGES: &str = "grpc.client.call.hedges";
+pub(crate) const GRPC_CALL_HEDGES: &str = "grpc.client.call.hedges";
 /// `grpc.client.call.retry_delay` (gRFC A96)
-pub const GRPC_CALL_RETRY_DELAY: &str = "grpc.client.call.retry_delay";
+pub(crate) const GRPC_CALL_RETRY_DELAY: &str = "grpc.client.call.retry_delay";
 
 /// Every name above but gRFC A96's, for the tests (an exporter's allow-list is the table
 /// above).

@@ -85,9 +85,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 /// `http.client.request.duration`
-pub const HTTP_CLIENT_REQUEST_DURATION: &str = "http.client.request.duration";
+pub(crate) const HTTP_CLIENT_REQUEST_DURATION: &str = "http.client.request.duration";
 /// `rpc.client.duration`
-pub const RPC_CLIENT_DURATION: &str = "rpc.client.duration";
+pub(crate) const RPC_CLIENT_DURATION: &str = "rpc.client.duration";
 
 /// Records each request's duration under OpenTelemetry's semantic conventions; see the
 /// [module docs](self).

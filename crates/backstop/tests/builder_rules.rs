@@ -502,18 +502,17 @@ fn the_name_reaches_every_metric_the_stack_records() {
         }
     }
     assert!(wrong.is_empty(), "series under another name: {wrong:#?}");
-    use backstop::metrics::*;
     for family in [
-        CLIENT_REQUESTS,
-        CLIENT_ATTEMPTS,
-        CLIENT_ATTEMPT_DURATION,
-        RETRY_GIVE_UPS,
-        RETRY_BUDGET_BALANCE,
-        BREAKER_STATE,
-        BREAKER_TRANSITIONS,
-        BREAKER_REJECTIONS,
-        DEADLINE_EXPIRED,
-        BULKHEAD_REJECTIONS,
+        "backstop.client.requests",
+        "backstop.client.attempts",
+        "backstop.client.attempt.duration",
+        "backstop.retry.give_ups",
+        "backstop.retry.budget.balance",
+        "backstop.breaker.state",
+        "backstop.breaker.transitions",
+        "backstop.breaker.rejections",
+        "backstop.deadline.expired",
+        "backstop.bulkhead.rejections",
     ] {
         assert!(
             families.contains(family),

@@ -78,7 +78,7 @@ const INVENTORY: (&str, &str) = ("dependency", "inventory");
 /// `backstop.client.requests` of the `inventory` stack with this outcome (a failure's, summed
 /// over its `error_type`s).
 fn outcome(recorded: &Recorded, outcome: &str) -> u64 {
-    let requests = backstop::metrics::CLIENT_REQUESTS;
+    let requests = "backstop.client.requests";
     if outcome != "failure" {
         return counter(recorded, requests, &[INVENTORY, ("outcome", outcome)]);
     }
@@ -97,7 +97,7 @@ fn failures(recorded: &Recorded, error_type: &str) -> u64 {
         ("outcome", "failure"),
         ("error_type", error_type),
     ];
-    match value(recorded, backstop::metrics::CLIENT_REQUESTS, &labels) {
+    match value(recorded, "backstop.client.requests", &labels) {
         Some(DebugValue::Counter(n)) => *n,
         None => 0,
         other => panic!("{labels:?}: {other:?}"),
@@ -177,7 +177,7 @@ fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
         let response = client.oneshot(get_item()).await.unwrap();
         assert_eq!(response.status(), 200);
     });
-    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    let attempts = "backstop.client.attempts";
     assert_eq!(outcome(&metrics, "success"), 1);
     assert_eq!(outcome(&metrics, "failure"), 0);
     assert_eq!(
@@ -193,11 +193,7 @@ fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
         0
     );
     // The ratio budget's reserve, less the retry, plus a tenth for the success.
-    let balance = gauge(
-        &metrics,
-        backstop::metrics::RETRY_BUDGET_BALANCE,
-        &[INVENTORY],
-    );
+    let balance = gauge(&metrics, "backstop.retry.budget.balance", &[INVENTORY]);
     assert!(balance > 0.0, "balance {balance}");
 }
 
@@ -213,7 +209,7 @@ fn a_failure_that_is_not_retried_counts_why() {
             .unwrap();
         assert_eq!(response.status(), 503);
     });
-    let give_ups = backstop::metrics::RETRY_GIVE_UPS;
+    let give_ups = "backstop.retry.give_ups";
     assert_eq!(
         counter(
             &metrics,
@@ -276,7 +272,7 @@ fn a_failure_is_counted_under_its_error_type() {
     assert_eq!(failures(&metrics, "status"), 1);
     assert_eq!(failures(&metrics, "timeout"), 1);
     assert_eq!(failures(&metrics, "transport"), 1);
-    let requests = backstop::metrics::CLIENT_REQUESTS;
+    let requests = "backstop.client.requests";
     assert!(
         value(&metrics, requests, &[INVENTORY, ("outcome", "failure")]).is_none(),
         "no failure without its error_type"
@@ -303,7 +299,7 @@ fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
     assert_eq!(outcome(&metrics, "throttled"), 1);
     assert_eq!(outcome(&metrics, "ignored"), 1);
     // One attempt each, never retried: counted as first attempts all the same.
-    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    let attempts = "backstop.client.attempts";
     assert_eq!(
         counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
         2
@@ -316,9 +312,9 @@ fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
         let breaker = BreakerConfig::http().consecutive_failures(2).jitter(false);
         call_through(breaker, &["/item/1"; 3]).await;
     });
-    let state = backstop::metrics::BREAKER_STATE;
+    let state = "backstop.breaker.state";
     assert_eq!(gauge(&metrics, state, &[INVENTORY]), 1.0, "open");
-    let transitions = backstop::metrics::BREAKER_TRANSITIONS;
+    let transitions = "backstop.breaker.transitions";
     assert_eq!(
         counter(&metrics, transitions, &[INVENTORY, ("to", "open")]),
         1
@@ -328,11 +324,7 @@ fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
         0
     );
     assert_eq!(
-        counter(
-            &metrics,
-            backstop::metrics::BREAKER_REJECTIONS,
-            &[INVENTORY]
-        ),
+        counter(&metrics, "backstop.breaker.rejections", &[INVENTORY]),
         1
     );
     assert_eq!(outcome(&metrics, "rejected"), 1);
@@ -396,8 +388,8 @@ fn the_breaker_reports_half_open_between_open_and_its_probes_outcome() {
                         .unwrap(),
                 )
                 .service(transport);
-            let state = backstop::metrics::BREAKER_STATE;
-            let transitions = backstop::metrics::BREAKER_TRANSITIONS;
+            let state = "backstop.breaker.state";
+            let transitions = "backstop.breaker.transitions";
             let to = |m: &Recorded, to: &str| counter(m, transitions, &[INVENTORY, ("to", to)]);
             for _ in 0..2 {
                 let _ = client.clone().oneshot(get_item()).await;
@@ -450,12 +442,12 @@ fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines()
             let _ = client.ready().await.unwrap().call(req).await;
         }
     });
-    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    let expired = "backstop.deadline.expired";
     assert_eq!(
         counter(&metrics, expired, &[INVENTORY, ("side", "client")]),
         1
     );
-    let duration = backstop::metrics::CLIENT_ATTEMPT_DURATION;
+    let duration = "backstop.client.attempt.duration";
     match value(&metrics, duration, &[INVENTORY]) {
         // The fast call's 20 ms; the slow one was cancelled by its deadline (not an attempt
         // that ended).
@@ -500,7 +492,7 @@ fn a_grpc_attempt_timeout_is_not_an_expired_deadline() {
             Some(&backstop::Rejection::AttemptTimedOut)
         );
     });
-    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    let expired = "backstop.deadline.expired";
     assert_eq!(
         counter(&metrics, expired, &[INVENTORY, ("side", "client")]),
         0
@@ -566,11 +558,8 @@ fn the_server_counts_malformed_headers_and_expired_deadlines() {
         let response = server.ready().await.unwrap().call(req).await.unwrap();
         assert_eq!(response.status(), 504);
     });
-    assert_eq!(
-        counter(&metrics, backstop::metrics::DEADLINE_MALFORMED, &[]),
-        1
-    );
-    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    assert_eq!(counter(&metrics, "backstop.deadline.malformed", &[]), 1);
+    let expired = "backstop.deadline.expired";
     let server = ("side", "server");
     assert_eq!(
         counter(&metrics, expired, &[server, ("route", "/svc.Orders/Place")]),
@@ -612,7 +601,7 @@ fn a_response_body_cut_by_the_server_deadline_is_counted_under_its_route() {
         let collected = response.into_body().collect().await.unwrap();
         assert_eq!(collected.trailers().unwrap()["grpc-status"], "4");
     });
-    let expired = backstop::metrics::DEADLINE_EXPIRED;
+    let expired = "backstop.deadline.expired";
     assert_eq!(
         counter(
             &metrics,
@@ -648,7 +637,7 @@ fn the_servers_routes_are_bounded_by_its_slots() {
             assert_eq!(server.clone().oneshot(req).await.unwrap().status(), 504);
         }
     });
-    let got = series(&metrics, backstop::metrics::DEADLINE_EXPIRED);
+    let got = series(&metrics, "backstop.deadline.expired");
     let routes = got
         .iter()
         .filter(|(labels, _)| labels.iter().any(|(k, _)| k == "route"))
@@ -674,13 +663,13 @@ fn a_keyed_breaker_reports_under_its_key() {
             .per_key(backstop::RouteKey::Path);
         call_through(breaker, &["/down", "/down", "/down", "/up"]).await;
     });
-    let state = backstop::metrics::BREAKER_STATE;
+    let state = "backstop.breaker.state";
     assert_eq!(
         gauge(&metrics, state, &[INVENTORY, ("route", "/down")]),
         1.0
     );
     assert_eq!(gauge(&metrics, state, &[INVENTORY, ("route", "/up")]), 0.0);
-    let rejections = backstop::metrics::BREAKER_REJECTIONS;
+    let rejections = "backstop.breaker.rejections";
     assert_eq!(
         counter(&metrics, rejections, &[INVENTORY, ("route", "/down")]),
         1
@@ -708,7 +697,7 @@ fn a_service_config_labels_each_entry_by_its_methods() {
         }
     });
     let billing = ("dependency", "billing");
-    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    let attempts = "backstop.client.attempts";
     let get_balance = ("route", "/pkg.Billing/GetBalance");
     assert_eq!(
         counter(
@@ -754,7 +743,7 @@ fn a_service_config_labels_its_attempt_durations_by_entry() {
         }
     });
     let billing = ("dependency", "billing");
-    let duration = backstop::metrics::CLIENT_ATTEMPT_DURATION;
+    let duration = "backstop.client.attempt.duration";
     assert_eq!(
         histogram(
             &metrics,
@@ -803,7 +792,7 @@ fn a_keyed_presets_attempt_durations_carry_the_route() {
             client.ready().await.unwrap().call(req).await.unwrap();
         }
     });
-    let duration = backstop::metrics::CLIENT_ATTEMPT_DURATION;
+    let duration = "backstop.client.attempt.duration";
     assert_eq!(
         histogram(&metrics, duration, &[INVENTORY, ("route", "/item")]),
         [0.01, 0.01]
@@ -812,7 +801,7 @@ fn a_keyed_presets_attempt_durations_carry_the_route() {
         histogram(&metrics, duration, &[INVENTORY, ("route", "/report")]),
         [0.04]
     );
-    let state = backstop::metrics::BREAKER_STATE;
+    let state = "backstop.breaker.state";
     assert_eq!(
         gauge(&metrics, state, &[INVENTORY, ("route", "/report")]),
         0.0
@@ -843,10 +832,10 @@ fn breaker_and_client_series_join_on_the_route() {
     });
     let billing = ("dependency", "billing");
     let route = ("route", "/pkg.Billing/GetBalance");
-    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    let attempts = "backstop.client.attempts";
     let retries = counter(&metrics, attempts, &[billing, route, ("kind", "retry")]);
     assert_eq!(retries, 1, "the client series carry the route");
-    let state = backstop::metrics::BREAKER_STATE;
+    let state = "backstop.breaker.state";
     assert_eq!(
         gauge(&metrics, state, &[billing, route]),
         0.0,
@@ -867,7 +856,7 @@ fn histogram(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> Vec<f6
 /// with the server they went to.
 #[test]
 fn semconv_times_each_http_attempt_with_its_status() {
-    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, SemconvLayer};
+    use backstop::semconv::SemconvLayer;
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
             .layer(backstop::client::http().name("inventory").build().unwrap())
@@ -899,12 +888,12 @@ fn semconv_times_each_http_attempt_with_its_status() {
     };
     let failed = histogram(
         &metrics,
-        HTTP_CLIENT_REQUEST_DURATION,
+        "http.client.request.duration",
         &with(&[("http.response.status_code", "503"), ("error.type", "503")]),
     );
     let ok = histogram(
         &metrics,
-        HTTP_CLIENT_REQUEST_DURATION,
+        "http.client.request.duration",
         &with(&[("http.response.status_code", "200")]),
     );
     // Seconds, each attempt's own 20 ms.
@@ -917,7 +906,7 @@ fn semconv_times_each_http_attempt_with_its_status() {
 /// `timeout`.
 #[test]
 fn semconv_times_grpc_calls_until_their_status() {
-    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, RPC_CLIENT_DURATION, SemconvLayer};
+    use backstop::semconv::SemconvLayer;
     use tower::Layer;
     let metrics = recorded(|| async {
         let grpc = |code: Option<&'static str>, wait: u64| {
@@ -981,10 +970,19 @@ fn semconv_times_grpc_calls_until_their_status() {
             ("rpc.grpc.status_code", code),
         ]
     };
-    assert_eq!(histogram(&metrics, RPC_CLIENT_DURATION, &rpc("14")), [5.0]);
-    assert_eq!(histogram(&metrics, RPC_CLIENT_DURATION, &rpc("0")), [15.0]);
-    assert_eq!(histogram(&metrics, RPC_CLIENT_DURATION, &rpc("1")), [8.0]);
-    assert_eq!(histogram(&metrics, RPC_CLIENT_DURATION, &rpc("4")), [30.0]);
+    assert_eq!(
+        histogram(&metrics, "rpc.client.duration", &rpc("14")),
+        [5.0]
+    );
+    assert_eq!(
+        histogram(&metrics, "rpc.client.duration", &rpc("0")),
+        [15.0]
+    );
+    assert_eq!(histogram(&metrics, "rpc.client.duration", &rpc("1")), [8.0]);
+    assert_eq!(
+        histogram(&metrics, "rpc.client.duration", &rpc("4")),
+        [30.0]
+    );
     let timeout = [
         ("http.request.method", "GET"),
         ("server.address", "partner"),
@@ -992,7 +990,7 @@ fn semconv_times_grpc_calls_until_their_status() {
         ("error.type", "timeout"),
     ];
     assert_eq!(
-        histogram(&metrics, HTTP_CLIENT_REQUEST_DURATION, &timeout),
+        histogram(&metrics, "http.client.request.duration", &timeout),
         [0.03]
     );
 }
@@ -1067,16 +1065,12 @@ fn the_throttle_probability_falls_back_when_the_dependency_recovers() {
         }
         assert_eq!(throttle.probability(), 0.0, "the throttle let go");
     });
-    let rejections = backstop::metrics::THROTTLE_REJECTIONS;
+    let rejections = "backstop.throttle.rejections";
     assert!(
         counter(&metrics, rejections, &[INVENTORY]) > 0,
         "it refused"
     );
-    let p = gauge(
-        &metrics,
-        backstop::metrics::THROTTLE_PROBABILITY,
-        &[INVENTORY],
-    );
+    let p = gauge(&metrics, "backstop.throttle.probability", &[INVENTORY]);
     assert_eq!(p, 0.0, "the gauge fell back with the probability");
 }
 
@@ -1104,17 +1098,13 @@ fn a_throttle_refusal_counts_under_its_dependency_with_the_probability() {
     });
     let refused = refused.load(Ordering::SeqCst) as u64;
     assert!(refused >= 100, "{refused} refused");
-    let rejections = backstop::metrics::THROTTLE_REJECTIONS;
+    let rejections = "backstop.throttle.rejections";
     assert_eq!(counter(&metrics, rejections, &[INVENTORY]), refused);
     // The probability the last refusal was drawn against: above 0, at most the default cap.
-    let p = gauge(
-        &metrics,
-        backstop::metrics::THROTTLE_PROBABILITY,
-        &[INVENTORY],
-    );
+    let p = gauge(&metrics, "backstop.throttle.probability", &[INVENTORY]);
     assert!(p > 0.0 && p <= 0.9, "{p}");
     // A refusal never reached the retry layer: no request outcome, no attempt for it.
-    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    let attempts = "backstop.client.attempts";
     assert_eq!(
         counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
         300 - refused
@@ -1172,7 +1162,7 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
         assert_eq!(knob(err), "max_concurrency");
         assert!(holder.await.unwrap().is_ok());
     });
-    let rejections = backstop::metrics::BULKHEAD_REJECTIONS;
+    let rejections = "backstop.bulkhead.rejections";
     for reason in ["max_queue", "max_wait", "max_concurrency"] {
         assert_eq!(
             counter(&metrics, rejections, &[INVENTORY, ("reason", reason)]),
@@ -1181,7 +1171,7 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
         );
     }
     // The refused calls were never sent: two first attempts, both answered.
-    let attempts = backstop::metrics::CLIENT_ATTEMPTS;
+    let attempts = "backstop.client.attempts";
     assert_eq!(
         counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
         2
@@ -1245,7 +1235,7 @@ fn an_admission_refusal_is_counted_under_its_route() {
         200,
         "the handler was not called"
     );
-    let rejections = backstop::metrics::ADMISSION_REJECTIONS;
+    let rejections = "backstop.admission.rejections";
     assert_eq!(counter(&metrics, rejections, &[("route", "/report")]), 1);
     assert_eq!(
         counter(&metrics, rejections, &[("route", "/pkg.Reports/Get")]),
@@ -1292,7 +1282,7 @@ fn every_layer_sharing_a_throttle_reports_its_probability() {
         }
         assert_eq!(shared.probability(), 0.0);
     });
-    let gauges: Vec<(String, f64)> = series(&metrics, backstop::metrics::THROTTLE_PROBABILITY)
+    let gauges: Vec<(String, f64)> = series(&metrics, "backstop.throttle.probability")
         .into_iter()
         .map(|(labels, v)| {
             let dep = labels[0].1.clone();
@@ -1343,7 +1333,7 @@ fn samples(v: &DebugValue) -> usize {
 /// histogram exists for, recorded with `error.type = timeout`.
 #[test]
 fn every_attempt_the_bound_ended_is_a_sample() {
-    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, SemconvLayer};
+    use backstop::semconv::SemconvLayer;
     let sent = Arc::new(AtomicUsize::new(0));
     let hits = sent.clone();
     let metrics = recorded(|| async move {
@@ -1372,7 +1362,7 @@ fn every_attempt_the_bound_ended_is_a_sample() {
         client.oneshot(get).await.unwrap_err();
     });
     let sent = sent.load(Ordering::SeqCst);
-    let recorded_samples: usize = series(&metrics, HTTP_CLIENT_REQUEST_DURATION)
+    let recorded_samples: usize = series(&metrics, "http.client.request.duration")
         .iter()
         .map(|(_, v)| samples(v))
         .sum();
@@ -1382,10 +1372,10 @@ fn every_attempt_the_bound_ended_is_a_sample() {
         sent,
         "{sent} attempts reached the transport through SemconvLayer, {recorded_samples} \
          http.client.request.duration samples: {:#?}",
-        series(&metrics, HTTP_CLIENT_REQUEST_DURATION)
+        series(&metrics, "http.client.request.duration")
     );
     let timeout = ("error.type".to_owned(), "timeout".to_owned());
-    for (labels, _) in series(&metrics, HTTP_CLIENT_REQUEST_DURATION) {
+    for (labels, _) in series(&metrics, "http.client.request.duration") {
         assert!(labels.contains(&timeout), "{labels:?}");
     }
 }
@@ -1394,7 +1384,7 @@ fn every_attempt_the_bound_ended_is_a_sample() {
 /// `rpc.grpc.status_code = 4`.
 #[test]
 fn a_grpc_attempt_the_bound_ended_is_deadline_exceeded() {
-    use backstop::semconv::{RPC_CLIENT_DURATION, SemconvLayer};
+    use backstop::semconv::SemconvLayer;
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
             .layer(
@@ -1415,7 +1405,7 @@ fn a_grpc_attempt_the_bound_ended_is_deadline_exceeded() {
         let req = grpc_post("/stock.Stock/Get", String::new());
         let _ = client.oneshot(req).await;
     });
-    let got = series(&metrics, RPC_CLIENT_DURATION);
+    let got = series(&metrics, "rpc.client.duration");
     assert!(
         got.iter().any(|(labels, v)| samples(v) > 0
             && labels.contains(&("rpc.grpc.status_code".into(), "4".into()))),
@@ -1428,7 +1418,7 @@ fn a_grpc_attempt_the_bound_ended_is_deadline_exceeded() {
 /// sample, as the status the caller gets.
 #[test]
 fn a_grpc_call_a_proxy_answered_503_is_unavailable() {
-    use backstop::semconv::{RPC_CLIENT_DURATION, SemconvLayer};
+    use backstop::semconv::SemconvLayer;
     use tower::Layer;
     let metrics = recorded(|| async {
         let svc = SemconvLayer::new().layer(service_fn(|_req: Request<String>| async {
@@ -1444,7 +1434,7 @@ fn a_grpc_call_a_proxy_answered_503_is_unavailable() {
         let response = svc.oneshot(req).await.unwrap();
         let _ = response.into_body().collect().await;
     });
-    let got = series(&metrics, RPC_CLIENT_DURATION);
+    let got = series(&metrics, "rpc.client.duration");
     assert!(
         got.iter().any(|(labels, v)| samples(v) == 1
             && labels.contains(&("rpc.grpc.status_code".into(), "14".into()))),
@@ -1457,7 +1447,7 @@ fn a_grpc_call_a_proxy_answered_503_is_unavailable() {
 /// for an address given to `SemconvLayer::server`.
 #[test]
 fn semconv_records_an_ipv6_server_address_without_brackets() {
-    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, SemconvLayer};
+    use backstop::semconv::SemconvLayer;
     use tower::Layer;
     let metrics = recorded(|| async {
         let answering = || {
@@ -1485,7 +1475,7 @@ fn semconv_records_an_ipv6_server_address_without_brackets() {
             ("server.port", port),
             ("http.response.status_code", "200"),
         ];
-        let seconds = histogram(&metrics, HTTP_CLIENT_REQUEST_DURATION, &labels);
+        let seconds = histogram(&metrics, "http.client.request.duration", &labels);
         assert_eq!(seconds, vec![0.02], "{address}");
     }
 }
@@ -1521,7 +1511,7 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
     use backstop::client::overload::throttle::{AdaptiveThrottle, AdaptiveThrottleBuilder};
     use backstop::client::retry::RetryOverrides;
     use backstop::client::retry::hedge::Hedging;
-    use backstop::semconv::{HTTP_CLIENT_REQUEST_DURATION, RPC_CLIENT_DURATION, SemconvLayer};
+    use backstop::semconv::SemconvLayer;
     const MS: Duration = Duration::from_millis(1);
     #[derive(Debug, Clone, Copy, PartialEq)]
     enum Case {
@@ -1630,9 +1620,9 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
                 }
             });
             let name = if $grpc {
-                RPC_CLIENT_DURATION
+                "rpc.client.duration"
             } else {
-                HTTP_CLIENT_REQUEST_DURATION
+                "http.client.request.duration"
             };
             ends(&metrics, name)
                 .into_iter()
@@ -1706,7 +1696,7 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
 fn each_keyed_request_is_counted_under_its_idempotency_outcome() {
     use backstop::NotExecuted;
     use backstop::idempotency::{IdempotencyLayer, MemoryStore};
-    const NAME: &str = backstop::metrics::IDEMPOTENCY_REQUESTS;
+    const NAME: &str = "backstop.idempotency.requests";
     let metrics = recorded(|| async {
         let server = ServiceBuilder::new()
             .layer(IdempotencyLayer::new(MemoryStore::new()))
@@ -1765,7 +1755,6 @@ fn each_keyed_request_is_counted_under_its_idempotency_outcome() {
 /// path) and `grpc.target` (the dependency); a plain HTTP call records none of them.
 #[test]
 fn a_grpc_call_records_a96s_retries_hedges_and_retry_delay() {
-    use backstop::metrics::{GRPC_CALL_HEDGES, GRPC_CALL_RETRIES, GRPC_CALL_RETRY_DELAY};
     let metrics = recorded(|| async {
         let calls = Arc::new(AtomicUsize::new(0));
         let seen = calls.clone();
@@ -1800,14 +1789,24 @@ fn a_grpc_call_records_a96s_retries_hedges_and_retry_delay() {
         ("grpc.method", "/bank.Billing/Charge"),
         ("grpc.target", "billing"),
     ];
-    assert_eq!(histogram(&metrics, GRPC_CALL_RETRIES, &labels), vec![2.0]);
-    assert_eq!(histogram(&metrics, GRPC_CALL_HEDGES, &labels), vec![0.0]);
-    let delay = histogram(&metrics, GRPC_CALL_RETRY_DELAY, &labels);
+    assert_eq!(
+        histogram(&metrics, "grpc.client.call.retries", &labels),
+        vec![2.0]
+    );
+    assert_eq!(
+        histogram(&metrics, "grpc.client.call.hedges", &labels),
+        vec![0.0]
+    );
+    let delay = histogram(&metrics, "grpc.client.call.retry_delay", &labels);
     assert!(
         delay.len() == 1 && delay[0] > 0.0 && delay[0] < 2.0,
         "{delay:?}"
     );
-    for name in [GRPC_CALL_RETRIES, GRPC_CALL_HEDGES, GRPC_CALL_RETRY_DELAY] {
+    for name in [
+        "grpc.client.call.retries",
+        "grpc.client.call.hedges",
+        "grpc.client.call.retry_delay",
+    ] {
         assert_eq!(
             metrics
                 .iter()

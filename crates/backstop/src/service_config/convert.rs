@@ -13,7 +13,7 @@ impl RetryPolicyConfig {
     /// at `maxBackoff`; one above the retry layer's longest backoff
     /// ([`MAX_DELAY`](crate::client::retry::backoff::MAX_DELAY), 1 h) is clamped to it, a deliberate
     /// difference from A6, which sets no bound.
-    pub fn backoff(&self) -> crate::client::retry::backoff::Exponential {
+    pub(crate) fn backoff(&self) -> crate::client::retry::backoff::Exponential {
         let cap = self
             .max_backoff
             .min(crate::client::retry::backoff::MAX_DELAY);
@@ -27,7 +27,7 @@ impl RetryPolicyConfig {
     /// backoff and its retryable codes (no budget: the channel's throttle is one per client,
     /// see [`RetryThrottling::throttle`]). It builds for every policy that passes
     /// [`ServiceConfig::validate`](super::ServiceConfig::validate).
-    pub fn retry_policy(&self) -> crate::client::retry::RetryConfig<crate::GrpcClassifier> {
+    pub(crate) fn retry_policy(&self) -> crate::client::retry::RetryConfig<crate::GrpcClassifier> {
         crate::client::retry::RetryConfig::new(
             crate::GrpcClassifier::new()
                 .retryable_codes(self.retryable_status_codes.iter().copied()),
@@ -41,7 +41,7 @@ impl RetryPolicyConfig {
 impl HedgingPolicyConfig {
     /// The policy as [`Hedging`](crate::client::retry::hedge::Hedging): its attempts, a fixed delay
     /// (valid for every policy that passes [`ServiceConfig::validate`](super::ServiceConfig::validate)).
-    pub fn hedging(&self) -> crate::client::retry::hedge::Hedging {
+    pub(crate) fn hedging(&self) -> crate::client::retry::hedge::Hedging {
         crate::client::retry::hedge::Hedging::new(self.hedging_delay)
             .max_attempts(self.max_attempts)
     }
@@ -56,7 +56,7 @@ impl RetryThrottling {
     /// [`ServiceConfig::from_json`](super::ServiceConfig::from_json), nor in
     /// [`ClientBuilder::service_config`](crate::ClientBuilder::service_config), which validates
     /// first).
-    pub fn throttle(&self) -> crate::client::retry::GrpcThrottle {
+    pub(crate) fn throttle(&self) -> crate::client::retry::GrpcThrottle {
         crate::client::retry::GrpcThrottle::builder()
             .max_tokens(self.max_tokens)
             .token_ratio(self.token_ratio)

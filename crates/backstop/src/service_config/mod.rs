@@ -2,9 +2,14 @@
 //! Python's grpcio) read, with per-method retry, hedging and timeout policies (gRFC A6 and
 //! gRPC's service-config document), read and validated as those clients do.
 //!
+//! The config is JSON in, as grpc-go's and grpc-java's channels take it: a [`ServiceConfig`] is
+//! what [`from_json`](ServiceConfig::from_json) read and validated, and what
+//! [`ClientBuilder::service_config`](crate::ClientBuilder::service_config) builds a client from.
+//! Its parsed form is the crate's own (a field gRPC adds to the schema is then no breaking
+//! change): what a call gets is stated below, and the client's layers tell what they do.
+//!
 //! ```
-//! use backstop::service_config::{MethodPolicy, ServiceConfig};
-//! use std::time::Duration;
+//! use backstop::service_config::ServiceConfig;
 //!
 //! let config = ServiceConfig::from_json(r#"{
 //!   "methodConfig": [
@@ -16,13 +21,19 @@
 //!   ],
 //!   "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
 //! }"#)?;
+//! // `GetBalance` is retried up to 4 attempts; `Charge` has an entry of its own, without a
+//! // policy: never retried; anything else gets the default entry's 2 s.
+//! let client = backstop::client::grpc().service_config(config)?;
+//! # let _ = client;
 //!
-//! let balance = config.method("/bank.Accounts/GetBalance").unwrap();
-//! assert!(matches!(&balance.policy, Some(MethodPolicy::Retry(r)) if r.max_attempts == 4));
-//! // `Charge` has an entry of its own, without a policy: never retried.
-//! assert!(config.method("/bank.Accounts/Charge").unwrap().policy.is_none());
-//! // Anything else gets the default entry.
-//! assert_eq!(config.method("/bank.Other/Call").unwrap().timeout, Some(Duration::from_secs(2)));
+//! // A rule broken names the JSON path at fault.
+//! let err = ServiceConfig::from_json(r#"{ "methodConfig": [
+//!     { "name": [{ "service": "s.S" }],
+//!       "retryPolicy": { "maxAttempts": 1, "initialBackoff": "0.1s", "maxBackoff": "1s",
+//!                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"] } }
+//! ] }"#)
+//! .unwrap_err();
+//! assert_eq!(err.knob(), "methodConfig[0].retryPolicy.maxAttempts");
 //! # Ok::<(), backstop::ConfigError>(())
 //! ```
 //!
@@ -38,8 +49,7 @@
 //!
 //! **One deliberate difference:** A6 sets no bound on `maxBackoff`; the retry layer waits at
 //! most [`MAX_DELAY`](crate::client::retry::backoff::MAX_DELAY) (1 h) between attempts, so a longer
-//! `maxBackoff` is read as written and its waits are capped at 1 h
-//! ([`RetryPolicyConfig::backoff`]). Every value A6 allows is accepted, and a config
+//! `maxBackoff` is read as written and its waits are capped at 1 h. Every value A6 allows is accepted, and a config
 //! [`from_json`](ServiceConfig::from_json) accepts always builds into a client.
 //!
 //! Accepted and ignored (they do not apply to a tower layer): `waitForReady`,
@@ -52,53 +62,54 @@
 //! [`knob`](crate::ConfigError::knob) is the JSON path of the field at fault
 //! (`methodConfig[2].retryPolicy.maxAttempts`): a required field missing, a value out of its
 //! range, a duration that is not proto3 JSON, an unknown status code, a `retryPolicy` and a
-//! `hedgingPolicy` in one entry, or the same method named by two entries. The rules on values
-//! are [`ServiceConfig::validate`]'s, which
-//! [`ClientBuilder::service_config`](crate::ClientBuilder::service_config) applies to a config
-//! built or changed by hand too, naming the same paths.
+//! `hedgingPolicy` in one entry, or the same method named by two entries. A config
+//! [`from_json`](ServiceConfig::from_json) accepts always builds into a client.
 
 mod convert;
 mod parse;
 mod validate;
 
+#[cfg(test)]
+mod tests;
+
 use crate::Code;
 use std::time::Duration;
 
 /// The most attempts a policy may ask for unless the caller raises the cap (gRFC A6).
-pub const DEFAULT_MAX_ATTEMPTS_CAP: u32 = 5;
+pub(crate) const DEFAULT_MAX_ATTEMPTS_CAP: u32 = 5;
 
 /// A parsed and validated service config; see the [module docs](self).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceConfig {
     /// The `methodConfig` entries, in order.
-    pub methods: Vec<MethodConfig>,
+    pub(crate) methods: Vec<MethodConfig>,
     /// `retryThrottling`: one throttle for every method of the channel.
-    pub retry_throttling: Option<RetryThrottling>,
+    pub(crate) retry_throttling: Option<RetryThrottling>,
 }
 
 /// One `methodConfig` entry.
 #[derive(Debug, Clone, PartialEq)]
-pub struct MethodConfig {
+pub(crate) struct MethodConfig {
     /// The methods it applies to.
-    pub names: Vec<MethodName>,
+    pub(crate) names: Vec<MethodName>,
     /// The methods' timeout.
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// The retry or hedging policy; `None`: calls are neither retried nor hedged.
-    pub policy: Option<MethodPolicy>,
+    pub(crate) policy: Option<MethodPolicy>,
 }
 
 /// A `name` entry: a service and optionally one of its methods; neither is the default.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct MethodName {
+pub(crate) struct MethodName {
     /// The fully qualified service, e.g. `bank.Accounts`.
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
     /// The method, e.g. `GetBalance`.
-    pub method: Option<String>,
+    pub(crate) method: Option<String>,
 }
 
 /// A method's policy: retries or hedging, never both.
 #[derive(Debug, Clone, PartialEq)]
-pub enum MethodPolicy {
+pub(crate) enum MethodPolicy {
     /// `retryPolicy`.
     Retry(RetryPolicyConfig),
     /// `hedgingPolicy`.
@@ -107,50 +118,50 @@ pub enum MethodPolicy {
 
 /// `retryPolicy`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RetryPolicyConfig {
+pub(crate) struct RetryPolicyConfig {
     /// Attempts in all, the first included (after the cap).
-    pub max_attempts: u32,
+    pub(crate) max_attempts: u32,
     /// The first backoff's bound.
-    pub initial_backoff: Duration,
+    pub(crate) initial_backoff: Duration,
     /// The largest backoff bound.
-    pub max_backoff: Duration,
+    pub(crate) max_backoff: Duration,
     /// The bound's growth per retry.
-    pub backoff_multiplier: f64,
+    pub(crate) backoff_multiplier: f64,
     /// The codes that are retried.
-    pub retryable_status_codes: Vec<Code>,
+    pub(crate) retryable_status_codes: Vec<Code>,
 }
 
 /// `hedgingPolicy`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HedgingPolicyConfig {
+pub(crate) struct HedgingPolicyConfig {
     /// Attempts in all, the first included (after the cap).
-    pub max_attempts: u32,
+    pub(crate) max_attempts: u32,
     /// The delay between attempts (zero: all at once).
-    pub hedging_delay: Duration,
+    pub(crate) hedging_delay: Duration,
     /// The codes after which the other attempts go on.
-    pub non_fatal_status_codes: Vec<Code>,
+    pub(crate) non_fatal_status_codes: Vec<Code>,
 }
 
 /// `retryThrottling`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RetryThrottling {
+pub(crate) struct RetryThrottling {
     /// The bucket's size.
-    pub max_tokens: u32,
+    pub(crate) max_tokens: u32,
     /// Tokens a success adds.
-    pub token_ratio: f64,
+    pub(crate) token_ratio: f64,
 }
 
 impl ServiceConfig {
     /// The entry for a request's `:path` (`/package.Service/Method`): the most specific of the
     /// entry naming that method, the one naming its service, and the default. `None`: no entry
     /// applies (the call is neither retried nor hedged, as gRPC's clients do).
-    pub fn method(&self, path: &str) -> Option<&MethodConfig> {
+    pub(crate) fn method(&self, path: &str) -> Option<&MethodConfig> {
         self.method_index(path).map(|i| &self.methods[i])
     }
 
     /// The index in [`methods`](Self::methods) of [`method`](Self::method)'s entry. A scan of
     /// the names, without allocating.
-    pub fn method_index(&self, path: &str) -> Option<usize> {
+    pub(crate) fn method_index(&self, path: &str) -> Option<usize> {
         let (service, method) = path.strip_prefix('/')?.split_once('/')?;
         let mut by_service = None;
         let mut default = None;

@@ -104,11 +104,12 @@ fn error_codes(codes: &[Code], path: &str) -> Result<(), ConfigError> {
 }
 
 impl ServiceConfig {
-    /// Checks the config's values against gRFC A6's rules, as
-    /// [`from_json`](Self::from_json) does (after its clamp of `maxAttempts`), for a config
-    /// built or changed by hand (the fields are public);
-    /// [`ClientBuilder::service_config`](crate::ClientBuilder::service_config) calls it. A config
-    /// that passes builds into retry layers, hedging and a throttle as it is.
+    /// Checks the config's values against gRFC A6's rules: [`from_json`](Self::from_json)
+    /// calls it after its clamp of `maxAttempts`, and
+    /// [`ClientBuilder::service_config`](crate::ClientBuilder::service_config) again, so a
+    /// config changed inside the crate (the tests build some by hand) cannot build a client
+    /// the rules refuse. A config that passes builds into retry layers, hedging and a
+    /// throttle as it is.
     ///
     /// # Errors
     ///
@@ -119,7 +120,7 @@ impl ServiceConfig {
     /// `backoffMultiplier` not a finite number above zero; no retryable code, or `OK` among
     /// the codes; `maxTokens` not in 1..=1000; a `tokenRatio` not above zero, above
     /// `maxTokens`, or with more than 3 decimal places.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         // A6 and gRPC's service-config document: a method may be named once.
         let mut seen = std::collections::HashMap::new();
         for (i, m) in self.methods.iter().enumerate() {

@@ -1,10 +1,9 @@
-//! gRPC service config: the examples of gRFC A6 and gRPC's service-config document read as
+//! Tests of gRPC service config: the examples of gRFC A6 and gRPC's service-config document read as
 //! gRPC's clients read them, every validation rule named by its JSON path, and the matching
 //! order.
-#![cfg(feature = "service-config")]
 
-use backstop::Code;
-use backstop::service_config::{
+use crate::Code;
+use crate::service_config::{
     HedgingPolicyConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
     ServiceConfig,
 };
@@ -366,20 +365,20 @@ fn policies_become_retry_policies_hedging_and_a_throttle() {
     assert!(r.retry_policy().build().is_ok());
     assert_eq!(
         r.backoff(),
-        backstop::client::retry::backoff::exponential(200 * MS, 2000 * MS)
+        crate::client::retry::backoff::exponential(200 * MS, 2000 * MS)
             .multiplier(3.0)
-            .jitter(backstop::client::retry::backoff::Jitter::Proportional(0.2))
+            .jitter(crate::client::retry::backoff::Jitter::Proportional(0.2))
     );
     let Some(MethodPolicy::Hedging(h)) = &config.methods[1].policy else {
         panic!("a hedging policy")
     };
     assert!(
-        backstop::client::retry::RetryConfig::grpc()
+        crate::client::retry::RetryConfig::grpc()
             .hedging(h.hedging())
             .build()
             .is_ok()
     );
-    use backstop::client::retry::Budget;
+    use crate::client::retry::Budget;
     let throttle = config.retry_throttling.unwrap().throttle();
     assert_eq!(throttle.balance(), 10.0);
     assert_eq!(
@@ -455,7 +454,7 @@ fn every_value_a6_allows_builds_a_client() {
     ];
     for (what, json) in &cases {
         let config = ServiceConfig::from_json(json).unwrap_or_else(|e| panic!("{what}: {e}"));
-        if let Err(e) = backstop::client::grpc().service_config(config) {
+        if let Err(e) = crate::client::grpc().service_config(config) {
             panic!("{what}: accepted by from_json, refused by service_config: {e}");
         }
     }
@@ -472,11 +471,11 @@ fn every_value_a6_allows_builds_a_client() {
     );
     assert_eq!(
         policy.backoff(),
-        backstop::client::retry::backoff::exponential(
+        crate::client::retry::backoff::exponential(
             100 * MS,
-            backstop::client::retry::backoff::MAX_DELAY
+            crate::client::retry::backoff::MAX_DELAY
         )
-        .jitter(backstop::client::retry::backoff::Jitter::Proportional(0.2))
+        .jitter(crate::client::retry::backoff::Jitter::Proportional(0.2))
     );
 }
 
@@ -531,7 +530,7 @@ fn a_config_built_by_hand_is_refused_by_its_json_path() {
     };
     let with = |policy: MethodPolicy| ServiceConfig {
         methods: vec![
-            backstop::service_config::MethodConfig {
+            crate::service_config::MethodConfig {
                 names: vec![MethodName {
                     service: Some("a.A".into()),
                     method: None,
@@ -539,7 +538,7 @@ fn a_config_built_by_hand_is_refused_by_its_json_path() {
                 timeout: None,
                 policy: None,
             },
-            backstop::service_config::MethodConfig {
+            crate::service_config::MethodConfig {
                 names: vec![MethodName {
                     service: Some("s.S".into()),
                     method: None,
@@ -550,7 +549,7 @@ fn a_config_built_by_hand_is_refused_by_its_json_path() {
         ],
         retry_throttling: None,
     };
-    let build = |config: ServiceConfig| backstop::client::grpc().service_config(config).map(drop);
+    let build = |config: ServiceConfig| crate::client::grpc().service_config(config).map(drop);
     assert!(build(with(MethodPolicy::Retry(retry_policy.clone()))).is_ok());
     assert!(build(with(MethodPolicy::Hedging(hedging.clone()))).is_ok());
     // Each case: one field of a valid config made invalid.
@@ -621,7 +620,7 @@ fn a_config_built_by_hand_is_refused_by_its_json_path() {
 
 mod dispatch {
     use super::*;
-    use backstop::ReplayBody;
+    use crate::ReplayBody;
     use http::{Request, Response};
     use std::sync::{Arc, Mutex};
     use tower::{Layer, Service, ServiceExt, service_fn};
@@ -666,11 +665,11 @@ mod dispatch {
         config: ServiceConfig,
         paths: &[&str],
     ) -> (
-        backstop::methods::MethodsLayer,
+        crate::methods::MethodsLayer,
         Vec<(String, Option<String>, Duration)>,
         Vec<String>,
     ) {
-        let layer = backstop::client::grpc().service_config(config).unwrap();
+        let layer = crate::client::grpc().service_config(config).unwrap();
         let seen: Seen = Arc::default();
         let client = layer.layer(unavailable(seen.clone()));
         for path in paths {
@@ -810,9 +809,7 @@ mod dispatch {
     /// transport is made ready, for the call it serves.
     #[tokio::test(start_paused = true)]
     async fn a_call_reserves_capacity_once_whatever_the_number_of_methods() {
-        let layer = backstop::client::grpc()
-            .service_config(two_entries())
-            .unwrap();
+        let layer = crate::client::grpc().service_config(two_entries()).unwrap();
         let seen: Seen = Arc::default();
         let limited = tower::limit::ConcurrencyLimit::new(unavailable(seen.clone()), 1);
         let mut client = layer.layer(limited);
@@ -846,9 +843,7 @@ mod dispatch {
     /// then not retried.
     #[tokio::test(start_paused = true)]
     async fn the_throttle_hears_every_method() {
-        let layer = backstop::client::grpc()
-            .service_config(two_entries())
-            .unwrap();
+        let layer = crate::client::grpc().service_config(two_entries()).unwrap();
         let seen: Seen = Arc::default();
         let client = layer.layer(unavailable(seen.clone()));
         for _ in 0..6 {
@@ -878,7 +873,7 @@ mod dispatch {
 /// (`random(0, …)`) gave 96, 56, 330, 647 ms: a second retry sooner than the first.
 #[test]
 fn the_backoff_is_a6_2024s_envelope_a_fifth_either_side() {
-    use backstop::client::retry::backoff::{Backoff, BackoffState, Rng};
+    use crate::client::retry::backoff::{Backoff, BackoffState, Rng};
     let config = ServiceConfig::from_json(&retry(
         r#""maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
     ))
