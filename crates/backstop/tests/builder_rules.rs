@@ -290,32 +290,6 @@ async fn a_retry_policys_own_reserve_given_to_a_preset_is_honoured() {
     );
 }
 
-/// The retry policy's own `send_grpc_timeout` is not the stack's (found by an outside attack,
-/// when `retry`'s docs did not say so): the stack has one writer, the attempt bound, which the
-/// builder's `send_grpc_timeout` governs; `retry`'s docs say the policy's knob is not used.
-#[tokio::test(start_paused = true)]
-async fn a_retry_policys_send_grpc_timeout_is_not_the_stacks() {
-    for (silent_builder, sent) in [(false, true), (true, false)] {
-        let mut builder = backstop::client::http()
-            .retry(RetryConfig::http().send_grpc_timeout(false))
-            .throttle(None)
-            .timeout(S);
-        if silent_builder {
-            builder = builder.send_grpc_timeout(false);
-        }
-        let stack = builder.build().unwrap();
-        let (seen, dep) = dependency(|_, _| (Some(MS), status(200)));
-        let client = ServiceBuilder::new().layer(stack).service(dep);
-        client.oneshot(get("/x")).await.unwrap();
-        let told = seen.lock().unwrap()[0].told.clone();
-        assert_eq!(
-            !told.is_empty(),
-            sent,
-            "builder silent: {silent_builder}: {told:?}"
-        );
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Rule 3: every layer is the stack's, named by `name`, the attempt bound keyed as the breaker.
 // ---------------------------------------------------------------------------------------------

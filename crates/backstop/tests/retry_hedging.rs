@@ -266,9 +266,13 @@ async fn a_fatal_status_commits_and_cancels_the_others() {
 async fn grpc_hedges_carry_previous_attempts_the_time_left_and_the_same_body() {
     let (svc, log) = dependency(vec![(5_000, status(0, None))]);
     let layer = grpc_hedged(100, 3);
+    // The call carries its deadline and the `grpc-timeout` that tells it (as a deadline layer
+    // outside writes it): each hedge refreshes the header to the time left.
     let mut req = grpc_call();
     req.extensions_mut()
         .insert(Deadline::after(Duration::from_secs(1)));
+    req.headers_mut()
+        .insert("grpc-timeout", http::HeaderValue::from_static("1S"));
     let response = layer.layer(svc).oneshot(req).await;
     // Nobody answers within the deadline: the error says so, and that three were sent.
     let err = response.unwrap_err();
@@ -282,7 +286,7 @@ async fn grpc_hedges_carry_previous_attempts_the_time_left_and_the_same_body() {
     let previous: Vec<_> = seen.iter().map(|s| s.previous.clone()).collect();
     assert_eq!(previous, [None, Some("1".into()), Some("2".into())]);
     let timeouts: Vec<_> = seen.iter().map(|s| s.timeout.clone().unwrap()).collect();
-    assert_eq!(timeouts, ["1000000u", "900000u", "800000u"]);
+    assert_eq!(timeouts, ["1S", "900000u", "800000u"]);
     for s in &seen {
         assert_eq!(s.body, b"\0\0\0\0\x03abc");
     }

@@ -329,31 +329,41 @@ fn retrying_every_10ms() -> backstop::client::retry::RetryLayer<backstop::GrpcCl
         .unwrap()
 }
 
-/// The `grpc-timeout` `layer` puts on a gRPC call with 100 ms left that succeeds at once.
-async fn header_seen(
-    layer: backstop::client::retry::RetryLayer<backstop::GrpcClassifier>,
-) -> Option<Duration> {
-    let (mock, mut handle) = mock::pair::<Req, Response<String>>();
-    let mut req = grpc();
-    req.extensions_mut().insert(Deadline::after(100 * MS));
-    let call = tokio::spawn(layer.layer(mock).oneshot(req));
-    let (first, send) = handle.next_request().await.unwrap();
-    send.send_response(status(0, None));
-    call.await.unwrap().unwrap();
-    header(&first)
-}
-
-/// A layer told to write no `grpc-timeout` (a third-party API) still writes none once
-/// `named`.
+/// A retry layer alone refreshes the `grpc-timeout` a request carried and writes none on a
+/// request sent without one, a named copy as the layer: every attempt tells the server the
+/// same thing (the header with the time left, or nothing).
 #[tokio::test(start_paused = true)]
-async fn a_named_layer_keeps_the_layers_grpc_timeout_rule() {
-    let silent = RetryConfig::grpc()
-        .send_grpc_timeout(false)
+async fn a_retry_layer_alone_refreshes_only_a_header_the_request_carried() {
+    let layer = RetryConfig::grpc()
+        .no_budget()
+        .backoff(backoff::constant(10 * MS))
         .build()
         .unwrap();
-    assert_eq!(
-        header_seen(silent.named("partner")).await,
-        None,
-        "named keeps it"
-    );
+    for carried in [false, true] {
+        for layer in [layer.clone(), layer.named("partner")] {
+            let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+            let mut req = grpc();
+            req.extensions_mut().insert(Deadline::after(100 * MS));
+            if carried {
+                req.headers_mut()
+                    .insert("grpc-timeout", http::HeaderValue::from_static("100m"));
+            }
+            let call = tokio::spawn(layer.layer(mock).oneshot(req));
+            let (first, send) = handle.next_request().await.unwrap();
+            send.send_response(status(14, None));
+            let (second, send) = handle.next_request().await.unwrap();
+            send.send_response(status(0, None));
+            call.await.unwrap().unwrap();
+            assert_eq!(
+                header(&first),
+                carried.then_some(100 * MS),
+                "carried: {carried}"
+            );
+            assert_eq!(
+                header(&second),
+                carried.then_some(90 * MS),
+                "carried: {carried}"
+            );
+        }
+    }
 }

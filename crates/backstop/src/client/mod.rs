@@ -467,10 +467,7 @@ impl<C: Clone> ClientBuilder<C> {
 
     /// The retry policy: backoff, budget, idempotency rule, replay limit, reserve, seed (the
     /// presets: [`RetryConfig::new`]'s defaults). Its classifier is not used (the stack's
-    /// is: [`ClientBuilder`]'s rules), nor its `send_grpc_timeout` (the stack has one
-    /// `grpc-timeout` writer, the attempt bound, which the builder's
-    /// [`send_grpc_timeout`](Self::send_grpc_timeout) governs), and the builder's short forms
-    /// win over its knobs.
+    /// is: [`ClientBuilder`]'s rules), and the builder's short forms win over its knobs.
     ///
     /// ```
     /// use backstop::client::retry::{RetryConfig, backoff};

@@ -31,11 +31,11 @@ impl Armed {
 /// Who writes each attempt's `grpc-timeout`, decided when the layer is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wire {
-    /// This layer ([`RetryConfig::send_grpc_timeout`](crate::client::retry::RetryConfig::send_grpc_timeout),
-    /// the default).
-    Write,
-    /// Nobody this layer knows of: the server is told nothing by it.
-    Silent,
+    /// This layer, for a request that carried the header (an outer `PropagateDeadline`'s, or
+    /// the caller's): each retry and hedge says the time really left. A request sent without
+    /// one is retried without one, so every attempt tells the server the same thing (the
+    /// header, or nothing). How a retry layer alone is built.
+    Refresh,
     /// A layer inside, as the deadline less this offset
     /// (`RetryLayer::grpc_timeout_written_inside`, how the presets build theirs).
     Inside(std::time::Duration),
@@ -56,9 +56,12 @@ pub(crate) struct Bounds {
     pub(crate) deadline: Option<Deadline>,
     /// What the caller told the server, as an instant (the request's `grpc-timeout`).
     pub(crate) wire: Option<Instant>,
-    /// Whether attempts get a `grpc-timeout` from this layer
-    /// ([`RetryConfig::send_grpc_timeout`](crate::client::retry::RetryConfig::send_grpc_timeout)).
+    /// Whether attempts get a `grpc-timeout` from this layer ([`Wire::Refresh`], and the
+    /// request carried one).
     pub(crate) header: bool,
+    /// A deadline layer of the same stack, outside, began the call: it refused a call whose
+    /// deadline had passed, and put the deadline on the request (the presets).
+    pub(crate) inside: bool,
 }
 
 impl Bounds {
@@ -81,8 +84,9 @@ impl Bounds {
         };
         let at = deadline.instant();
         if !self.header {
-            // The deadline alone goes on the request; a layer inside tells the server.
-            if first && req.extensions().get::<Deadline>() == Some(&deadline) {
+            // The deadline alone goes on the request; a layer inside tells the server, or
+            // nobody does (the request carried no header).
+            if first && self.inside && req.extensions().get::<Deadline>() == Some(&deadline) {
                 return Armed::Until(at);
             }
             // Nothing left to tell the server (what the layer inside will say): not sent.

@@ -151,7 +151,6 @@ pub struct RetryConfig<C> {
     pub(crate) seed: Option<u64>,
     pub(crate) hedging: Option<crate::client::retry::hedge::Hedging>,
     pub(crate) reserve: Option<Arc<dyn RetryReserve>>,
-    pub(crate) send_grpc_timeout: bool,
     pub(crate) route: Option<Box<str>>,
     /// The budget is the default one this config made (not given with `budget` or turned off):
     /// a layer [named](crate::client::retry::RetryLayer::named) from it gets a new one.
@@ -189,7 +188,6 @@ impl<C> RetryConfig<C> {
             seed: None,
             hedging: None,
             reserve: None,
-            send_grpc_timeout: true,
             route: None,
             own_budget: true,
         }
@@ -249,7 +247,6 @@ impl<C> RetryConfig<C> {
             seed: self.seed,
             hedging: self.hedging,
             reserve: self.reserve,
-            send_grpc_timeout: self.send_grpc_timeout,
             route: self.route,
             own_budget: self.own_budget,
         }
@@ -298,17 +295,6 @@ impl<C> RetryConfig<C> {
     #[must_use]
     pub fn hedging(mut self, hedging: crate::client::retry::hedge::Hedging) -> Self {
         self.hedging = Some(hedging);
-        self
-    }
-
-    /// Whether each retry and hedge rewrites the request's `grpc-timeout` to the time really
-    /// left (default `true`). Turn it off where nothing is to be told to the server (a
-    /// third-party HTTP API), or where a layer inside writes every attempt's header itself
-    /// (backstop's client presets leave it to their attempt bound): the attempt's deadline
-    /// still goes on the request, as its [`Deadline`](crate::deadline::Deadline) extension.
-    #[must_use]
-    pub fn send_grpc_timeout(mut self, send: bool) -> Self {
-        self.send_grpc_timeout = send;
         self
     }
 

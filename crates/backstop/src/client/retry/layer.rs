@@ -100,11 +100,7 @@ impl<C> RetryLayer<C> {
             timeout_retryable: std::sync::OnceLock::new(),
         });
         let handles = Handles::new(&shared);
-        let header = if shared.policy.send_grpc_timeout {
-            Wire::Write
-        } else {
-            Wire::Silent
-        };
+        let header = Wire::Refresh;
         Self {
             shared,
             handles,

@@ -85,13 +85,18 @@
 //!    Only a retry that passed every step above takes it over, so an attempt whose result is
 //!    returned keeps its body.
 //!
-//! **What each attempt's `grpc-timeout` says.** The time really left when the attempt is
-//! sent: `min(deadline, what the caller told the server) − now` (an attempt bound inside the
-//! breaker, the attempt bound `AttemptTimeout`, shortens it further), whoever wrote the original
-//! header. The first attempt keeps a header that already says no
-//! more (an outer `PropagateDeadline` wrote it a moment ago); every retry gets a new one. A
-//! header set by the caller with no deadline in scope is the deadline. gRPC retries carry
-//! `grpc-previous-rpc-attempts`.
+//! **What each attempt's `grpc-timeout` says.** What the request carried, kept true: a
+//! request that arrived with a `grpc-timeout` (an outer `PropagateDeadline` wrote it, or the
+//! caller did) has on each attempt the time really left when the attempt is sent,
+//! `min(deadline, what the caller told the server) − now` (an attempt bound inside the
+//! breaker, the attempt bound `AttemptTimeout`, shortens it further). The first attempt keeps
+//! a header that already says no more (an outer `PropagateDeadline` wrote it a moment ago);
+//! every retry gets a new one. A request that arrived without one is sent without one on
+//! every attempt, though its deadline still bounds the retries: whether the server is told is
+//! the deadline layer's decision
+//! ([`send_grpc_timeout`](crate::deadline::PropagateDeadlineLayerBuilder::send_grpc_timeout)),
+//! made once, not this layer's. A header set by the caller with no deadline in scope is the
+//! deadline. gRPC retries carry `grpc-previous-rpc-attempts`.
 //!
 //! **No attempt timeout here.** The retry layer bounds attempts only by the deadline. A bound
 //! per attempt belongs inside the breaker, so a timed-out attempt is a failure the breaker

@@ -132,6 +132,9 @@ where
                 .and_then(|v| grpc_timeout::decode_header(v).ok())
                 .and_then(|t| Instant::now().checked_add(t)),
         };
+        // A retry refreshes the header the request carried (a malformed one too, when a local
+        // deadline says what is left), and writes none where it carried none.
+        let carried = req.headers().contains_key(GRPC_TIMEOUT);
         let deadline = local.or(wire.map(Deadline::at));
         // A layer inside will tell the server the deadline less its offset.
         let wire = match (self.header, deadline) {
@@ -144,7 +147,8 @@ where
         let bounds = Bounds {
             deadline,
             wire,
-            header: self.header == crate::client::retry::bounds::Wire::Write,
+            header: self.header == crate::client::retry::bounds::Wire::Refresh && carried,
+            inside: !first,
         };
         let template = Template::new(&req);
         // gRFC A96's per-call series are for gRPC calls (read only when recorded).
