@@ -75,6 +75,18 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// Whether the call was refused before it was sent: the dependency never saw it, so its
+    /// answer says nothing of the dependency (an open breaker, a full bulkhead or adaptive
+    /// limit, the client's throttle). The one rule for every layer that learns from answers:
+    /// the throttle counts such a call as accepted, the adaptive limit does not measure it.
+    /// A deadline or an attempt's bound may have passed while the call was out: not one.
+    pub(crate) fn never_sent(self) -> bool {
+        matches!(
+            self,
+            Rejection::BreakerOpen { .. } | Rejection::BulkheadFull | Rejection::ClientThrottled
+        )
+    }
+
     /// The gRPC status code that reports this rejection.
     pub fn grpc_code(self) -> Code {
         match self {
@@ -232,6 +244,23 @@ mod tests {
     async fn body_text(response: Response<ResponseBody<String>>) -> String {
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    /// The one rule the throttle and the adaptive limit share: only a refusal made before the
+    /// call went out says nothing of the dependency. Every variant is listed, so a new one
+    /// must be decided here.
+    #[test]
+    fn only_a_refusal_before_sending_is_never_sent() {
+        for (rejection, never_sent) in [
+            (Rejection::DeadlineExceeded, false),
+            (Rejection::MalformedTimeout, false),
+            (Rejection::AttemptTimedOut, false),
+            (Rejection::BreakerOpen { retry_after: None }, true),
+            (Rejection::ClientThrottled, true),
+            (Rejection::BulkheadFull, true),
+        ] {
+            assert_eq!(rejection.never_sent(), never_sent, "{rejection:?}");
+        }
     }
 
     #[tokio::test]

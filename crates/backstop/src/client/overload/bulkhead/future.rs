@@ -155,11 +155,7 @@ enum Answer {
 impl Answer {
     fn of(rejection: Option<&Rejection>) -> Self {
         match rejection {
-            Some(
-                Rejection::BreakerOpen { .. }
-                | Rejection::ClientThrottled
-                | Rejection::BulkheadFull,
-            ) => Answer::Local,
+            Some(r) if r.never_sent() => Answer::Local,
             Some(Rejection::AttemptTimedOut | Rejection::DeadlineExceeded) => Answer::TimedOut,
             _ => Answer::Dependency,
         }

@@ -1,9 +1,6 @@
 use super::service::Shared;
 use crate::client::retry::{CallInfo, GiveUp, RetryError};
-use crate::{
-    BoxError, BreakerOpen, BulkheadFull, Classify, ClientThrottled, Outcome, Rejection,
-    ResponseBody,
-};
+use crate::{BoxError, Classify, ClientThrottled, Outcome, Rejection, ResponseBody};
 use http::Response;
 use pin_project_lite::pin_project;
 use std::{
@@ -151,20 +148,17 @@ impl<C> Drop for InFlight<C> {
     }
 }
 
-/// Whether a locally rejected call was refused by a breaker or an adaptive limit inside:
-/// counted as accepted, since the dependency never saw it (module docs, "Counts").
+/// Whether a locally rejected call was refused before it was sent, by a layer inside (a
+/// breaker, an adaptive limit): counted as accepted, since the dependency never saw it
+/// (module docs, "Counts"; the rule is [`Rejection`]'s own).
 #[cold]
 #[inline(never)]
 fn refused_inside<B>(result: Result<&Response<B>, &(dyn std::error::Error + 'static)>) -> bool {
-    match result {
-        Ok(response) => matches!(
-            response.extensions().get::<Rejection>(),
-            Some(Rejection::BreakerOpen { .. } | Rejection::BulkheadFull)
-        ),
-        Err(err) => {
-            crate::find::<BreakerOpen>(err).is_some() || crate::find::<BulkheadFull>(err).is_some()
-        }
-    }
+    let rejection = match result {
+        Ok(response) => response.extensions().get::<Rejection>().copied(),
+        Err(err) => Rejection::of(err),
+    };
+    rejection.is_some_and(Rejection::never_sent)
 }
 
 /// The answer of a refused call: nothing was sent, as its `CallInfo` says.

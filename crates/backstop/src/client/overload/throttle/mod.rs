@@ -48,7 +48,10 @@
 //!   call the presets' adaptive limit refused inside ([`BulkheadFull`](crate::BulkheadFull),
 //!   or [`Rejection::BulkheadFull`](crate::Rejection)): the limit stands between the
 //!   dependency and the callers for overload, and counted as refused, its refusals would keep
-//!   the throttle refusing for a window's length after the overload ended.
+//!   the throttle refusing for a window's length after the overload ended. The rule is one:
+//!   a call refused before it was sent (an open breaker, a full bulkhead or limit, another
+//!   throttle inside) is accepted; the adaptive limit leaves the same calls out of what it
+//!   measures.
 //! - **Window.** 30 s (fixed) in 30 time buckets, a striped
 //!   ring: an old bucket is forgotten whole as the window slides.
 //! - **Recovery.** Refusals count as requests, so once the dependency answers every call
