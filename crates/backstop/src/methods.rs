@@ -167,6 +167,7 @@ pub type MethodsClient<S> = MethodTimeout<
                     crate::client::breaker::Breaker<
                         crate::client::overload::bulkhead::Bulkhead<
                             crate::client::attempt::AttemptTimeout<S>,
+                            std::sync::Arc<GrpcClassifier>,
                         >,
                         GrpcClassifier,
                     >,
@@ -203,10 +204,7 @@ impl<S: Clone> Layer<S> for MethodsLayer {
             attempt.clone()
         };
         // As in the preset: the adaptive limit between the breaker and the attempt bound.
-        let inner = self
-            .client
-            .adaptive_limit_layer()
-            .layer(attempt.layer(inner));
+        let inner = self.client.limit_around(attempt.layer(inner));
         let inner = self.client.breaker_layer().layer(inner);
         // Each method's retry layer, arranged once for this stack.
         let retries = self

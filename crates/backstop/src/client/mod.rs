@@ -120,7 +120,10 @@ pub type HttpClient<S> = PropagateDeadline<
     Bulkhead<
         Throttle<
             IdempotencyKey<
-                Retry<Breaker<Bulkhead<AttemptTimeout<S>>, HttpClassifier>, HttpClassifier>,
+                Retry<
+                    Breaker<Bulkhead<AttemptTimeout<S>, Arc<HttpClassifier>>, HttpClassifier>,
+                    HttpClassifier,
+                >,
             >,
             HttpClassifier,
         >,
@@ -133,7 +136,10 @@ pub type GrpcClient<S> = PropagateDeadline<
     Bulkhead<
         Throttle<
             IdempotencyKey<
-                Retry<Breaker<Bulkhead<AttemptTimeout<S>>, GrpcClassifier>, GrpcClassifier>,
+                Retry<
+                    Breaker<Bulkhead<AttemptTimeout<S>, Arc<GrpcClassifier>>, GrpcClassifier>,
+                    GrpcClassifier,
+                >,
             >,
             GrpcClassifier,
         >,
@@ -700,7 +706,7 @@ impl<C: Clone> ClientBuilder<C> {
             retry = retry.max_attempts(n);
         }
         retry.validate()?;
-        let mut breaker = self.breaker.classifier(self.classifier).build()?;
+        let mut breaker = self.breaker.classifier(self.classifier.clone()).build()?;
         let mut attempt = AttemptTimeoutLayer::new(self.attempt)?;
         if let Some(name) = name {
             deadline = deadline.named(name);
@@ -766,6 +772,7 @@ impl<C: Clone> ClientBuilder<C> {
             deadline,
             bulkhead,
             limit,
+            classifier: Arc::new(self.classifier),
             throttle,
             keys: self.keys,
             retry: retry.grpc_timeout_written_inside(offset),
@@ -845,6 +852,9 @@ pub struct ClientLayer<C> {
     bulkhead: BulkheadLayer,
     /// The adaptive limit on attempts, inside the breaker.
     limit: BulkheadLayer,
+    /// The stack's classifier, shared by the adaptive limit's services (the other layers keep
+    /// theirs in their own state).
+    classifier: Arc<C>,
     throttle: ThrottleLayer<C>,
     keys: IdempotencyKeyLayer,
     retry: RetryLayer<C>,
@@ -887,6 +897,13 @@ impl<C> ClientLayer<C> {
         &self.limit
     }
 
+    /// The adaptive limit around `inner`, judging answers with the stack's classifier (for
+    /// the service config's stack, built as this one).
+    #[cfg(feature = "service-config")]
+    pub(crate) fn limit_around<S>(&self, inner: S) -> Bulkhead<S, Arc<C>> {
+        self.limit.layer_classified(inner, &self.classifier)
+    }
+
     /// The adaptive throttle, for its [`throttle`](ThrottleLayer::throttle)'s probability and
     /// refusals.
     pub fn throttle_layer(&self) -> &ThrottleLayer<C> {
@@ -920,7 +937,9 @@ impl<C> ClientLayer<C> {
 
 impl<S, C> Layer<S> for ClientLayer<C> {
     type Service = PropagateDeadline<
-        Bulkhead<Throttle<IdempotencyKey<Retry<Breaker<Bulkhead<AttemptTimeout<S>>, C>, C>>, C>>,
+        Bulkhead<
+            Throttle<IdempotencyKey<Retry<Breaker<Bulkhead<AttemptTimeout<S>, Arc<C>>, C>, C>>, C>,
+        >,
     >;
 
     fn layer(&self, inner: S) -> Self::Service {
@@ -929,7 +948,7 @@ impl<S, C> Layer<S> for ClientLayer<C> {
         // Inside the breaker: an attempt it refuses takes no permit. Outside the attempt
         // bound: the wait for a permit is bounded by the deadline, not by the attempt's bound,
         // and an attempt's latency is measured from when it holds one.
-        let inner = self.limit.layer(inner);
+        let inner = self.limit.layer_classified(inner, &self.classifier);
         let inner = self.breaker.layer(inner);
         let inner = self.retry.layer(inner);
         // Outside the retry layer: one key per logical call, the same on every attempt.

@@ -1,3 +1,4 @@
+use super::judge::{Answer, Judge};
 use super::{Refusal, Shared, semaphore::Waiter};
 use crate::BulkheadFull;
 use crate::rt::timer::LazySleep;
@@ -17,12 +18,15 @@ pin_project! {
     /// The response future of [`Bulkhead`](super::Bulkhead): waiting for a permit, or the
     /// inner call holding one. Dropping it gives the permit back, or leaves the queue.
     #[must_use = "futures do nothing unless polled"]
-    pub struct BulkheadFuture<S, R>
+    pub struct BulkheadFuture<S, R, J>
     where
         S: Service<R>,
     {
         #[pin]
         kind: Kind<S, R>,
+        // What an answer says of the dependency (the stack's classifier, or the bulkhead's
+        // own rule): kept only by an adaptive bulkhead's measured calls, the calls that ask.
+        judge: Option<J>,
     }
 }
 
@@ -119,6 +123,11 @@ impl Permit {
     /// ended it, here or at a server further on) says the call used all its time, not how long
     /// the dependency takes.
     /// The permit is given back here.
+    /// Whether this permit's answer teaches an adaptive bulkhead (it is measured).
+    fn teaches(&self) -> bool {
+        self.since.is_some() && self.shared.adaptive.is_some()
+    }
+
     fn answered(self, answer: Answer) {
         let Some(since) = self.since else {
             return; // Not measured.
@@ -135,55 +144,6 @@ impl Permit {
         let budget = self.deadline.map(|d| d.saturating_duration_since(since));
         self.shared
             .learn(since, now, budget, answer == Answer::TimedOut);
-    }
-}
-
-/// What ended a call that held a permit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Answer {
-    /// The dependency's answer (or a transport error).
-    Dependency,
-    /// The dependency failed (a 5xx, a trailers-only gRPC failure): how soon says nothing of
-    /// how long it takes to serve (a load shedder's refusal is instant).
-    Failed,
-    /// A timeout: the attempt's bound or the deadline.
-    TimedOut,
-    /// A refusal made further in without calling the dependency.
-    Local,
-}
-
-impl Answer {
-    fn of(rejection: Option<&Rejection>) -> Self {
-        match rejection {
-            Some(r) if r.never_sent() => Answer::Local,
-            Some(Rejection::AttemptTimedOut | Rejection::DeadlineExceeded) => Answer::TimedOut,
-            _ => Answer::Dependency,
-        }
-    }
-
-    /// `learns`: whether the answer teaches an adaptive bulkhead (a fixed one only asks
-    /// whether it was local).
-    #[inline]
-    fn of_response<B>(response: &Response<B>, learns: bool) -> Self {
-        // A local refusal carries its `Rejection`; most answers carry no extension at all.
-        let answer = match response.extensions().is_empty() {
-            true => Answer::Dependency,
-            false => Self::of(response.extensions().get::<Rejection>()),
-        };
-        if answer != Answer::Dependency || !learns {
-            return answer;
-        }
-        // A deadline a server further on saw pass: 504, or gRPC's DEADLINE_EXCEEDED (4).
-        let grpc = response
-            .headers()
-            .get(crate::wire::grpc::GRPC_STATUS)
-            .map(http::HeaderValue::as_bytes);
-        match (response.status().as_u16(), grpc) {
-            (504, _) | (_, Some(b"4")) => Answer::TimedOut,
-            (500..=599, _) => Answer::Failed,
-            (_, Some(code)) if code != b"0" => Answer::Failed,
-            _ => Answer::Dependency,
-        }
     }
 }
 
@@ -226,13 +186,20 @@ impl Drop for WaitGuard {
     }
 }
 
-impl<S: Service<R>, R> BulkheadFuture<S, R> {
-    pub(crate) fn called(future: S::Future, permit: Permit) -> Self {
+impl<S: Service<R>, R, J> BulkheadFuture<S, R, J> {
+    /// A call holding `permit`; `judge` is kept when the permit's answer teaches an adaptive
+    /// bulkhead.
+    pub(crate) fn called(future: S::Future, permit: Permit, judge: &J) -> Self
+    where
+        J: Clone,
+    {
+        let judge = permit.teaches().then(|| judge.clone());
         Self {
             kind: Kind::Called {
                 future,
                 permit: Some(permit),
             },
+            judge,
         }
     }
 
@@ -244,7 +211,13 @@ impl<S: Service<R>, R> BulkheadFuture<S, R> {
         (until, why): (Instant, Refusal),
         deadline: Option<Instant>,
         grpc: bool,
-    ) -> Self {
+        judge: &J,
+    ) -> Self
+    where
+        J: Clone,
+    {
+        // A permit that comes after a wait is measured: an adaptive one's answer teaches.
+        let judge = shared.adaptive.is_some().then(|| judge.clone());
         Self {
             kind: Kind::Waiting {
                 waiting: Box::pin(Waiting {
@@ -261,23 +234,26 @@ impl<S: Service<R>, R> BulkheadFuture<S, R> {
                     grpc,
                 }),
             },
+            judge,
         }
     }
 
     pub(crate) fn passed(future: S::Future) -> Self {
         Self {
             kind: Kind::Passed { future },
+            judge: None,
         }
     }
 
     pub(crate) fn refused(why: Refusal, grpc: bool) -> Self {
         Self {
             kind: Kind::Refused { why, grpc },
+            judge: None,
         }
     }
 }
 
-impl<S: Service<R>, R> fmt::Debug for BulkheadFuture<S, R> {
+impl<S: Service<R>, R, J> fmt::Debug for BulkheadFuture<S, R, J> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::Called { .. } => f.write_str("BulkheadFuture::Called"),
@@ -295,24 +271,28 @@ impl<S: Service<R>, R> fmt::Debug for BulkheadFuture<S, R> {
     }
 }
 
-impl<S, R, B> Future for BulkheadFuture<S, R>
+impl<S, R, B, J> Future for BulkheadFuture<S, R, J>
 where
     S: Service<R, Response = Response<B>>,
     S::Error: Into<BoxError>,
+    J: Judge<Response<B>>,
 {
     type Output = Result<Response<ResponseBody<B>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut kind = self.project().kind;
+        let this = self.project();
+        let (mut kind, judge) = (this.kind, this.judge);
         loop {
             let (service, req, permit) = match kind.as_mut().project() {
                 KindProj::Called { future, permit } => {
                     let result = ready!(future.poll(cx)).map_err(Into::into);
                     if let Some(permit) = permit.take().filter(|p| p.since.is_some()) {
-                        let adaptive = permit.shared.adaptive.is_some();
-                        let answer = match &result {
-                            Ok(response) => Answer::of_response(response, adaptive),
-                            Err(err) => Answer::of(Rejection::of(&**err).as_ref()),
+                        let answer = match (&result, judge.as_ref()) {
+                            // A fixed bulkhead asks only whether the answer was local.
+                            (Ok(response), None) => Answer::local_or_dependency(response),
+                            (Ok(response), Some(judge)) => judge.response(response),
+                            (Err(err), None) => Answer::of(Rejection::of(&**err).as_ref()),
+                            (Err(err), Some(judge)) => judge.error(&**err),
                         };
                         permit.answered(answer);
                     }

@@ -75,11 +75,15 @@
 //!
 //! **Buckets.** Answers are looked at in buckets of at least 100 ms and 10 answers (a bucket
 //! waits up to 1 s for its 10; one that ends with fewer only grows the limit). Only the
-//! dependency's successes measure its latency: a refusal made further in (an open breaker's)
-//! is no answer; a failure (a 5xx, a trailers-only gRPC error) says nothing of how long it
-//! takes to serve (a load shedder refuses at once); a timeout (the attempt's bound or a
-//! deadline, here or at a server further on: a 504, DEADLINE_EXCEEDED) says the call used all
-//! its time.
+//! dependency's answers measure its latency: a refusal made before the call was sent (an open
+//! breaker's) is no answer; a failure says nothing of how long it takes to serve (a load
+//! shedder refuses at once); a timeout (the attempt's bound or a deadline, here or at a
+//! server further on: a 504, DEADLINE_EXCEEDED, the deadline's own answers) says the call
+//! used all its time. What failed is the stack's classifier's to say, as for the breaker and
+//! the retry layer (in a preset: [`ClientBuilder`](crate::client::ClientBuilder)'s one
+//! classifier), so with a classifier of your own the limit and the breaker agree on what a
+//! failure is. A bulkhead built alone has no classifier: a 5xx, or a gRPC status other than OK
+//! in the head, is a failure, and a transport error is an answer.
 //!
 //! **The baseline** is the dependency's latency at rest: the least one-second mean latency of
 //! the last 30 s, counting only the buckets in which no call waited for the limit, no cut was
@@ -183,6 +187,7 @@
 
 mod adaptive;
 mod future;
+mod judge;
 mod keyed;
 mod semaphore;
 mod service;
@@ -517,7 +522,24 @@ impl<S> Layer<S> for BulkheadLayer {
     type Service = Bulkhead<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Bulkhead::from_shared(inner, self.shared.clone(), self.keyed.clone())
+        Bulkhead::from_shared(inner, self.shared.clone(), self.keyed.clone(), ())
+    }
+}
+
+impl BulkheadLayer {
+    /// This layer around `inner` in a client stack: `classifier`, the stack's, says which
+    /// answers failed (an adaptive limit learns from the others).
+    pub(crate) fn layer_classified<S, C>(
+        &self,
+        inner: S,
+        classifier: &Arc<C>,
+    ) -> Bulkhead<S, Arc<C>> {
+        Bulkhead::from_shared(
+            inner,
+            self.shared.clone(),
+            self.keyed.clone(),
+            classifier.clone(),
+        )
     }
 }
 

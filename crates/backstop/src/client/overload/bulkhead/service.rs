@@ -1,4 +1,4 @@
-use super::{BulkheadFuture, Refusal, Shared, future::Permit, semaphore::Enqueued};
+use super::{BulkheadFuture, Refusal, Shared, future::Permit, judge::Judge, semaphore::Enqueued};
 use crate::deadline::{Deadline, current};
 use crate::rt::timer;
 use crate::{BoxError, is_grpc};
@@ -11,24 +11,29 @@ use std::{
 use tokio::time::Instant;
 use tower_service::Service;
 
-/// The service built by [`BulkheadLayer`](super::BulkheadLayer).
+/// The service built by [`BulkheadLayer`](super::BulkheadLayer). `J` is what judges an answer
+/// for an adaptive bulkhead: `()` for a bulkhead built alone (its own rule, in the module
+/// docs), the stack's classifier in a client preset.
 #[derive(Debug, Clone)]
-pub struct Bulkhead<S> {
+pub struct Bulkhead<S, J = ()> {
     inner: S,
     shared: Arc<Shared>,
     keyed: Option<Arc<super::keyed::Keyed>>,
+    judge: J,
 }
 
-impl<S> Bulkhead<S> {
+impl<S, J> Bulkhead<S, J> {
     pub(crate) fn from_shared(
         inner: S,
         shared: Arc<Shared>,
         keyed: Option<Arc<super::keyed::Keyed>>,
+        judge: J,
     ) -> Self {
         Self {
             inner,
             shared,
             keyed,
+            judge,
         }
     }
 
@@ -48,14 +53,15 @@ impl<S> Bulkhead<S> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Bulkhead<S>
+impl<S, J, ReqBody, ResBody> Service<Request<ReqBody>> for Bulkhead<S, J>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
+    J: Judge<Response<ResBody>> + Clone,
 {
     type Response = Response<crate::ResponseBody<ResBody>>;
     type Error = BoxError;
-    type Future = BulkheadFuture<S, Request<ReqBody>>;
+    type Future = BulkheadFuture<S, Request<ReqBody>, J>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         // Readiness stays the inner service's: the permit is taken in `call`, where the
@@ -77,14 +83,14 @@ where
         let adaptive = shared.adaptive.as_ref();
         if shared.permits.try_acquire() {
             let permit = Permit::sampled(shared.clone(), &req);
-            return BulkheadFuture::called(self.inner.call(req), permit);
+            return BulkheadFuture::called(self.inner.call(req), permit, &self.judge);
         }
         let now = Instant::now();
         if let Some(adaptive) = adaptive {
             // A limit that heard no answer for seconds goes back to the cap: try again.
             if adaptive.relax_if_stale(&shared.permits, now) && shared.permits.try_acquire() {
                 let permit = Permit::sampled(shared.clone(), &req);
-                return BulkheadFuture::called(self.inner.call(req), permit);
+                return BulkheadFuture::called(self.inner.call(req), permit, &self.judge);
             }
             adaptive.limited();
         }
@@ -144,7 +150,7 @@ where
         match shared.permits.enqueue(max_queue) {
             Enqueued::Acquired => {
                 let permit = Permit::new(shared.clone(), deadline);
-                BulkheadFuture::called(self.inner.call(req), permit)
+                BulkheadFuture::called(self.inner.call(req), permit, &self.judge)
             }
             Enqueued::Full => {
                 // An adaptive bulkhead's queue is as long as its limit: the limit refused it.
@@ -160,7 +166,16 @@ where
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 let end = (until, why);
-                BulkheadFuture::waiting(ready, req, waiter, shared.clone(), end, deadline, grpc)
+                BulkheadFuture::waiting(
+                    ready,
+                    req,
+                    waiter,
+                    shared.clone(),
+                    end,
+                    deadline,
+                    grpc,
+                    &self.judge,
+                )
             }
         }
     }
