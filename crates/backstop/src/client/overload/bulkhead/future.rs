@@ -211,13 +211,7 @@ impl<S: Service<R>, R, J> BulkheadFuture<S, R, J> {
         (until, why): (Instant, Refusal),
         deadline: Option<Instant>,
         grpc: bool,
-        judge: &J,
-    ) -> Self
-    where
-        J: Clone,
-    {
-        // A permit that comes after a wait is measured: an adaptive one's answer teaches.
-        let judge = shared.adaptive.is_some().then(|| judge.clone());
+    ) -> Self {
         Self {
             kind: Kind::Waiting {
                 waiting: Box::pin(Waiting {
@@ -234,8 +228,18 @@ impl<S: Service<R>, R, J> BulkheadFuture<S, R, J> {
                     grpc,
                 }),
             },
-            judge,
+            judge: None,
         }
+    }
+
+    /// A waiting call's judge: a permit that comes after a wait is measured, so an adaptive
+    /// bulkhead's keeps it.
+    pub(crate) fn judged_by(mut self, judge: &J, adaptive: bool) -> Self
+    where
+        J: Clone,
+    {
+        self.judge = adaptive.then(|| judge.clone());
+        self
     }
 
     pub(crate) fn passed(future: S::Future) -> Self {

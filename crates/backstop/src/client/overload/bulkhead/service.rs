@@ -166,16 +166,8 @@ where
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 let end = (until, why);
-                BulkheadFuture::waiting(
-                    ready,
-                    req,
-                    waiter,
-                    shared.clone(),
-                    end,
-                    deadline,
-                    grpc,
-                    &self.judge,
-                )
+                BulkheadFuture::waiting(ready, req, waiter, shared.clone(), end, deadline, grpc)
+                    .judged_by(&self.judge, adaptive.is_some())
             }
         }
     }
