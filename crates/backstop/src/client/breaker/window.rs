@@ -312,6 +312,33 @@ mod tests {
         assert_eq!(ring.counts(), Counts::default());
     }
 
+    /// The bias, operations interleaved by hand: a slot's removal that lands before its own
+    /// addition (two threads a full ring apart) dips its field below the bias, where it reads
+    /// as zero and leaves the other fields alone; once the addition lands, the totals are the
+    /// slot's again.
+    #[test]
+    fn a_removal_before_its_addition_stays_in_its_field() {
+        let ring = CountRing::new(1);
+        // Thread A takes the slot and stores a failure, but has not yet added its weight.
+        let a = SLOT_CALL | SLOT_FAILURE;
+        let at = ring.cursor.fetch_add(1, Ordering::Relaxed) as usize % ring.slots.len();
+        assert_eq!(ring.slots[at].swap(a, Ordering::AcqRel), 0);
+        // Thread B, a lap later, replaces A's failure with a success: failures dip to -1.
+        ring.record(false, false);
+        assert_eq!(ring.counts(), Counts::default());
+        // A's addition lands.
+        ring.totals
+            .fetch_add(CountRing::weight(a), Ordering::AcqRel);
+        assert_eq!(
+            ring.counts(),
+            Counts {
+                calls: 1,
+                failures: 0,
+                slow: 0
+            }
+        );
+    }
+
     /// The `Window` a machine holds passes each call to its ring: a time window's records go
     /// to the bucket of their time (and need the clock), a count window's to its last `n`
     /// calls (no clock); a clear empties either. A count window's memory is its byte per slot.
