@@ -159,6 +159,14 @@ pub fn get() -> Request<String> {
     get_with("")
 }
 
+/// Sends [`get`] through a clone of `client` and waits for its answer.
+pub async fn get_from<S>(client: &S) -> Result<S::Response, S::Error>
+where
+    S: Service<Request<String>> + Clone,
+{
+    client.clone().oneshot(get()).await
+}
+
 /// `POST http://svc/x` with `body`.
 pub fn post(body: &str) -> Request<String> {
     Request::post("http://svc/x").body(body.to_owned()).unwrap()
