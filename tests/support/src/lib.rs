@@ -394,6 +394,35 @@ pub fn script_answer(steps: &[Step]) -> (Option<u64>, bool) {
     (answer, spins_after)
 }
 
+/// What a debugging recorder held: each series' key and value.
+pub type Recorded = Vec<(
+    metrics_util::CompositeKey,
+    metrics_util::debugging::DebugValue,
+)>;
+
+/// What `snapshotter` holds now (a snapshot reads counters as the change since the last one,
+/// and a gauge as the value last set since then).
+pub fn snapshot(snapshotter: &metrics_util::debugging::Snapshotter) -> Recorded {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key, value))
+        .collect()
+}
+
+/// Runs `test` on a [`paused_runtime`] with a recorder of its own (local to this thread, so
+/// tests running at once do not see each other's metrics), and returns what it recorded (read
+/// once: reading resets the counters).
+pub fn recorded<F: Future<Output = ()>>(test: impl FnOnce() -> F) -> Recorded {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        paused_runtime().block_on(test());
+    });
+    snapshot(&snapshotter)
+}
+
 /// A current-thread runtime with paused time, for a property that runs each case on its own.
 pub fn paused_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
