@@ -138,6 +138,14 @@ where
     ended
 }
 
+/// What a test calls: a stack in front of a dependency, cloned per call, its errors boxed.
+trait Stack<Req>: Service<Req, Error = BoxError, Future: Send> + Clone + Send + 'static {}
+
+impl<T, Req> Stack<Req> for T where
+    T: Service<Req, Error = BoxError, Future: Send> + Clone + Send + 'static
+{
+}
+
 /// Polls `future` once, from the calling task.
 async fn poll_once<F: Future + Unpin>(mut future: F) -> std::task::Poll<F::Output> {
     std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx)))
@@ -217,14 +225,7 @@ fn in_front_of_sleeper(
     layer: &BulkheadLayer,
     latency: Duration,
 ) -> (
-    impl Service<
-        Request<()>,
-        Response = Response<impl std::fmt::Debug + Send + 'static>,
-        Error = BoxError,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static,
+    impl Stack<Request<()>, Response = Response<impl std::fmt::Debug + Send + 'static>>,
     Arc<AtomicBool>,
 ) {
     let hang = Arc::new(AtomicBool::new(false));
@@ -232,6 +233,21 @@ fn in_front_of_sleeper(
         .layer(layer.clone())
         .service(sleeper(latency, hang.clone()));
     (service, hang)
+}
+
+/// One call through `layer` in front of a [`sleeper`] that holds its permit `hold_time` (the
+/// hold time the limit measures), then a call that hangs holding it (see [`hold`]).
+async fn measured_then_held(
+    layer: &BulkheadLayer,
+    hold_time: Duration,
+) -> (
+    impl Stack<Request<()>, Response = Response<impl std::fmt::Debug + Send + 'static>>,
+    tokio::task::JoinHandle<Result<impl Send, BoxError>>,
+) {
+    let (service, hang) = in_front_of_sleeper(layer, hold_time);
+    service.clone().oneshot(Request::new(())).await.unwrap();
+    let holder = hold(&service, &hang).await;
+    (service, holder)
 }
 
 /// Makes the sleeper behind `service` hang, and spawns a call through it that holds a permit
@@ -498,14 +514,7 @@ async fn each_route_learns_its_own_limit_where_the_breaker_is_keyed() {
 /// `healthy` is set, which it is on return; and the limit as the overload left it.
 async fn overloaded_then_healthy() -> (
     ClientLayer<backstop::HttpClassifier>,
-    impl Service<
-        Request<String>,
-        Response = Response<impl Send + 'static>,
-        Error = BoxError,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static,
+    impl Stack<Request<String>, Response = Response<impl Send + 'static>>,
     Arc<AtomicBool>,
     u32,
 ) {
@@ -672,10 +681,8 @@ async fn pinned_odd_knobs_of_an_adaptive_bulkhead_alone() {
 #[tokio::test(start_paused = true)]
 async fn pinned_extreme_deadlines_on_a_waiting_call() {
     let layer = adaptive_bulkhead(1, 50 * MS);
-    let (service, hang) = in_front_of_sleeper(&layer, 10 * MS);
-    // One measured answer: a hold time of 10 ms.
-    service.clone().oneshot(Request::new(())).await.unwrap();
-    let holder = hold(&service, &hang).await;
+    // One measured answer (a hold time of 10 ms), then the permit held.
+    let (service, holder) = measured_then_held(&layer, 10 * MS).await;
     let past = {
         let mut req = Request::new(());
         req.extensions_mut()
@@ -708,10 +715,8 @@ async fn pinned_extreme_deadlines_on_a_waiting_call() {
 #[tokio::test(start_paused = true)]
 async fn pinned_a_waiter_never_outlives_its_deadline() {
     let layer = adaptive_bulkhead(1, 10 * S);
-    let (service, hang) = in_front_of_sleeper(&layer, 100 * MS);
-    service.clone().oneshot(Request::new(())).await.unwrap();
+    let (service, holder) = measured_then_held(&layer, 100 * MS).await;
     assert_eq!(layer.hold_time(), 100 * MS);
-    let holder = hold(&service, &hang).await;
     let mut waiters = JoinSet::new();
     for ms in [150u64, 400, 900, 2_000] {
         let service = service.clone();
@@ -1016,23 +1021,8 @@ async fn pinned_many_keys_overflow_into_the_layers_own_limit() {
 #[cfg(feature = "metrics")]
 mod metrics_probes {
     use super::*;
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-    type Recorded = Vec<(metrics_util::CompositeKey, DebugValue)>;
-
-    fn recorded<F: Future<Output = ()>>(test: impl FnOnce() -> F) -> Recorded {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || {
-            backstop_test_support::paused_runtime().block_on(test());
-        });
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .map(|(key, _, _, value)| (key, value))
-            .collect()
-    }
+    use backstop_test_support::{Recorded, recorded};
+    use metrics_util::debugging::DebugValue;
 
     fn find<'a>(
         recorded: &'a Recorded,
@@ -1105,9 +1095,7 @@ mod metrics_probes {
                 .build()
                 .unwrap()
                 .named("dep");
-            let (service, hang) = in_front_of_sleeper(&layer, 100 * MS);
-            service.clone().oneshot(Request::new(())).await.unwrap();
-            let holder = hold(&service, &hang).await;
+            let (service, holder) = measured_then_held(&layer, 100 * MS).await;
             for _ in 0..3 {
                 let err = service.clone().oneshot(within(50 * MS)).await.unwrap_err();
                 assert_eq!(
