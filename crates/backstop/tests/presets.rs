@@ -5,7 +5,7 @@ use backstop::client::attempt::{Adaptive, AttemptBound};
 use backstop::deadline::PropagateDeadlineLayerBuilder;
 use backstop::prelude::*;
 use backstop::{BreakerOpen, ClientLayer, ReplayBody};
-use backstop_test_support::{Latency, adjustable as slow};
+use backstop_test_support::{Latency, adjustable as slow, timed};
 use http::{Request, Response};
 use std::{
     sync::{
@@ -145,13 +145,6 @@ macro_rules! load {
         }
         ok
     }};
-}
-
-/// What `call` ended with, and how long it took.
-async fn timed<F: Future>(call: F) -> (F::Output, Duration) {
-    let started = tokio::time::Instant::now();
-    let output = call.await;
-    (output, started.elapsed())
 }
 
 /// A latency for [`slow`] to answer in (`None`: it hangs), changed as the test goes.

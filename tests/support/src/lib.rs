@@ -167,6 +167,13 @@ where
     client.clone().oneshot(get()).await
 }
 
+/// What `call` ended with, and how long it took (on the tokio clock, paused or not).
+pub async fn timed<F: Future>(call: F) -> (F::Output, Duration) {
+    let started = Instant::now();
+    let output = call.await;
+    (output, started.elapsed())
+}
+
 /// `POST http://svc/x` with `body`.
 pub fn post(body: &str) -> Request<String> {
     Request::post("http://svc/x").body(body.to_owned()).unwrap()
