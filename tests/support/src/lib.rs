@@ -366,6 +366,18 @@ pub fn step() -> impl proptest::strategy::Strategy<Value = Step> {
     ]
 }
 
+/// The inputs of a property about a call's deadline: the steps of a [`scripted`] dependency
+/// (fewer than `max_steps`), a deadline of 5 to 119 ms and an attempt bound of 3 to 149 ms.
+pub fn deadline_case(
+    max_steps: usize,
+) -> impl proptest::strategy::Strategy<Value = (Vec<Step>, u64, u64)> {
+    (
+        proptest::collection::vec(step(), 0..max_steps),
+        5u64..120,
+        3u64..150,
+    )
+}
+
 /// A dependency whose every call runs `steps` (each call from the first step).
 pub fn scripted<Req: Send + 'static>(steps: Vec<Step>) -> impl Dependency<Req> {
     service_fn(move |_req: Req| Script {
