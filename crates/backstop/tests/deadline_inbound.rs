@@ -45,15 +45,13 @@ fn mocked(layer: DeadlineLayer) -> (DeadlineService<Mock>, Handle) {
     (service.into_inner(), handle)
 }
 
+/// A call through a `DeadlineLayer` in front of a mock, polled by hand.
+type MockedCall =
+    tokio_test::task::Spawn<tower::util::Oneshot<DeadlineService<Mock>, Request<String>>>;
+
 /// A call with `req` through `layer` in front of a mock, spawned but not yet polled, and the
 /// mock's handle.
-fn mocked_call(
-    layer: DeadlineLayer,
-    req: Request<String>,
-) -> (
-    tokio_test::task::Spawn<tower::util::Oneshot<DeadlineService<Mock>, Request<String>>>,
-    Handle,
-) {
+fn mocked_call(layer: DeadlineLayer, req: Request<String>) -> (MockedCall, Handle) {
     let (service, handle) = mocked(layer);
     (tokio_test::task::spawn(service.oneshot(req)), handle)
 }
