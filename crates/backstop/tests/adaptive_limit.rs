@@ -138,6 +138,14 @@ where
     ended
 }
 
+/// What a test calls: a stack in front of a dependency, cloned per call, its errors boxed.
+trait Stack<Req>: Service<Req, Error = BoxError, Future: Send> + Clone + Send + 'static {}
+
+impl<T, Req> Stack<Req> for T where
+    T: Service<Req, Error = BoxError, Future: Send> + Clone + Send + 'static
+{
+}
+
 /// Polls `future` once, from the calling task.
 async fn poll_once<F: Future + Unpin>(mut future: F) -> std::task::Poll<F::Output> {
     std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx)))
@@ -187,6 +195,100 @@ fn ok() -> Response<String> {
     backstop_test_support::reply(200)
 }
 
+/// The HTTP preset with `timeout` per call and the throttle off, so that the limit alone
+/// refuses.
+fn unthrottled(timeout: Duration) -> backstop::ClientBuilder<backstop::HttpClassifier> {
+    backstop::client::http().timeout(timeout).throttle(None)
+}
+
+/// The HTTP breaker keyed by path, with room for `max_keys` routes.
+fn keyed_by_path(
+    max_keys: usize,
+) -> backstop::client::breaker::BreakerConfig<backstop::HttpClassifier> {
+    backstop::client::http_breaker()
+        .per_key(backstop::RouteKey::Path)
+        .max_keys(max_keys)
+}
+
+/// An adaptive bulkhead alone: `permits` at its cap, a call waiting no longer than `max_wait`.
+fn adaptive_bulkhead(permits: u32, max_wait: Duration) -> BulkheadLayer {
+    BulkheadLayer::builder(permits)
+        .adaptive(true)
+        .max_wait(max_wait)
+        .build()
+        .unwrap()
+}
+
+/// An adaptive bulkhead `layer` in front of a [`sleeper`] answering after `latency`, and the
+/// switch that makes the sleeper hang.
+fn in_front_of_sleeper(
+    layer: &BulkheadLayer,
+    latency: Duration,
+) -> (
+    impl Stack<Request<()>, Response = Response<impl std::fmt::Debug + Send + 'static>>,
+    Arc<AtomicBool>,
+) {
+    let hang = Arc::new(AtomicBool::new(false));
+    let service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(sleeper(latency, hang.clone()));
+    (service, hang)
+}
+
+/// One call through `layer` in front of a [`sleeper`] that holds its permit `hold_time` (the
+/// hold time the limit measures), then a call that hangs holding it (see [`hold`]).
+async fn measured_then_held(
+    layer: &BulkheadLayer,
+    hold_time: Duration,
+) -> (
+    impl Stack<Request<()>, Response = Response<impl std::fmt::Debug + Send + 'static>>,
+    tokio::task::JoinHandle<Result<impl Send, BoxError>>,
+) {
+    let (service, hang) = in_front_of_sleeper(layer, hold_time);
+    service.clone().oneshot(Request::new(())).await.unwrap();
+    let holder = hold(&service, &hang).await;
+    (service, holder)
+}
+
+/// Makes the sleeper behind `service` hang, and spawns a call through it that holds a permit
+/// (it has been polled once it is returned).
+async fn hold<S>(
+    service: &S,
+    hang: &AtomicBool,
+) -> tokio::task::JoinHandle<Result<S::Response, S::Error>>
+where
+    S: Service<Request<()>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+    S::Error: Send,
+{
+    hang.store(true, Ordering::SeqCst);
+    let holder = tokio::spawn(service.clone().oneshot(Request::new(())));
+    tokio::task::yield_now().await;
+    holder
+}
+
+/// Aborts the call `holder` and waits for it to end (its permit given back).
+async fn release<T>(holder: tokio::task::JoinHandle<T>) {
+    holder.abort();
+    let _ = holder.await;
+}
+
+/// Sends `n` calls through `client` at once and returns how each ended.
+async fn burst<S>(client: &S, n: usize) -> Vec<Result<S::Response, S::Error>>
+where
+    S: Service<Request<String>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+    S::Error: Send,
+{
+    let mut calls = JoinSet::new();
+    for _ in 0..n {
+        calls.spawn(client.clone().oneshot(backstop_test_support::get()));
+    }
+    calls.join_all().await
+}
+
 // ---------------------------------------------------------------------------------------
 // What the limit does
 // ---------------------------------------------------------------------------------------
@@ -228,12 +330,7 @@ async fn a_dependency_of_fixed_capacity_serves_near_its_capacity_in_time() {
 #[tokio::test(start_paused = true)]
 async fn without_the_limit_the_queue_takes_the_deadlines() {
     let seen = Arc::new(Seen::default());
-    let layer = backstop::client::http()
-        .timeout(Duration::from_secs(1))
-        .throttle(None)
-        .adaptive_limit(false)
-        .build()
-        .unwrap();
+    let layer = unthrottled(S).adaptive_limit(false).build().unwrap();
     assert!(!layer.adaptive_limit_layer().is_on());
     let client = ServiceBuilder::new()
         .layer(layer)
@@ -252,11 +349,7 @@ async fn without_the_limit_the_queue_takes_the_deadlines() {
 #[tokio::test(start_paused = true)]
 async fn a_slow_dependency_that_is_not_busy_is_not_limited() {
     let seen = Arc::new(Seen::default());
-    let layer = backstop::client::http()
-        .timeout(Duration::from_secs(3))
-        .throttle(None)
-        .build()
-        .unwrap();
+    let layer = unthrottled(3 * S).build().unwrap();
     let latency = Arc::new(std::sync::atomic::AtomicU64::new(50));
     let dependency = {
         let (seen, latency) = (seen.clone(), latency.clone());
@@ -380,16 +473,7 @@ async fn callers_around_a_waiting_call() {
 #[tokio::test(start_paused = true)]
 async fn each_route_learns_its_own_limit_where_the_breaker_is_keyed() {
     let seen = Arc::new(Seen::default());
-    let layer = backstop::client::http()
-        .timeout(Duration::from_secs(1))
-        .throttle(None)
-        .breaker(
-            backstop::client::http_breaker()
-                .per_key(backstop::RouteKey::Path)
-                .max_keys(8),
-        )
-        .build()
-        .unwrap();
+    let layer = unthrottled(S).breaker(keyed_by_path(8)).build().unwrap();
     let limit = layer.adaptive_limit_layer();
     assert!(matches!(limit.key(), Some(backstop::RouteKey::Path)));
     let queued = queued(4, 10 * MS, true, &seen, ok);
@@ -427,18 +511,12 @@ async fn each_route_learns_its_own_limit_where_the_breaker_is_keyed() {
 
 /// The HTTP preset (1 s per call) over a dependency that serves 400 calls a second, offered
 /// 1 000 a second for 4 s; then the dependency is healthy (any number of calls in 10 ms) once
-/// `healthy` is set, which it is on return.
+/// `healthy` is set, which it is on return; and the limit as the overload left it.
 async fn overloaded_then_healthy() -> (
     ClientLayer<backstop::HttpClassifier>,
-    impl Service<
-        Request<String>,
-        Response = Response<impl Send + 'static>,
-        Error = BoxError,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static,
+    impl Stack<Request<String>, Response = Response<impl Send + 'static>>,
     Arc<AtomicBool>,
+    u32,
 ) {
     let seen = Arc::new(Seen::default());
     let healthy = Arc::new(AtomicBool::new(false));
@@ -464,7 +542,8 @@ async fn overloaded_then_healthy() -> (
         .service(dependency);
     offer(client.clone(), &[(1_000, 4)], Duration::ZERO, S).await;
     healthy.store(true, Ordering::SeqCst);
-    (layer, client, healthy)
+    let cut = layer.adaptive_limit_layer().limit();
+    (layer, client, healthy, cut)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -482,8 +561,7 @@ async fn overloaded_then_healthy() -> (
 /// found the limit reached doubles it back toward the cap, and none is refused.
 #[tokio::test(start_paused = true)]
 async fn was_finding_a_limit_cut_once_refused_a_healthy_burst_long_after() {
-    let (layer, client, healthy) = overloaded_then_healthy().await;
-    let cut = layer.adaptive_limit_layer().limit();
+    let (layer, client, healthy, cut) = overloaded_then_healthy().await;
     assert!(cut < 1_000, "the overload cut the limit: {cut}");
     // The overload ends; a minute of trickle, then an hour of quiet.
     assert!(healthy.load(Ordering::SeqCst));
@@ -491,13 +569,9 @@ async fn was_finding_a_limit_cut_once_refused_a_healthy_burst_long_after() {
     tokio::time::sleep(Duration::from_secs(3_600)).await;
     let after = layer.adaptive_limit_layer().limit();
     // A burst of 500 calls at once.
-    let mut burst = JoinSet::new();
-    for _ in 0..500 {
-        burst.spawn(client.clone().oneshot(backstop_test_support::get()));
-    }
     let mut refused = 0;
-    while let Some(joined) = burst.join_next().await {
-        if let Err(err) = joined.unwrap() {
+    for ended in burst(&client, 500).await {
+        if let Err(err) = ended {
             assert!(
                 backstop::find::<BulkheadFull>(err.as_ref()).is_some(),
                 "{err}"
@@ -516,8 +590,7 @@ async fn was_finding_a_limit_cut_once_refused_a_healthy_burst_long_after() {
 /// puts it back to the cap, and the healthy dependency answers the whole burst.
 #[tokio::test(start_paused = true)]
 async fn pinned_a_limit_that_heard_nothing_for_seconds_goes_back_to_the_cap() {
-    let (layer, client, healthy) = overloaded_then_healthy().await;
-    let cut = layer.adaptive_limit_layer().limit();
+    let (layer, client, healthy, cut) = overloaded_then_healthy().await;
     assert!(cut < 1_000, "the overload cut the limit: {cut}");
     assert!(healthy.load(Ordering::SeqCst));
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -526,13 +599,9 @@ async fn pinned_a_limit_that_heard_nothing_for_seconds_goes_back_to_the_cap() {
         cut,
         "no answer, no bucket"
     );
-    let mut burst = JoinSet::new();
-    for _ in 0..500 {
-        burst.spawn(client.clone().oneshot(backstop_test_support::get()));
-    }
-    while let Some(joined) = burst.join_next().await {
+    for ended in burst(&client, 500).await {
         assert!(
-            joined.unwrap().is_ok(),
+            ended.is_ok(),
             "cut to {cut}: a call of the burst was refused"
         );
     }
@@ -548,11 +617,7 @@ async fn pinned_a_limit_that_heard_nothing_for_seconds_goes_back_to_the_cap() {
 #[tokio::test(start_paused = true)]
 async fn was_finding_the_presets_limit_waited_a_second_and_named_max_wait() {
     let seen = Arc::new(Seen::default());
-    let layer = backstop::client::http()
-        .timeout(10 * S)
-        .throttle(None)
-        .build()
-        .unwrap();
+    let layer = unthrottled(10 * S).build().unwrap();
     let client =
         ServiceBuilder::new()
             .layer(layer.clone())
@@ -598,19 +663,14 @@ async fn pinned_odd_knobs_of_an_adaptive_bulkhead_alone() {
         ),
     ] {
         let layer = builder.adaptive(true).build().unwrap();
-        let hang = Arc::new(AtomicBool::new(true));
-        let service = ServiceBuilder::new()
-            .layer(layer.clone())
-            .service(sleeper(MS, hang));
-        let holder = tokio::spawn(service.clone().oneshot(Request::new(())));
-        tokio::task::yield_now().await;
+        let (service, hang) = in_front_of_sleeper(&layer, MS);
+        let holder = hold(&service, &hang).await;
         assert_eq!(layer.in_flight(), 1);
         let start = Instant::now();
         let err = service.clone().oneshot(Request::new(())).await.unwrap_err();
         assert_eq!(start.elapsed(), Duration::ZERO, "{knob}: at once");
         assert_eq!(err.downcast_ref::<BulkheadFull>().unwrap().knob(), knob);
-        holder.abort();
-        let _ = holder.await;
+        release(holder).await;
         assert_eq!((layer.in_flight(), layer.waiting()), (0, 0), "{knob}");
     }
 }
@@ -620,20 +680,9 @@ async fn pinned_odd_knobs_of_an_adaptive_bulkhead_alone() {
 /// deadline (or than `max_wait` for the far one), and every permit back.
 #[tokio::test(start_paused = true)]
 async fn pinned_extreme_deadlines_on_a_waiting_call() {
-    let layer = BulkheadLayer::builder(1)
-        .adaptive(true)
-        .max_wait(50 * MS)
-        .build()
-        .unwrap();
-    let hang = Arc::new(AtomicBool::new(false));
-    let service = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(sleeper(10 * MS, hang.clone()));
-    // One measured answer: a hold time of 10 ms.
-    service.clone().oneshot(Request::new(())).await.unwrap();
-    hang.store(true, Ordering::SeqCst);
-    let holder = tokio::spawn(service.clone().oneshot(Request::new(())));
-    tokio::task::yield_now().await;
+    let layer = adaptive_bulkhead(1, 50 * MS);
+    // One measured answer (a hold time of 10 ms), then the permit held.
+    let (service, holder) = measured_then_held(&layer, 10 * MS).await;
     let past = {
         let mut req = Request::new(());
         req.extensions_mut()
@@ -655,8 +704,7 @@ async fn pinned_extreme_deadlines_on_a_waiting_call() {
             "{what}: {err}"
         );
     }
-    holder.abort();
-    let _ = holder.await;
+    release(holder).await;
     assert_eq!((layer.in_flight(), layer.waiting()), (0, 0));
 }
 
@@ -666,20 +714,9 @@ async fn pinned_extreme_deadlines_on_a_waiting_call() {
 /// is refused at once naming `adaptive_limit`.
 #[tokio::test(start_paused = true)]
 async fn pinned_a_waiter_never_outlives_its_deadline() {
-    let layer = BulkheadLayer::builder(1)
-        .adaptive(true)
-        .max_wait(10 * S)
-        .build()
-        .unwrap();
-    let hang = Arc::new(AtomicBool::new(false));
-    let service = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(sleeper(100 * MS, hang.clone()));
-    service.clone().oneshot(Request::new(())).await.unwrap();
+    let layer = adaptive_bulkhead(1, 10 * S);
+    let (service, holder) = measured_then_held(&layer, 100 * MS).await;
     assert_eq!(layer.hold_time(), 100 * MS);
-    hang.store(true, Ordering::SeqCst);
-    let holder = tokio::spawn(service.clone().oneshot(Request::new(())));
-    tokio::task::yield_now().await;
     let mut waiters = JoinSet::new();
     for ms in [150u64, 400, 900, 2_000] {
         let service = service.clone();
@@ -701,8 +738,7 @@ async fn pinned_a_waiter_never_outlives_its_deadline() {
         err.downcast_ref::<BulkheadFull>().unwrap().knob(),
         "adaptive_limit"
     );
-    holder.abort();
-    let _ = holder.await;
+    release(holder).await;
     assert_eq!((layer.in_flight(), layer.waiting()), (0, 0));
 }
 
@@ -713,11 +749,7 @@ async fn pinned_a_waiter_never_outlives_its_deadline() {
 /// gets its permit at once.
 #[tokio::test(start_paused = true)]
 async fn pinned_no_permit_lost_whatever_the_caller() {
-    let layer = BulkheadLayer::builder(2)
-        .adaptive(true)
-        .max_wait(10 * S)
-        .build()
-        .unwrap();
+    let layer = adaptive_bulkhead(2, 10 * S);
     let service = ServiceBuilder::new()
         .layer(layer.clone())
         .concurrency_limit(8)
@@ -818,9 +850,7 @@ async fn pinned_a_waiting_call_moved_between_tasks_keeps_its_place() {
 #[tokio::test(start_paused = true)]
 async fn pinned_a_server_that_keeps_abandoned_work_is_still_cut() {
     let seen = Arc::new(Seen::default());
-    let layer = backstop::client::http()
-        .timeout(2 * S)
-        .throttle(None)
+    let layer = unthrottled(2 * S)
         .attempt(AttemptBound::Fixed(100 * MS))
         .max_attempts(1)
         .build()
@@ -872,21 +902,13 @@ async fn pinned_a_refused_hedge_leaves_the_original_to_answer() {
         .service(dependency);
     // The latency model trusted: 200 calls of 10 ms, one at a time.
     for _ in 0..200 {
-        let response = client
-            .clone()
-            .oneshot(backstop_test_support::get())
-            .await
-            .unwrap();
+        let response = backstop_test_support::get_from(&client).await.unwrap();
         assert_eq!(response.status(), 200);
     }
     let before = sent.load(Ordering::SeqCst);
     *latency.lock().unwrap() = Some(200 * MS);
     let start = Instant::now();
-    let response = client
-        .clone()
-        .oneshot(backstop_test_support::get())
-        .await
-        .unwrap();
+    let response = backstop_test_support::get_from(&client).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(start.elapsed(), 200 * MS, "the original's answer");
     assert_eq!(
@@ -927,11 +949,7 @@ async fn pinned_refusals_are_not_retried_not_failures_and_accepted_by_the_thrott
     tokio::task::yield_now().await;
     for _ in 0..300 {
         let start = Instant::now();
-        let err = client
-            .clone()
-            .oneshot(backstop_test_support::get())
-            .await
-            .unwrap_err();
+        let err = backstop_test_support::get_from(&client).await.unwrap_err();
         assert_eq!(start.elapsed(), Duration::ZERO);
         assert!(
             backstop::find::<BulkheadFull>(err.as_ref()).is_some(),
@@ -948,8 +966,7 @@ async fn pinned_refusals_are_not_retried_not_failures_and_accepted_by_the_thrott
     let throttle = layer.throttle_layer().throttle();
     assert_eq!(throttle.probability(), 0.0);
     assert_eq!(throttle.rejections(), 0);
-    holder.abort();
-    let _ = holder.await;
+    release(holder).await;
     assert_eq!((one.in_flight(), one.waiting()), (0, 0));
 }
 
@@ -958,16 +975,7 @@ async fn pinned_refusals_are_not_retried_not_failures_and_accepted_by_the_thrott
 /// permit is held anywhere (a fresh call on every route passes at once).
 #[tokio::test(start_paused = true)]
 async fn pinned_many_keys_overflow_into_the_layers_own_limit() {
-    let layer = backstop::client::http()
-        .timeout(S)
-        .throttle(None)
-        .breaker(
-            backstop::client::http_breaker()
-                .per_key(backstop::RouteKey::Path)
-                .max_keys(4),
-        )
-        .build()
-        .unwrap();
+    let layer = unthrottled(S).breaker(keyed_by_path(4)).build().unwrap();
     let client = ServiceBuilder::new()
         .layer(layer.clone())
         .service(service_fn(|_req: Request<ReplayBody<String>>| async {
@@ -1013,23 +1021,8 @@ async fn pinned_many_keys_overflow_into_the_layers_own_limit() {
 #[cfg(feature = "metrics")]
 mod metrics_probes {
     use super::*;
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-    type Recorded = Vec<(metrics_util::CompositeKey, DebugValue)>;
-
-    fn recorded<F: Future<Output = ()>>(test: impl FnOnce() -> F) -> Recorded {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || {
-            backstop_test_support::paused_runtime().block_on(test());
-        });
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .map(|(key, _, _, value)| (key, value))
-            .collect()
-    }
+    use backstop_test_support::{Recorded, recorded};
+    use metrics_util::debugging::DebugValue;
 
     fn find<'a>(
         recorded: &'a Recorded,
@@ -1074,9 +1067,7 @@ mod metrics_probes {
                 .build()
                 .unwrap()
                 .named("dep");
-            let service = ServiceBuilder::new()
-                .layer(layer.clone())
-                .service(sleeper(10 * MS, Arc::new(AtomicBool::new(false))));
+            let (service, _) = in_front_of_sleeper(&layer, 10 * MS);
             for _ in 0..100 {
                 service.clone().oneshot(within(S)).await.unwrap();
             }
@@ -1104,14 +1095,7 @@ mod metrics_probes {
                 .build()
                 .unwrap()
                 .named("dep");
-            let hang = Arc::new(AtomicBool::new(false));
-            let service = ServiceBuilder::new()
-                .layer(layer.clone())
-                .service(sleeper(100 * MS, hang.clone()));
-            service.clone().oneshot(Request::new(())).await.unwrap();
-            hang.store(true, Ordering::SeqCst);
-            let holder = tokio::spawn(service.clone().oneshot(Request::new(())));
-            tokio::task::yield_now().await;
+            let (service, holder) = measured_then_held(&layer, 100 * MS).await;
             for _ in 0..3 {
                 let err = service.clone().oneshot(within(50 * MS)).await.unwrap_err();
                 assert_eq!(
@@ -1129,8 +1113,7 @@ mod metrics_probes {
                 "max_queue"
             );
             drop(waiting);
-            holder.abort();
-            let _ = holder.await;
+            release(holder).await;
         });
         let count = |reason| match find(&recorded, "backstop.bulkhead.rejections", Some(reason)) {
             Some(DebugValue::Counter(n)) => *n,

@@ -4,7 +4,7 @@
 //! regression test; those that say "was a defect" reproduce what the attack found, fixed since.
 
 use backstop::client::attempt::{Adaptive, AttemptBound};
-use backstop::client::breaker::{BreakerConfig, State};
+use backstop::client::breaker::{BreakerConfig, BreakerLayer, State};
 use backstop::client::overload::bulkhead::BulkheadLayer;
 use backstop::client::overload::throttle::AdaptiveThrottle;
 use backstop::client::retry::{GiveUp, RetryConfig, backoff, hedge::Hedging};
@@ -322,14 +322,10 @@ fn keyed_stack(max_keys: usize) -> ClientLayer<HttpClassifier> {
         .unwrap()
 }
 
-/// The keys that have a breaker of their own, sorted.
-fn breaker_keys(stack: &ClientLayer<HttpClassifier>) -> Vec<String> {
-    stack
-        .breaker_layer()
-        .keys()
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect()
+/// The keys that have a breaker of their own in `breaker` (an HTTP or a gRPC stack's),
+/// sorted.
+fn breaker_keys<C>(breaker: &BreakerLayer<C>) -> Vec<String> {
+    breaker.keys().into_iter().map(|(k, _)| k).collect()
 }
 
 /// The name reaches every layer's getter, in any order of `name` among the setters.
@@ -384,12 +380,7 @@ async fn a_keyed_breaker_keys_the_attempt_bound_whatever_the_bound_and_the_order
             for path in ["/a", "/b", "/a"] {
                 client.clone().oneshot(get(path)).await.unwrap();
             }
-            let breakers: Vec<String> = stack
-                .breaker_layer()
-                .keys()
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect();
+            let breakers = breaker_keys(stack.breaker_layer());
             assert_eq!(breakers, ["/a", "/b"], "{bound:?}");
             assert_eq!(stack.attempt_layer().keys(), ["/a", "/b"], "{bound:?}");
             assert_eq!(stack.attempt_layer().key_latency("/a").unwrap().count, 2);
@@ -418,48 +409,42 @@ fn a_breaker_policy_that_builds_alone_builds_in_the_stack() {
 #[cfg(feature = "metrics")]
 #[test]
 fn the_name_reaches_every_metric_the_stack_records() {
-    use metrics_util::debugging::DebuggingRecorder;
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        backstop_test_support::paused_runtime().block_on(async {
-            let stack = backstop::client::http()
-                .name("payments")
-                .breaker(path_keyed(4).consecutive_failures(3))
-                .bulkhead(BulkheadLayer::builder(1).max_queue(0))
-                .throttle(Some(AdaptiveThrottle::builder().seed(7)))
-                .timeout(200 * MS)
-                .build()
-                .unwrap();
-            let (_, dep) = failing_or_hanging();
-            let client = ServiceBuilder::new().layer(stack.clone()).service(dep);
-            for path in ["/ok", "/fail", "/fail", "/fail", "/hang", "/ok"] {
-                let _ = client.clone().oneshot(get(path)).await;
-            }
-            // The bulkhead full: one call holds the permit, the next is refused.
-            let mut held = client.clone();
-            let hang = tokio::spawn(async move {
-                let _ = held.ready().await.unwrap().call(get("/hang")).await;
-            });
-            tokio::task::yield_now().await;
-            let _ = client.clone().oneshot(get("/ok")).await;
-            hang.await.unwrap();
-            // The throttle refusing: many failures, then calls until one is refused.
-            for _ in 0..200 {
-                let _ = client.clone().oneshot(get("/fail2")).await;
-            }
-            let _ = tokio::time::timeout(S, async {
-                for _ in 0..200 {
-                    let _ = client.clone().oneshot(get("/x")).await;
-                }
-            })
-            .await;
+    let recorded = backstop_test_support::recorded(|| async {
+        let stack = backstop::client::http()
+            .name("payments")
+            .breaker(path_keyed(4).consecutive_failures(3))
+            .bulkhead(BulkheadLayer::builder(1).max_queue(0))
+            .throttle(Some(AdaptiveThrottle::builder().seed(7)))
+            .timeout(200 * MS)
+            .build()
+            .unwrap();
+        let (_, dep) = failing_or_hanging();
+        let client = ServiceBuilder::new().layer(stack.clone()).service(dep);
+        for path in ["/ok", "/fail", "/fail", "/fail", "/hang", "/ok"] {
+            let _ = client.clone().oneshot(get(path)).await;
+        }
+        // The bulkhead full: one call holds the permit, the next is refused.
+        let mut held = client.clone();
+        let hang = tokio::spawn(async move {
+            let _ = held.ready().await.unwrap().call(get("/hang")).await;
         });
+        tokio::task::yield_now().await;
+        let _ = client.clone().oneshot(get("/ok")).await;
+        hang.await.unwrap();
+        // The throttle refusing: many failures, then calls until one is refused.
+        for _ in 0..200 {
+            let _ = client.clone().oneshot(get("/fail2")).await;
+        }
+        let _ = tokio::time::timeout(S, async {
+            for _ in 0..200 {
+                let _ = client.clone().oneshot(get("/x")).await;
+            }
+        })
+        .await;
     });
-    let recorded = snapshotter.snapshot().into_vec();
     let mut families = std::collections::BTreeSet::new();
     let mut wrong = Vec::new();
-    for (key, _, _, _) in &recorded {
+    for (key, _) in &recorded {
         let key = key.key();
         for label in key.labels() {
             if label.key() == "dependency" {
@@ -650,7 +635,7 @@ async fn a_route_with_a_breaker_of_its_own_has_a_latency_model_of_its_own() {
     client.clone().oneshot(get("/a")).await.unwrap();
     tokio::time::advance(6 * 60 * S).await;
     client.clone().oneshot(get("/b")).await.unwrap();
-    let breakers = breaker_keys(&stack);
+    let breakers = breaker_keys(stack.breaker_layer());
     assert_eq!(breakers, ["/b"]);
     assert_eq!(
         stack.attempt_layer().keys(),
@@ -1229,12 +1214,7 @@ mod service_config {
         for path in ["/pkg.Retried/A", "/pkg.Hedged/B", "/other.Svc/C"] {
             client.clone().oneshot(grpc_call(path, None)).await.unwrap();
         }
-        let keys: Vec<String> = layer
-            .breaker_layer()
-            .keys()
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
+        let keys = breaker_keys(layer.breaker_layer());
         assert_eq!(keys, ["/other.Svc/C", "/pkg.Hedged/B", "/pkg.Retried/A"]);
         assert_eq!(layer.attempt_layer().keys(), keys);
     }
@@ -1758,12 +1738,7 @@ async fn every_kind_of_key_keys_the_attempt_bound_alike() {
             let req = Request::get(*uri).body(String::new()).unwrap();
             client.clone().oneshot(req).await.unwrap();
         }
-        let breakers: Vec<String> = stack
-            .breaker_layer()
-            .keys()
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
+        let breakers = breaker_keys(stack.breaker_layer());
         assert_eq!(breakers, want);
         assert_eq!(stack.attempt_layer().keys(), want);
         assert_eq!(

@@ -12,7 +12,7 @@
 use backstop::BoxError;
 use backstop::client::retry::ReplayBody;
 use backstop::deadline::{DeadlineFutureExt, current};
-use backstop_test_support::{Step, script_answer, scripted, step};
+use backstop_test_support::{Step, deadline_case, script_answer, scripted};
 use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
 use proptest::prelude::*;
@@ -259,9 +259,7 @@ proptest! {
 
     #[test]
     fn the_deadline_holds_whatever_the_caller_does(
-        steps in proptest::collection::vec(step(), 0..5),
-        deadline in 5u64..120,
-        attempt in 3u64..150,
+        (steps, deadline, attempt) in deadline_case(5),
         polls in 0u8..3,
         then in then(),
         wiring in wiring(),

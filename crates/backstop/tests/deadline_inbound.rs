@@ -1,12 +1,12 @@
 //! `DeadlineLayer` driven with mock services under paused time.
 
-use backstop::deadline::{Deadline, DeadlineLayer, current};
+use backstop::deadline::{Deadline, DeadlineLayer, DeadlineService, current};
 use backstop::{NotExecuted, Rejection};
 use backstop_test_support::*;
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body::Body;
-use http_body_util::BodyExt;
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, StreamBody};
 use std::{convert::Infallible, sync::atomic::Ordering, time::Duration};
 use tokio::time::advance;
 use tokio_test::{assert_pending, assert_ready};
@@ -37,6 +37,62 @@ async fn text<B: http_body::Body<Error: std::fmt::Debug>>(response: Response<B>)
 async fn seen(layer: DeadlineLayer, req: Request<String>) -> String {
     let response = layer.layer(reporter()).oneshot(req).await.unwrap();
     text(response).await
+}
+
+/// `layer` in front of a mock, and the mock's handle.
+fn mocked(layer: DeadlineLayer) -> (DeadlineService<Mock>, Handle) {
+    let (service, handle) = mock::spawn_layer(layer);
+    (service.into_inner(), handle)
+}
+
+/// A call through a `DeadlineLayer` in front of a mock, polled by hand.
+type MockedCall =
+    tokio_test::task::Spawn<tower::util::Oneshot<DeadlineService<Mock>, Request<String>>>;
+
+/// A call with `req` through `layer` in front of a mock, spawned but not yet polled, and the
+/// mock's handle.
+fn mocked_call(layer: DeadlineLayer, req: Request<String>) -> (MockedCall, Handle) {
+    let (service, handle) = mocked(layer);
+    (tokio_test::task::spawn(service.oneshot(req)), handle)
+}
+
+/// What `handler` behind a `DeadlineLayer` answers a call with 100 ms left, gRPC or plain
+/// HTTP.
+async fn answered_with_100ms<H>(
+    handler: H,
+    grpc: bool,
+) -> <DeadlineService<H> as tower::Service<Request<String>>>::Response
+where
+    DeadlineService<H>: tower::Service<Request<String>, Error = Infallible>,
+{
+    DeadlineLayer::new()
+        .layer(handler)
+        .oneshot(request(grpc, Some("100m")))
+        .await
+        .unwrap()
+}
+
+/// A handler that answers when its deadline comes, with `messages` and then the trailers
+/// `grpc-status: 0`, every frame ready at once and no size declared (tonic's unary answer:
+/// its message, then its trailers).
+fn ready_at_the_deadline(
+    messages: &'static [&'static str],
+) -> impl tower::Service<
+    Request<String>,
+    Response = Response<impl Body<Data = Bytes, Error = Infallible> + Send + Unpin>,
+    Error = Infallible,
+> {
+    service_fn(move |_req: Request<String>| async move {
+        tokio::time::sleep(current().unwrap().remaining()).await;
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let frames = messages
+            .iter()
+            .map(|m| Frame::data(Bytes::from_static(m.as_bytes())))
+            .chain([Frame::trailers(trailers)]);
+        let body = StreamBody::new(futures_util::stream::iter(frames.map(Ok::<_, Infallible>)));
+        Ok::<_, Infallible>(Response::new(body))
+    })
 }
 
 #[tokio::test(start_paused = true)]
@@ -131,9 +187,7 @@ async fn the_shortest_of_repeated_headers_wins() {
 #[tokio::test(start_paused = true)]
 async fn malformed_header_is_rejected_without_calling_the_service() {
     for bad in ["", "1.5S", "123456789n", "10X", "-1S", "S"] {
-        let (service, mut handle) =
-            mock::spawn_layer::<Request<String>, Response<String>, _>(DeadlineLayer::new());
-        let mut service = service.into_inner();
+        let (mut service, mut handle) = mocked(DeadlineLayer::new());
         let grpc = (&mut service)
             .oneshot(grpc_request(Some(bad)))
             .await
@@ -189,9 +243,7 @@ async fn zero_or_too_little_left_is_rejected_at_once() {
         ("11m", false),
     ];
     for (timeout, rejected) in cases {
-        let (service, mut handle) =
-            mock::spawn_layer::<Request<String>, Response<String>, _>(layer.clone());
-        let mut service = service.into_inner();
+        let (mut service, mut handle) = mocked(layer.clone());
         let mut call = tokio_test::task::spawn((&mut service).oneshot(grpc_request(Some(timeout))));
         if rejected {
             let response = assert_ready!(call.poll()).unwrap();
@@ -248,9 +300,7 @@ async fn expiry_drops_the_handler_and_answers_deadline_exceeded() {
 
 #[tokio::test(start_paused = true)]
 async fn an_answer_in_time_passes_through_untouched() {
-    let (service, mut handle) =
-        mock::spawn_layer::<Request<String>, Response<String>, _>(DeadlineLayer::new());
-    let mut call = tokio_test::task::spawn(service.into_inner().oneshot(grpc_request(Some("1S"))));
+    let (mut call, mut handle) = mocked_call(DeadlineLayer::new(), grpc_request(Some("1S")));
     assert_pending!(call.poll());
     let (_, send) = handle.next_request().await.unwrap();
     advance(Duration::from_millis(900)).await;
@@ -270,9 +320,7 @@ async fn an_answer_in_time_passes_through_untouched() {
 
 #[tokio::test(start_paused = true)]
 async fn inner_errors_pass_through() {
-    let (service, mut handle) =
-        mock::spawn_layer::<Request<String>, Response<String>, _>(DeadlineLayer::new());
-    let mut call = tokio_test::task::spawn(service.into_inner().oneshot(http_request(Some("1S"))));
+    let (mut call, mut handle) = mocked_call(DeadlineLayer::new(), http_request(Some("1S")));
     assert_pending!(call.poll());
     let (_, send) = handle.next_request().await.unwrap();
     send.send_error("boom");
@@ -394,22 +442,6 @@ fn configuration_is_validated_and_names_the_knob() {
     );
 }
 
-/// A body whose frames are all ready at once, then ends: a response complete in memory whose
-/// size it does not declare (tonic's unary answer: its message, then its trailers).
-struct Ready(std::collections::VecDeque<http_body::Frame<Bytes>>);
-
-impl Body for Ready {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        std::task::Poll::Ready(self.0.pop_front().map(Ok))
-    }
-}
-
 /// Defect (outside audit): a handler that answered at its deadline (hyper polls the body a
 /// few µs later) had its body, complete in memory, cut with an error after the head went out:
 /// a torn message. A body answered in time and complete is delivered whole, however late it
@@ -423,31 +455,13 @@ async fn a_complete_body_answered_at_the_deadline_is_delivered_whole_when_read_a
             tokio::time::sleep(current().unwrap().remaining()).await;
             Ok::<_, Infallible>(Response::new("whole".to_owned()))
         });
-        let response = DeadlineLayer::new()
-            .layer(handler)
-            .oneshot(request(grpc, Some("100m")))
-            .await
-            .unwrap();
+        let response = answered_with_100ms(handler, grpc).await;
         assert_eq!(response.status(), 200, "{grpc}");
         advance(Duration::from_micros(50)).await;
         assert_eq!(text(response).await, "whole", "{grpc}");
 
         // No size, every frame ready: a message, then the handler's trailers.
-        let handler = service_fn(|_req: Request<String>| async {
-            tokio::time::sleep(current().unwrap().remaining()).await;
-            let mut trailers = http::HeaderMap::new();
-            trailers.insert("grpc-status", "0".parse().unwrap());
-            let frames = [
-                http_body::Frame::data(Bytes::from_static(b"message")),
-                http_body::Frame::trailers(trailers),
-            ];
-            Ok::<_, Infallible>(Response::new(Ready(frames.into())))
-        });
-        let response = DeadlineLayer::new()
-            .layer(handler)
-            .oneshot(request(grpc, Some("100m")))
-            .await
-            .unwrap();
+        let response = answered_with_100ms(ready_at_the_deadline(&["message"]), grpc).await;
         advance(Duration::from_micros(50)).await;
         let mut body = response.into_body();
         let collected = (&mut body).collect().await.unwrap();
@@ -503,8 +517,7 @@ async fn a_body_still_streaming_past_the_deadline_is_cut() {
             }
             std::future::ready(Ok::<_, Infallible>(response))
         });
-        let service = DeadlineLayer::new().layer(handler);
-        let response = service.oneshot(request(grpc, Some("100m"))).await.unwrap();
+        let response = answered_with_100ms(handler, grpc).await;
         let mut body = response.into_body();
         tx.send_data(Bytes::from_static(b"first")).await.unwrap();
         advance(Duration::from_millis(200)).await;
@@ -531,23 +544,7 @@ async fn a_body_still_streaming_past_the_deadline_is_cut() {
 #[tokio::test(start_paused = true)]
 async fn an_unsized_body_of_four_ready_frames_is_delivered_whole_after_the_deadline() {
     for grpc in [false, true] {
-        let handler = service_fn(|_req: Request<String>| async {
-            tokio::time::sleep(current().unwrap().remaining()).await;
-            let mut trailers = http::HeaderMap::new();
-            trailers.insert("grpc-status", "0".parse().unwrap());
-            let frames = [
-                http_body::Frame::data(Bytes::from_static(b"a")),
-                http_body::Frame::data(Bytes::from_static(b"b")),
-                http_body::Frame::data(Bytes::from_static(b"c")),
-                http_body::Frame::trailers(trailers),
-            ];
-            Ok::<_, Infallible>(Response::new(Ready(frames.into())))
-        });
-        let response = DeadlineLayer::new()
-            .layer(handler)
-            .oneshot(request(grpc, Some("100m")))
-            .await
-            .unwrap();
+        let response = answered_with_100ms(ready_at_the_deadline(&["a", "b", "c"]), grpc).await;
         advance(Duration::from_micros(50)).await;
         let mut body = response.into_body();
         let collected = (&mut body).collect().await;

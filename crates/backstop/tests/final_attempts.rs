@@ -5,7 +5,7 @@
 //! at the 80 % share, kept so it stays fixed.
 
 use backstop::ReplayBody;
-use backstop_test_support::{Latency, adjustable as slow, telling};
+use backstop_test_support::{Latency, adjustable as slow, telling, timed};
 use http::{Request, Response};
 use std::{
     convert::Infallible,
@@ -16,6 +16,16 @@ use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 
 const MS: Duration = Duration::from_millis(1);
+
+/// How a call ended, to print: its status, or its error's text.
+fn outcome<B>(
+    result: &Result<Response<B>, backstop::BoxError>,
+) -> Result<http::StatusCode, String> {
+    result
+        .as_ref()
+        .map(|r| r.status())
+        .map_err(|e| e.to_string())
+}
 
 /// A service config with a retry policy (maxAttempts 3, retryable UNAVAILABLE) and
 /// `"timeout": "0.3s"`, to a server that hangs: nothing can retry a call that runs out of
@@ -111,19 +121,14 @@ async fn no_share_is_kept_for_a_retry_the_backoff_leaves_no_room_for() {
     println!("p50 {p50:?}");
 
     *latency.lock().unwrap() = Some(520 * MS);
-    let start = Instant::now();
-    let result = client.clone().oneshot(get("/x")).await;
-    let took = start.elapsed();
+    let (result, took) = timed(client.clone().oneshot(get("/x"))).await;
     let info = match &result {
         Ok(r) => Some(backstop::client::call_info(r)),
         Err(e) => backstop::client::error_info(e.as_ref()),
     };
     println!(
         "after {took:?}: {:?}, attempts {:?}, gave up {:?}",
-        result
-            .as_ref()
-            .map(|r| r.status())
-            .map_err(|e| e.to_string()),
+        outcome(&result),
         info.as_ref().map(|i| i.attempts()),
         info.as_ref().and_then(|i| i.gave_up()),
     );
@@ -160,16 +165,11 @@ async fn the_last_hedge_gets_the_whole_deadline() {
     seen.lock().unwrap().clear();
 
     *latency.lock().unwrap() = Some(900 * MS);
-    let start = Instant::now();
-    let result = client.clone().oneshot(get("/x")).await;
-    let took = start.elapsed();
+    let (result, took) = timed(client.clone().oneshot(get("/x"))).await;
     let seen = seen.lock().unwrap().clone();
     println!(
         "after {took:?}: {:?}; attempts told {seen:?}",
-        result
-            .as_ref()
-            .map(|r| r.status())
-            .map_err(|e| e.to_string())
+        outcome(&result)
     );
     assert_eq!(seen.len(), 2, "a hedge was sent");
     assert!(
@@ -215,16 +215,11 @@ async fn a_cold_client_gives_its_only_possible_attempt_the_whole_deadline() {
     let client = ServiceBuilder::new()
         .layer(backend.clone())
         .service(dependency);
-    let start = Instant::now();
-    let result = client.oneshot(get("/x")).await;
-    let took = start.elapsed();
+    let (result, took) = timed(client.oneshot(get("/x"))).await;
     let seen = seen.lock().unwrap().clone();
     println!(
         "after {took:?}: {:?}; attempts told {seen:?}",
-        result
-            .as_ref()
-            .map(|r| r.status())
-            .map_err(|e| e.to_string())
+        outcome(&result)
     );
     assert_eq!(backend.latency().p50, None, "the model is cold");
     assert!(

@@ -182,36 +182,6 @@ async fn grpc_requests_pass_through_with_a_key() {
     assert!(store.is_empty());
 }
 
-/// The memory store, but refusing (`Full`) any answer above 100 bytes of body without saying
-/// so up front (`max_record_bytes` left at its default): a store whose limit the layer learns
-/// only when `complete` fails.
-#[derive(Debug, Clone)]
-struct Picky(MemoryStore);
-
-impl Store for Picky {
-    fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
-        self.0.claim(key, token, lock)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a str,
-        token: Token,
-        response: Arc<StoredResponse>,
-        ttl: Duration,
-    ) -> StoreFuture<'a, bool> {
-        if response.body.len() > 100 && response.status != 409 {
-            return Box::pin(async { Err(StoreError::kind_only(StoreErrorKind::Full)) });
-        }
-        self.0.complete(key, token, response, ttl)
-    }
-    fn release<'a>(&'a self, key: &'a str, token: Token) -> StoreFuture<'a, bool> {
-        self.0.release(key, token)
-    }
-    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Record>> {
-        self.0.get(key)
-    }
-}
-
 /// After the answer, whatever the lock timeout: a duplicate is 409 without `Retry-After`, and
 /// the handler ran once.
 async fn never_run_again(h: &Harness, path: &str) {
@@ -239,7 +209,11 @@ async fn an_answer_larger_than_a_memory_store_shard_is_sent_whole_and_never_run_
 
 #[tokio::test(start_paused = true)]
 async fn an_answer_the_store_refuses_to_keep_leaves_a_record_that_the_request_ran() {
-    let h = Harness::with(IdempotencyLayer::builder(Picky(MemoryStore::new())), |c| {
+    let picky = Quirky {
+        picky: true,
+        ..Quirky::default()
+    };
+    let h = Harness::with(IdempotencyLayer::builder(picky), |c| {
         c.lock_timeout(Duration::from_millis(500))
     });
     let first = h.post("/big", Some("k"), "").await;
@@ -253,22 +227,27 @@ async fn every_duration_knob_is_refused_by_build_or_honoured_by_the_memory_store
     every_duration_knob_is_refused_or_honoured(MemoryStore::new).await;
 }
 
-/// The memory store behind a slow link: the first claim is sent at once but lands `delay`
-/// later, whether or not its caller still waits (as a command already written to Redis's
-/// socket does).
-#[derive(Debug, Clone)]
-struct LateClaim {
+/// The memory store with the quirks of a remote one, each off unless set.
+#[derive(Debug, Clone, Default)]
+struct Quirky {
     inner: MemoryStore,
-    delay: Duration,
-    first: Arc<std::sync::atomic::AtomicBool>,
+    /// Refuses (`Full`) any answer above 100 bytes of body without saying so up front
+    /// (`max_record_bytes` left at its default): a store whose limit the layer learns only
+    /// when `complete` fails.
+    picky: bool,
+    /// The first claim is sent at once but lands this much later, whether or not its caller
+    /// still waits (as a command already written to Redis's socket does): a slow link.
+    first_claim_lands_after: Option<Duration>,
+    claimed: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl Store for LateClaim {
+impl Store for Quirky {
     fn claim<'a>(&'a self, key: &'a str, token: Token, lock: Duration) -> StoreFuture<'a, Claim> {
-        if !self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        let claimed = self.claimed.swap(true, std::sync::atomic::Ordering::SeqCst);
+        let Some(delay) = self.first_claim_lands_after.filter(|_| !claimed) else {
             return self.inner.claim(key, token, lock);
-        }
-        let (inner, key, delay) = (self.inner.clone(), key.to_owned(), self.delay);
+        };
+        let (inner, key) = (self.inner.clone(), key.to_owned());
         let landed = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             inner.claim(&key, token, lock).await
@@ -282,6 +261,9 @@ impl Store for LateClaim {
         response: Arc<StoredResponse>,
         ttl: Duration,
     ) -> StoreFuture<'a, bool> {
+        if self.picky && response.body.len() > 100 && response.status != 409 {
+            return Box::pin(async { Err(StoreError::kind_only(StoreErrorKind::Full)) });
+        }
         self.inner.complete(key, token, response, ttl)
     }
     fn release<'a>(&'a self, key: &'a str, token: Token) -> StoreFuture<'a, bool> {
@@ -295,12 +277,10 @@ impl Store for LateClaim {
 /// A layer (its store timeout is the fixed 1 s) over a memory store whose first claim lands
 /// `delay` after it is sent.
 fn late_claim(delay: Duration) -> Harness {
-    let store = LateClaim {
-        inner: MemoryStore::new(),
-        delay,
-        first: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-    };
-    Harness::new(store)
+    Harness::new(Quirky {
+        first_claim_lands_after: Some(delay),
+        ..Quirky::default()
+    })
 }
 
 #[tokio::test(start_paused = true)]

@@ -8,9 +8,10 @@ use backstop::NotExecuted;
 use backstop::idempotency::{IdempotencyLayer, MemoryStore};
 use backstop::server::admission::AdmissionLayer;
 use bytes::Bytes;
+use futures_util::{StreamExt, stream};
 use http::{Request, Response, StatusCode};
-use http_body::Body;
-use http_body_util::{BodyExt, Full};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full, StreamBody};
 use std::{
     convert::Infallible,
     sync::{
@@ -19,7 +20,10 @@ use std::{
     },
     time::Duration,
 };
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn, util::BoxCloneService};
+use tower::{
+    BoxError, Service, ServiceBuilder, ServiceExt, service_fn,
+    util::{BoxCloneService, BoxCloneSyncService},
+};
 
 type Svc = BoxCloneService<Request<Full<Bytes>>, Answer, BoxError>;
 
@@ -37,16 +41,8 @@ struct Answer {
 /// and says so (503 with `NotExecuted`).
 fn charging(
     charges: Arc<AtomicUsize>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-+ Send
-+ Sync
-+ 'static {
-    service_fn(move |req: Request<Full<Bytes>>| {
+) -> BoxCloneSyncService<Request<Full<Bytes>>, Response<Full<Bytes>>, Infallible> {
+    BoxCloneSyncService::new(service_fn(move |req: Request<Full<Bytes>>| {
         let charges = charges.clone();
         async move {
             let mut response = Response::new(Full::new(Bytes::from_static(b"charged")));
@@ -63,7 +59,7 @@ fn charging(
             }
             Ok(response)
         }
-    })
+    }))
 }
 
 fn answered<S, B>(svc: S) -> Svc
@@ -124,6 +120,18 @@ fn stack(
     }
 }
 
+/// [`stack`] in `order` with `server()` and a store of its own, and the count of its charges.
+fn fresh_stack(order: Order) -> (Svc, Arc<AtomicUsize>) {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let svc = stack(
+        order,
+        backstop::server(),
+        MemoryStore::new(),
+        charges.clone(),
+    );
+    (svc, charges)
+}
+
 fn charge(path: &str, key: &str, timeout: &str, body: &'static str) -> Request<Full<Bytes>> {
     Request::post(path)
         .header("idempotency-key", format!("\"{key}\""))
@@ -140,13 +148,7 @@ async fn send(svc: &Svc, req: Request<Full<Bytes>>) -> Answer {
 async fn a_charge_cut_by_its_deadline_is_replayed_never_run_again_in_either_order() {
     let mut replays = Vec::new();
     for order in [Order::DeadlineOutside, Order::IdempotencyOutside] {
-        let charges = Arc::new(AtomicUsize::new(0));
-        let svc = stack(
-            order,
-            backstop::server(),
-            MemoryStore::new(),
-            charges.clone(),
-        );
+        let (svc, charges) = fresh_stack(order);
         let first = send(&svc, charge("/slow", "k", "1S", "{\"amount\":1}")).await;
         assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT, "{order:?}");
         assert!(!first.replayed, "{order:?}");
@@ -174,13 +176,7 @@ async fn a_charge_cut_by_its_deadline_is_replayed_never_run_again_in_either_orde
 #[tokio::test(start_paused = true)]
 async fn a_500_after_the_charge_is_replayed_in_either_order() {
     for order in [Order::DeadlineOutside, Order::IdempotencyOutside] {
-        let charges = Arc::new(AtomicUsize::new(0));
-        let svc = stack(
-            order,
-            backstop::server(),
-            MemoryStore::new(),
-            charges.clone(),
-        );
+        let (svc, charges) = fresh_stack(order);
         let first = send(&svc, charge("/fail", "k", "1S", "{}")).await;
         assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
         let retry = send(&svc, charge("/fail", "k", "1S", "{}")).await;
@@ -250,27 +246,20 @@ async fn a_refusal_before_the_handler_releases_the_key_with_the_idempotency_laye
     assert_eq!(charges.load(Ordering::SeqCst), 3);
 }
 
-/// A body: one frame at once, the rest after `after` (a handler that streams its answer).
-struct Streamed {
-    first: Option<Bytes>,
-    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
-    rest: Option<Bytes>,
-}
-
-impl Body for Streamed {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        if let Some(first) = self.first.take() {
-            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(first))));
-        }
-        std::task::ready!(self.sleep.as_mut().poll(cx));
-        std::task::Poll::Ready(self.rest.take().map(|b| Ok(http_body::Frame::data(b))))
-    }
+/// A body: `first` at once, `rest` `after` it was made (a handler that streams its answer).
+fn streamed(
+    first: &'static [u8],
+    after: Duration,
+    rest: &'static [u8],
+) -> impl Body<Data = Bytes, Error = Infallible> + Send + Sync + 'static {
+    let sleep = tokio::time::sleep(after);
+    let frames = stream::once(std::future::ready(first))
+        .chain(stream::once(async move {
+            sleep.await;
+            rest
+        }))
+        .map(|data| Ok(Frame::data(Bytes::from_static(data))));
+    StreamBody::new(Box::pin(frames))
 }
 
 /// Attack (issue 37, 1): "either order with `backstop::server()` keeps the rule … a handler
@@ -289,11 +278,7 @@ async fn a_streamed_answer_cut_by_its_deadline_leaves_the_same_504_in_either_ord
         let handler = service_fn(move |_req: Request<Full<Bytes>>| {
             counter.fetch_add(1, Ordering::SeqCst);
             async move {
-                let body = Streamed {
-                    first: Some(Bytes::from_static(b"charged, ")),
-                    sleep: Box::pin(tokio::time::sleep(Duration::from_secs(2))),
-                    rest: Some(Bytes::from_static(b"receipt")),
-                };
+                let body = streamed(b"charged, ", Duration::from_secs(2), b"receipt");
                 Ok::<_, Infallible>(Response::new(body))
             }
         });

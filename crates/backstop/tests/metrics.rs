@@ -4,14 +4,11 @@
 
 use backstop::ReplayBody;
 use backstop::prelude::*;
-use backstop_test_support::{grpc_reply as grpc_status, reply as status};
+use backstop_test_support::{Recorded, grpc_reply as grpc_status, recorded, reply as status};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Full};
-use metrics_util::{
-    CompositeKey,
-    debugging::{DebugValue, DebuggingRecorder},
-};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::{
     convert::Infallible,
     sync::{
@@ -22,22 +19,9 @@ use std::{
 };
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 
-/// What the recorder held at the end of a test (read once: reading resets the counters).
-type Recorded = Vec<(CompositeKey, DebugValue)>;
-
-/// Runs `test` on a paused current-thread runtime with a recorder of its own (local to this
-/// thread, so tests running at once do not see each other's metrics).
-fn recorded<F: std::future::Future<Output = ()>>(test: impl FnOnce() -> F) -> Recorded {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        backstop_test_support::paused_runtime().block_on(test());
-    });
-    let snapshot = snapshotter.snapshot().into_vec();
-    snapshot
-        .into_iter()
-        .map(|(key, _, _, value)| (key, value))
-        .collect()
+/// The HTTP preset named `inventory`, the dependency most tests here call.
+fn inventory() -> backstop::ClientBuilder<HttpClassifier> {
+    backstop::client::http().name("inventory")
 }
 
 /// The value of `name` with exactly these labels (in any order).
@@ -75,6 +59,17 @@ fn gauge(recorded: &Recorded, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 const INVENTORY: (&str, &str) = ("dependency", "inventory");
 
+/// `backstop.client.attempts` of the `inventory` stack of this `kind` (`first`, `retry`,
+/// `hedge`).
+fn attempts(recorded: &Recorded, kind: &str) -> u64 {
+    inventory_count(recorded, "backstop.client.attempts", ("kind", kind))
+}
+
+/// The counter `name` of the `inventory` stack with this one label besides its `dependency`.
+fn inventory_count(recorded: &Recorded, name: &str, label: (&str, &str)) -> u64 {
+    counter(recorded, name, &[INVENTORY, label])
+}
+
 /// `backstop.client.requests` of the `inventory` stack with this outcome (a failure's, summed
 /// over its `error_type`s).
 fn outcome(recorded: &Recorded, outcome: &str) -> u64 {
@@ -104,18 +99,18 @@ fn failures(recorded: &Recorded, error_type: &str) -> u64 {
     }
 }
 
+/// The HTTP preset named `inventory`, one attempt a call, with `breaker`.
+fn single_attempt(
+    breaker: BreakerConfig<HttpClassifier>,
+) -> backstop::ClientBuilder<HttpClassifier> {
+    inventory().max_attempts(1).breaker(breaker)
+}
+
 /// GETs `paths` through the HTTP preset named `inventory`, one attempt each, with `breaker`,
 /// from a dependency that answers 503 twice, then 200.
 async fn call_through(breaker: BreakerConfig<HttpClassifier>, paths: &[&str]) {
     let mut client = ServiceBuilder::new()
-        .layer(
-            backstop::client::http()
-                .name("inventory")
-                .max_attempts(1)
-                .breaker(breaker)
-                .build()
-                .unwrap(),
-        )
+        .layer(single_attempt(breaker).build().unwrap())
         .service(scripted(&[503, 503]));
     for path in paths {
         let req = Request::get(*path).body(String::new()).unwrap();
@@ -130,6 +125,14 @@ fn get_item() -> Request<String> {
 /// A gRPC call to `path` carrying `body`.
 fn grpc_post<B>(path: &str, body: B) -> Request<B> {
     Request::post(path)
+        .header("content-type", "application/grpc")
+        .body(body)
+        .unwrap()
+}
+
+/// A gRPC response (`content-type: application/grpc`) with `body`.
+fn grpc_response<B>(body: B) -> Response<B> {
+    Response::builder()
         .header("content-type", "application/grpc")
         .body(body)
         .unwrap()
@@ -157,6 +160,32 @@ fn billing_config(max_attempts: u32) -> backstop::service_config::ServiceConfig 
     backstop::service_config::ServiceConfig::from_json(&json).unwrap()
 }
 
+/// Through the gRPC preset named `billing` with [`billing_config`]`(3)`: a call to
+/// `GetBalance`, answered UNAVAILABLE and then OK on its retry, then one to `Charge`, OK; each
+/// answer after `latency`.
+#[cfg(feature = "service-config")]
+async fn get_balance_then_charge(latency: Duration) {
+    let layer = backstop::client::grpc()
+        .name("billing")
+        .service_config(billing_config(3))
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
+        let n = calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            Ok::<_, Infallible>(grpc_status(if n == 0 { 14 } else { 0 }))
+        }
+    });
+    let mut client = ServiceBuilder::new().layer(layer).service(transport);
+    for path in ["/pkg.Billing/GetBalance", "/pkg.Billing/Charge"] {
+        let req = grpc_post(path, String::new());
+        client.ready().await.unwrap().call(req).await.unwrap();
+    }
+}
+
 /// Answers the statuses in `script`, then 200.
 fn scripted(
     script: &'static [u16],
@@ -172,26 +201,16 @@ fn scripted(
 fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
-            .layer(backstop::client::http().name("inventory").build().unwrap())
+            .layer(inventory().build().unwrap())
             .service(scripted(&[503]));
         let response = client.oneshot(get_item()).await.unwrap();
         assert_eq!(response.status(), 200);
     });
-    let attempts = "backstop.client.attempts";
     assert_eq!(outcome(&metrics, "success"), 1);
     assert_eq!(outcome(&metrics, "failure"), 0);
-    assert_eq!(
-        counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
-        1
-    );
-    assert_eq!(
-        counter(&metrics, attempts, &[INVENTORY, ("kind", "retry")]),
-        1
-    );
-    assert_eq!(
-        counter(&metrics, attempts, &[INVENTORY, ("kind", "hedge")]),
-        0
-    );
+    assert_eq!(attempts(&metrics, "first"), 1);
+    assert_eq!(attempts(&metrics, "retry"), 1);
+    assert_eq!(attempts(&metrics, "hedge"), 0);
     // The ratio budget's reserve, less the retry, plus a tenth for the success.
     let balance = gauge(&metrics, "backstop.retry.budget.balance", &[INVENTORY]);
     assert!(balance > 0.0, "balance {balance}");
@@ -201,7 +220,7 @@ fn a_retried_call_counts_its_attempts_its_outcome_and_the_budget() {
 fn a_failure_that_is_not_retried_counts_why() {
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
-            .layer(backstop::client::http().name("inventory").build().unwrap())
+            .layer(inventory().build().unwrap())
             .service(scripted(&[503]));
         let response = client
             .oneshot(Request::post("/orders").body("{}".to_owned()).unwrap())
@@ -211,17 +230,10 @@ fn a_failure_that_is_not_retried_counts_why() {
     });
     let give_ups = "backstop.retry.give_ups";
     assert_eq!(
-        counter(
-            &metrics,
-            give_ups,
-            &[INVENTORY, ("reason", "not_idempotent")]
-        ),
+        inventory_count(&metrics, give_ups, ("reason", "not_idempotent")),
         1
     );
-    assert_eq!(
-        counter(&metrics, give_ups, &[INVENTORY, ("reason", "budget")]),
-        0
-    );
+    assert_eq!(inventory_count(&metrics, give_ups, ("reason", "budget")), 0);
     assert_eq!(outcome(&metrics, "failure"), 1);
 }
 
@@ -283,13 +295,7 @@ fn a_failure_is_counted_under_its_error_type() {
 fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
     let metrics = recorded(|| async {
         let mut client = ServiceBuilder::new()
-            .layer(
-                backstop::client::http()
-                    .name("inventory")
-                    .max_attempts(1)
-                    .build()
-                    .unwrap(),
-            )
+            .layer(inventory().max_attempts(1).build().unwrap())
             .service(scripted(&[429, 404]));
         for _ in 0..2 {
             let req = get_item();
@@ -299,11 +305,7 @@ fn a_rate_limit_and_a_caller_error_have_their_own_outcomes() {
     assert_eq!(outcome(&metrics, "throttled"), 1);
     assert_eq!(outcome(&metrics, "ignored"), 1);
     // One attempt each, never retried: counted as first attempts all the same.
-    let attempts = "backstop.client.attempts";
-    assert_eq!(
-        counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
-        2
-    );
+    assert_eq!(attempts(&metrics, "first"), 2);
 }
 
 #[test]
@@ -315,12 +317,9 @@ fn the_breaker_reports_its_state_its_transitions_and_its_refusals() {
     let state = "backstop.breaker.state";
     assert_eq!(gauge(&metrics, state, &[INVENTORY]), 1.0, "open");
     let transitions = "backstop.breaker.transitions";
+    assert_eq!(inventory_count(&metrics, transitions, ("to", "open")), 1);
     assert_eq!(
-        counter(&metrics, transitions, &[INVENTORY, ("to", "open")]),
-        1
-    );
-    assert_eq!(
-        counter(&metrics, transitions, &[INVENTORY, ("to", "half_open")]),
+        inventory_count(&metrics, transitions, ("to", "half_open")),
         0
     );
     assert_eq!(
@@ -338,14 +337,8 @@ fn recorded_in_steps<F: std::future::Future<Output = ()>>(
 ) {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let step: Box<dyn Fn() -> Recorded> = Box::new(move || {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .map(|(key, _, _, value)| (key, value))
-            .collect()
-    });
+    let step: Box<dyn Fn() -> Recorded> =
+        Box::new(move || backstop_test_support::snapshot(&snapshotter));
     metrics::with_local_recorder(&recorder, || {
         backstop_test_support::paused_runtime().block_on(test(step));
     });
@@ -379,14 +372,7 @@ fn the_breaker_reports_half_open_between_open_and_its_probes_outcome() {
                 }
             });
             let client = ServiceBuilder::new()
-                .layer(
-                    backstop::client::http()
-                        .name("inventory")
-                        .max_attempts(1)
-                        .breaker(breaker)
-                        .build()
-                        .unwrap(),
-                )
+                .layer(single_attempt(breaker).build().unwrap())
                 .service(transport);
             let state = "backstop.breaker.state";
             let transitions = "backstop.breaker.transitions";
@@ -427,8 +413,7 @@ fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines()
         });
         let mut client = ServiceBuilder::new()
             .layer(
-                backstop::client::http()
-                    .name("inventory")
+                inventory()
                     .timeout(Duration::from_millis(100))
                     // No attempt bound of its own: the deadline ends the slow call (with the
                     // preset's, the attempt would time out first, at 80 % of the deadline).
@@ -443,10 +428,7 @@ fn a_slow_dependency_shows_in_the_duration_histogram_and_the_expired_deadlines()
         }
     });
     let expired = "backstop.deadline.expired";
-    assert_eq!(
-        counter(&metrics, expired, &[INVENTORY, ("side", "client")]),
-        1
-    );
+    assert_eq!(inventory_count(&metrics, expired, ("side", "client")), 1);
     let duration = "backstop.client.attempt.duration";
     match value(&metrics, duration, &[INVENTORY]) {
         // The fast call's 20 ms; the slow one was cancelled by its deadline (not an attempt
@@ -493,10 +475,7 @@ fn a_grpc_attempt_timeout_is_not_an_expired_deadline() {
         );
     });
     let expired = "backstop.deadline.expired";
-    assert_eq!(
-        counter(&metrics, expired, &[INVENTORY, ("side", "client")]),
-        0
-    );
+    assert_eq!(inventory_count(&metrics, expired, ("side", "client")), 0);
     // The attempt that timed out is the dependency's failure (the breaker counts it).
     assert_eq!(outcome(&metrics, "failure"), 1);
 }
@@ -511,11 +490,7 @@ fn a_grpc_status_in_the_trailers_is_counted_at_the_end_of_the_body() {
             trailers.insert("grpc-status", "14".parse().unwrap());
             let body =
                 empty_message().with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
-            let response = Response::builder()
-                .header("content-type", "application/grpc")
-                .body(body)
-                .unwrap();
-            Ok::<_, Infallible>(response)
+            Ok::<_, Infallible>(grpc_response(body))
         });
         let client = ServiceBuilder::new()
             .layer(backstop::client::grpc().name("inventory").build().unwrap())
@@ -583,11 +558,7 @@ fn a_response_body_cut_by_the_server_deadline_is_counted_under_its_route() {
                 tokio::time::sleep(Duration::from_secs(10)).await;
                 drop(tx);
             });
-            let response = Response::builder()
-                .header("content-type", "application/grpc")
-                .body(body)
-                .unwrap();
-            Ok::<_, Infallible>(response)
+            Ok::<_, Infallible>(grpc_response(body))
         });
         let server = ServiceBuilder::new()
             .layer(backstop::server())
@@ -670,32 +641,13 @@ fn a_keyed_breaker_reports_under_its_key() {
     );
     assert_eq!(gauge(&metrics, state, &[INVENTORY, ("route", "/up")]), 0.0);
     let rejections = "backstop.breaker.rejections";
-    assert_eq!(
-        counter(&metrics, rejections, &[INVENTORY, ("route", "/down")]),
-        1
-    );
+    assert_eq!(inventory_count(&metrics, rejections, ("route", "/down")), 1);
 }
 
 #[cfg(feature = "service-config")]
 #[test]
 fn a_service_config_labels_each_entry_by_its_methods() {
-    let metrics = recorded(|| async {
-        let config = billing_config(3);
-        let layer = backstop::client::grpc()
-            .name("billing")
-            .service_config(config)
-            .unwrap();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
-            let n = calls.fetch_add(1, Ordering::SeqCst);
-            async move { Ok::<_, Infallible>(grpc_status(if n == 0 { 14 } else { 0 })) }
-        });
-        let mut client = ServiceBuilder::new().layer(layer).service(transport);
-        for path in ["/pkg.Billing/GetBalance", "/pkg.Billing/Charge"] {
-            let req = grpc_post(path, String::new());
-            client.ready().await.unwrap().call(req).await.unwrap();
-        }
-    });
+    let metrics = recorded(|| get_balance_then_charge(Duration::ZERO));
     let billing = ("dependency", "billing");
     let attempts = "backstop.client.attempts";
     let get_balance = ("route", "/pkg.Billing/GetBalance");
@@ -723,25 +675,7 @@ fn a_service_config_labels_each_entry_by_its_methods() {
 #[cfg(feature = "service-config")]
 #[test]
 fn a_service_config_labels_its_attempt_durations_by_entry() {
-    let metrics = recorded(|| async {
-        let layer = backstop::client::grpc()
-            .name("billing")
-            .service_config(billing_config(3))
-            .unwrap();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let transport = service_fn(move |_req: Request<ReplayBody<String>>| {
-            let n = calls.fetch_add(1, Ordering::SeqCst);
-            async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                Ok::<_, Infallible>(grpc_status(if n == 0 { 14 } else { 0 }))
-            }
-        });
-        let mut client = ServiceBuilder::new().layer(layer).service(transport);
-        for path in ["/pkg.Billing/GetBalance", "/pkg.Billing/Charge"] {
-            let req = grpc_post(path, String::new());
-            client.ready().await.unwrap().call(req).await.unwrap();
-        }
-    });
+    let metrics = recorded(|| get_balance_then_charge(Duration::from_millis(10)));
     let billing = ("dependency", "billing");
     let duration = "backstop.client.attempt.duration";
     assert_eq!(
@@ -779,13 +713,7 @@ fn a_keyed_presets_attempt_durations_carry_the_route() {
         });
         let breaker = backstop::client::http_breaker().per_key(backstop::RouteKey::Path);
         let mut client = ServiceBuilder::new()
-            .layer(
-                backstop::client::http()
-                    .name("inventory")
-                    .breaker(breaker)
-                    .build()
-                    .unwrap(),
-            )
+            .layer(inventory().breaker(breaker).build().unwrap())
             .service(transport);
         for path in ["/item", "/report", "/item"] {
             let req = Request::get(path).body(String::new()).unwrap();
@@ -859,7 +787,7 @@ fn semconv_times_each_http_attempt_with_its_status() {
     use backstop::semconv::SemconvLayer;
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
-            .layer(backstop::client::http().name("inventory").build().unwrap())
+            .layer(inventory().build().unwrap())
             .layer(SemconvLayer::new())
             .service(service_fn({
                 let calls = Arc::new(AtomicUsize::new(0));
@@ -927,12 +855,7 @@ fn semconv_times_grpc_calls_until_their_status() {
                             trailers.insert("grpc-status", "0".parse().unwrap());
                             let _ = tx.send_trailers(trailers).await;
                         });
-                        return Ok::<_, Infallible>(
-                            Response::builder()
-                                .header("content-type", "application/grpc")
-                                .body(body.boxed())
-                                .unwrap(),
-                        );
+                        return Ok::<_, Infallible>(grpc_response(body.boxed()));
                     }
                 };
                 Ok(response.map(|b| Full::new(Bytes::from(b)).boxed()))
@@ -1025,10 +948,7 @@ fn throttled_inventory(
     let breaker = BreakerConfig::http()
         .count_window(100_000)
         .minimum_calls(100_000);
-    backstop::client::http()
-        .name("inventory")
-        .max_attempts(1)
-        .breaker(breaker)
+    single_attempt(breaker)
         .throttle(Some(throttle))
         .build()
         .unwrap()
@@ -1104,11 +1024,7 @@ fn a_throttle_refusal_counts_under_its_dependency_with_the_probability() {
     let p = gauge(&metrics, "backstop.throttle.probability", &[INVENTORY]);
     assert!(p > 0.0 && p <= 0.9, "{p}");
     // A refusal never reached the retry layer: no request outcome, no attempt for it.
-    let attempts = "backstop.client.attempts";
-    assert_eq!(
-        counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
-        300 - refused
-    );
+    assert_eq!(attempts(&metrics, "first"), 300 - refused);
 }
 
 #[test]
@@ -1119,8 +1035,7 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
             .max_wait(Duration::from_millis(50));
         let client = ServiceBuilder::new()
             .layer(
-                backstop::client::http()
-                    .name("inventory")
+                inventory()
                     .max_attempts(1)
                     .bulkhead(bulkhead)
                     .build()
@@ -1165,17 +1080,13 @@ fn a_full_bulkhead_counts_each_refusal_under_the_knob_that_refused_it() {
     let rejections = "backstop.bulkhead.rejections";
     for reason in ["max_queue", "max_wait", "max_concurrency"] {
         assert_eq!(
-            counter(&metrics, rejections, &[INVENTORY, ("reason", reason)]),
+            inventory_count(&metrics, rejections, ("reason", reason)),
             1,
             "{reason}"
         );
     }
     // The refused calls were never sent: two first attempts, both answered.
-    let attempts = "backstop.client.attempts";
-    assert_eq!(
-        counter(&metrics, attempts, &[INVENTORY, ("kind", "first")]),
-        2
-    );
+    assert_eq!(attempts(&metrics, "first"), 2);
     assert_eq!(outcome(&metrics, "success"), 2);
 }
 
@@ -1321,6 +1232,17 @@ fn series<'a>(recorded: &'a Recorded, name: &str) -> Vec<(Vec<(String, String)>,
         .collect()
 }
 
+/// `preset` with 300 ms per call and each attempt bounded at 30 ms.
+fn bounded<C: Clone + Send + Sync + 'static>(
+    preset: backstop::ClientBuilder<C>,
+) -> backstop::ClientLayer<C> {
+    preset
+        .timeout(Duration::from_millis(300))
+        .attempt(AttemptBound::Fixed(Duration::from_millis(30)))
+        .build()
+        .unwrap()
+}
+
 fn samples(v: &DebugValue) -> usize {
     match v {
         DebugValue::Histogram(s) => s.len(),
@@ -1338,16 +1260,7 @@ fn every_attempt_the_bound_ended_is_a_sample() {
     let hits = sent.clone();
     let metrics = recorded(|| async move {
         let client = ServiceBuilder::new()
-            .layer(
-                backstop::client::http()
-                    .name("partner")
-                    .timeout(Duration::from_millis(300))
-                    .attempt(backstop::client::attempt::AttemptBound::Fixed(
-                        Duration::from_millis(30),
-                    ))
-                    .build()
-                    .unwrap(),
-            )
+            .layer(bounded(backstop::client::http().name("partner")))
             .layer(SemconvLayer::new())
             .service(service_fn(move |_req: Request<ReplayBody<String>>| {
                 hits.fetch_add(1, Ordering::SeqCst);
@@ -1387,16 +1300,7 @@ fn a_grpc_attempt_the_bound_ended_is_deadline_exceeded() {
     use backstop::semconv::SemconvLayer;
     let metrics = recorded(|| async {
         let client = ServiceBuilder::new()
-            .layer(
-                backstop::client::grpc()
-                    .name("stock")
-                    .timeout(Duration::from_millis(300))
-                    .attempt(backstop::client::attempt::AttemptBound::Fixed(
-                        Duration::from_millis(30),
-                    ))
-                    .build()
-                    .unwrap(),
-            )
+            .layer(bounded(backstop::client::grpc().name("stock")))
             .layer(SemconvLayer::new().server("stock", 50051))
             .service(service_fn(|_req: Request<ReplayBody<String>>| async {
                 std::future::pending::<()>().await;
@@ -1630,17 +1534,19 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
                 .collect::<Vec<String>>()
         }};
     }
+    // Each case with the ends wanted over HTTP and over gRPC.
+    let table: [(Case, &[&str], &[&str]); 8] = [
+        (AttemptTimedOut, &["timeout"], &["4"]),
+        (AttemptTimedOutNoHeader, &["timeout"], &["4"]),
+        (ShareCutNoHeader, &["timeout"], &["4"]),
+        (DeadlineExceeded, &["timeout"], &["4"]),
+        (HedgeLost, &["-", "cancelled"], &["0", "1"]),
+        (BreakerOpen, &["breaker_open"], &["14"]),
+        (Throttled, &["throttled"], &["14"]),
+        (BulkheadFull, &["bulkhead_full"], &["14"]),
+    ];
     let mut wrong = Vec::new();
-    for case in [
-        AttemptTimedOut,
-        AttemptTimedOutNoHeader,
-        ShareCutNoHeader,
-        DeadlineExceeded,
-        HedgeLost,
-        BreakerOpen,
-        Throttled,
-        BulkheadFull,
-    ] {
+    for (case, http_wants, grpc_wants) in table {
         for deadline in [Some(300u32), None] {
             if deadline.is_none() && matches!(case, ShareCutNoHeader | DeadlineExceeded) {
                 continue;
@@ -1664,16 +1570,7 @@ fn semconv_gives_every_local_outcome_its_error_type_and_status() {
                         deadline
                     )
                 };
-                let want: &[&str] = match (case, grpc) {
-                    (HedgeLost, false) => &["-", "cancelled"],
-                    (HedgeLost, true) => &["0", "1"],
-                    (BreakerOpen, false) => &["breaker_open"],
-                    (Throttled, false) => &["throttled"],
-                    (BulkheadFull, false) => &["bulkhead_full"],
-                    (BreakerOpen | Throttled | BulkheadFull, true) => &["14"],
-                    (_, false) => &["timeout"],
-                    (_, true) => &["4"],
-                };
+                let want = if grpc { grpc_wants } else { http_wants };
                 let ok = got == want;
                 println!(
                     "{:<5} {case:?}, deadline {deadline:?}, grpc {grpc}: {got:?}",

@@ -97,7 +97,7 @@ async fn a_throttled_http_call_is_refused_not_sent_not_retried_not_a_breaker_fai
 
     let (mut throttled, mut answered) = (0, 0);
     for _ in 0..300 {
-        match client.clone().oneshot(backstop_test_support::get()).await {
+        match backstop_test_support::get_from(&client).await {
             Ok(response) => {
                 assert_eq!(response.status(), 503);
                 answered += 1;
@@ -188,11 +188,7 @@ async fn a_healthy_dependency_is_never_throttled() {
         .layer(backend.clone())
         .service(dependency(&hits, Duration::from_millis(5), ok));
     for _ in 0..300 {
-        let response = client
-            .clone()
-            .oneshot(backstop_test_support::get())
-            .await
-            .unwrap();
+        let response = backstop_test_support::get_from(&client).await.unwrap();
         assert_eq!(response.status(), 200);
         tokio::time::advance(Duration::from_millis(20)).await;
     }

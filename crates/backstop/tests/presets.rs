@@ -4,8 +4,8 @@ use backstop::AttemptTimedOut;
 use backstop::client::attempt::{Adaptive, AttemptBound};
 use backstop::deadline::PropagateDeadlineLayerBuilder;
 use backstop::prelude::*;
-use backstop::{BreakerOpen, ReplayBody};
-use backstop_test_support::{Latency, adjustable as slow};
+use backstop::{BreakerOpen, ClientLayer, ReplayBody};
+use backstop_test_support::{Latency, adjustable as slow, timed};
 use http::{Request, Response};
 use std::{
     sync::{
@@ -14,7 +14,7 @@ use std::{
     },
     time::Duration,
 };
-use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 fn get() -> Request<String> {
     Request::get("http://dep/x").body(String::new()).unwrap()
@@ -147,6 +147,59 @@ macro_rules! load {
     }};
 }
 
+/// A latency for [`slow`] to answer in (`None`: it hangs), changed as the test goes.
+fn latency_of(latency: Duration) -> Latency {
+    Arc::new(std::sync::Mutex::new(Some(latency)))
+}
+
+/// `backend` in front of [`slow`] answering in `latency`, and that latency, to change.
+fn slow_behind(
+    backend: &ClientLayer<HttpClassifier>,
+    latency: Duration,
+) -> (
+    impl Service<
+        Request<String>,
+        Response = Response<impl std::fmt::Debug + Send>,
+        Error = BoxError,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static,
+    Latency,
+) {
+    let latency = latency_of(latency);
+    (backend.layer(slow(latency.clone())), latency)
+}
+
+/// A dependency answering in 20 ms, but for the call after a [`warm_up!`] of 200, which takes
+/// 1 s (one a measured hedge delay hedges).
+fn slow_after_warm_up() -> impl backstop_test_support::Dependency<Request<ReplayBody<String>>> {
+    scripted(|n| match n {
+        200 => Duration::from_secs(1),
+        _ => Duration::from_millis(20),
+    })
+}
+
+/// [`load!`] of `n` calls 10 ms apart, then 200 ms for their measurements to settle: the
+/// count of 200s.
+macro_rules! warm_up {
+    ($client:expr, $n:expr) => {{
+        let ok = load!($client, $n, Duration::from_millis(10));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        ok
+    }};
+}
+
+/// The HTTP preset as it is, and with an attempt bound of a [`low_floor`].
+fn preset_and_low_floor() -> (ClientLayer<HttpClassifier>, ClientLayer<HttpClassifier>) {
+    let preset = backstop::client::http().build().unwrap();
+    let tuned = backstop::client::http()
+        .attempt(low_floor())
+        .build()
+        .unwrap();
+    (preset, tuned)
+}
+
 /// An adaptive bound with a 10 ms floor, so p99 × 3 shows for a 20 ms dependency.
 fn low_floor() -> AttemptBound {
     AttemptBound::Adaptive(Adaptive::new().floor(Duration::from_millis(10)))
@@ -154,12 +207,8 @@ fn low_floor() -> AttemptBound {
 
 #[tokio::test(start_paused = true)]
 async fn the_preset_measures_latency_and_bounds_attempts_by_it() {
-    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let preset = backstop::client::http().build().unwrap();
-    let tuned = backstop::client::http()
-        .attempt(low_floor())
-        .build()
-        .unwrap();
+    let latency = latency_of(Duration::from_millis(20));
+    let (preset, tuned) = preset_and_low_floor();
     for backend in [&preset, &tuned] {
         // Cold: the ceiling.
         assert_eq!(
@@ -167,9 +216,7 @@ async fn the_preset_measures_latency_and_bounds_attempts_by_it() {
             Some(Duration::from_secs(10))
         );
         assert_eq!(backend.latency().p99, None);
-        let client = ServiceBuilder::new()
-            .layer(backend.clone())
-            .service(slow(latency.clone()));
+        let client = backend.layer(slow(latency.clone()));
         assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
         let snap = backend.latency();
         assert_eq!(snap.count, 200);
@@ -197,17 +244,12 @@ async fn the_preset_measures_latency_and_bounds_attempts_by_it() {
 /// (p99 × 20 = 400 ms) with the defaults, where the fixed 1 s floor held each attempt 1 s.
 #[tokio::test(start_paused = true)]
 async fn a_fast_dependency_s_hang_is_cut_near_its_measured_floor() {
-    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
     let backend = backstop::client::http().max_attempts(1).build().unwrap();
-    let client = ServiceBuilder::new()
-        .layer(backend.clone())
-        .service(slow(latency.clone()));
-    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
-    tokio::time::advance(Duration::from_millis(200)).await;
+    let (client, latency) = slow_behind(&backend, Duration::from_millis(20));
+    assert_eq!(warm_up!(client, 200), 200);
     *latency.lock().unwrap() = None;
-    let started = tokio::time::Instant::now();
-    let err = client.oneshot(get()).await.unwrap_err();
-    let took = started.elapsed();
+    let (result, took) = timed(client.oneshot(get())).await;
+    let err = result.unwrap_err();
     assert!(
         backstop::find::<AttemptTimedOut>(err.as_ref()).is_some(),
         "{err}"
@@ -223,13 +265,9 @@ async fn a_fast_dependency_s_hang_is_cut_near_its_measured_floor() {
 /// and from then on callers are answered at once.
 #[tokio::test(start_paused = true)]
 async fn a_hung_dependency_opens_the_breaker_by_default() {
-    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
     let backend = backstop::client::http().build().unwrap();
-    let client = ServiceBuilder::new()
-        .layer(backend.clone())
-        .service(slow(latency.clone()));
-    assert_eq!(load!(client, 300, Duration::from_millis(10)), 300);
-    tokio::time::advance(Duration::from_millis(200)).await;
+    let (client, latency) = slow_behind(&backend, Duration::from_millis(20));
+    assert_eq!(warm_up!(client, 300), 300);
 
     *latency.lock().unwrap() = None;
     let hung_at = tokio::time::Instant::now();
@@ -280,7 +318,6 @@ async fn a_hung_dependency_opens_the_breaker_by_default() {
 /// window the calls succeed again.
 #[tokio::test(start_paused = true)]
 async fn the_bound_follows_a_slowing_dependency() {
-    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
     let backend = backstop::client::http()
         .attempt(low_floor())
         .breaker(
@@ -290,11 +327,8 @@ async fn the_bound_follows_a_slowing_dependency() {
         )
         .build()
         .unwrap();
-    let client = ServiceBuilder::new()
-        .layer(backend.clone())
-        .service(slow(latency.clone()));
-    assert_eq!(load!(client, 300, Duration::from_millis(10)), 300);
-    tokio::time::advance(Duration::from_millis(200)).await;
+    let (client, latency) = slow_behind(&backend, Duration::from_millis(20));
+    assert_eq!(warm_up!(client, 300), 300);
     let before = backend.attempt_layer().current_bound().unwrap();
     *latency.lock().unwrap() = Some(Duration::from_millis(100));
     load!(client, 3_000, Duration::from_millis(10));
@@ -336,8 +370,7 @@ async fn grpc_timeout_says_the_attempt_bound_when_it_is_shorter() {
     // Cold: the ceiling (10 s), capped at 80 % of the 5 s left.
     client.clone().oneshot(get()).await.unwrap();
     assert_eq!(seen.lock().unwrap()[0], Duration::from_secs(4));
-    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
-    tokio::time::advance(Duration::from_millis(200)).await;
+    assert_eq!(warm_up!(client, 200), 200);
     // Warm: the bound (p99 × 3 ≈ 60 ms) is what the server is told.
     client.clone().oneshot(get()).await.unwrap();
     let last = *seen.lock().unwrap().last().unwrap();
@@ -464,16 +497,14 @@ async fn measured_hedging_overtakes_a_slow_attempt_once_the_model_is_warm() {
             0 | 201 => Duration::from_secs(1),
             _ => Duration::from_millis(20),
         }));
-    let t0 = tokio::time::Instant::now();
-    client.clone().oneshot(get()).await.unwrap();
-    assert_eq!(t0.elapsed(), Duration::from_secs(1), "cold: no hedge");
-    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
-    tokio::time::advance(Duration::from_millis(200)).await;
+    let (result, took) = timed(client.clone().oneshot(get())).await;
+    result.unwrap();
+    assert_eq!(took, Duration::from_secs(1), "cold: no hedge");
+    assert_eq!(warm_up!(client, 200), 200);
     assert_eq!(backend.retry_layer().stats().hedges, 0);
 
-    let t0 = tokio::time::Instant::now();
-    client.clone().oneshot(get()).await.unwrap();
-    let took = t0.elapsed();
+    let (result, took) = timed(client.clone().oneshot(get())).await;
+    result.unwrap();
     // The hedge goes at the measured p95 (20 ms, within a bucket) and answers in 20 ms.
     assert!(
         took >= Duration::from_millis(40) && took <= Duration::from_millis(42),
@@ -978,16 +1009,10 @@ async fn no_retry_is_started_that_the_measured_latency_says_cannot_finish() {
 /// on its way there.
 #[tokio::test(start_paused = true)]
 async fn a_quiet_minute_widens_the_bound_instead_of_forgetting_it() {
-    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(20))));
-    let preset = backstop::client::http().build().unwrap();
-    let tuned = backstop::client::http()
-        .attempt(low_floor())
-        .build()
-        .unwrap();
+    let latency = latency_of(Duration::from_millis(20));
+    let (preset, tuned) = preset_and_low_floor();
     for backend in [&preset, &tuned] {
-        let client = ServiceBuilder::new()
-            .layer(backend.clone())
-            .service(slow(latency.clone()));
+        let client = backend.layer(slow(latency.clone()));
         assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
     }
     let bound = |b: &backstop::ClientLayer<_>| b.attempt_layer().current_bound().unwrap();
@@ -1116,16 +1141,12 @@ async fn a_rare_slow_route_is_not_cut_at_the_fast_routes_bound_under_a_keyed_bre
 /// call of 1.2 s succeeds; before, it was cut at 1.04 s and the call failed with no retry.
 #[tokio::test(start_paused = true)]
 async fn an_attempt_no_retry_could_follow_takes_the_whole_deadline() {
-    let latency: Latency = Arc::new(std::sync::Mutex::new(Some(Duration::from_secs(1))));
     let backend = backstop::client::http()
         .timeout(Duration::from_millis(1300))
         .build()
         .unwrap();
-    let client = ServiceBuilder::new()
-        .layer(backend.clone())
-        .service(slow(latency.clone()));
-    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
-    tokio::time::advance(Duration::from_millis(200)).await;
+    let (client, latency) = slow_behind(&backend, Duration::from_secs(1));
+    assert_eq!(warm_up!(client, 200), 200);
     let p50 = backend.latency().p50.expect("trusted");
     assert!(p50.abs_diff(Duration::from_secs(1)) < Duration::from_millis(35));
 
@@ -1138,9 +1159,7 @@ async fn an_attempt_no_retry_could_follow_takes_the_whole_deadline() {
     // A hang is cut at the deadline, by the attempt's own bound (counted by the breaker),
     // not at 1.04 s.
     *latency.lock().unwrap() = None;
-    let started = tokio::time::Instant::now();
-    let _ = client.oneshot(get()).await;
-    let took = started.elapsed();
+    let (_, took) = timed(client.oneshot(get())).await;
     assert!(
         took >= Duration::from_millis(1280) && took <= Duration::from_millis(1300),
         "{took:?}"
@@ -1379,14 +1398,8 @@ async fn a_measured_hedge_delay_follows_name_given_before_or_after_it() {
             stack.name("search")
         };
         let stack = stack.build().unwrap();
-        let client = ServiceBuilder::new()
-            .layer(stack.clone())
-            .service(scripted(|n| match n {
-                200 => Duration::from_secs(1),
-                _ => Duration::from_millis(20),
-            }));
-        assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
-        tokio::time::advance(Duration::from_millis(200)).await;
+        let client = stack.layer(slow_after_warm_up());
+        assert_eq!(warm_up!(client, 200), 200);
         client.clone().oneshot(get()).await.unwrap();
         stack.retry_layer().stats().hedges
     }
@@ -1483,14 +1496,8 @@ async fn a_measured_hedge_delay_follows_a_keyed_breaker_given_after_it() {
         .breaker(path_keyed_breaker())
         .build()
         .unwrap();
-    let client = ServiceBuilder::new()
-        .layer(stack.clone())
-        .service(scripted(|n| match n {
-            200 => Duration::from_secs(1),
-            _ => Duration::from_millis(20),
-        }));
-    assert_eq!(load!(client, 200, Duration::from_millis(10)), 200);
-    tokio::time::advance(Duration::from_millis(200)).await;
+    let client = stack.layer(slow_after_warm_up());
+    assert_eq!(warm_up!(client, 200), 200);
     client.clone().oneshot(get()).await.unwrap();
     assert_eq!(stack.retry_layer().stats().hedges, 1);
 }

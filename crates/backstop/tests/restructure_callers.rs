@@ -63,6 +63,19 @@ impl Log {
     }
 }
 
+/// The HTTP preset with the throttle off (nothing here is about its refusals).
+fn unthrottled() -> backstop::ClientBuilder<backstop::HttpClassifier> {
+    backstop::client::http().throttle(None)
+}
+
+/// A GET whose body is one byte longer than the retry layer replays (64 KiB): sent once.
+fn too_long_to_replay() -> Request<http_body_util::Full<bytes::Bytes>> {
+    let big = vec![b'x'; 64 * 1024 + 1];
+    Request::get("http://svc/x")
+        .body(http_body_util::Full::new(bytes::Bytes::from(big)))
+        .unwrap()
+}
+
 /// A scripted transport: `answer(attempt number from 1)` gives (latency, status, headers);
 /// latency `None` hangs.
 fn scripted(
@@ -173,7 +186,7 @@ async fn was_finding_a_hint_longer_than_30s_is_retried_early() {
             let res = client.layer(transport).oneshot(grpc_req(None)).await;
             call_info(&res.unwrap()).gave_up()
         } else {
-            let client = backstop::client::http().throttle(None).build().unwrap();
+            let client = unthrottled().build().unwrap();
             let res = client.layer(transport).oneshot(get("http://svc/x")).await;
             call_info(&res.unwrap()).gave_up()
         };
@@ -202,12 +215,7 @@ async fn pinned_retry_after_past_the_deadline_answers_at_once() {
     let transport = scripted(log.clone(), |_| {
         (Some(MS), 503, vec![("retry-after", "5".to_owned())])
     });
-    let client = backstop::client::http()
-        .throttle(None)
-        .timeout(S)
-        .build()
-        .unwrap()
-        .layer(transport);
+    let client = unthrottled().timeout(S).build().unwrap().layer(transport);
     let start = Instant::now();
     let res = client.oneshot(get("http://svc/x")).await.unwrap();
     assert_eq!(res.status(), 503);
@@ -236,8 +244,7 @@ async fn pinned_grpc_timeout_once_per_attempt_never_more_than_left() {
         if hedged {
             retry = retry.hedging(Hedging::new(Duration::from_millis(100)).max_attempts(3));
         }
-        let client = backstop::client::http()
-            .throttle(None)
+        let client = unthrottled()
             .timeout(S)
             .retry(retry)
             .build()
@@ -266,13 +273,7 @@ async fn pinned_buffer_around_the_stack_keeps_the_request_deadline() {
     let transport = scripted(log.clone(), |_| (None, 200, vec![]));
     let client = ServiceBuilder::new()
         .buffer(8)
-        .layer(
-            backstop::client::http()
-                .throttle(None)
-                .attempt(AttemptBound::None)
-                .build()
-                .unwrap(),
-        )
+        .layer(unthrottled().attempt(AttemptBound::None).build().unwrap())
         .service(transport);
     let mut req = get("http://svc/x");
     req.extensions_mut()
@@ -330,8 +331,7 @@ impl Service<Req> for DiesAfterOne {
 async fn was_finding_retry_whose_transport_fails_ready_counts_an_unsent_attempt() {
     let budget = Arc::new(Counting::default());
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = backstop::client::http()
-        .throttle(None)
+    let layer = unthrottled()
         .retry(RetryConfig::http().budget(budget.clone()))
         .build()
         .unwrap();
@@ -373,8 +373,7 @@ async fn pinned_budget_balanced_when_calls_are_dropped_anywhere() {
         if hedged {
             retry = retry.hedging(Hedging::new(Duration::from_millis(7)).max_attempts(5));
         }
-        let layer = backstop::client::http()
-            .throttle(None)
+        let layer = unthrottled()
             .bulkhead(BulkheadLayer::builder(3))
             .retry(retry)
             .build()
@@ -440,8 +439,7 @@ async fn pinned_poll_then_spawn_at_every_stage_completes() {
         if stage == 2 {
             retry = retry.hedging(Hedging::new(Duration::from_millis(100)));
         }
-        let layer = backstop::client::http()
-            .throttle(None)
+        let layer = unthrottled()
             .timeout(S)
             .attempt(AttemptBound::Fixed(Duration::from_millis(300)))
             .bulkhead(BulkheadLayer::builder(1))
@@ -573,8 +571,7 @@ async fn pinned_post_retried_only_when_keyed_same_key_every_attempt() {
             1 => (None, 200, vec![]),
             _ => (Some(MS), 200, vec![]),
         });
-        let client = backstop::client::http()
-            .throttle(None)
+        let client = unthrottled()
             .timeout(S)
             .attempt(AttemptBound::Fixed(Duration::from_millis(200)))
             .idempotency_keys(keyed)
@@ -607,8 +604,7 @@ async fn pinned_unkeyed_post_is_told_the_whole_deadline() {
     let transport = scripted(log.clone(), |_| {
         (Some(Duration::from_millis(900)), 200, vec![])
     });
-    let client = backstop::client::http()
-        .throttle(None)
+    let client = unthrottled()
         .timeout(S)
         .attempt(AttemptBound::Fixed(Duration::from_secs(5)))
         .build()
@@ -692,8 +688,7 @@ async fn pinned_cloned_layer_shares_one_bulkhead() {
             Ok::<_, Infallible>(Response::new(String::new()))
         }
     });
-    let layer = backstop::client::http()
-        .throttle(None)
+    let layer = unthrottled()
         .bulkhead(BulkheadLayer::builder(2).max_queue(32))
         .build()
         .unwrap();
@@ -720,8 +715,7 @@ async fn pinned_concurrency_limit_inside_with_hedging_ends_at_deadline() {
     let transport = scripted(log.clone(), |_| (None, 200, vec![]));
     let client = ServiceBuilder::new()
         .layer(
-            backstop::client::http()
-                .throttle(None)
+            unthrottled()
                 .timeout(Duration::from_millis(500))
                 .attempt(AttemptBound::None)
                 .retry(RetryConfig::http().hedging(Hedging::new(Duration::from_millis(50))))
@@ -756,8 +750,7 @@ async fn pinned_dropping_a_hedged_call_cancels_every_attempt() {
             Ok::<_, Infallible>(Response::new(String::new()))
         }
     });
-    let client = backstop::client::http()
-        .throttle(None)
+    let client = unthrottled()
         .attempt(AttemptBound::None)
         .retry(RetryConfig::http().hedging(Hedging::new(Duration::from_millis(10)).max_attempts(3)))
         .build()
@@ -832,8 +825,7 @@ async fn pinned_hedge_after_retry_after_waits_for_it() {
         ),
         _ => (Some(Duration::from_millis(10)), 200, vec![]),
     });
-    let client = backstop::client::http()
-        .throttle(None)
+    let client = unthrottled()
         .timeout(Duration::from_secs(5))
         .retry(
             RetryConfig::http().hedging(Hedging::new(Duration::from_millis(100)).max_attempts(3)),
@@ -859,7 +851,7 @@ async fn pinned_setter_order_never_matters() {
     for order in 0..2 {
         let log = Log::default();
         let transport = scripted(log.clone(), |_| (Some(MS), 503, vec![]));
-        let b = backstop::client::http().throttle(None);
+        let b = unthrottled();
         let b = match order {
             0 => b.max_attempts(2).retry(
                 RetryConfig::http()
@@ -914,17 +906,12 @@ async fn pinned_unreplayable_bodies_are_sent_once() {
             }
         },
     );
-    let client = backstop::client::http()
-        .throttle(None)
+    let client = unthrottled()
         .idempotency_keys(true)
         .build()
         .unwrap()
         .layer(transport);
-    let big = vec![b'x'; 64 * 1024 + 1];
-    let req = Request::get("http://svc/x")
-        .body(http_body_util::Full::new(bytes::Bytes::from(big)))
-        .unwrap();
-    let res = client.oneshot(req).await.unwrap();
+    let res = client.oneshot(too_long_to_replay()).await.unwrap();
     assert_eq!(sent.load(Ordering::SeqCst), 1);
     assert_eq!(call_info(&res).attempts(), 1);
     assert_eq!(
@@ -942,8 +929,7 @@ async fn pinned_keyed_breaker_many_routes() {
     let transport = scripted(log.clone(), |n| {
         (Some(MS), if n % 2 == 0 { 503 } else { 200 }, vec![])
     });
-    let layer = backstop::client::http()
-        .throttle(None)
+    let layer = unthrottled()
         .breaker(
             backstop::client::http_breaker()
                 .per_key(RouteKey::Path)
@@ -977,8 +963,7 @@ fn pinned_block_in_place_block_on_keeps_the_scope_deadline() {
     rt.block_on(async {
         let log = Log::default();
         let transport = scripted(log.clone(), |_| (Some(Duration::from_secs(5)), 200, vec![]));
-        let client = backstop::client::http()
-            .throttle(None)
+        let client = unthrottled()
             .attempt(AttemptBound::None)
             .build()
             .unwrap()
@@ -1007,8 +992,7 @@ async fn pinned_expired_before_send() {
     let budget = Arc::new(Counting::default());
     let log = Log::default();
     let transport = scripted(log.clone(), |_| (Some(MS), 200, vec![]));
-    let layer = backstop::client::http()
-        .throttle(None)
+    let layer = unthrottled()
         .retry(RetryConfig::http().budget(budget.clone()))
         .build()
         .unwrap();
@@ -1050,8 +1034,7 @@ async fn was_finding_share_kept_for_a_retry_is_wasted_when_the_backoff_draw_is_l
             1 => (None, 200, vec![]),
             _ => (Some(MS), 200, vec![]),
         });
-        let client = backstop::client::http()
-            .throttle(None)
+        let client = unthrottled()
             .timeout(Duration::from_millis(300))
             .retry(RetryConfig::http().seed(seed))
             .build()
@@ -1091,16 +1074,8 @@ async fn pinned_a_long_hint_ends_a_call_sent_once_as_it_ends_a_retried_one() {
                 )
             },
         );
-        let client = backstop::client::http()
-            .throttle(None)
-            .build()
-            .unwrap()
-            .layer(transport);
-        let big = vec![b'x'; 64 * 1024 + 1];
-        let req = Request::get("http://svc/x")
-            .body(http_body_util::Full::new(bytes::Bytes::from(big)))
-            .unwrap();
-        let res = client.oneshot(req).await.unwrap();
+        let client = unthrottled().build().unwrap().layer(transport);
+        let res = client.oneshot(too_long_to_replay()).await.unwrap();
         assert_eq!(call_info(&res).attempts(), 1);
         assert_eq!(
             call_info(&res).gave_up(),

@@ -4,7 +4,7 @@
 //! the deadline is the answer, at exactly that time.
 
 use backstop::client::retry::{ReplayBody, RetryConfig};
-use backstop_test_support::{script_answer, scripted, step};
+use backstop_test_support::{deadline_case, script_answer, scripted};
 use http::Request;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -18,9 +18,7 @@ proptest::proptest! {
 
     #[test]
     fn every_call_ends_by_its_deadline_whatever_the_timers_inside(
-        steps in proptest::collection::vec(step(), 0..6),
-        deadline in 5u64..120,
-        attempt in 3u64..150,
+        (steps, deadline, attempt) in deadline_case(6),
         attempts in 1u32..4,
         seed in 0u64..1_000,
     ) {
@@ -58,9 +56,7 @@ proptest::proptest! {
     /// dependency does, with the handler's answer when the dependency answered in time.
     #[test]
     fn the_server_answers_by_its_deadline_whatever_the_timers_inside(
-        steps in proptest::collection::vec(step(), 0..6),
-        deadline in 5u64..120,
-        attempt in 3u64..150,
+        (steps, deadline, attempt) in deadline_case(6),
     ) {
         use http::{Response, StatusCode};
         let rt = backstop_test_support::paused_runtime();

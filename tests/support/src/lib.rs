@@ -159,6 +159,21 @@ pub fn get() -> Request<String> {
     get_with("")
 }
 
+/// Sends [`get`] through a clone of `client` and waits for its answer.
+pub async fn get_from<S>(client: &S) -> Result<S::Response, S::Error>
+where
+    S: Service<Request<String>> + Clone,
+{
+    client.clone().oneshot(get()).await
+}
+
+/// What `call` ended with, and how long it took (on the tokio clock, paused or not).
+pub async fn timed<F: Future>(call: F) -> (F::Output, Duration) {
+    let started = Instant::now();
+    let output = call.await;
+    (output, started.elapsed())
+}
+
 /// `POST http://svc/x` with `body`.
 pub fn post(body: &str) -> Request<String> {
     Request::post("http://svc/x").body(body.to_owned()).unwrap()
@@ -351,6 +366,18 @@ pub fn step() -> impl proptest::strategy::Strategy<Value = Step> {
     ]
 }
 
+/// The inputs of a property about a call's deadline: the steps of a [`scripted`] dependency
+/// (fewer than `max_steps`), a deadline of 5 to 119 ms and an attempt bound of 3 to 149 ms.
+pub fn deadline_case(
+    max_steps: usize,
+) -> impl proptest::strategy::Strategy<Value = (Vec<Step>, u64, u64)> {
+    (
+        proptest::collection::vec(step(), 0..max_steps),
+        5u64..120,
+        3u64..150,
+    )
+}
+
 /// A dependency whose every call runs `steps` (each call from the first step).
 pub fn scripted<Req: Send + 'static>(steps: Vec<Step>) -> impl Dependency<Req> {
     service_fn(move |_req: Req| Script {
@@ -384,6 +411,35 @@ pub fn script_answer(steps: &[Step]) -> (Option<u64>, bool) {
         .skip(last_wait.map_or(0, |i| i + 1))
         .any(|s| matches!(s, Step::Spin(n) if *n > 0));
     (answer, spins_after)
+}
+
+/// What a debugging recorder held: each series' key and value.
+pub type Recorded = Vec<(
+    metrics_util::CompositeKey,
+    metrics_util::debugging::DebugValue,
+)>;
+
+/// What `snapshotter` holds now (a snapshot reads counters as the change since the last one,
+/// and a gauge as the value last set since then).
+pub fn snapshot(snapshotter: &metrics_util::debugging::Snapshotter) -> Recorded {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key, value))
+        .collect()
+}
+
+/// Runs `test` on a [`paused_runtime`] with a recorder of its own (local to this thread, so
+/// tests running at once do not see each other's metrics), and returns what it recorded (read
+/// once: reading resets the counters).
+pub fn recorded<F: Future<Output = ()>>(test: impl FnOnce() -> F) -> Recorded {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        paused_runtime().block_on(test());
+    });
+    snapshot(&snapshotter)
 }
 
 /// A current-thread runtime with paused time, for a property that runs each case on its own.
