@@ -134,7 +134,8 @@ where
         };
         // A retry refreshes the header the request carried (a malformed one too, when a local
         // deadline says what is left), and writes none where it carried none.
-        let carried = req.headers().contains_key(GRPC_TIMEOUT);
+        let carried = self.header == crate::client::retry::bounds::Wire::Refresh
+            && req.headers().contains_key(GRPC_TIMEOUT);
         let deadline = local.or(wire.map(Deadline::at));
         // A layer inside will tell the server the deadline less its offset.
         let wire = match (self.header, deadline) {
@@ -147,7 +148,7 @@ where
         let bounds = Bounds {
             deadline,
             wire,
-            header: self.header == crate::client::retry::bounds::Wire::Refresh && carried,
+            header: carried,
             inside: !first,
         };
         let template = Template::new(&req);
