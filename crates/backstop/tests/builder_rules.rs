@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 use tokio::time::Instant;
-use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
+use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
 
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);
@@ -426,7 +426,7 @@ fn the_name_reaches_every_metric_the_stack_records() {
         // The bulkhead full: one call holds the permit, the next is refused.
         let mut held = client.clone();
         let hang = tokio::spawn(async move {
-            let _ = held.ready().await.unwrap().call(get("/hang")).await;
+            let _ = tower::Service::call(held.ready().await.unwrap(), get("/hang")).await;
         });
         tokio::task::yield_now().await;
         let _ = client.clone().oneshot(get("/ok")).await;
