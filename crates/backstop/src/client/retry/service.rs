@@ -124,18 +124,16 @@ where
         // In a preset's stack (`Inside`, decided when it is built) there is none to read: its
         // deadline layer, outside, took a caller's header off the request and carries the
         // deadline in the extension.
-        let wire = match self.header {
-            crate::client::retry::bounds::Wire::Inside(_) => None,
-            _ => req
-                .headers()
-                .get(GRPC_TIMEOUT)
-                .and_then(|v| grpc_timeout::decode_header(v).ok())
-                .and_then(|t| Instant::now().checked_add(t)),
-        };
         // A retry refreshes the header the request carried (a malformed one too, when a local
         // deadline says what is left), and writes none where it carried none.
-        let carried = self.header == crate::client::retry::bounds::Wire::Refresh
-            && req.headers().contains_key(GRPC_TIMEOUT);
+        let carried = match self.header {
+            crate::client::retry::bounds::Wire::Inside(_) => None,
+            crate::client::retry::bounds::Wire::Refresh => req.headers().get(GRPC_TIMEOUT),
+        };
+        let wire = carried
+            .and_then(|v| grpc_timeout::decode_header(v).ok())
+            .and_then(|t| Instant::now().checked_add(t));
+        let carried = carried.is_some();
         let deadline = local.or(wire.map(Deadline::at));
         // A layer inside will tell the server the deadline less its offset.
         let wire = match (self.header, deadline) {
