@@ -367,3 +367,86 @@ async fn a_retry_layer_alone_refreshes_only_a_header_the_request_carried() {
         }
     }
 }
+
+/// A retry layer used alone never sends an attempt whose deadline has passed, whatever says
+/// so: a caller's `grpc-timeout: 0n` (with no local deadline, or under a far one), or a
+/// `Deadline` extension or scope that passed, on a call it may retry or one it sends once
+/// (`max_attempts(1)`, a body too long to keep). The caller gets `DeadlineExceeded`, no
+/// attempt taken. (Found by an outside attack: the header and the sent-once paths sent it.)
+#[tokio::test(start_paused = true)]
+async fn a_retry_layer_alone_sends_nothing_past_the_deadline() {
+    let layers = [
+        ("retried", RetryConfig::grpc().build().unwrap()),
+        ("once", RetryConfig::grpc().max_attempts(1).build().unwrap()),
+        (
+            "too long to keep",
+            RetryConfig::grpc().max_replay_bytes(1).build().unwrap(),
+        ),
+    ];
+    for (name, layer) in layers {
+        for case in [
+            "0n",
+            "0n under a far scope",
+            "passed extension",
+            "passed scope",
+        ] {
+            let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+            let service = layer.layer(mock);
+            let mut req = grpc();
+            let passed = Deadline::after(5 * MS);
+            match case {
+                "passed extension" => {
+                    req.extensions_mut().insert(passed);
+                }
+                "passed scope" => {}
+                _ => {
+                    req.headers_mut()
+                        .insert("grpc-timeout", http::HeaderValue::from_static("0n"));
+                }
+            }
+            advance(10 * MS).await;
+            let call = service.oneshot(req);
+            let result = match case {
+                "passed scope" => passed.scope(call).await,
+                "0n under a far scope" => {
+                    Deadline::after(Duration::from_secs(10)).scope(call).await
+                }
+                _ => call.await,
+            };
+            let err = result.expect_err(&format!("{name}, {case}: answered"));
+            assert!(
+                backstop::is_deadline_exceeded(&*err),
+                "{name}, {case}: {err}"
+            );
+            let info = err
+                .downcast_ref::<backstop::client::retry::RetryError>()
+                .unwrap();
+            assert_eq!(info.attempts(), 0, "{name}, {case}");
+            // The service is gone with the call: anything it sent would still be queued.
+            assert!(
+                handle.next_request().await.is_none(),
+                "{name}, {case}: an attempt went out"
+            );
+        }
+    }
+}
+
+/// A call a retry layer used alone sends once is bounded by its deadline as a retried call's
+/// attempts are: a dependency still working at the deadline is cut there, `DeadlineExceeded`.
+#[tokio::test(start_paused = true)]
+async fn a_call_sent_once_by_a_retry_layer_alone_ends_at_its_deadline() {
+    for layer in [
+        RetryConfig::grpc().max_attempts(1).build().unwrap(),
+        RetryConfig::grpc().max_replay_bytes(1).build().unwrap(),
+    ] {
+        let (mock, mut handle) = mock::pair::<Req, Response<String>>();
+        let mut req = grpc();
+        req.extensions_mut().insert(Deadline::after(50 * MS));
+        let t0 = Instant::now();
+        let call = tokio::spawn(layer.layer(mock).oneshot(req));
+        let (_sent, _answer_never) = handle.next_request().await.unwrap();
+        let err = call.await.unwrap().unwrap_err();
+        assert_eq!(Instant::now() - t0, 50 * MS);
+        assert!(backstop::is_deadline_exceeded(&*err), "{err}");
+    }
+}

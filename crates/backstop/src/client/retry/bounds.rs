@@ -96,10 +96,14 @@ impl Bounds {
             req.extensions_mut().insert(deadline);
             return Armed::Until(at);
         }
+        let now = Instant::now();
+        // A header that says no time is left (`0n`, or a deadline already passed): not sent.
+        if now >= self.send_by().unwrap_or(at) {
+            return Armed::Expired;
+        }
         if first && self.wire.is_some_and(|w| w <= at) {
             return Armed::Until(at);
         }
-        let now = Instant::now();
         let on_wire = self.wire.map_or(at, |w| w.min(at));
         let Some(encoded) = grpc_timeout::encode(on_wire.saturating_duration_since(now)) else {
             return Armed::Expired;

@@ -107,12 +107,14 @@ impl<S, B, C> ResponseFuture<S, B, C>
 where
     S: Service<Request<ReplayBody<B>>>,
 {
-    /// A call sent once; `unreplayable` as in [`Once`].
+    /// A call sent once; `unreplayable` as in [`Once`]; `end`: the deadline its attempt is
+    /// bounded by, where this layer is the call's first.
     pub(crate) fn once(
         future: S::Future,
         handle: &Arc<Handle<C>>,
         unreplayable: Option<bool>,
         report: Option<Arc<crate::server::pushback::GaveUp>>,
+        end: Option<Instant>,
     ) -> Self {
         let tells = RetryMetrics::ON
             || handle.policy.budget.is_some()
@@ -128,8 +130,18 @@ where
             state: State::Calling {
                 future,
                 timer: LazySleep::new(),
-                end: None,
+                end,
             },
+        }
+    }
+
+    /// A call sent once whose deadline passed before it was sent: answered at once, no
+    /// attempt taken.
+    pub(crate) fn unsent() -> Self {
+        Self {
+            retry: None,
+            once: Once::NONE,
+            state: State::Expired,
         }
     }
 
@@ -189,7 +201,8 @@ where
             if RetryMetrics::ON && r.grpc {
                 r.shared.meter_call(
                     r.template.path(),
-                    r.attempts - 1 - r.hedges,
+                    // A call whose first attempt was never sent took none: no retries.
+                    r.attempts.saturating_sub(1 + r.hedges),
                     r.hedges,
                     r.delay,
                 );
@@ -381,9 +394,11 @@ where
                 }
                 StateProj::Expired => {
                     this.state.set(State::Done);
-                    if let Some(retry) = this.retry.as_mut() {
-                        retry.unsent();
-                    }
+                    let Some(retry) = this.retry.as_mut() else {
+                        // A call sent once, never sent: no attempt to count.
+                        return Poll::Ready(Err(wrap(0, None, DeadlineExceeded::new().into())));
+                    };
+                    retry.unsent();
                     let result = Err(DeadlineExceeded::new().into());
                     return Poll::Ready(finish(this.retry.as_ref(), this.once, result, None));
                 }

@@ -110,7 +110,16 @@ where
             let mut req = req.map(ReplayBody::passthrough);
             // No retry follows it: a bound inside may give it the whole deadline.
             req.extensions_mut().insert(crate::FinalAttempt);
-            return ResponseFuture::once(self.inner.call(req), handle, unreplayable, report);
+            // The call's first layer bounds its one attempt by the deadline, as it bounds each
+            // attempt of a call it may retry; in a preset the deadline layer outside does.
+            let end = match first {
+                true => once_deadline(&req),
+                false => None,
+            };
+            if end.is_some_and(|at| Instant::now() >= at) {
+                return ResponseFuture::unsent();
+            }
+            return ResponseFuture::once(self.inner.call(req), handle, unreplayable, report, end);
         }
 
         // The first layer of a call inherits the handler's deadline.
@@ -221,5 +230,23 @@ where
         retry.grpc = grpc;
         retry.report = report;
         ResponseFuture::retrying(retry, state)
+    }
+}
+
+/// The deadline of a call sent once by the call's first layer: the earlier of the request's
+/// [`Deadline`] extension and the handler's, else what its `grpc-timeout` says is left.
+fn once_deadline<B>(req: &Request<B>) -> Option<Instant> {
+    let local = match (req.extensions().get::<Deadline>().copied(), current()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let wire = req
+        .headers()
+        .get(GRPC_TIMEOUT)
+        .and_then(|v| grpc_timeout::decode_header(v).ok())
+        .and_then(|t| Instant::now().checked_add(t));
+    match (local.map(|d| d.instant()), wire) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
