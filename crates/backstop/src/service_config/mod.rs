@@ -42,7 +42,7 @@
 //! | field | honoured as |
 //! |---|---|
 //! | `methodConfig[].name[]` (`service`, optional `method`; neither: the default) | the entry for those methods; the most specific wins: `service/method`, then `service`, then the default; none: no retries |
-//! | `timeout` | the method's timeout (proto3 JSON duration, e.g. `"1.5s"`, at most proto3's 315 576 000 000 s, as every duration here) |
+//! | `timeout` | the method's timeout (proto3 JSON duration, e.g. `"1.5s"`, at most proto3's 315 576 000 000 s and 999 999 999 ns, as every duration here) |
 //! | `retryPolicy` | `maxAttempts` (≥ 2, clamped to 5 unless [`ServiceConfig::from_json_with_max_attempts`] raises the cap), `initialBackoff`, `maxBackoff` (> 0; above 1 h, clamped to 1 h: see below), `backoffMultiplier` (> 0), `retryableStatusCodes` (non-empty; names like `"UNAVAILABLE"` or numbers; not `OK`) |
 //! | `hedgingPolicy` | `maxAttempts` (≥ 2, clamped likewise), `hedgingDelay` (default `0s`: all at once), `nonFatalStatusCodes` (not `OK`) |
 //! | `retryThrottling` | `maxTokens` (a whole number in (0, 1000]), `tokenRatio` (> 0, at most 3 decimals; above `maxTokens` it could not be told from `maxTokens`, and is refused) |
@@ -51,6 +51,12 @@
 //! most [`MAX_DELAY`](crate::client::retry::backoff::MAX_DELAY) (1 h) between attempts, so a longer
 //! `maxBackoff` is read as written and its waits are capped at 1 h. Every value A6 allows is accepted, and a config
 //! [`from_json`](ServiceConfig::from_json) accepts always builds into a client.
+//!
+//! Values are read as proto3 JSON reads them, as gRPC C-core (and so grpcio) does: `null` is
+//! an absent field, a whole number may be written in any notation or as a string (`3`, `3.0`,
+//! `"3"`), and a number as a string (`"0.1"`). A fraction where a whole number belongs, or a
+//! word, is refused. (grpc-go's own parser refuses a number written as a string; a config
+//! written with plain numbers reads the same everywhere.)
 //!
 //! Accepted and ignored (they do not apply to a tower layer): `waitForReady`,
 //! `maxRequestMessageBytes`, `maxResponseMessageBytes`, `loadBalancingPolicy`,

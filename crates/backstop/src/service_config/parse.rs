@@ -40,7 +40,7 @@ impl ServiceConfig {
             .map_err(|e| ConfigError::new("service config", format!("not JSON: {e}")))?;
         let root = object(&root, "service config")?;
         let mut methods = Vec::new();
-        if let Some(list) = root.get("methodConfig") {
+        if let Some(list) = get(root, "methodConfig") {
             let Value::Array(list) = list else {
                 return Err(ConfigError::new("methodConfig", "must be an array"));
             };
@@ -48,8 +48,7 @@ impl ServiceConfig {
                 methods.push(method_config(entry, &format!("methodConfig[{i}]"), cap)?);
             }
         }
-        let retry_throttling = root
-            .get("retryThrottling")
+        let retry_throttling = get(root, "retryThrottling")
             .map(|t| throttling(t, "retryThrottling"))
             .transpose()?;
         let config = Self {
@@ -73,7 +72,7 @@ fn object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>, Co
 fn method_config(value: &Value, path: &str, cap: u32) -> Result<MethodConfig, ConfigError> {
     let map = object(value, path)?;
     let mut names = Vec::new();
-    if let Some(list) = map.get("name") {
+    if let Some(list) = get(map, "name") {
         let Value::Array(list) = list else {
             return Err(ConfigError::new(format!("{path}.name"), "must be an array"));
         };
@@ -81,11 +80,10 @@ fn method_config(value: &Value, path: &str, cap: u32) -> Result<MethodConfig, Co
             names.push(method_name(name, &format!("{path}.name[{j}]"))?);
         }
     }
-    let timeout = map
-        .get("timeout")
+    let timeout = get(map, "timeout")
         .map(|t| duration(t, &format!("{path}.timeout")))
         .transpose()?;
-    let policy = match (map.get("retryPolicy"), map.get("hedgingPolicy")) {
+    let policy = match (get(map, "retryPolicy"), get(map, "hedgingPolicy")) {
         (Some(_), Some(_)) => {
             return Err(ConfigError::new(
                 format!("{path}.hedgingPolicy"),
@@ -114,7 +112,7 @@ fn method_config(value: &Value, path: &str, cap: u32) -> Result<MethodConfig, Co
 fn method_name(value: &Value, path: &str) -> Result<MethodName, ConfigError> {
     let map = object(value, path)?;
     let text = |key: &str| -> Result<Option<String>, ConfigError> {
-        match map.get(key) {
+        match get(map, key) {
             None => Ok(None),
             // gRPC's service-config document: an empty string is the same as absent.
             Some(Value::String(s)) if s.is_empty() => Ok(None),
@@ -129,15 +127,39 @@ fn method_name(value: &Value, path: &str) -> Result<MethodName, ConfigError> {
     Ok(MethodName { service, method })
 }
 
+/// A field as proto3 JSON reads one: `null` is the same as absent.
+fn get<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    map.get(key).filter(|value| !value.is_null())
+}
+
+/// A whole number as proto3 JSON writes one: a number without a fraction, in any notation
+/// (`3`, `3.0`, `1e1`), or a string of one (`"3"`).
+fn whole(value: &Value) -> Option<u64> {
+    let integral =
+        |f: f64| (f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f)).then_some(f as u64);
+    match value {
+        Value::Number(n) => n.as_u64().or_else(|| n.as_f64().and_then(integral)),
+        Value::String(s) => s.parse().ok().or_else(|| s.parse().ok().and_then(integral)),
+        _ => None,
+    }
+}
+
+/// A number as proto3 JSON writes one: a number, or a string of one.
+fn number(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
 fn field<'a>(map: &'a Map<String, Value>, path: &str, key: &str) -> Result<&'a Value, ConfigError> {
-    map.get(key)
-        .ok_or_else(|| ConfigError::new(format!("{path}.{key}"), "is required"))
+    get(map, key).ok_or_else(|| ConfigError::new(format!("{path}.{key}"), "is required"))
 }
 
 /// The policy's `maxAttempts`, clamped to the cap (the range is checked by `validate`).
 fn max_attempts(policy: &Map<String, Value>, path: &str, cap: u32) -> Result<u32, ConfigError> {
-    let n = field(policy, path, "maxAttempts")?
-        .as_u64()
+    let n = whole(field(policy, path, "maxAttempts")?)
         .ok_or_else(|| ConfigError::new(format!("{path}.maxAttempts"), "must be a whole number"))?;
     // A6: larger values are treated as the client's cap (which is at least 2, so a value
     // below 2 is left for `validate` to refuse).
@@ -151,8 +173,7 @@ fn retry_policy(value: &Value, path: &str, cap: u32) -> Result<RetryPolicyConfig
     let initial_backoff = backoff("initialBackoff")?;
     let max_backoff = backoff("maxBackoff")?;
     let multiplier_at = format!("{path}.backoffMultiplier");
-    let backoff_multiplier = field(map, path, "backoffMultiplier")?
-        .as_f64()
+    let backoff_multiplier = number(field(map, path, "backoffMultiplier")?)
         .ok_or_else(|| ConfigError::new(multiplier_at, "must be a number greater than zero"))?;
     let retryable_status_codes = codes(
         field(map, path, "retryableStatusCodes")?,
@@ -170,13 +191,12 @@ fn retry_policy(value: &Value, path: &str, cap: u32) -> Result<RetryPolicyConfig
 fn hedging_policy(value: &Value, path: &str, cap: u32) -> Result<HedgingPolicyConfig, ConfigError> {
     let map = object(value, path)?;
     let max_attempts = max_attempts(map, path, cap)?;
-    let hedging_delay = map
-        .get("hedgingDelay")
+    let hedging_delay = get(map, "hedgingDelay")
         .map(|d| duration(d, &format!("{path}.hedgingDelay")))
         .transpose()?
         .unwrap_or_default();
     let codes_at = format!("{path}.nonFatalStatusCodes");
-    let non_fatal_status_codes = match map.get("nonFatalStatusCodes") {
+    let non_fatal_status_codes = match get(map, "nonFatalStatusCodes") {
         // Absent: every failure is fatal; an empty list says nothing, and is refused.
         Some(Value::Array(list)) if list.is_empty() => {
             return Err(ConfigError::new(codes_at, "must not be empty"));
@@ -194,11 +214,10 @@ fn hedging_policy(value: &Value, path: &str, cap: u32) -> Result<HedgingPolicyCo
 fn throttling(value: &Value, path: &str) -> Result<RetryThrottling, ConfigError> {
     let map = object(value, path)?;
     let tokens_at = format!("{path}.maxTokens");
-    let max_tokens = field(map, path, "maxTokens")?
-        .as_u64()
+    let max_tokens = whole(field(map, path, "maxTokens")?)
         .ok_or_else(|| ConfigError::new(tokens_at, "must be a whole number in (0, 1000]"))?;
     let ratio_at = format!("{path}.tokenRatio");
-    let token_ratio = field(map, path, "tokenRatio")?.as_f64().ok_or_else(|| {
+    let token_ratio = number(field(map, path, "tokenRatio")?).ok_or_else(|| {
         ConfigError::new(
             ratio_at,
             "must be a number greater than zero (and at most maxTokens)",
@@ -245,7 +264,7 @@ fn codes(value: &Value, path: &str) -> Result<Vec<Code>, ConfigError> {
 const PROTO3_MAX_SECONDS: u64 = 315_576_000_000;
 
 /// A proto3 JSON duration: decimal seconds with an `s`, up to 9 fractional digits (`"1.5s"`,
-/// `".1s"`, `"0s"`), at most proto3's 315 576 000 000 s; never negative here.
+/// `".1s"`, `"0s"`), at most proto3's 315 576 000 000 s and 999 999 999 ns; never negative here.
 fn duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
     let bad = || {
         ConfigError::new(
@@ -277,7 +296,7 @@ fn duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
         return Err(ConfigError::new(
             path.to_owned(),
             format!(
-                "must be at most {PROTO3_MAX_SECONDS}s (proto3's longest duration), got {text}"
+                "must be at most {PROTO3_MAX_SECONDS}.999999999s (proto3's longest duration), got {text}"
             ),
         ));
     }

@@ -163,10 +163,6 @@ fn every_retry_policy_rule_names_its_path() {
             "maxAttempts",
         ),
         (
-            r#""maxAttempts": "3", "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
-            "maxAttempts",
-        ),
-        (
             r#""maxAttempts": 2.5, "initialBackoff": ".1s", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]"#,
             "maxAttempts",
         ),
@@ -238,6 +234,75 @@ fn every_retry_policy_rule_names_its_path() {
         r.retryable_status_codes,
         [Code::Unavailable, Code::ResourceExhausted]
     );
+}
+
+/// Numbers as proto3 JSON (and so gRPC C-core and grpc-go) read them: a whole number in any
+/// notation or as a string, a float as a string; `null` is an absent field. A fraction where a
+/// whole number belongs, or a word, is still refused by its path.
+#[test]
+fn numbers_and_nulls_read_as_proto3_json_reads_them() {
+    let attempts = |value: &str| {
+        let config = ServiceConfig::from_json(&retry(
+            &GOOD_RETRY.replace("\"maxAttempts\": 4", &format!("\"maxAttempts\": {value}")),
+        ))
+        .unwrap_or_else(|e| panic!("{value}: {e}"));
+        match &config.methods[0].policy {
+            Some(MethodPolicy::Retry(r)) => r.max_attempts,
+            other => panic!("{other:?}"),
+        }
+    };
+    for (value, read) in [
+        ("3", 3),
+        ("3.0", 3),
+        ("\"3\"", 3),
+        ("1e1", 5),
+        ("\"1e1\"", 5),
+    ] {
+        assert_eq!(attempts(value), read, "{value}");
+    }
+    let strings =
+        retry(&GOOD_RETRY.replace("\"backoffMultiplier\": 2", "\"backoffMultiplier\": \"2\""));
+    let config = ServiceConfig::from_json(&strings).unwrap();
+    assert!(matches!(&config.methods[0].policy,
+        Some(MethodPolicy::Retry(r)) if r.backoff_multiplier == 2.0));
+    let throttled = ServiceConfig::from_json(
+        r#"{ "retryThrottling": { "maxTokens": "10", "tokenRatio": "0.1" } }"#,
+    )
+    .unwrap();
+    assert_eq!(
+        throttled.retry_throttling,
+        Some(RetryThrottling {
+            max_tokens: 10,
+            token_ratio: 0.1
+        })
+    );
+    // `null` is absent: no entries, no timeout, no policy, no throttling.
+    let nulls =
+        ServiceConfig::from_json(r#"{ "methodConfig": null, "retryThrottling": null }"#).unwrap();
+    assert!(nulls.methods.is_empty() && nulls.retry_throttling.is_none());
+    let entry =
+        ServiceConfig::from_json(&one_method(r#""timeout": null, "retryPolicy": null"#)).unwrap();
+    assert_eq!(
+        (entry.methods[0].timeout, &entry.methods[0].policy),
+        (None, &None)
+    );
+    // A required field given as `null` is missing.
+    assert_eq!(
+        rejected(&retry(
+            &GOOD_RETRY.replace("\"maxAttempts\": 4", "\"maxAttempts\": null")
+        )),
+        "methodConfig[0].retryPolicy.maxAttempts"
+    );
+    for bad in ["3.5", "\"3.5\"", "\"three\"", "true", "-1", "\" 3\""] {
+        assert_eq!(
+            rejected(&retry(&GOOD_RETRY.replace(
+                "\"maxAttempts\": 4",
+                &format!("\"maxAttempts\": {bad}")
+            ))),
+            "methodConfig[0].retryPolicy.maxAttempts",
+            "{bad}"
+        );
+    }
 }
 
 #[test]
