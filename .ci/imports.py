@@ -9,7 +9,8 @@ module (`use crate::a::B`, `use crate::{a::B, C}`, `super::b::C`, `crate::X` res
 the `pub use` re-exports that name it) is an edge from its file's room to the room it names.
 Paths to a module's own ancestors, and `pub use` re-exports (both are for users), are not
 edges. Comments, doc
-links and `#[cfg(test)] mod tests` are not read. Fails, listing the rooms and the files that
+links and test modules (`#[cfg(test)] mod tests { … }`, or a file declared `#[cfg(test)] mod
+name;`) are not read: a test may build the whole stack. Fails, listing the rooms and the files that
 close it, when the edges between rooms close a circle. (Files inside one room may need each
 other: a config builds its layer, the layer keeps its config.)
 
@@ -22,6 +23,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATH = re.compile(r"\b(crate|super)((?:::\w+)*)(?:::\{([^;]*?)\})?")
+TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+(\w+)\s*;")
 REEXPORT = re.compile(r"pub(?:\([\w:]+\))?\s+use\s+([\w:]+)::\{?([\w,\s:]+)\}?;")
 
 
@@ -56,7 +58,13 @@ def edges_of(src):
             if name.endswith(".rs"):
                 path = os.path.join(folder, name)
                 files[module_of(src, path)] = path
-    code = {m: code_of(p) for m, p in files.items()}
+    # Test modules in files of their own (`#[cfg(test)] mod name;`): test code, not read.
+    tests = set()
+    for module, path in files.items():
+        text = open(path, encoding="utf-8").read()
+        for found in TEST_MOD.finditer(text):
+            tests.add(module + (found.group(1),))
+    code = {m: ("" if m in tests else code_of(p)) for m, p in files.items()}
     reexports = {}
     for module, text in code.items():
         for found in REEXPORT.finditer(text):
