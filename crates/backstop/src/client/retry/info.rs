@@ -128,7 +128,10 @@ impl CallInfo {
     }
 
     /// Attempts the call sent, the first included (hedges count as attempts); 0 when its
-    /// deadline had passed before any was sent.
+    /// deadline had passed before any was sent. An attempt is what the retry layer handed to
+    /// the layers inside it: one that a breaker or the adaptive limit there refused without
+    /// reaching the dependency counts too (its answer is the refusal, which is never retried,
+    /// so it is the call's last).
     pub const fn attempts(&self) -> u32 {
         self.attempts
     }
