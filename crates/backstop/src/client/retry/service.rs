@@ -113,7 +113,7 @@ where
             // The call's first layer bounds its one attempt by the deadline, as it bounds each
             // attempt of a call it may retry; in a preset the deadline layer outside does.
             let end = match first {
-                true => once_deadline(&req),
+                true => Told::of(&req, true).end(),
                 false => None,
             };
             if end.is_some_and(|at| Instant::now() >= at) {
@@ -122,40 +122,20 @@ where
             return ResponseFuture::once(self.inner.call(req), handle, unreplayable, report, end);
         }
 
-        // The first layer of a call inherits the handler's deadline.
-        let inherited = if first { current() } else { None };
-        let local = match (req.extensions().get::<Deadline>().copied(), inherited) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        // What the server is told: the request's own header (an outer `PropagateDeadline`'s,
-        // or the caller's), read off the request. Without a local deadline, it is the deadline.
-        // In a preset's stack (`Inside`, decided when it is built) there is none to read: its
-        // deadline layer, outside, took a caller's header off the request and carries the
-        // deadline in the extension.
-        // A retry refreshes the header the request carried (a malformed one too, when a local
-        // deadline says what is left), and writes none where it carried none.
-        let carried = match self.header {
-            crate::client::retry::bounds::Wire::Inside(_) => None,
-            crate::client::retry::bounds::Wire::Refresh => req.headers().get(GRPC_TIMEOUT),
-        };
-        let wire = carried
-            .and_then(|v| grpc_timeout::decode_header(v).ok())
-            .and_then(|t| Instant::now().checked_add(t));
-        let carried = carried.is_some();
-        let deadline = local.or(wire.map(Deadline::at));
+        let told = Told::of(&req, first);
+        let deadline = told.deadline();
         // A layer inside will tell the server the deadline less its offset.
         let wire = match (self.header, deadline) {
             (crate::client::retry::bounds::Wire::Inside(offset), Some(d)) => {
                 let inside = d.instant().checked_sub(offset).unwrap_or(d.instant());
-                Some(wire.map_or(inside, |w| w.min(inside)))
+                Some(told.wire.map_or(inside, |w| w.min(inside)))
             }
-            _ => wire,
+            _ => told.wire,
         };
         let bounds = Bounds {
             deadline,
             wire,
-            header: carried,
+            header: told.carried,
             inside: !first,
         };
         let template = Template::new(&req);
@@ -233,20 +213,54 @@ where
     }
 }
 
-/// The deadline of a call sent once by the call's first layer: the earlier of the request's
-/// [`Deadline`] extension and the handler's, else what its `grpc-timeout` says is left.
-fn once_deadline<B>(req: &Request<B>) -> Option<Instant> {
-    let local = match (req.extensions().get::<Deadline>().copied(), current()) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    let wire = req
-        .headers()
-        .get(GRPC_TIMEOUT)
-        .and_then(|v| grpc_timeout::decode_header(v).ok())
-        .and_then(|t| Instant::now().checked_add(t));
-    match (local.map(|d| d.instant()), wire) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+/// What a request says of its deadline, read once per call (for a call sent once as for one
+/// that may be retried).
+struct Told {
+    /// The earlier of its `Deadline` extension and, for the call's first layer, the
+    /// handler's (which the first layer of a call inherits).
+    local: Option<Deadline>,
+    /// The instant its `grpc-timeout` names: what the server is told (an outer
+    /// `PropagateDeadline`'s header, or the caller's). Read only by the call's first layer: in
+    /// a preset's stack (`Inside`, decided when it is built) the deadline layer outside took a
+    /// caller's header off the request and carries the deadline in the extension.
+    wire: Option<Instant>,
+    /// It carried a `grpc-timeout` (a malformed one too, which a local deadline then
+    /// replaces): a retry refreshes it, and writes none where it carried none.
+    carried: bool,
+}
+
+impl Told {
+    #[inline(always)]
+    fn of<B>(req: &Request<B>, first: bool) -> Self {
+        let inherited = if first { current() } else { None };
+        let local = match (req.extensions().get::<Deadline>().copied(), inherited) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let header = match first {
+            true => req.headers().get(GRPC_TIMEOUT),
+            false => None,
+        };
+        let wire = header
+            .and_then(|v| grpc_timeout::decode_header(v).ok())
+            .and_then(|t| Instant::now().checked_add(t));
+        Self {
+            local,
+            wire,
+            carried: header.is_some(),
+        }
+    }
+
+    /// The call's deadline: the local one, else the instant the header names.
+    fn deadline(&self) -> Option<Deadline> {
+        self.local.or(self.wire.map(Deadline::at))
+    }
+
+    /// The last instant an attempt can be sent: the earlier of the two.
+    fn end(&self) -> Option<Instant> {
+        match (self.local.map(|d| d.instant()), self.wire) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
