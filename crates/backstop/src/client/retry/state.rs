@@ -404,9 +404,6 @@ fn next_backoff<C>(
     policy.backoff.next_delay(state, rng)
 }
 
-/// Steps 1 to 5 of the decision order, the ones that need no clock, budget or backoff: why a
-/// failure is not retried, if any of them refuses. One place for the retry path and for a call
-/// sent once because its body could not be kept (which reaches step 5 as not replayable).
 /// Whether a server's hint forbids a retry (and a further hedge): a negative pushback says so,
 /// and a wait longer than the layer holds a call for ([`MAX_HINT`](crate::client::retry::MAX_HINT))
 /// is not waited out, never retried sooner than the server asked. One rule for the retry
@@ -420,6 +417,9 @@ pub(crate) fn refuses_retry(hint: ServerHint) -> bool {
     }
 }
 
+/// Steps 1 to 5 of the decision order, the ones that need no clock, budget or backoff: why a
+/// failure is not retried, if any of them refuses. One place for the retry path and for a call
+/// sent once because its body could not be kept (which reaches step 5 as not replayable).
 pub(crate) fn refusal(
     retryable: Retryable,
     hint: Option<ServerHint>,

@@ -115,19 +115,19 @@ impl Permit {
         }
     }
 
-    /// The call answered: its hold time is a sample of the mean, unless the answer is a local
-    /// refusal made further in (a throttle, an open breaker), which held nothing of the
-    /// dependency's: counted, such instant answers would drag the mean down and the bulkhead
-    /// would wait where it should refuse at once. An adaptive bulkhead learns from the
-    /// dependency's successes; an answer that is a timeout (the attempt's bound or a deadline
-    /// ended it, here or at a server further on) says the call used all its time, not how long
-    /// the dependency takes.
-    /// The permit is given back here.
     /// Whether this permit's answer teaches an adaptive bulkhead (it is measured).
     fn teaches(&self) -> bool {
         self.since.is_some() && self.shared.adaptive.is_some()
     }
 
+    /// The call answered: its hold time is a sample of the mean, unless the answer is a local
+    /// refusal made further in (a throttle, an open breaker), which held nothing of the
+    /// dependency's: counted, such instant answers would drag the mean down and the bulkhead
+    /// would wait where it should refuse at once. An adaptive bulkhead learns from the
+    /// dependency's answers that did not fail (its judge says which); an answer that is a
+    /// timeout (the attempt's bound or a deadline ended it, here or at a server further on)
+    /// says the call used all its time, not how long the dependency takes.
+    /// The permit is given back here.
     fn answered(self, answer: Answer) {
         let Some(since) = self.since else {
             return; // Not measured.
