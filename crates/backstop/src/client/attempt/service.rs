@@ -51,19 +51,7 @@ where
                 None => self.handles.current().clone(),
             },
         };
-        let told = write_attempt_grpc_timeout(&handle, self.writes, self.retry_wait, &mut req);
-        // The attempt's bound and end, picked here when no header carries them (a bound
-        // capped by the deadline's share only where a retry may follow: the cap leaves it
-        // room).
-        let told = told.or_else(|| {
-            let deadline = match handle.capped_by_deadline() {
-                true => request_deadline(&req, self.writes),
-                false => None,
-            };
-            let now = Instant::now();
-            let bound = handle.bound_at(now, deadline, Room::of(&req, self.retry_wait))?;
-            Some((bound, timer::after(now, bound)))
-        });
+        let told = pick_bound(&handle, self.writes, self.retry_wait, &mut req);
         // The layers inside (the transport, a layer of yours that writes a header of its
         // own, `SemconvLayer`) read when the attempt ends off its `Deadline`.
         if let Some((_, end)) = told {
@@ -102,39 +90,16 @@ fn carry_end<B>(req: &mut Request<B>, end: Instant) {
     }
 }
 
-/// The request's deadline, if it carries one: the earlier of its `Deadline` extension (an
-/// outer `PropagateDeadline` that leaves the header to this layer, or the retry layer) and
-/// what its `grpc-timeout` says is left.
+/// Picks the attempt's bound and when it ends (the attempt's timer ends then too), reading
+/// the request once, and writes the attempt's `grpc-timeout` where it is this layer's to
+/// write; `None`: no bound.
 ///
-/// `writes` is the layer's own: a layer that writes every attempt's header (a preset's) finds
-/// none to read. The stack that made it so took a caller's header off the request in its
-/// deadline layer, outside, and the retry layer between writes none.
-#[inline]
-fn request_deadline<B>(req: &Request<B>, writes: Option<Duration>) -> Option<Instant> {
-    let carried = req
-        .extensions()
-        .get::<crate::deadline::Deadline>()
-        .map(|d| d.instant());
-    if writes.is_some() {
-        return carried;
-    }
-    // A deadline layer that writes its header carries the deadline there.
-    let told = req
-        .headers()
-        .get(crate::wire::grpc::GRPC_TIMEOUT)
-        .and_then(|v| crate::wire::grpc_timeout::decode_header(v).ok())
-        .and_then(|left| Instant::now().checked_add(left));
-    // The earlier of the two: neither may say more time than the other allows.
-    match (carried, told) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// Writes the attempt's `grpc-timeout` where it is this layer's to write, and returns the
-/// bound written and when it ends (the attempt's timer ends then too), or `None` when none
-/// was, and the timer picks the bound when the attempt first waits.
-///
+/// - The deadline the request carries, read only where it is needed (to write the header, or
+///   to cap an adaptive bound): the earlier of its `Deadline` extension (an outer
+///   `PropagateDeadline` that leaves the header to this layer, or the retry layer) and what
+///   its `grpc-timeout` says is left. A layer that writes every attempt's header (a
+///   preset's) finds none to read: the stack that made it so took a caller's header off the
+///   request in its deadline layer, outside, and the retry layer between writes none.
 /// - `writes` is `Some(offset)` (the client presets, decided when the stack is built: their
 ///   deadline layer writes no header): with a deadline on the request, this layer is the one
 ///   writer of every attempt's header, the shorter of its bound and the deadline less
@@ -143,7 +108,7 @@ fn request_deadline<B>(req: &Request<B>, writes: Option<Duration>) -> Option<Ins
 ///   `PropagateDeadline` or the retry layer wrote it) and the attempt's bound is shorter, the
 ///   header is rewritten to the bound: the server gives up when this attempt will.
 #[inline(always)]
-fn write_attempt_grpc_timeout<B>(
+fn pick_bound<B>(
     shared: &Shared,
     writes: Option<Duration>,
     retry_wait: Duration,
@@ -151,9 +116,28 @@ fn write_attempt_grpc_timeout<B>(
 ) -> Option<(Duration, Instant)> {
     use crate::wire::grpc::GRPC_TIMEOUT;
     use crate::wire::grpc_timeout;
-    // Needed to write the header, or to cap an adaptive bound.
+    if matches!(shared.bound, AttemptBound::None) && writes.is_none() {
+        return None;
+    }
+    // What the request's header says is left; a writer reads none.
+    let left = match writes {
+        Some(_) => None,
+        None => req
+            .headers()
+            .get(GRPC_TIMEOUT)
+            .and_then(|v| grpc_timeout::decode_header(v).ok()),
+    };
+    let now = Instant::now();
     let deadline = if writes.is_some() || shared.capped_by_deadline() {
-        request_deadline(req, writes)
+        let carried = req
+            .extensions()
+            .get::<crate::deadline::Deadline>()
+            .map(|d| d.instant());
+        // The earlier of the two: neither may say more time than the other allows.
+        match (carried, left.and_then(|left| now.checked_add(left))) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     } else {
         None
     };
@@ -161,49 +145,33 @@ fn write_attempt_grpc_timeout<B>(
     let owed = writes
         .zip(deadline)
         .map(|(offset, at)| at.checked_sub(offset).unwrap_or(at));
-    if matches!(shared.bound, AttemptBound::None) && owed.is_none() {
-        return None;
-    }
-    let header = match owed {
-        Some(_) => None,
-        None => Some(
-            req.headers()
-                .get(GRPC_TIMEOUT)
-                .and_then(|v| grpc_timeout::decode_header(v).ok())?,
-        ),
-    };
-    let now = Instant::now();
     // The last attempt gets the whole deadline: its share was kept for a retry.
     let bound = shared.bound_at(now, deadline, Room::of(req, retry_wait));
-    let shorter = bound.filter(|&bound| match (owed, header) {
-        (Some(at), _) => now.checked_add(bound).is_some_and(|end| end < at),
-        (None, left) => left.is_some_and(|left| bound < left),
-    });
+    let picked = bound.map(|bound| (bound, timer::after(now, bound)));
+    // What the server is told, where this layer tells it: the bound when it ends first, else
+    // (as the writer) what is left until the deadline less the offset.
+    let told = match (owed, bound) {
+        (Some(at), Some(bound)) if now.checked_add(bound).is_some_and(|end| end < at) => bound,
+        (Some(at), _) => at.saturating_duration_since(now),
+        (None, Some(bound)) if left.is_some_and(|left| bound < left) => bound,
+        // What is told is already no longer than the bound.
+        (None, _) => return picked,
+    };
     // A bound changes at most every 100 ms (a fixed one never): the header value is shared
     // with the last calls that sent the same one. It says the bound rounded down to three
     // significant digits (at most 1 % less): the server gives up no later than this attempt.
-    let (told, result) = match (shorter, owed) {
-        (Some(bound), _) => (bound, Some((bound, timer::after(now, bound)))),
-        // What is left until the deadline less the offset.
-        (None, Some(at)) => (at.saturating_duration_since(now), None),
-        // What is told is already no longer than the bound.
-        (None, None) => return None,
-    };
     match grpc_timeout::coarse_header_value(told) {
         Some((value, _)) => {
             req.headers_mut().insert(GRPC_TIMEOUT, value);
-            result
         }
         // Nothing left to tell (the deadline layer refuses to send with nothing left, so only
         // a clock that went past it in between, or an offset longer than what is left, gets
-        // here): the header says the least it can, and the timer picks the bound when the
-        // attempt first waits.
-        None => {
-            if owed.is_some() {
-                let least = http::HeaderValue::from_static("1n");
-                req.headers_mut().insert(GRPC_TIMEOUT, least);
-            }
-            None
+        // here): the header says the least it can.
+        None if owed.is_some() => {
+            let least = http::HeaderValue::from_static("1n");
+            req.headers_mut().insert(GRPC_TIMEOUT, least);
         }
+        None => {}
     }
+    picked
 }
