@@ -84,8 +84,8 @@
 //!
 //! | name | kind | labels | records |
 //! |------|------|--------|---------|
-//! | `grpc.client.call.retries` | histogram (`{retry}`) | `grpc.method`, `grpc.target` | the call's retries, the first attempt and hedges not counted |
-//! | `grpc.client.call.hedges` | histogram (`{hedge}`) | `grpc.method`, `grpc.target` | the call's hedged attempts |
+//! | `grpc.client.call.retries` | histogram (`{retry}`) | `grpc.method`, `grpc.target` | the call's retries, the first attempt and hedges not counted; a call with none records nothing (A96: "0 is not reported") |
+//! | `grpc.client.call.hedges` | histogram (`{hedge}`) | `grpc.method`, `grpc.target` | the call's hedged attempts; a call with none records nothing, as for retries |
 //! | `grpc.client.call.retry_delay` | histogram (s) | `grpc.method`, `grpc.target` | the backoff the call waited with no attempt in flight |
 //!
 //! `grpc.method` is the call's path (`/pkg.Service/Method`; a gRPC client's methods are its

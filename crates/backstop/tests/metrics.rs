@@ -1690,27 +1690,60 @@ fn a_grpc_call_records_a96s_retries_hedges_and_retry_delay() {
         histogram(&metrics, "grpc.client.call.retries", &labels),
         vec![2.0]
     );
-    assert_eq!(
-        histogram(&metrics, "grpc.client.call.hedges", &labels),
-        vec![0.0]
-    );
     let delay = histogram(&metrics, "grpc.client.call.retry_delay", &labels);
     assert!(
         delay.len() == 1 && delay[0] > 0.0 && delay[0] < 2.0,
         "{delay:?}"
     );
-    for name in [
-        "grpc.client.call.retries",
-        "grpc.client.call.hedges",
-        "grpc.client.call.retry_delay",
+    for (name, n) in [
+        ("grpc.client.call.retries", 1),
+        // No hedge: A96 reports no 0.
+        ("grpc.client.call.hedges", 0),
+        ("grpc.client.call.retry_delay", 1),
     ] {
         assert_eq!(
             metrics
                 .iter()
                 .filter(|(k, _)| k.key().name() == name)
                 .count(),
-            1,
+            n,
             "{name}: the gRPC call's series only"
         );
     }
+}
+
+/// gRFC A96: "If there were no retries, 0 is not reported" (and none for no hedges). gRPC
+/// calls answered OK at once record no retries and no hedges, so the histograms' count and
+/// mean are gRPC's own; `retry_delay` (no such rule) records each call's 0.
+#[test]
+fn a_grpc_call_sent_once_reports_no_zero_retries_or_hedges() {
+    let metrics = recorded(|| async {
+        let client = ServiceBuilder::new()
+            .layer(backstop::client::grpc().name("billing").build().unwrap())
+            .service(service_fn(|_req: Request<ReplayBody<Full<Bytes>>>| async {
+                Ok::<_, Infallible>(grpc_status(0))
+            }));
+        for _ in 0..3 {
+            let response = client
+                .clone()
+                .oneshot(grpc_post("/bank.Billing/Charge", empty_message()))
+                .await
+                .unwrap();
+            let _ = response.into_body().collect().await;
+        }
+    });
+    let labels = [
+        ("grpc.method", "/bank.Billing/Charge"),
+        ("grpc.target", "billing"),
+    ];
+    for name in ["grpc.client.call.retries", "grpc.client.call.hedges"] {
+        assert!(
+            value(&metrics, name, &labels).is_none(),
+            "{name}: no 0 reported"
+        );
+    }
+    assert_eq!(
+        histogram(&metrics, "grpc.client.call.retry_delay", &labels),
+        vec![0.0, 0.0, 0.0]
+    );
 }

@@ -691,3 +691,198 @@ async fn every_attempt_after_the_first_says_which_it_is() {
         ]
     );
 }
+
+/// A hedge that is not sent gives back what the service's `poll_ready` reserved for it, and a
+/// service that fails its readiness only ends the hedging while an attempt is in flight (the
+/// outside attack's findings, from the caller's side: a `ConcurrencyLimit`, a `LoadShed`, a
+/// transport whose readiness fails as a closed `Buffer`'s or a failed `Reconnect`'s does).
+mod hedge_readiness {
+    use backstop::BoxError;
+    use backstop::client::retry::hedge::Hedging;
+    use backstop::client::retry::{Budget, ReplayBody, RetryConfig};
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Full};
+    use std::{
+        convert::Infallible,
+        sync::{
+            Arc, Mutex,
+            atomic::{AtomicUsize, Ordering},
+        },
+        task::{Context, Poll},
+        time::Duration,
+    };
+    use tokio::time::{Instant, sleep};
+    use tower::{Layer, Service, ServiceExt, service_fn};
+
+    /// A budget that grants nothing.
+    #[derive(Debug)]
+    struct Spent;
+
+    impl Budget for Spent {
+        fn record_success(&self) {}
+        fn try_withdraw(&self) -> bool {
+            false
+        }
+        fn balance(&self) -> f64 {
+            0.0
+        }
+    }
+
+    fn get(path: &str) -> Request<Full<Bytes>> {
+        Request::get(format!("http://dep{path}"))
+            .body(Full::default())
+            .unwrap()
+    }
+
+    /// A hedge the budget refuses holds no permit of a `ConcurrencyLimit` inside: a second
+    /// call, 200 ms later, goes at once (one of the two permits is A's attempt).
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_the_budget_refuses_gives_its_permit_back() {
+        let t0 = Instant::now();
+        let arrivals = Arc::new(Mutex::new(Vec::<(String, u128)>::new()));
+        let log = arrivals.clone();
+        let dependency = service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
+            let log = log.clone();
+            async move {
+                let at = (Instant::now() - t0).as_millis();
+                log.lock().unwrap().push((req.uri().path().to_owned(), at));
+                if req.uri().path() == "/slow" {
+                    sleep(Duration::from_secs(1)).await;
+                }
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        });
+        let layer = RetryConfig::http()
+            .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(2))
+            .budget(Arc::new(Spent))
+            .seed(1)
+            .build()
+            .unwrap();
+        let client = layer.layer(tower::limit::ConcurrencyLimit::new(dependency, 2));
+        let slow = tokio::spawn(client.clone().oneshot(get("/slow")));
+        sleep(Duration::from_millis(200)).await;
+        let fast = tokio::spawn(client.clone().oneshot(get("/fast")));
+        fast.await.unwrap().unwrap();
+        slow.await.unwrap().unwrap();
+        assert_eq!(
+            *arrivals.lock().unwrap(),
+            [("/slow".to_owned(), 0), ("/fast".to_owned(), 200)]
+        );
+    }
+
+    /// A transport whose second `poll_ready` fails; every call answers after 300 ms.
+    #[derive(Clone)]
+    struct FailsSecondReadiness {
+        polls: Arc<AtomicUsize>,
+    }
+
+    impl Service<Request<ReplayBody<Full<Bytes>>>> for FailsSecondReadiness {
+        type Response = Response<String>;
+        type Error = BoxError;
+        type Future =
+            std::pin::Pin<Box<dyn Future<Output = Result<Response<String>, BoxError>> + Send>>;
+
+        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            match self.polls.fetch_add(1, Ordering::SeqCst) {
+                1 => Poll::Ready(Err("the pool is closed".into())),
+                _ => Poll::Ready(Ok(())),
+            }
+        }
+
+        fn call(&mut self, _req: Request<ReplayBody<Full<Bytes>>>) -> Self::Future {
+            Box::pin(async {
+                sleep(Duration::from_millis(300)).await;
+                Ok(Response::new("the first attempt's answer".to_owned()))
+            })
+        }
+    }
+
+    /// The hedge due at 100 ms finds the service failing its readiness: the hedging ends,
+    /// and the attempt in flight still answers the call at 300 ms.
+    #[tokio::test(start_paused = true)]
+    async fn a_hedges_failed_readiness_keeps_the_attempt_in_flight() {
+        let layer = RetryConfig::http()
+            .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(3))
+            .no_budget()
+            .seed(1)
+            .build()
+            .unwrap();
+        let polls = Arc::new(AtomicUsize::new(0));
+        let client = layer.layer(FailsSecondReadiness {
+            polls: polls.clone(),
+        });
+        let t0 = Instant::now();
+        let response = client.oneshot(get("/item")).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "the first attempt's answer");
+        assert_eq!(t0.elapsed(), Duration::from_millis(300));
+        // Not polled again once it failed: no third attempt was tried.
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
+    }
+
+    /// `LoadShed` over a full `ConcurrencyLimit(1)`: the hedge's readiness says `Overloaded`,
+    /// and the first attempt's 200 is the call's answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_shed_hedge_keeps_the_attempt_in_flight() {
+        let dependency = service_fn(|_req: Request<ReplayBody<Full<Bytes>>>| async {
+            sleep(Duration::from_millis(300)).await;
+            Ok::<_, Infallible>(Response::new("ok".to_owned()))
+        });
+        let layer = RetryConfig::http()
+            .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(2))
+            .no_budget()
+            .seed(1)
+            .build()
+            .unwrap();
+        let inner = tower::ServiceBuilder::new()
+            .load_shed()
+            .concurrency_limit(1)
+            .service(dependency);
+        let client = layer.layer(inner);
+        let t0 = Instant::now();
+        let response = client.oneshot(get("/item")).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "ok");
+        assert_eq!(t0.elapsed(), Duration::from_millis(300));
+    }
+
+    /// With no attempt in flight (the hedge after a failure), a readiness error is the call's
+    /// answer, as it is a retry's.
+    #[tokio::test(start_paused = true)]
+    async fn with_none_in_flight_a_failed_readiness_ends_the_call() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let seen = polls.clone();
+        #[derive(Clone)]
+        struct FailsThenBroken(Arc<AtomicUsize>);
+        impl Service<Request<ReplayBody<Full<Bytes>>>> for FailsThenBroken {
+            type Response = Response<String>;
+            type Error = BoxError;
+            type Future = std::future::Ready<Result<Response<String>, BoxError>>;
+            fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+                match self.0.fetch_add(1, Ordering::SeqCst) {
+                    0 => Poll::Ready(Ok(())),
+                    _ => Poll::Ready(Err("the pool is closed".into())),
+                }
+            }
+            fn call(&mut self, _req: Request<ReplayBody<Full<Bytes>>>) -> Self::Future {
+                let mut response = Response::new(String::new());
+                *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                std::future::ready(Ok(response))
+            }
+        }
+        let layer = RetryConfig::http()
+            .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(3))
+            .no_budget()
+            .seed(1)
+            .build()
+            .unwrap();
+        let err = layer
+            .layer(FailsThenBroken(seen))
+            .oneshot(get("/item"))
+            .await
+            .unwrap_err();
+        assert!(format!("{err:?}").contains("the pool is closed"), "{err:?}");
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
+    }
+}

@@ -351,7 +351,8 @@ where
 
 impl<S, B, C, R> Future for ResponseFuture<S, B, C>
 where
-    S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
+    // Clone: a hedge that is not sent gives back the readiness it reserved.
+    S: Service<Request<ReplayBody<B>>, Response = Response<R>> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<Response<R>>,
 {

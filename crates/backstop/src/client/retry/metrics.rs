@@ -116,8 +116,15 @@ impl RetryMetrics {
             metrics::Label::new("grpc.method", method.to_owned()),
             metrics::Label::new("grpc.target", dependency.to_owned()),
         ];
-        metrics::histogram!(names::GRPC_CALL_RETRIES, labels.to_vec()).record(f64::from(retries));
-        metrics::histogram!(names::GRPC_CALL_HEDGES, labels.to_vec()).record(f64::from(hedges));
+        // A96: "If there were no retries, 0 is not reported" (and none for no hedges): a
+        // call sent once is in neither histogram, as in gRPC's own.
+        if retries > 0 {
+            metrics::histogram!(names::GRPC_CALL_RETRIES, labels.to_vec())
+                .record(f64::from(retries));
+        }
+        if hedges > 0 {
+            metrics::histogram!(names::GRPC_CALL_HEDGES, labels.to_vec()).record(f64::from(hedges));
+        }
         metrics::histogram!(names::GRPC_CALL_RETRY_DELAY, labels.to_vec())
             .record(delay.as_secs_f64());
     }

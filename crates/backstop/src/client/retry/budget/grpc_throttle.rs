@@ -67,9 +67,10 @@ impl GrpcThrottleBuilder {
     ///
     /// # Errors
     ///
-    /// When `max_tokens` is 0 or over 1000, or `token_ratio` is not a number greater than zero
-    /// (A6: "typically between 0 and 1"; a larger one refills faster, up to `max_tokens`) and
-    /// at most `max_tokens`.
+    /// When `max_tokens` is 0 or over 1000, or `token_ratio` is not a number that rounds to at
+    /// least 0.001 (A6 keeps 3 decimals; a smaller ratio would round to 0 and never refill the
+    /// bucket; A6: "typically between 0 and 1", a larger one refills faster) and at most
+    /// `max_tokens`.
     pub fn build(self) -> Result<GrpcThrottle, ConfigError> {
         let Self {
             max_tokens,
@@ -81,10 +82,15 @@ impl GrpcThrottleBuilder {
                 format!("must be in 1..=1000, got {max_tokens}"),
             ));
         }
-        if !(token_ratio > 0.0 && token_ratio <= f64::from(max_tokens)) {
+        // Kept to 3 decimals (A6): a ratio that rounds to 0 would never refill the bucket.
+        if !(token_ratio >= 0.0005 && token_ratio <= f64::from(max_tokens)) {
             return Err(ConfigError::new(
                 "token_ratio",
-                format!("must be in (0, max_tokens = {max_tokens}], got {token_ratio}"),
+                format!(
+                    "must be in [0.001, max_tokens = {max_tokens}] (A6 keeps 3 decimals: a \
+                     smaller ratio rounds to 0, and the bucket would never refill), got \
+                     {token_ratio}"
+                ),
             ));
         }
         let max = u64::from(max_tokens) * 1000;
@@ -132,12 +138,35 @@ mod tests {
             (0, 0.1, "max_tokens"),
             (1001, 0.1, "max_tokens"),
             (10, 0.0, "token_ratio"),
+            (10, -0.5, "token_ratio"),
+            (10, f64::NAN, "token_ratio"),
+            (10, f64::INFINITY, "token_ratio"),
+            (10, 10.5, "token_ratio"),
+            // Rounds to 0 at A6's 3 decimals: the bucket would never refill.
+            (10, 0.0004, "token_ratio"),
+            (10, f64::MIN_POSITIVE, "token_ratio"),
         ] {
             let throttle = GrpcThrottle::builder()
                 .max_tokens(max_tokens)
                 .token_ratio(token_ratio)
                 .build();
             assert_eq!(throttle.unwrap_err().knob(), knob);
+        }
+    }
+
+    /// The least ratio kept, 0.001 (and 0.0005, which rounds to it), refills the bucket.
+    #[test]
+    fn the_least_ratio_refills() {
+        for ratio in [0.0005, 0.001] {
+            let t = GrpcThrottle::builder()
+                .max_tokens(1)
+                .token_ratio(ratio)
+                .build()
+                .unwrap();
+            t.record_failure();
+            assert_eq!(t.balance(), 0.0);
+            t.record_success();
+            assert_eq!(t.balance(), 0.001, "{ratio}");
         }
     }
 

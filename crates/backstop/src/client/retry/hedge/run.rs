@@ -137,6 +137,17 @@ impl<S, B, C> RetryState<S, B, C> {
         (judged, heard)
     }
 
+    /// Gives back what the service's `poll_ready` reserved for a hedge that is then not sent
+    /// (a `Buffer` slot, a `ConcurrencyLimit` permit): the clone that holds it is dropped for
+    /// a fresh one, so an attempt still in flight does not keep a second slot until it ends.
+    fn release_readiness(&mut self)
+    where
+        S: Clone,
+    {
+        let fresh = self.service.clone();
+        drop(std::mem::replace(&mut self.service, fresh));
+    }
+
     /// Sends the next hedge if one is due and every rule allows it.
     fn poll_hedge<R>(
         &mut self,
@@ -144,7 +155,7 @@ impl<S, B, C> RetryState<S, B, C> {
         cx: &mut Context<'_>,
     ) -> Result<Hedge, BoxError>
     where
-        S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
+        S: Service<Request<ReplayBody<B>>, Response = Response<R>> + Clone,
         S::Error: Into<BoxError>,
     {
         let Some(due) = hedges.next else {
@@ -188,15 +199,33 @@ impl<S, B, C> RetryState<S, B, C> {
             }
             Poll::Pending => return Ok(Hedge::Waiting),
         }
-        if let Poll::Ready(ready) = self.service.poll_ready(cx) {
-            ready.map_err(Into::into)?;
-        } else {
-            return Ok(Hedge::Waiting);
+        match self.service.poll_ready(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) => {
+                let e: BoxError = e.into();
+                if hedges.in_flight.is_empty() {
+                    // Nothing else can answer: the call ends with it, as a retry's would.
+                    return Err(e);
+                }
+                // An attempt in flight may still answer: a service that cannot take another
+                // (a closed `Buffer`, a `Reconnect` that failed) only ends the hedging.
+                tracing::debug!(
+                    dependency = self.shared.ledger.name.get(),
+                    method = %self.template.method,
+                    path = self.template.path(),
+                    error = %e,
+                    "hedge not sent: the service failed its readiness"
+                );
+                hedges.stop(None);
+                return Ok(Hedge::NotDue);
+            }
+            Poll::Pending => return Ok(Hedge::Waiting),
         }
         if let Some(budget) = &policy.budget {
             let granted = budget.try_withdraw();
             self.shared.meter_budget();
             if !granted {
+                self.release_readiness();
                 hedges.stop(Some(GiveUp::Budget));
                 return Ok(Hedge::NotDue);
             }
@@ -208,6 +237,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 budget.refund();
                 self.shared.meter_budget();
             }
+            self.release_readiness();
             hedges.stop(Some(GiveUp::NotReplayable));
             return Ok(Hedge::NotDue);
         };
@@ -228,6 +258,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 budget.refund();
                 self.shared.meter_budget();
             }
+            self.release_readiness();
             hedges.stop(Some(GiveUp::Deadline));
             return Ok(Hedge::NotDue);
         }
@@ -297,7 +328,7 @@ impl<S, B, C> RetryState<S, B, C> {
         cx: &mut Context<'_>,
     ) -> Poll<Settled<R>>
     where
-        S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
+        S: Service<Request<ReplayBody<B>>, Response = Response<R>> + Clone,
         S::Error: Into<BoxError>,
         C: Classify<Response<R>>,
     {
