@@ -81,7 +81,7 @@ fn ready_at_the_deadline(
     Request<String>,
     Response = Response<impl Body<Data = Bytes, Error = Infallible> + Send + Unpin>,
     Error = Infallible,
-> {
+> + Clone {
     service_fn(move |_req: Request<String>| async move {
         tokio::time::sleep(current().unwrap().remaining()).await;
         let mut trailers = http::HeaderMap::new();
@@ -507,9 +507,10 @@ async fn a_body_still_streaming_past_the_deadline_is_cut() {
         (true, Some(10)),
     ] {
         let (mut tx, channel) = streamed();
-        let mut channel = Some(channel);
+        let channel = std::sync::Arc::new(std::sync::Mutex::new(Some(channel)));
         let handler = service_fn(move |_req: Request<String>| {
-            let mut response = Response::new(Streamed(channel.take().unwrap(), size));
+            let channel = channel.lock().unwrap().take().unwrap();
+            let mut response = Response::new(Streamed(channel, size));
             if grpc {
                 response
                     .headers_mut()

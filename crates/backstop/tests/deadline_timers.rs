@@ -172,7 +172,7 @@ async fn the_server_deadline_holds_whatever_the_handler_does_with_its_timers() {
 /// waits for its 200; returns when the request was sent.
 async fn answered_in_one_second<H>(handler: H) -> Instant
 where
-    H: Service<Request<String>, Response = Response<String>, Error = Infallible>,
+    H: Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone,
 {
     let start = Instant::now();
     let response = DeadlineLayer::new()

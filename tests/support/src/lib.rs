@@ -278,10 +278,12 @@ pub fn request(grpc: bool, timeout: Option<&str>) -> Request<String> {
 pub fn streaming(
     body: Channel<Bytes>,
     grpc: bool,
-) -> impl Service<Request<String>, Response = Response<Channel<Bytes>>, Error = Infallible> {
-    let mut body = Some(body);
+) -> impl Service<Request<String>, Response = Response<Channel<Bytes>>, Error = Infallible> + Clone
+{
+    let body = std::sync::Arc::new(std::sync::Mutex::new(Some(body)));
     service_fn(move |_req: Request<String>| {
-        let mut response = Response::new(body.take().expect("one call"));
+        let body = body.lock().unwrap().take().expect("one call");
+        let mut response = Response::new(body);
         if grpc {
             response
                 .headers_mut()

@@ -163,20 +163,20 @@ where
         }
         let mut values = req.headers().get_all(IDEMPOTENCY_KEY).iter();
         let key = match (values.next(), values.next()) {
-            (None, _) if s.require_key => return ready(count(Problem::Missing, BAD_KEY)),
-            (None, _) => {
+            (None, _) if !s.require_key => {
                 return ResponseFuture::pass(self.inner.call(req));
             }
-            (Some(_), Some(_)) => {
-                return ready(count(
-                    Problem::BadKey(crate::idempotency::KeyError::Repeated),
-                    BAD_KEY,
-                ));
+            (None, _) => Err(Problem::Missing),
+            (Some(_), Some(_)) => Err(Problem::BadKey(crate::idempotency::KeyError::Repeated)),
+            (Some(value), None) => parse_key(value, MAX_KEY_LEN).map_err(Problem::BadKey),
+        };
+        let key = match key {
+            Ok(key) => key,
+            Err(problem) => {
+                // Refused before the handler: the readiness reserved for it goes back.
+                crate::rt::release(&mut self.inner);
+                return ready(count(problem, BAD_KEY));
             }
-            (Some(value), None) => match parse_key(value, MAX_KEY_LEN) {
-                Ok(key) => key,
-                Err(e) => return ready(count(Problem::BadKey(e), BAD_KEY)),
-            },
         };
         // The ready service goes into the future; a fresh clone stays for the next call.
         let clone = self.inner.clone();

@@ -68,7 +68,10 @@
 //! [`knob`](crate::ConfigError::knob) is the JSON path of the field at fault
 //! (`methodConfig[2].retryPolicy.maxAttempts`): a required field missing, a value out of its
 //! range, a duration that is not proto3 JSON, an unknown status code, a `retryPolicy` and a
-//! `hedgingPolicy` in one entry, or the same method named by two entries. A config
+//! `hedgingPolicy` in one entry, or the same method named by two entries. Text that is not
+//! JSON (a number beyond an `f64`'s range, ±1.8 × 10³⁰⁸, included: the JSON reader refuses it
+//! before any field is read) is refused under the knob `service config`, its reason naming
+//! the line and column. A config
 //! [`from_json`](ServiceConfig::from_json) accepts always builds into a client.
 
 mod convert;

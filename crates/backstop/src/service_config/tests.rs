@@ -962,3 +962,19 @@ fn the_backoff_is_a6_2024s_envelope_a_fifth_either_side() {
         }
     }
 }
+
+/// A number beyond an `f64`'s range is valid JSON syntax the reader refuses before any field
+/// is read: the config as a whole is named, with the line and column (the module docs say
+/// so), never a panic or an infinite value.
+#[test]
+fn a_number_beyond_f64_is_refused_by_line_and_column() {
+    for json in [
+        retry(r#""maxAttempts": 1e400"#),
+        retry(r#""backoffMultiplier": 1e400"#),
+        r#"{ "retryThrottling": { "maxTokens": 10, "tokenRatio": -1e400 } }"#.to_owned(),
+    ] {
+        let err = ServiceConfig::from_json(&json).unwrap_err();
+        assert_eq!(err.knob(), "service config", "{json}");
+        assert!(err.reason().contains("line 1 column"), "{err}");
+    }
+}

@@ -46,7 +46,8 @@ impl<S, C> Breaker<S, C> {
 
 impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for Breaker<S, C>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    // Clone: a call refused while open gives back the readiness reserved for it.
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<Response<ResBody>> + Clone,
 {
@@ -73,7 +74,10 @@ where
         }
         match Permit::admit(handle) {
             Ok(permit) => ResponseFuture::running(self.inner.call(req), permit),
-            Err(retry_after) => ResponseFuture::open(retry_after, is_grpc(req.headers())),
+            Err(retry_after) => {
+                crate::rt::release(&mut self.inner);
+                ResponseFuture::open(retry_after, is_grpc(req.headers()))
+            }
         }
     }
 }

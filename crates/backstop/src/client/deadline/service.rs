@@ -62,7 +62,8 @@ impl<S> PropagateDeadline<S> {
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for PropagateDeadline<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    // Clone: a call refused here gives back the readiness reserved for it (`rt::release`).
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
 {
     type Response = Response<crate::deadline::DeadlineBody<ResBody>>;
@@ -101,7 +102,10 @@ where
         };
         let told = match told {
             Some(told) if remaining >= self.config.min_remaining => told,
-            _ => return PropagateFuture::expired(grpc, self.meter()),
+            _ => {
+                crate::rt::release(&mut self.inner);
+                return PropagateFuture::expired(grpc, self.meter());
+            }
         };
         // What the server was told: once this instant has passed, every failure of the call is
         // the deadline's (a transport timer armed from our header, or the server giving up).

@@ -117,6 +117,7 @@ where
                 false => None,
             };
             if end.is_some_and(|at| Instant::now() >= at) {
+                crate::rt::release(&mut self.inner);
                 return ResponseFuture::unsent();
             }
             return ResponseFuture::once(self.inner.call(req), handle, unreplayable, report, end);

@@ -39,7 +39,8 @@ impl<S> Admission<S> {
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Admission<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    // Clone: a refused request gives back the readiness reserved for it (`rt::release`).
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Response = Response<crate::ResponseBody<ResBody>>;
     type Error = S::Error;
@@ -61,6 +62,7 @@ where
             && shared.refuses(route, deadline.remaining_at(now), now)
         {
             refused(shared, route, req.uri().path());
+            crate::rt::release(&mut self.inner);
             return AdmissionFuture::refused(is_grpc(req.headers()));
         }
         if !shared.measures() {

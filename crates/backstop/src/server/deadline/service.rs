@@ -37,7 +37,8 @@ impl<S> DeadlineService<S> {
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for DeadlineService<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    // Clone: a request rejected on arrival gives back the readiness reserved for it.
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Response = Response<crate::deadline::DeadlineBody<ResBody>>;
     type Error = S::Error;
@@ -68,6 +69,7 @@ where
                         "rejected on arrival: no time left"
                     );
                 }
+                crate::rt::release(&mut self.inner);
                 ResponseFuture::rejected(rejection, grpc)
             }
             Ok(None) => ResponseFuture::running(self.inner.call(req), None, grpc, Meter::default()),

@@ -56,8 +56,10 @@
 //! `call`; this layer takes it in `call`, because the wait is bounded by the *request's*
 //! deadline, which `poll_ready` cannot see, and because a refusal must answer a request. A
 //! call that must wait takes the inner service the caller just readied into its future (a
-//! clone stays in its place, to be readied next) and calls it once granted: the ready
-//! instance is called exactly once, as tower's contract asks. So `S: Clone`.
+//! clone stays in its place, to be readied next) and calls it once granted; a call it
+//! refuses gives the readied instance up for a fresh clone, so what `poll_ready` reserved
+//! inside (a `ConcurrencyLimit` permit, a `Buffer` slot) is free at once. A ready instance is
+//! called once or let go, as tower's contract asks. So `S: Clone`.
 //!
 //! # The adaptive limit
 //!

@@ -137,6 +137,7 @@ where
                 why => why,
             };
             shared.refused(why);
+            crate::rt::release(&mut self.inner);
             return BulkheadFuture::refused(why, grpc);
         }
         // 4. Queued, unless the queue is full (an adaptive bulkhead's holds at most as many as
@@ -159,6 +160,7 @@ where
                     _ => Refusal::MaxQueue,
                 };
                 shared.refused(why);
+                crate::rt::release(&mut self.inner);
                 BulkheadFuture::refused(why, grpc)
             }
             // 5. Waits: the service readied for this call goes with it, a clone stays.

@@ -86,7 +86,8 @@ impl<S, C> Throttle<S, C> {
 
 impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for Throttle<S, C>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    // Clone: a refused call gives back the readiness reserved for it (`rt::release`).
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<Response<ResBody>>,
 {
@@ -105,6 +106,7 @@ where
         }
         let Some(sent) = self.shared.throttle.admit() else {
             self.shared.refused();
+            crate::rt::release(&mut self.inner);
             return ThrottleFuture::refused(is_grpc(req.headers()));
         };
         // The deadline the deadline layer outside put on the request (else the current one):

@@ -138,14 +138,13 @@ impl<S, B, C> RetryState<S, B, C> {
     }
 
     /// Gives back what the service's `poll_ready` reserved for a hedge that is then not sent
-    /// (a `Buffer` slot, a `ConcurrencyLimit` permit): the clone that holds it is dropped for
-    /// a fresh one, so an attempt still in flight does not keep a second slot until it ends.
+    /// ([`release`](crate::rt::release)): an attempt still in flight does not keep a second
+    /// slot until it ends.
     fn release_readiness(&mut self)
     where
         S: Clone,
     {
-        let fresh = self.service.clone();
-        drop(std::mem::replace(&mut self.service, fresh));
+        crate::rt::release(&mut self.service);
     }
 
     /// Sends the next hedge if one is due and every rule allows it.

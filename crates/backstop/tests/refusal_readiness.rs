@@ -1,0 +1,237 @@
+//! A request a layer refuses without calling inside gives back the readiness its caller
+//! reserved for it: the `ConcurrencyLimit` permit (or `Buffer` slot) that `poll_ready` took is
+//! free for another clone of the same stack at once. Held, a clone kept in a struct field
+//! (`svc.ready().await?.call(req)`) and refused once would stall every other caller of a
+//! limit of one until it was next called or dropped.
+//!
+//! Each test: two clones, `a` and `b`, of one stack over a transport with room for one
+//! call; `a` is readied and its request refused (every refusal path of the library, client
+//! and server); `b` must then get ready without waiting.
+
+use backstop::client::breaker::{BreakerConfig, Mode};
+use backstop::client::overload::bulkhead::BulkheadLayer;
+use backstop::client::overload::throttle::{AdaptiveThrottle, ThrottleLayer};
+use backstop::client::retry::{ReplayBody, RetryConfig, RetryOverrides};
+use backstop::deadline::{Deadline, PropagateDeadlineLayer};
+use backstop::idempotency::{IdempotencyLayer, MemoryStore};
+use backstop::{HttpClassifier, is_breaker_open, is_deadline_exceeded};
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use http_body_util::Full;
+use std::{convert::Infallible, sync::Arc, time::Duration};
+use tower::limit::ConcurrencyLimit;
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+type Body = Full<Bytes>;
+
+/// A transport with room for one call in flight, answering 200 at once.
+fn one_at_a_time<B: Send + 'static>() -> ConcurrencyLimit<
+    impl Service<
+        Request<B>,
+        Response = Response<Body>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send,
+    > + Clone,
+> {
+    ConcurrencyLimit::new(
+        service_fn(|_req: Request<B>| async {
+            Ok::<_, Infallible>(Response::new(Body::default()))
+        }),
+        1,
+    )
+}
+
+fn get() -> Request<Body> {
+    Request::get("http://dependency/item")
+        .body(Body::default())
+        .unwrap()
+}
+
+fn with_spent_deadline() -> Request<Body> {
+    let mut req = get();
+    req.extensions_mut().insert(Deadline::after(Duration::ZERO));
+    req
+}
+
+/// `b` gets ready without waiting for `a` (paused time: a wait would run the 5 s out).
+async fn gets_ready<S: Service<Request<Body>>>(b: &mut S) {
+    tokio::time::timeout(Duration::from_secs(5), b.ready())
+        .await
+        .expect("the other clone waited: the refused call kept the readiness reserved for it")
+        .ok()
+        .expect("ready");
+}
+
+/// Control: a call that is sent gives its permit back when it ends.
+#[tokio::test(start_paused = true)]
+async fn a_sent_call_gives_its_permit_back() {
+    let stack = backstop::client::http()
+        .build()
+        .unwrap()
+        .layer(one_at_a_time());
+    let (mut a, mut b) = (stack.clone(), stack);
+    a.ready().await.unwrap().call(get()).await.unwrap();
+    gets_ready(&mut b).await;
+}
+
+/// The preset's deadline layer refuses a call whose deadline has passed, over a
+/// `ConcurrencyLimit` and over a `Buffer` (how a transport that is not `Clone` is shared).
+#[tokio::test(start_paused = true)]
+async fn a_spent_deadline_in_the_preset() {
+    let stack = backstop::client::http()
+        .build()
+        .unwrap()
+        .layer(one_at_a_time());
+    let (mut a, mut b) = (stack.clone(), stack);
+    let err = a.ready().await.unwrap().call(with_spent_deadline()).await;
+    assert!(is_deadline_exceeded(&*err.unwrap_err()));
+    gets_ready(&mut b).await;
+
+    let transport = tower::buffer::Buffer::new(
+        service_fn(|_req: Request<ReplayBody<Body>>| async {
+            Ok::<_, Infallible>(Response::new(Body::default()))
+        }),
+        1,
+    );
+    let stack = backstop::client::http().build().unwrap().layer(transport);
+    let (mut a, mut b) = (stack.clone(), stack);
+    let err = a.ready().await.unwrap().call(with_spent_deadline()).await;
+    assert!(is_deadline_exceeded(&*err.unwrap_err()));
+    gets_ready(&mut b).await;
+}
+
+/// `PropagateDeadline` alone refuses a call whose deadline has passed.
+#[tokio::test(start_paused = true)]
+async fn a_spent_deadline_at_propagate_deadline_alone() {
+    let stack = PropagateDeadlineLayer::builder()
+        .build()
+        .unwrap()
+        .layer(one_at_a_time());
+    let (mut a, mut b) = (stack.clone(), stack);
+    let err = a.ready().await.unwrap().call(with_spent_deadline()).await;
+    assert!(is_deadline_exceeded(&*err.unwrap_err()));
+    gets_ready(&mut b).await;
+}
+
+/// The retry layer alone, retries off for the request (its sent-once path), refuses a call
+/// whose deadline has passed.
+#[tokio::test(start_paused = true)]
+async fn a_spent_deadline_at_the_retry_layer_sending_once() {
+    let stack = RetryConfig::http().build().unwrap().layer(one_at_a_time());
+    let (mut a, mut b) = (stack.clone(), stack);
+    let mut req = with_spent_deadline();
+    req.extensions_mut().insert(RetryOverrides::no_retries());
+    let err = a.ready().await.unwrap().call(req).await;
+    assert!(is_deadline_exceeded(&*err.unwrap_err()));
+    gets_ready(&mut b).await;
+}
+
+/// An open breaker, alone and in the preset (retries off for the request, so the breaker
+/// refuses on the caller's own readiness).
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker() {
+    let breaker = BreakerConfig::http().build().unwrap();
+    breaker.set_mode(Mode::ForcedOpen);
+    let stack = breaker.layer(one_at_a_time());
+    let (mut a, mut b) = (stack.clone(), stack);
+    let err = a.ready().await.unwrap().call(get()).await;
+    assert!(is_breaker_open(&*err.unwrap_err()));
+    gets_ready(&mut b).await;
+
+    let client = backstop::client::http().build().unwrap();
+    client.breaker_layer().set_mode(Mode::ForcedOpen);
+    let stack = client.layer(one_at_a_time());
+    let (mut a, mut b) = (stack.clone(), stack);
+    let mut req = get();
+    req.extensions_mut().insert(RetryOverrides::no_retries());
+    let err = a.ready().await.unwrap().call(req).await;
+    assert!(is_breaker_open(&*err.unwrap_err()));
+    gets_ready(&mut b).await;
+}
+
+/// A throttle that refuses every call (it saw 1 000 calls and no accept, and may refuse
+/// them all).
+#[tokio::test(start_paused = true)]
+async fn a_throttled_call() {
+    let throttle = AdaptiveThrottle::builder()
+        .max_probability(1.0)
+        .seed(1)
+        .build()
+        .unwrap();
+    for _ in 0..1_000 {
+        throttle.record_request();
+    }
+    assert!(throttle.probability() > 0.99);
+    let stack =
+        ThrottleLayer::with(Arc::new(throttle), HttpClassifier::new()).layer(one_at_a_time());
+    // Readied and refused until one refusal is seen (the draw is seeded).
+    let mut refused = false;
+    for _ in 0..20 {
+        let (mut a, mut b) = (stack.clone(), stack.clone());
+        let result = a.ready().await.unwrap().call(get()).await;
+        gets_ready(&mut b).await;
+        refused |= result.is_err();
+    }
+    assert!(refused, "the throttle refused none of 20 calls");
+}
+
+/// A bulkhead of one with no queue refuses a second call while the first holds its permit;
+/// the transport has room for two, and the refused call's room is free again at once.
+#[tokio::test(start_paused = true)]
+async fn a_full_bulkhead() {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let transport = ConcurrencyLimit::new(
+        service_fn(move |_req: Request<Body>| {
+            let mut held = held.clone();
+            async move {
+                let _ = held.wait_for(|released| *released).await;
+                Ok::<_, Infallible>(Response::new(Body::default()))
+            }
+        }),
+        2,
+    );
+    let bulkhead = BulkheadLayer::builder(1).max_queue(0).build().unwrap();
+    let stack = bulkhead.layer(transport);
+    let (mut first, mut a, mut b) = (stack.clone(), stack.clone(), stack);
+    let first = tokio::spawn(first.ready().await.unwrap().call(get()));
+    tokio::task::yield_now().await;
+    let refused = a.ready().await.unwrap().call(get()).await;
+    assert!(
+        refused.is_err(),
+        "the bulkhead has no room for a second call"
+    );
+    // The first call still holds one of the transport's two permits: the other is free.
+    gets_ready(&mut b).await;
+    release.send(true).unwrap();
+    first.await.unwrap().unwrap();
+}
+
+/// The server's deadline layer rejects a malformed `grpc-timeout` on arrival.
+#[tokio::test(start_paused = true)]
+async fn a_malformed_timeout_at_the_server() {
+    let stack = backstop::server().layer(one_at_a_time());
+    let (mut a, mut b) = (stack.clone(), stack);
+    let mut req = get();
+    req.headers_mut()
+        .insert("grpc-timeout", HeaderValue::from_static("soon"));
+    let response = a.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(response.status(), 400);
+    gets_ready(&mut b).await;
+}
+
+/// The idempotency layer refuses a request with two keys (400) before the handler runs.
+#[tokio::test(start_paused = true)]
+async fn a_bad_idempotency_key() {
+    let stack = IdempotencyLayer::new(MemoryStore::new()).layer(one_at_a_time());
+    let (mut a, mut b) = (stack.clone(), stack);
+    let mut req = Request::post("http://dependency/orders")
+        .body(Body::from("order"))
+        .unwrap();
+    req.headers_mut()
+        .append("idempotency-key", HeaderValue::from_static("one"));
+    req.headers_mut()
+        .append("idempotency-key", HeaderValue::from_static("two"));
+    let response = a.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(response.status(), 400);
+    gets_ready(&mut b).await;
+}
