@@ -235,3 +235,95 @@ async fn a_bad_idempotency_key() {
     assert_eq!(response.status(), 400);
     gets_ready(&mut b).await;
 }
+
+/// A duplicate of a keyed request still running, waiting for the original's answer
+/// (`wait_in_flight`), never calls the handler: it holds none of the handler's capacity while
+/// it waits. The handler takes two at a time; the original holds one, so a third caller
+/// gets the other while the duplicate waits; then both keyed requests get the one answer.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_waiting_for_the_original() {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = ConcurrencyLimit::new(
+        service_fn(move |_req: Request<Body>| {
+            let mut held = held.clone();
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let _ = held.wait_for(|released| *released).await;
+                Ok::<_, Infallible>(Response::new(Body::from("charged")))
+            }
+        }),
+        2,
+    );
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .wait_in_flight(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let stack = layer.layer(handler);
+    let post = || {
+        Request::post("http://dependency/orders")
+            .header("idempotency-key", "order-42")
+            .body(Body::from("order"))
+            .unwrap()
+    };
+    let (mut original, mut duplicate, mut other) = (stack.clone(), stack.clone(), stack);
+    let original = tokio::spawn(original.ready().await.unwrap().call(post()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let duplicate = tokio::spawn(duplicate.ready().await.unwrap().call(post()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    gets_ready(&mut other).await;
+    release.send(true).unwrap();
+    let (original, duplicate) = (original.await.unwrap(), duplicate.await.unwrap());
+    assert_eq!(original.unwrap().status(), 200);
+    let duplicate = duplicate.unwrap();
+    assert_eq!(duplicate.status(), 200);
+    assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// The same over a `Buffer` of one in front of the handler: a request for another route is
+/// not held up by the duplicate's wait.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_waiting_holds_no_buffer_slot() {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let handler = tower::buffer::Buffer::new(
+        service_fn(move |req: Request<Body>| {
+            let mut held = held.clone();
+            async move {
+                if req.uri().path() == "/orders" {
+                    let _ = held.wait_for(|released| *released).await;
+                }
+                Ok::<_, Infallible>(Response::new(Body::from("done")))
+            }
+        }),
+        1,
+    );
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .wait_in_flight(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let stack = layer.layer(handler);
+    let post = || {
+        Request::post("http://dependency/orders")
+            .header("idempotency-key", "order-43")
+            .body(Body::from("order"))
+            .unwrap()
+    };
+    let (mut original, mut duplicate, other) = (stack.clone(), stack.clone(), stack);
+    let original = tokio::spawn(original.ready().await.unwrap().call(post()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let duplicate = tokio::spawn(duplicate.ready().await.unwrap().call(post()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let elsewhere = Request::get("http://dependency/health")
+        .body(Body::default())
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), other.oneshot(elsewhere))
+        .await
+        .expect("another route waited for the duplicate's wait")
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    release.send(true).unwrap();
+    assert_eq!(original.await.unwrap().unwrap().status(), 200);
+    assert_eq!(duplicate.await.unwrap().unwrap().status(), 200);
+}

@@ -72,6 +72,13 @@
 //!      it comes within that bound;
 //!    - a completed answer → that answer **replayed**: its status, headers and body, with
 //!      `Idempotent-Replayed: true`. The handler does not run.
+//!
+//!    Readiness: what the caller's `poll_ready` reserved in the handler's service (a
+//!    `ConcurrencyLimit` permit, a `Buffer` slot) goes back at `call` for a keyed request;
+//!    the layer readies a clone of its own once the body is read, just before the claim, and
+//!    lets it go when the answer is a duplicate's (422, 409, a replay) or the store's 503. A
+//!    slow upload, or a duplicate waiting for the original, holds none of the handler's
+//!    capacity.
 //! 4. The handler runs. **Once it has started, its answer is the key's answer**, 5xx, 408
 //!    and 429 included: stored (kept `ttl`, 24 h) and replayed to every retry with the key.
 //!    The reason: a handler that charged and then answered 500 or 504 (a downstream call

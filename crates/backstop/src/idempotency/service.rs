@@ -178,9 +178,12 @@ where
                 return ready(count(problem, BAD_KEY));
             }
         };
-        // The ready service goes into the future; a fresh clone stays for the next call.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        // The body is read and the key claimed before the handler may run, and a duplicate
+        // is answered (after waiting for the original, with `wait_in_flight`) without it: the
+        // readiness reserved for this request goes back now, and the future readies a clone
+        // of its own once the body is read.
+        crate::rt::release(&mut self.inner);
+        let inner = self.inner.clone();
         ResponseFuture {
             state: State::Keyed {
                 future: Box::pin(keyed(self.settings.clone(), inner, req, key)),
@@ -477,9 +480,17 @@ where
     let request = Request::from_parts(parts, B::from(bytes));
 
     let token = Token::new(crate::idempotency::client::random_bits(), fingerprint);
+    // Readied before the key is claimed (a request dropped while it waits leaves no record),
+    // after the body is read (a slow upload holds none of the handler's capacity).
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
     let token = match claim(&s, &key, token, lock).await {
         Ok(Claim::Acquired(token)) => token,
-        Ok(Claim::Held(record)) => return Ok(s.held(&key, fingerprint, record).await),
+        Ok(Claim::Held(record)) => {
+            // Answered without the handler (a replay, 409, 422, or the original's answer
+            // once it ends): the readiness goes back before any wait.
+            drop(inner);
+            return Ok(s.held(&key, fingerprint, record).await);
+        }
         Err(e) if s.fail_open => {
             tracing::warn!(error = %e, "idempotency store failed; running without de-duplication");
             count((), FAIL_OPEN);
@@ -487,6 +498,7 @@ where
         }
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store failed; request refused");
+            drop(inner);
             return Ok(s.store_down());
         }
     };
