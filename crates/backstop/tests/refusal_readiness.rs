@@ -327,3 +327,43 @@ async fn a_duplicate_waiting_holds_no_buffer_slot() {
     assert_eq!(original.await.unwrap().unwrap().status(), 200);
     assert_eq!(duplicate.await.unwrap().unwrap().status(), 200);
 }
+
+/// A call queued for a bulkhead's permit holds none of the capacity inside while it waits:
+/// the limit inside (shared with a caller that goes around the bulkhead) has room for the
+/// other caller, and the queued call, once granted, readies its own and is answered.
+#[tokio::test(start_paused = true)]
+async fn a_call_queued_at_a_bulkhead() {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let limit = ConcurrencyLimit::new(
+        service_fn(move |req: Request<Body>| {
+            let mut held = held.clone();
+            async move {
+                if req.uri().path() == "/slow" {
+                    let _ = held.wait_for(|released| *released).await;
+                }
+                Ok::<_, Infallible>(Response::new(Body::default()))
+            }
+        }),
+        2,
+    );
+    let bulkhead = BulkheadLayer::builder(1)
+        .max_wait(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let stack = bulkhead.layer(limit.clone());
+    let (mut first, mut queued) = (stack.clone(), stack);
+    let slow = Request::get("http://dependency/slow")
+        .body(Body::default())
+        .unwrap();
+    let first = tokio::spawn(first.ready().await.unwrap().call(slow));
+    tokio::task::yield_now().await;
+    let queued = tokio::spawn(queued.ready().await.unwrap().call(get()));
+    tokio::task::yield_now().await;
+    // One permit of the limit is the first call's; the queued call holds the other no more.
+    let mut around = limit;
+    gets_ready(&mut around).await;
+    drop(around);
+    release.send(true).unwrap();
+    first.await.unwrap().unwrap();
+    assert_eq!(queued.await.unwrap().unwrap().status(), 200);
+}
