@@ -62,12 +62,9 @@ pin_project! {
 pin_project! {
     /// A call waiting for its permit.
     struct Waiting<S, R> {
-        // A clone of the service, readied once the permit comes (the caller's readiness went
-        // back when the call queued), and the call.
+        // The service readied for this call, and the call, until the permit comes.
         service: Option<S>,
         req: Option<R>,
-        // The permit, once granted, while the service gets ready.
-        permit: Option<Permit>,
         waiter: WaitGuard,
         #[pin]
         sleep: LazySleep,
@@ -220,7 +217,6 @@ impl<S: Service<R>, R, J> BulkheadFuture<S, R, J> {
                 waiting: Box::pin(Waiting {
                     service: Some(service),
                     req: Some(req),
-                    permit: None,
                     waiter: WaitGuard {
                         shared,
                         waiter: Some(waiter),
@@ -315,53 +311,34 @@ where
                 KindProj::Refused { why, grpc } => return Poll::Ready(refusal(*why, *grpc)),
                 KindProj::Waiting { waiting } => {
                     let this = waiting.as_mut().project();
-                    let (service, req, held, waiter, sleep, until, why, grpc) = (
+                    let (service, req, waiter, sleep, until, why, grpc) = (
                         this.service,
                         this.req,
-                        this.permit,
                         this.waiter,
                         this.sleep,
                         this.until,
                         this.why,
                         this.grpc,
                     );
-                    let permit = match held.take() {
-                        Some(permit) => permit,
-                        None => {
-                            let granted = waiter.waiter.as_ref().is_some_and(|w| {
-                                waiter.shared.permits.poll_granted(w, cx).is_ready()
-                            });
-                            if granted {
-                                waiter.take()
-                            } else {
-                                ready!(sleep.poll_until(cx, *until));
-                                // The wait is over: refused, unless granted at this very instant.
-                                match waiter.cancel() {
-                                    Some(permit) => permit,
-                                    None => {
-                                        waiter.shared.refused(*why);
-                                        let (why, grpc) = (*why, *grpc);
-                                        kind.set(Kind::Refused { why, grpc });
-                                        continue;
-                                    }
-                                }
+                    let granted = waiter
+                        .waiter
+                        .as_ref()
+                        .is_some_and(|w| waiter.shared.permits.poll_granted(w, cx).is_ready());
+                    let permit = if granted {
+                        waiter.take()
+                    } else {
+                        ready!(sleep.poll_until(cx, *until));
+                        // The wait is over: refused, unless granted at this very instant.
+                        match waiter.cancel() {
+                            Some(permit) => permit,
+                            None => {
+                                waiter.shared.refused(*why);
+                                let (why, grpc) = (*why, *grpc);
+                                kind.set(Kind::Refused { why, grpc });
+                                continue;
                             }
                         }
                     };
-                    // Granted: the service is readied now. A failed readiness gives the permit
-                    // back (dropped here), as a failed call would.
-                    match service
-                        .as_mut()
-                        .expect("polled after the call")
-                        .poll_ready(cx)
-                    {
-                        Poll::Ready(Ok(())) => {}
-                        Poll::Ready(Err(err)) => return Poll::Ready(Err(err.into())),
-                        Poll::Pending => {
-                            *held = Some(permit);
-                            return Poll::Pending;
-                        }
-                    }
                     let service = service.take().expect("polled after the call");
                     let req = req.take().expect("polled after the call");
                     (service, req, permit)

@@ -55,11 +55,15 @@
 //! wait there. tower's `ConcurrencyLimit` takes its permit in `poll_ready` and holds it until
 //! `call`; this layer takes it in `call`, because the wait is bounded by the *request's*
 //! deadline, which `poll_ready` cannot see, and because a refusal must answer a request. A
-//! call refused, or one that must wait, gives the instance the caller readied up for a fresh
-//! clone, so what `poll_ready` reserved inside (a `ConcurrencyLimit` permit, a `Buffer` slot)
-//! is free at once: a queued call holds none of it while it waits, and readies a clone of its
-//! own once its permit comes (a failed readiness then gives the permit back). A ready
-//! instance is called once or let go, as tower's contract asks. So `S: Clone`.
+//! call that must wait takes the inner service the caller just readied into its future (a
+//! clone stays in its place, to be readied next) and calls it once granted; a call it
+//! refuses gives the readied instance up for a fresh clone, so what `poll_ready` reserved
+//! inside (a `ConcurrencyLimit` permit, a `Buffer` slot) is free at once. A ready instance is
+//! called once or let go, as tower's contract asks. So `S: Clone`. A queued call keeps what
+//! its caller reserved inside while it waits, for at most its wait (`max_wait`, its
+//! deadline): once granted it is sent at once. Letting that go and readying again once
+//! granted was tried and undone: a granted call then waited for the service inside with no
+//! bound, holding the permit, and queued a second time behind later callers.
 //!
 //! # The adaptive limit
 //!

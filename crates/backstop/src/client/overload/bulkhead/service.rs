@@ -163,14 +163,12 @@ where
                 crate::rt::release(&mut self.inner);
                 BulkheadFuture::refused(why, grpc)
             }
-            // 5. Waits. The caller's readiness goes back while the call waits (a queued call
-            // holds nothing inside: no permit of a limit, no slot of a buffer); the call takes
-            // a clone and readies it once its permit comes.
+            // 5. Waits: the service readied for this call goes with it, a clone stays.
             Enqueued::Queued { waiter } => {
-                crate::rt::release(&mut self.inner);
-                let service = self.inner.clone();
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
                 let end = (until, why);
-                BulkheadFuture::waiting(service, req, waiter, shared.clone(), end, deadline, grpc)
+                BulkheadFuture::waiting(ready, req, waiter, shared.clone(), end, deadline, grpc)
                     .judged_by(&self.judge, adaptive.is_some())
             }
         }
