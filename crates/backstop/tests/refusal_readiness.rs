@@ -327,3 +327,92 @@ async fn a_duplicate_waiting_holds_no_buffer_slot() {
     assert_eq!(original.await.unwrap().unwrap().status(), 200);
     assert_eq!(duplicate.await.unwrap().unwrap().status(), 200);
 }
+
+/// A completed key's replay needs none of the handler's capacity. The replay's caller
+/// readied the stack (the handler's only permit); at its call the permit goes back, another
+/// caller takes it and holds it, and the replay is still answered.
+#[tokio::test(start_paused = true)]
+async fn a_replay_is_answered_while_the_handler_is_busy() {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let handler = ConcurrencyLimit::new(
+        service_fn(move |req: Request<Body>| {
+            let mut held = held.clone();
+            async move {
+                if req.uri().path() == "/slow" {
+                    let _ = held.wait_for(|released| *released).await;
+                }
+                Ok::<_, Infallible>(Response::new(Body::from("charged")))
+            }
+        }),
+        1,
+    );
+    let stack = IdempotencyLayer::new(MemoryStore::new()).layer(handler);
+    let post = || {
+        Request::post("http://dependency/orders")
+            .header("idempotency-key", "order-7")
+            .body(Body::from("order"))
+            .unwrap()
+    };
+    let first = stack.clone().oneshot(post()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let mut replay = stack.clone();
+    replay.ready().await.unwrap();
+    let slow = Request::get("http://dependency/slow")
+        .body(Body::default())
+        .unwrap();
+    let busy = tokio::spawn(stack.oneshot(slow));
+    tokio::task::yield_now().await;
+    let answer = tokio::time::timeout(Duration::from_secs(5), replay.call(post()))
+        .await
+        .expect("the replay waited for the handler's capacity")
+        .unwrap();
+    assert_eq!(answer.headers()["idempotent-replayed"], "true");
+    release.send(true).unwrap();
+    busy.await.unwrap().unwrap();
+}
+
+/// A keyed request dropped while it waits for the handler's service (its key claimed, the
+/// handler not started) leaves the key free: nothing ran, and a retry runs the handler.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_request_dropped_before_its_handler_leaves_the_key_free() {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = ConcurrencyLimit::new(
+        service_fn(move |req: Request<Body>| {
+            let mut held = held.clone();
+            if req.uri().path() == "/orders" {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            async move {
+                if req.uri().path() == "/slow" {
+                    let _ = held.wait_for(|released| *released).await;
+                }
+                Ok::<_, Infallible>(Response::new(Body::from("charged")))
+            }
+        }),
+        1,
+    );
+    let stack = IdempotencyLayer::new(MemoryStore::new()).layer(handler);
+    let post = || {
+        Request::post("http://dependency/orders")
+            .header("idempotency-key", "order-8")
+            .body(Body::from("order"))
+            .unwrap()
+    };
+    let slow = Request::get("http://dependency/slow")
+        .body(Body::default())
+        .unwrap();
+    let busy = tokio::spawn(stack.clone().oneshot(slow));
+    tokio::task::yield_now().await;
+    // Waits for the handler (busy), then is dropped.
+    let waited =
+        tokio::time::timeout(Duration::from_millis(100), stack.clone().oneshot(post())).await;
+    assert!(waited.is_err(), "the handler was busy");
+    release.send(true).unwrap();
+    busy.await.unwrap().unwrap();
+    let retry = stack.oneshot(post()).await.unwrap();
+    assert_eq!(retry.status(), 200);
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -74,11 +74,12 @@
 //!      `Idempotent-Replayed: true`. The handler does not run.
 //!
 //!    Readiness: what the caller's `poll_ready` reserved in the handler's service (a
-//!    `ConcurrencyLimit` permit, a `Buffer` slot) goes back at `call` for a keyed request;
-//!    the layer readies a clone of its own once the body is read, just before the claim, and
-//!    lets it go when the answer is a duplicate's (422, 409, a replay) or the store's 503. A
-//!    slow upload, or a duplicate waiting for the original, holds none of the handler's
-//!    capacity.
+//!    `ConcurrencyLimit` permit, a `Buffer` slot) goes back at `call` for a keyed request,
+//!    and the layer readies a clone of its own only once the claim is the request's. So a
+//!    slow upload, a duplicate waiting for the original, a replay, a 409, a 422 and the
+//!    store's 503 hold none of the handler's capacity and never wait for it. A claimed
+//!    request dropped while it waits for the handler's service, or whose service fails its
+//!    readiness, **releases** the key: the handler never started, and a retry runs it.
 //! 4. The handler runs. **Once it has started, its answer is the key's answer**, 5xx, 408
 //!    and 429 included: stored (kept `ttl`, 24 h) and replayed to every retry with the key.
 //!    The reason: a handler that charged and then answered 500 or 504 (a downstream call

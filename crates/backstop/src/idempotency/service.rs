@@ -181,7 +181,7 @@ where
         // The body is read and the key claimed before the handler may run, and a duplicate
         // is answered (after waiting for the original, with `wait_in_flight`) without it: the
         // readiness reserved for this request goes back now, and the future readies a clone
-        // of its own once the body is read.
+        // of its own once the key is its own.
         crate::rt::release(&mut self.inner);
         let inner = self.inner.clone();
         ResponseFuture {
@@ -356,6 +356,8 @@ struct ClaimGuard<St: Store> {
     /// What a drop leaves: the answer being stored, once there is one.
     pending: Option<Arc<StoredResponse>>,
     armed: bool,
+    /// Whether the handler was called: a claim dropped before is released (nothing ran).
+    started: bool,
 }
 
 impl<St: Store> ClaimGuard<St> {
@@ -410,13 +412,23 @@ impl<St: Store> Drop for ClaimGuard<St> {
             );
             return;
         };
-        let record = self.dropped_record();
         let (settings, key, token) = (
             self.settings.clone(),
             std::mem::take(&mut self.key),
             self.token,
         );
-        let mut finish = Box::pin(async move { settings.finish(&key, token, record).await });
+        let mut finish: Pin<Box<dyn Future<Output = ()> + Send>> = if self.started {
+            let record = self.dropped_record();
+            Box::pin(async move { settings.finish(&key, token, record).await })
+        } else {
+            // Dropped while it waited for the handler's service: nothing ran, the key is
+            // free for a retry.
+            Box::pin(async move {
+                if let Err(e) = settings.timed(settings.store.release(&key, token)).await {
+                    tracing::warn!(error = %e, "idempotency claim not released; it expires after the lock timeout");
+                }
+            })
+        };
         // A store that answers at once (the memory store) completes the key before the drop
         // returns, so a retry right after finds it; any other finishes on a task of its own.
         if !std::thread::panicking()
@@ -480,29 +492,23 @@ where
     let request = Request::from_parts(parts, B::from(bytes));
 
     let token = Token::new(crate::idempotency::client::random_bits(), fingerprint);
-    // Readied before the key is claimed (a request dropped while it waits leaves no record),
-    // after the body is read (a slow upload holds none of the handler's capacity).
-    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
     let token = match claim(&s, &key, token, lock).await {
         Ok(Claim::Acquired(token)) => token,
-        Ok(Claim::Held(record)) => {
-            // Answered without the handler (a replay, 409, 422, or the original's answer
-            // once it ends): the readiness goes back before any wait.
-            drop(inner);
-            return Ok(s.held(&key, fingerprint, record).await);
-        }
+        // Answered without the handler (a replay, 409, 422, or the original's answer once it
+        // ends), and without waiting for its capacity.
+        Ok(Claim::Held(record)) => return Ok(s.held(&key, fingerprint, record).await),
         Err(e) if s.fail_open => {
             tracing::warn!(error = %e, "idempotency store failed; running without de-duplication");
             count((), FAIL_OPEN);
+            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             return Ok(inner.call(request).await?.map(IdempotencyBody::inner));
         }
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store failed; request refused");
-            drop(inner);
             return Ok(s.store_down());
         }
     };
-    let guard = ClaimGuard {
+    let mut guard = ClaimGuard {
         settings: s.clone(),
         key,
         token,
@@ -510,7 +516,16 @@ where
         deadline,
         pending: None,
         armed: true,
+        started: false,
     };
+    // The key is this request's: the handler's service is readied now. Until the handler
+    // starts, nothing ran: a readiness error, or the request dropped while it waits, frees the
+    // key for a retry.
+    if let Err(e) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+        guard.release().await;
+        return Err(e);
+    }
+    guard.started = true;
     // The handler has started: from here on the key keeps a record that it ran. A panic in
     // the inner `call` itself counts: it may have done anything before it panicked.
     let future =
