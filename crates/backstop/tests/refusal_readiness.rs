@@ -236,47 +236,82 @@ async fn a_bad_idempotency_key() {
     gets_ready(&mut b).await;
 }
 
+/// A handler of `orders` (counted in the returned runs) that holds requests to `held_path`
+/// until the sender says `true`.
+#[allow(clippy::type_complexity)]
+fn holding_handler(
+    held_path: &'static str,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    Arc<std::sync::atomic::AtomicUsize>,
+    impl Service<
+        Request<Body>,
+        Response = Response<Body>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send,
+    > + Clone,
+) {
+    let (release, held) = tokio::sync::watch::channel(false);
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = service_fn(move |req: Request<Body>| {
+        let mut held = held.clone();
+        if req.uri().path() == "/orders" {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        async move {
+            if req.uri().path() == held_path {
+                let _ = held.wait_for(|released| *released).await;
+            }
+            Ok::<_, Infallible>(Response::new(Body::from("charged")))
+        }
+    });
+    (release, runs, handler)
+}
+
+fn keyed_post(key: &'static str) -> Request<Body> {
+    Request::post("http://dependency/orders")
+        .header("idempotency-key", key)
+        .body(Body::from("order"))
+        .unwrap()
+}
+
+fn slow_get() -> Request<Body> {
+    Request::get("http://dependency/slow")
+        .body(Body::default())
+        .unwrap()
+}
+
+fn waiting_for_the_original() -> IdempotencyLayer<MemoryStore> {
+    IdempotencyLayer::builder(MemoryStore::new())
+        .wait_in_flight(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
 /// A duplicate of a keyed request still running, waiting for the original's answer
 /// (`wait_in_flight`), never calls the handler: it holds none of the handler's capacity while
 /// it waits. The handler takes two at a time; the original holds one, so a third caller
 /// gets the other while the duplicate waits; then both keyed requests get the one answer.
 #[tokio::test(start_paused = true)]
 async fn a_duplicate_waiting_for_the_original() {
-    let (release, held) = tokio::sync::watch::channel(false);
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = runs.clone();
-    let handler = ConcurrencyLimit::new(
-        service_fn(move |_req: Request<Body>| {
-            let mut held = held.clone();
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            async move {
-                let _ = held.wait_for(|released| *released).await;
-                Ok::<_, Infallible>(Response::new(Body::from("charged")))
-            }
-        }),
-        2,
-    );
-    let layer = IdempotencyLayer::builder(MemoryStore::new())
-        .wait_in_flight(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let stack = layer.layer(handler);
-    let post = || {
-        Request::post("http://dependency/orders")
-            .header("idempotency-key", "order-42")
-            .body(Body::from("order"))
-            .unwrap()
-    };
+    let (release, runs, handler) = holding_handler("/orders");
+    let stack = waiting_for_the_original().layer(ConcurrencyLimit::new(handler, 2));
     let (mut original, mut duplicate, mut other) = (stack.clone(), stack.clone(), stack);
-    let original = tokio::spawn(original.ready().await.unwrap().call(post()));
+    let original = tokio::spawn(original.ready().await.unwrap().call(keyed_post("order-42")));
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let duplicate = tokio::spawn(duplicate.ready().await.unwrap().call(post()));
+    let duplicate = tokio::spawn(
+        duplicate
+            .ready()
+            .await
+            .unwrap()
+            .call(keyed_post("order-42")),
+    );
     tokio::time::sleep(Duration::from_millis(10)).await;
     gets_ready(&mut other).await;
     release.send(true).unwrap();
-    let (original, duplicate) = (original.await.unwrap(), duplicate.await.unwrap());
-    assert_eq!(original.unwrap().status(), 200);
-    let duplicate = duplicate.unwrap();
+    assert_eq!(original.await.unwrap().unwrap().status(), 200);
+    let duplicate = duplicate.await.unwrap().unwrap();
     assert_eq!(duplicate.status(), 200);
     assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -286,39 +321,20 @@ async fn a_duplicate_waiting_for_the_original() {
 /// not held up by the duplicate's wait.
 #[tokio::test(start_paused = true)]
 async fn a_duplicate_waiting_holds_no_buffer_slot() {
-    let (release, held) = tokio::sync::watch::channel(false);
-    let handler = tower::buffer::Buffer::new(
-        service_fn(move |req: Request<Body>| {
-            let mut held = held.clone();
-            async move {
-                if req.uri().path() == "/orders" {
-                    let _ = held.wait_for(|released| *released).await;
-                }
-                Ok::<_, Infallible>(Response::new(Body::from("done")))
-            }
-        }),
-        1,
-    );
-    let layer = IdempotencyLayer::builder(MemoryStore::new())
-        .wait_in_flight(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let stack = layer.layer(handler);
-    let post = || {
-        Request::post("http://dependency/orders")
-            .header("idempotency-key", "order-43")
-            .body(Body::from("order"))
-            .unwrap()
-    };
+    let (release, _, handler) = holding_handler("/orders");
+    let stack = waiting_for_the_original().layer(tower::buffer::Buffer::new(handler, 1));
     let (mut original, mut duplicate, other) = (stack.clone(), stack.clone(), stack);
-    let original = tokio::spawn(original.ready().await.unwrap().call(post()));
+    let original = tokio::spawn(original.ready().await.unwrap().call(keyed_post("order-43")));
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let duplicate = tokio::spawn(duplicate.ready().await.unwrap().call(post()));
+    let duplicate = tokio::spawn(
+        duplicate
+            .ready()
+            .await
+            .unwrap()
+            .call(keyed_post("order-43")),
+    );
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let elsewhere = Request::get("http://dependency/health")
-        .body(Body::default())
-        .unwrap();
-    let answer = tokio::time::timeout(Duration::from_secs(5), other.oneshot(elsewhere))
+    let answer = tokio::time::timeout(Duration::from_secs(5), other.oneshot(get()))
         .await
         .expect("another route waited for the duplicate's wait")
         .unwrap();
@@ -333,36 +349,15 @@ async fn a_duplicate_waiting_holds_no_buffer_slot() {
 /// caller takes it and holds it, and the replay is still answered.
 #[tokio::test(start_paused = true)]
 async fn a_replay_is_answered_while_the_handler_is_busy() {
-    let (release, held) = tokio::sync::watch::channel(false);
-    let handler = ConcurrencyLimit::new(
-        service_fn(move |req: Request<Body>| {
-            let mut held = held.clone();
-            async move {
-                if req.uri().path() == "/slow" {
-                    let _ = held.wait_for(|released| *released).await;
-                }
-                Ok::<_, Infallible>(Response::new(Body::from("charged")))
-            }
-        }),
-        1,
-    );
-    let stack = IdempotencyLayer::new(MemoryStore::new()).layer(handler);
-    let post = || {
-        Request::post("http://dependency/orders")
-            .header("idempotency-key", "order-7")
-            .body(Body::from("order"))
-            .unwrap()
-    };
-    let first = stack.clone().oneshot(post()).await.unwrap();
+    let (release, _, handler) = holding_handler("/slow");
+    let stack = IdempotencyLayer::new(MemoryStore::new()).layer(ConcurrencyLimit::new(handler, 1));
+    let first = stack.clone().oneshot(keyed_post("order-7")).await.unwrap();
     assert_eq!(first.status(), 200);
     let mut replay = stack.clone();
     replay.ready().await.unwrap();
-    let slow = Request::get("http://dependency/slow")
-        .body(Body::default())
-        .unwrap();
-    let busy = tokio::spawn(stack.oneshot(slow));
+    let busy = tokio::spawn(stack.oneshot(slow_get()));
     tokio::task::yield_now().await;
-    let answer = tokio::time::timeout(Duration::from_secs(5), replay.call(post()))
+    let answer = tokio::time::timeout(Duration::from_secs(5), replay.call(keyed_post("order-7")))
         .await
         .expect("the replay waited for the handler's capacity")
         .unwrap();
@@ -375,43 +370,20 @@ async fn a_replay_is_answered_while_the_handler_is_busy() {
 /// handler not started) leaves the key free: nothing ran, and a retry runs the handler.
 #[tokio::test(start_paused = true)]
 async fn a_keyed_request_dropped_before_its_handler_leaves_the_key_free() {
-    let (release, held) = tokio::sync::watch::channel(false);
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = runs.clone();
-    let handler = ConcurrencyLimit::new(
-        service_fn(move |req: Request<Body>| {
-            let mut held = held.clone();
-            if req.uri().path() == "/orders" {
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-            async move {
-                if req.uri().path() == "/slow" {
-                    let _ = held.wait_for(|released| *released).await;
-                }
-                Ok::<_, Infallible>(Response::new(Body::from("charged")))
-            }
-        }),
-        1,
-    );
-    let stack = IdempotencyLayer::new(MemoryStore::new()).layer(handler);
-    let post = || {
-        Request::post("http://dependency/orders")
-            .header("idempotency-key", "order-8")
-            .body(Body::from("order"))
-            .unwrap()
-    };
-    let slow = Request::get("http://dependency/slow")
-        .body(Body::default())
-        .unwrap();
-    let busy = tokio::spawn(stack.clone().oneshot(slow));
+    let (release, runs, handler) = holding_handler("/slow");
+    let stack = IdempotencyLayer::new(MemoryStore::new()).layer(ConcurrencyLimit::new(handler, 1));
+    // The keyed caller readies the stack (the handler's only permit) and calls; at its call
+    // the permit goes back and the busy call takes it, so the keyed request claims its key
+    // and waits for the handler's service, and is dropped there.
+    let mut post = stack.clone();
+    post.ready().await.unwrap();
+    let busy = tokio::spawn(stack.clone().oneshot(slow_get()));
     tokio::task::yield_now().await;
-    // Waits for the handler (busy), then is dropped.
-    let waited =
-        tokio::time::timeout(Duration::from_millis(100), stack.clone().oneshot(post())).await;
-    assert!(waited.is_err(), "the handler was busy");
+    let waited = tokio::time::timeout(Duration::from_millis(100), post.call(keyed_post("order-8")));
+    assert!(waited.await.is_err(), "the handler was busy");
     release.send(true).unwrap();
     busy.await.unwrap().unwrap();
-    let retry = stack.oneshot(post()).await.unwrap();
+    let retry = stack.oneshot(keyed_post("order-8")).await.unwrap();
     assert_eq!(retry.status(), 200);
     assert!(retry.headers().get("idempotent-replayed").is_none());
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
