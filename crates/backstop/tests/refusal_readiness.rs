@@ -53,6 +53,12 @@ fn with_spent_deadline() -> Request<Body> {
     req
 }
 
+/// `req` with retries off (the retry layer's sent-once path).
+fn sent_once(mut req: Request<Body>) -> Request<Body> {
+    req.extensions_mut().insert(RetryOverrides::no_retries());
+    req
+}
+
 /// `b` gets ready without waiting for `a` (paused time: a wait would run the 5 s out).
 async fn gets_ready<S: Service<Request<Body>>>(b: &mut S) {
     tokio::time::timeout(Duration::from_secs(5), b.ready())
@@ -62,6 +68,21 @@ async fn gets_ready<S: Service<Request<Body>>>(b: &mut S) {
         .expect("ready");
 }
 
+/// Readies one clone of `stack` and has it call `req`, then checks that another clone gets
+/// ready at once; returns the first call's result.
+async fn called_then_other_ready<S>(stack: S, req: Request<Body>) -> Result<S::Response, S::Error>
+where
+    S: Service<Request<Body>> + Clone,
+{
+    let (mut a, mut b) = (stack.clone(), stack);
+    let result = match a.ready().await {
+        Ok(a) => a.call(req).await,
+        Err(_) => panic!("the first clone got no readiness"),
+    };
+    gets_ready(&mut b).await;
+    result
+}
+
 /// Control: a call that is sent gives its permit back when it ends.
 #[tokio::test(start_paused = true)]
 async fn a_sent_call_gives_its_permit_back() {
@@ -69,9 +90,7 @@ async fn a_sent_call_gives_its_permit_back() {
         .build()
         .unwrap()
         .layer(one_at_a_time());
-    let (mut a, mut b) = (stack.clone(), stack);
-    a.ready().await.unwrap().call(get()).await.unwrap();
-    gets_ready(&mut b).await;
+    called_then_other_ready(stack, get()).await.unwrap();
 }
 
 /// The preset's deadline layer refuses a call whose deadline has passed, over a
@@ -82,10 +101,8 @@ async fn a_spent_deadline_in_the_preset() {
         .build()
         .unwrap()
         .layer(one_at_a_time());
-    let (mut a, mut b) = (stack.clone(), stack);
-    let err = a.ready().await.unwrap().call(with_spent_deadline()).await;
+    let err = called_then_other_ready(stack, with_spent_deadline()).await;
     assert!(is_deadline_exceeded(&*err.unwrap_err()));
-    gets_ready(&mut b).await;
 
     let transport = tower::buffer::Buffer::new(
         service_fn(|_req: Request<ReplayBody<Body>>| async {
@@ -94,10 +111,8 @@ async fn a_spent_deadline_in_the_preset() {
         1,
     );
     let stack = backstop::client::http().build().unwrap().layer(transport);
-    let (mut a, mut b) = (stack.clone(), stack);
-    let err = a.ready().await.unwrap().call(with_spent_deadline()).await;
+    let err = called_then_other_ready(stack, with_spent_deadline()).await;
     assert!(is_deadline_exceeded(&*err.unwrap_err()));
-    gets_ready(&mut b).await;
 }
 
 /// `PropagateDeadline` alone refuses a call whose deadline has passed.
@@ -107,10 +122,8 @@ async fn a_spent_deadline_at_propagate_deadline_alone() {
         .build()
         .unwrap()
         .layer(one_at_a_time());
-    let (mut a, mut b) = (stack.clone(), stack);
-    let err = a.ready().await.unwrap().call(with_spent_deadline()).await;
+    let err = called_then_other_ready(stack, with_spent_deadline()).await;
     assert!(is_deadline_exceeded(&*err.unwrap_err()));
-    gets_ready(&mut b).await;
 }
 
 /// The retry layer alone, retries off for the request (its sent-once path), refuses a call
@@ -118,12 +131,8 @@ async fn a_spent_deadline_at_propagate_deadline_alone() {
 #[tokio::test(start_paused = true)]
 async fn a_spent_deadline_at_the_retry_layer_sending_once() {
     let stack = RetryConfig::http().build().unwrap().layer(one_at_a_time());
-    let (mut a, mut b) = (stack.clone(), stack);
-    let mut req = with_spent_deadline();
-    req.extensions_mut().insert(RetryOverrides::no_retries());
-    let err = a.ready().await.unwrap().call(req).await;
+    let err = called_then_other_ready(stack, sent_once(with_spent_deadline())).await;
     assert!(is_deadline_exceeded(&*err.unwrap_err()));
-    gets_ready(&mut b).await;
 }
 
 /// An open breaker, alone and in the preset (retries off for the request, so the breaker
@@ -133,20 +142,14 @@ async fn an_open_breaker() {
     let breaker = BreakerConfig::http().build().unwrap();
     breaker.set_mode(Mode::ForcedOpen);
     let stack = breaker.layer(one_at_a_time());
-    let (mut a, mut b) = (stack.clone(), stack);
-    let err = a.ready().await.unwrap().call(get()).await;
+    let err = called_then_other_ready(stack, get()).await;
     assert!(is_breaker_open(&*err.unwrap_err()));
-    gets_ready(&mut b).await;
 
     let client = backstop::client::http().build().unwrap();
     client.breaker_layer().set_mode(Mode::ForcedOpen);
     let stack = client.layer(one_at_a_time());
-    let (mut a, mut b) = (stack.clone(), stack);
-    let mut req = get();
-    req.extensions_mut().insert(RetryOverrides::no_retries());
-    let err = a.ready().await.unwrap().call(req).await;
+    let err = called_then_other_ready(stack, sent_once(get())).await;
     assert!(is_breaker_open(&*err.unwrap_err()));
-    gets_ready(&mut b).await;
 }
 
 /// A throttle that refuses every call (it saw 1 000 calls and no accept, and may refuse
@@ -167,10 +170,7 @@ async fn a_throttled_call() {
     // Readied and refused until one refusal is seen (the draw is seeded).
     let mut refused = false;
     for _ in 0..20 {
-        let (mut a, mut b) = (stack.clone(), stack.clone());
-        let result = a.ready().await.unwrap().call(get()).await;
-        gets_ready(&mut b).await;
-        refused |= result.is_err();
+        refused |= called_then_other_ready(stack.clone(), get()).await.is_err();
     }
     assert!(refused, "the throttle refused none of 20 calls");
 }
@@ -210,20 +210,17 @@ async fn a_full_bulkhead() {
 #[tokio::test(start_paused = true)]
 async fn a_malformed_timeout_at_the_server() {
     let stack = backstop::server().layer(one_at_a_time());
-    let (mut a, mut b) = (stack.clone(), stack);
     let mut req = get();
     req.headers_mut()
         .insert("grpc-timeout", HeaderValue::from_static("soon"));
-    let response = a.ready().await.unwrap().call(req).await.unwrap();
+    let response = called_then_other_ready(stack, req).await.unwrap();
     assert_eq!(response.status(), 400);
-    gets_ready(&mut b).await;
 }
 
 /// The idempotency layer refuses a request with two keys (400) before the handler runs.
 #[tokio::test(start_paused = true)]
 async fn a_bad_idempotency_key() {
     let stack = IdempotencyLayer::new(MemoryStore::new()).layer(one_at_a_time());
-    let (mut a, mut b) = (stack.clone(), stack);
     let mut req = Request::post("http://dependency/orders")
         .body(Body::from("order"))
         .unwrap();
@@ -231,9 +228,8 @@ async fn a_bad_idempotency_key() {
         .append("idempotency-key", HeaderValue::from_static("one"));
     req.headers_mut()
         .append("idempotency-key", HeaderValue::from_static("two"));
-    let response = a.ready().await.unwrap().call(req).await.unwrap();
+    let response = called_then_other_ready(stack, req).await.unwrap();
     assert_eq!(response.status(), 400);
-    gets_ready(&mut b).await;
 }
 
 /// A handler of `orders` (counted in the returned runs) that holds requests to `held_path`
@@ -289,6 +285,35 @@ fn waiting_for_the_original() -> IdempotencyLayer<MemoryStore> {
         .unwrap()
 }
 
+/// Sends a keyed POST and, 10 ms later, a duplicate of it, each on a clone of `stack`
+/// readied first; returns both calls 10 ms after that.
+async fn original_and_duplicate<S>(
+    stack: &S,
+    key: &'static str,
+) -> (
+    tokio::task::JoinHandle<Result<S::Response, backstop::BoxError>>,
+    tokio::task::JoinHandle<Result<S::Response, backstop::BoxError>>,
+)
+where
+    S: Service<Request<Body>> + Clone + Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<backstop::BoxError>,
+    S::Future: Send + 'static,
+{
+    let mut sent = Vec::new();
+    for _ in 0..2 {
+        let mut clone = stack.clone();
+        let call = match clone.ready().await {
+            Ok(ready) => ready.call(keyed_post(key)),
+            Err(_) => panic!("not ready"),
+        };
+        sent.push(tokio::spawn(async move { call.await.map_err(Into::into) }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let duplicate = sent.pop().unwrap();
+    (sent.pop().unwrap(), duplicate)
+}
+
 /// A duplicate of a keyed request still running, waiting for the original's answer
 /// (`wait_in_flight`), never calls the handler: it holds none of the handler's capacity while
 /// it waits. The handler takes two at a time; the original holds one, so a third caller
@@ -297,17 +322,8 @@ fn waiting_for_the_original() -> IdempotencyLayer<MemoryStore> {
 async fn a_duplicate_waiting_for_the_original() {
     let (release, runs, handler) = holding_handler("/orders");
     let stack = waiting_for_the_original().layer(ConcurrencyLimit::new(handler, 2));
-    let (mut original, mut duplicate, mut other) = (stack.clone(), stack.clone(), stack);
-    let original = tokio::spawn(original.ready().await.unwrap().call(keyed_post("order-42")));
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let duplicate = tokio::spawn(
-        duplicate
-            .ready()
-            .await
-            .unwrap()
-            .call(keyed_post("order-42")),
-    );
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    let (original, duplicate) = original_and_duplicate(&stack, "order-42").await;
+    let mut other = stack;
     gets_ready(&mut other).await;
     release.send(true).unwrap();
     assert_eq!(original.await.unwrap().unwrap().status(), 200);
@@ -323,18 +339,8 @@ async fn a_duplicate_waiting_for_the_original() {
 async fn a_duplicate_waiting_holds_no_buffer_slot() {
     let (release, _, handler) = holding_handler("/orders");
     let stack = waiting_for_the_original().layer(tower::buffer::Buffer::new(handler, 1));
-    let (mut original, mut duplicate, other) = (stack.clone(), stack.clone(), stack);
-    let original = tokio::spawn(original.ready().await.unwrap().call(keyed_post("order-43")));
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let duplicate = tokio::spawn(
-        duplicate
-            .ready()
-            .await
-            .unwrap()
-            .call(keyed_post("order-43")),
-    );
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let answer = tokio::time::timeout(Duration::from_secs(5), other.oneshot(get()))
+    let (original, duplicate) = original_and_duplicate(&stack, "order-43").await;
+    let answer = tokio::time::timeout(Duration::from_secs(5), stack.oneshot(get()))
         .await
         .expect("another route waited for the duplicate's wait")
         .unwrap();
