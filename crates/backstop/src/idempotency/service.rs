@@ -212,6 +212,14 @@ impl<St: Store> Settings<St> {
         }
     }
 
+    /// Releases the claim of `token`: nothing ran, and the next request with the key runs.
+    /// A store that fails leaves the claim to expire after the lock timeout.
+    async fn release(&self, key: &str, token: Token) {
+        if let Err(e) = self.timed(self.store.release(key, token)).await {
+            tracing::warn!(error = %e, "idempotency claim not released; it expires after the lock timeout");
+        }
+    }
+
     /// Replaces the claim of `token` with `record`; when the store cannot keep it (full, too
     /// large, down), with the small record that the request ran, so no duplicate runs it
     /// again: whatever cannot be stored still leaves that record.
@@ -364,13 +372,7 @@ impl<St: Store> ClaimGuard<St> {
     /// Releases the claim: the handler said it did nothing.
     async fn release(mut self) {
         self.armed = false;
-        if let Err(e) = self
-            .settings
-            .timed(self.settings.store.release(&self.key, self.token))
-            .await
-        {
-            tracing::warn!(error = %e, "idempotency claim not released; it expires after the lock timeout");
-        }
+        self.settings.release(&self.key, self.token).await;
     }
 
     /// Completes the claim with `record`. Armed until the store has answered: dropped before,
@@ -423,11 +425,7 @@ impl<St: Store> Drop for ClaimGuard<St> {
         } else {
             // Dropped while it waited for the handler's service: nothing ran, the key is
             // free for a retry.
-            Box::pin(async move {
-                if let Err(e) = settings.timed(settings.store.release(&key, token)).await {
-                    tracing::warn!(error = %e, "idempotency claim not released; it expires after the lock timeout");
-                }
-            })
+            Box::pin(async move { settings.release(&key, token).await })
         };
         // A store that answers at once (the memory store) completes the key before the drop
         // returns, so a retry right after finds it; any other finishes on a task of its own.
