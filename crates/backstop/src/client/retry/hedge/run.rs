@@ -137,16 +137,6 @@ impl<S, B, C> RetryState<S, B, C> {
         (judged, heard)
     }
 
-    /// Gives back what the service's `poll_ready` reserved for a hedge that is then not sent
-    /// ([`release`](crate::rt::release)): an attempt still in flight does not keep a second
-    /// slot until it ends.
-    fn release_readiness(&mut self)
-    where
-        S: Clone,
-    {
-        crate::rt::release(&mut self.service);
-    }
-
     /// Sends the next hedge if one is due and every rule allows it.
     fn poll_hedge<R>(
         &mut self,
@@ -224,7 +214,9 @@ impl<S, B, C> RetryState<S, B, C> {
             let granted = budget.try_withdraw();
             self.shared.meter_budget();
             if !granted {
-                self.release_readiness();
+                // Not sent: what `poll_ready` reserved for it goes back, so an attempt still in
+                // flight does not keep a second slot until it ends.
+                crate::rt::release(&mut self.service);
                 hedges.stop(Some(GiveUp::Budget));
                 return Ok(Hedge::NotDue);
             }
@@ -236,7 +228,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 budget.refund();
                 self.shared.meter_budget();
             }
-            self.release_readiness();
+            crate::rt::release(&mut self.service);
             hedges.stop(Some(GiveUp::NotReplayable));
             return Ok(Hedge::NotDue);
         };
@@ -257,7 +249,7 @@ impl<S, B, C> RetryState<S, B, C> {
                 budget.refund();
                 self.shared.meter_budget();
             }
-            self.release_readiness();
+            crate::rt::release(&mut self.service);
             hedges.stop(Some(GiveUp::Deadline));
             return Ok(Hedge::NotDue);
         }
