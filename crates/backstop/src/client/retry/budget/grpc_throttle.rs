@@ -82,14 +82,16 @@ impl GrpcThrottleBuilder {
                 format!("must be in 1..=1000, got {max_tokens}"),
             ));
         }
-        // Kept to 3 decimals (A6): a ratio that rounds to 0 would never refill the bucket.
-        if !(token_ratio >= 0.0005 && token_ratio <= f64::from(max_tokens)) {
+        // Kept to 3 decimals (A6), in thousandths of a token: a ratio that rounds to 0 would
+        // never refill the bucket (NaN fails the check too).
+        let thousandths = (token_ratio * 1000.0).round();
+        if !(thousandths >= 1.0 && token_ratio <= f64::from(max_tokens)) {
             return Err(ConfigError::new(
                 "token_ratio",
                 format!(
-                    "must be in [0.001, max_tokens = {max_tokens}] (A6 keeps 3 decimals: a \
-                     smaller ratio rounds to 0, and the bucket would never refill), got \
-                     {token_ratio}"
+                    "must round to at least 0.001 (A6 keeps 3 decimals: a smaller ratio \
+                     rounds to 0, and the bucket would never refill) and be at most \
+                     max_tokens = {max_tokens}, got {token_ratio}"
                 ),
             ));
         }
@@ -97,7 +99,7 @@ impl GrpcThrottleBuilder {
         Ok(GrpcThrottle {
             tokens: AtomicU64::new(max),
             max,
-            ratio: (token_ratio * 1000.0).round() as u64,
+            ratio: thousandths as u64,
         })
     }
 }
