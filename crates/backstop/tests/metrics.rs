@@ -143,6 +143,21 @@ fn empty_message() -> Full<Bytes> {
     Full::new(Bytes::from_static(b"\0\0\0\0\0"))
 }
 
+/// Sends one gRPC call to `/bank.Billing/Charge` through `client` and reads its answer whole.
+async fn charge<S, B>(client: &S)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+{
+    let response = client
+        .clone()
+        .oneshot(grpc_post("/bank.Billing/Charge", empty_message()))
+        .await
+        .unwrap();
+    let _ = response.into_body().collect().await;
+}
+
 /// A service config for `pkg.Billing/GetBalance` alone: up to `max_attempts` on UNAVAILABLE.
 #[cfg(feature = "service-config")]
 fn billing_config(max_attempts: u32) -> backstop::service_config::ServiceConfig {
@@ -1667,12 +1682,7 @@ fn a_grpc_call_records_a96s_retries_hedges_and_retry_delay() {
         let client = ServiceBuilder::new()
             .layer(backstop::client::grpc().name("billing").build().unwrap())
             .service(dependency);
-        let response = client
-            .clone()
-            .oneshot(grpc_post("/bank.Billing/Charge", empty_message()))
-            .await
-            .unwrap();
-        let _ = response.into_body().collect().await;
+        charge(&client).await;
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         // Plain HTTP: backstop's series only.
         let http = ServiceBuilder::new()
@@ -1724,12 +1734,7 @@ fn a_grpc_call_sent_once_reports_no_zero_retries_or_hedges() {
                 Ok::<_, Infallible>(grpc_status(0))
             }));
         for _ in 0..3 {
-            let response = client
-                .clone()
-                .oneshot(grpc_post("/bank.Billing/Charge", empty_message()))
-                .await
-                .unwrap();
-            let _ = response.into_body().collect().await;
+            charge(&client).await;
         }
     });
     let labels = [

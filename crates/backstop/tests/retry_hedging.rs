@@ -735,6 +735,32 @@ mod hedge_readiness {
             .unwrap()
     }
 
+    /// A retry layer that hedges after 100 ms, up to `max_attempts`, with no budget.
+    fn hedged_after_100ms(
+        max_attempts: u32,
+    ) -> backstop::prelude::RetryLayer<backstop::HttpClassifier> {
+        RetryConfig::http()
+            .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(max_attempts))
+            .no_budget()
+            .seed(1)
+            .build()
+            .unwrap()
+    }
+
+    /// Sends a GET through `client` and returns its answer's body and when it came.
+    async fn answered<S, B>(client: S) -> (Bytes, Duration)
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+        S::Error: std::fmt::Debug,
+        B: http_body::Body,
+        B::Error: std::fmt::Debug,
+    {
+        let t0 = Instant::now();
+        let response = client.oneshot(get("/item")).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (body, t0.elapsed())
+    }
+
     /// A hedge the budget refuses holds no permit of a `ConcurrencyLimit` inside: a second
     /// call, 200 ms later, goes at once (one of the two permits is A's attempt).
     #[tokio::test(start_paused = true)]
@@ -802,21 +828,14 @@ mod hedge_readiness {
     /// and the attempt in flight still answers the call at 300 ms.
     #[tokio::test(start_paused = true)]
     async fn a_hedges_failed_readiness_keeps_the_attempt_in_flight() {
-        let layer = RetryConfig::http()
-            .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(3))
-            .no_budget()
-            .seed(1)
-            .build()
-            .unwrap();
+        let layer = hedged_after_100ms(3);
         let polls = Arc::new(AtomicUsize::new(0));
         let client = layer.layer(FailsSecondReadiness {
             polls: polls.clone(),
         });
-        let t0 = Instant::now();
-        let response = client.oneshot(get("/item")).await.unwrap();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let (body, at) = answered(client).await;
         assert_eq!(body, "the first attempt's answer");
-        assert_eq!(t0.elapsed(), Duration::from_millis(300));
+        assert_eq!(at, Duration::from_millis(300));
         // Not polled again once it failed: no third attempt was tried.
         assert_eq!(polls.load(Ordering::SeqCst), 2);
     }
@@ -829,22 +848,15 @@ mod hedge_readiness {
             sleep(Duration::from_millis(300)).await;
             Ok::<_, Infallible>(Response::new("ok".to_owned()))
         });
-        let layer = RetryConfig::http()
-            .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(2))
-            .no_budget()
-            .seed(1)
-            .build()
-            .unwrap();
+        let layer = hedged_after_100ms(2);
         let inner = tower::ServiceBuilder::new()
             .load_shed()
             .concurrency_limit(1)
             .service(dependency);
         let client = layer.layer(inner);
-        let t0 = Instant::now();
-        let response = client.oneshot(get("/item")).await.unwrap();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let (body, at) = answered(client).await;
         assert_eq!(body, "ok");
-        assert_eq!(t0.elapsed(), Duration::from_millis(300));
+        assert_eq!(at, Duration::from_millis(300));
     }
 
     /// With no attempt in flight (the hedge after a failure), a readiness error is the call's
@@ -871,12 +883,7 @@ mod hedge_readiness {
                 std::future::ready(Ok(response))
             }
         }
-        let layer = RetryConfig::http()
-            .hedging(Hedging::new(Duration::from_millis(100)).max_attempts(3))
-            .no_budget()
-            .seed(1)
-            .build()
-            .unwrap();
+        let layer = hedged_after_100ms(3);
         let err = layer
             .layer(FailsThenBroken(seen))
             .oneshot(get("/item"))
